@@ -1,0 +1,39 @@
+# aotforge: `make compile` builds an artifact, `make test` runs the tests. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TARGET ?= tvm
+MODEL ?= examples/mini_resnet.py
+OUT ?= out
+PASSES ?= O1
+ARGS ?=
+
+.PHONY: compile test test-slow lint bench targets clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first and pinned: it takes the local CPU wheel instead of a multi-GB CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+compile: $(BIN)/.installed
+	$(BIN)/aotforge compile $(MODEL) --target $(TARGET) --out $(OUT) --passes $(PASSES) $(ARGS)
+
+targets: $(BIN)/.installed
+	$(BIN)/aotforge targets
+
+test: $(BIN)/.installed
+	$(BIN)/pytest -q
+
+test-slow: $(BIN)/.installed
+	$(BIN)/pytest -q -m slow
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check compiler passes targets artifacts tests examples
+	$(BIN)/ruff format --check compiler passes targets artifacts tests examples
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,48 @@
+"""Content hashes of artifact files, and their verification."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from compiler.errors import ArtifactError
+from artifacts.manifest import MANIFEST, Manifest
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def hash_tree(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` except the manifest, by sorted relative POSIX path."""
+    return {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+
+
+def verify_files(artifact_dir: Path, manifest: Manifest) -> list[str]:
+    """Problems found: files changed, missing, or present but not in the manifest. Empty when intact."""
+    actual = hash_tree(artifact_dir)
+    problems = []
+    for rel, digest in sorted(manifest.files.items()):
+        if rel not in actual:
+            problems.append(f"{rel}: missing")
+        elif actual[rel] != digest:
+            problems.append(f"{rel}: sha256 {actual[rel][:12]}… != manifest {digest[:12]}…")
+    problems += [f"{rel}: not listed in the manifest" for rel in sorted(set(actual) - set(manifest.files))]
+    return problems
+
+
+def require_intact(artifact_dir: Path, manifest: Manifest) -> None:
+    problems = verify_files(artifact_dir, manifest)
+    if problems:
+        raise ArtifactError(
+            f"artifact {artifact_dir} failed verification ({'; '.join(problems)}): it was modified or is incomplete; "
+            "rebuild or pull it again"
+        )

@@ -1,0 +1,175 @@
+"""``build()``: source model -> IR -> passes -> target -> validated, benchmarked artifact.
+
+One straight line of named steps; each says why it sits where it does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import platform
+import socket
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+
+from artifacts.hashing import sha256_file
+from artifacts.manifest import Manifest
+from artifacts.store import artifact_path, finalize, next_version, staging_dir
+from compiler.benchmark import benchmark
+from compiler.errors import InputSpecError, TargetUnavailableError, ValidationFailedError
+from compiler.frontend_onnx import load_onnx
+from compiler.frontend_torch import load_torch_file, load_torch_module
+from compiler.numerics import OutputMetrics, compare_many
+from compiler.options import BuildOptions
+from compiler.sample_inputs import make_inputs
+from compiler.source import SourceModel
+from compiler.spec import IOSpec, check_dims_used
+from passes import expand, make_pass
+from passes.manager import run_passes
+from targets import get_target
+from targets.base import BuildContext, options_from_dict
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResult:
+    path: Path
+    manifest: Manifest
+
+
+def build(
+    model: Any,
+    options: BuildOptions | None = None,
+    *,
+    example_inputs: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+    **overrides: Any,
+) -> BuildResult:
+    """Compile ``model`` (a ``.onnx`` / ``.py`` path, a module name, or an ``nn.Module`` with
+    ``example_inputs``) for ``options.target`` and write one artifact directory.
+
+    Keyword ``overrides`` are :class:`BuildOptions` fields: ``build(m, target="onnxruntime")``.
+    """
+    opts = BuildOptions.from_dict({**(dataclasses.asdict(options) if options else {}), **overrides})
+    say = progress or (lambda _msg: None)
+    started = time.perf_counter()
+
+    # Target first: an unavailable target or a bad option should cost the user nothing.
+    target = get_target(opts.target)
+    probe = target.probe()
+    if not probe.compiles:
+        raise TargetUnavailableError(f"target {opts.target} is not available on this host: {probe.reason}")
+    target_opts = options_from_dict(target.options_type, opts.target_options, what=opts.target)
+    pass_names = expand(list(opts.passes))
+    graph_passes = [make_pass(n, opts.pass_params.get(n)) for n in pass_names]
+
+    say("loading model")
+    source = _load(model, opts, example_inputs)
+    io = dataclasses.replace(source.io, dims=opts.dynamic)
+    check_dims_used(opts.dynamic, io)
+    ctx = BuildContext(io=io, passes=pass_names, source_format=source.format, torch_program=source.torch_program)
+    target.plan(source.ir, target_opts, ctx)
+
+    # Validation inputs are drawn before the passes so every build of a model sees the same ones.
+    sizes = io.bound_sizes("opt")
+    samples = make_inputs(io, sizes, seed=opts.seed, count=opts.validation_samples)
+    say(f"running passes: {', '.join(pass_names) or 'none'}")
+    records = run_passes(source.ir, graph_passes, opts.dump_ir)
+
+    name = opts.name or source.name
+    version = opts.version or next_version(opts.out, name)
+    final = artifact_path(opts.out, name, version, opts.target)
+    if final.exists():
+        raise InputSpecError(f"{final} already exists: give another --version or leave it out to get the next one")
+    with staging_dir(opts.out) as stage:
+        ir.save(source.ir, stage / "model.onnx")
+        say(f"compiling for {opts.target}")
+        compiled = target.compile(source.ir, target_opts, ctx, stage)
+        target_record = {"name": opts.target, "options": dataclasses.asdict(target_opts), "info": dict(compiled.target_info)}
+        runner = target.load(stage, {"target": target_record, "io": io.to_dict()})
+        say("validating against the source model")
+        metrics = compare_many(source.reference, runner.run, samples)
+        validation = _validation(source, metrics, opts, sizes)
+        if not validation["passed"]:
+            raise ValidationFailedError(_validation_message(name, opts.target, metrics, opts.tolerance))
+        bench = None
+        if opts.bench:
+            say("benchmarking")
+            batch = sizes.get("batch", 1)
+            bench = dataclasses.asdict(benchmark(runner.run, samples[0], opts.bench_options, batch=batch))
+        manifest = Manifest(
+            name=name,
+            version=version,
+            target=target_record,
+            toolchain={**toolchain_versions(), **compiled.toolchain},
+            source={"format": source.format, "sha256": source.sha256},
+            ir={"sha256": sha256_file(stage / "model.onnx"), "opset": source.ir.opset_imports.get("", 0)},
+            passes=[dataclasses.asdict(r) for r in records],
+            io=io.to_dict(),
+            validation=validation,
+            benchmark=bench,
+            files={},
+            build={
+                "seconds": round(time.perf_counter() - started, 2),
+                "host": socket.gethostname(),
+                "machine": platform.machine(),
+                "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            },
+        )
+        manifest = finalize(stage, manifest, final)
+    return BuildResult(final, manifest)
+
+
+def _load(model: Any, opts: BuildOptions, example_inputs: Mapping[str, Any] | None) -> SourceModel:
+    if isinstance(model, (str, Path)):
+        text = str(model)
+        if text.endswith(".onnx"):
+            return load_onnx(Path(text), opts.input_ranges)
+        return load_torch_file(text, opts.dynamic, opts.input_ranges)
+    if example_inputs is None:
+        raise InputSpecError("build() of an nn.Module needs example_inputs={name: tensor, ...}")
+    return load_torch_module(
+        model, example_inputs, name=opts.name or type(model).__name__.lower(), dims=opts.dynamic, ranges=opts.input_ranges
+    )
+
+
+def _validation(source: SourceModel, metrics: Mapping[str, OutputMetrics], opts: BuildOptions, sizes: Mapping[str, int]) -> dict[str, Any]:
+    return {
+        "reference": "torch eager" if source.format == "torch" else "onnxruntime on the unmodified ONNX",
+        "metric": "rel_l2",
+        "tolerance": opts.tolerance,
+        "samples": opts.validation_samples,
+        "seed": opts.seed,
+        "bound_dims": dict(sizes),
+        "metrics": {n: dataclasses.asdict(m) for n, m in metrics.items()},
+        "passed": all(m.rel_l2 <= opts.tolerance for m in metrics.values()),
+    }
+
+
+def _validation_message(name: str, target: str, metrics: Mapping[str, OutputMetrics], tolerance: float) -> str:
+    bad = [f"{n}: rel L2 {m.rel_l2:.3g}, max abs {m.max_abs:.3g}, cosine {m.cosine:.6f}" for n, m in metrics.items() if not m.rel_l2 <= tolerance]
+    return (
+        f"{name} on {target} does not match the source model ({'; '.join(bad)}; tolerance rel L2 {tolerance:g}): "
+        "drop the pass that changes numerics, or raise --tolerance if this error is acceptable"
+    )
+
+
+def toolchain_versions() -> dict[str, str]:
+    versions = {"onnx": onnx.__version__, "onnx-ir": ir.__version__, "python": platform.python_version()}
+    for dist in ("aotforge", "onnxscript", "torch"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = "unknown"
+    return versions
+
+
+def describe_io(io: IOSpec) -> str:
+    return ", ".join(f"{s.name}:{s.dtype}{list(s.shape)}" for s in io.inputs)

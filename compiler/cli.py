@@ -1,0 +1,184 @@
+"""The ``aotforge`` command line: a thin layer over ``compiler.build`` and ``artifacts``."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from compiler.errors import AotforgeError, InputSpecError
+from compiler.spec import DimRange, parse_value_range
+
+
+class DimRangeParam(click.ParamType):
+    name = "NAME=MIN:MAX"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> DimRange:
+        if isinstance(value, DimRange):
+            return value
+        try:
+            return DimRange.parse(value)
+        except AotforgeError as e:
+            self.fail(str(e), param, ctx)
+
+
+class KeyValueParam(click.ParamType):
+    name = "KEY=VALUE"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, str]:
+        key, sep, val = str(value).partition("=")
+        if not sep or not key:
+            self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
+        return key.strip(), val.strip()
+
+
+def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """One line on stderr and a non-zero exit for user errors; the traceback only with --debug."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except AotforgeError as e:
+            if click.get_current_context().find_root().params.get("debug"):
+                raise
+            click.echo(f"error: {e}", err=True)
+            sys.exit(e.exit_code)
+
+    return wrapper
+
+
+@click.group()
+@click.option("--debug", is_flag=True, help="Show full tracebacks.")
+def main(debug: bool) -> None:
+    """aotforge: compile a model ahead of time into a validated, benchmarked artifact."""
+
+
+@main.command()
+@click.argument("model")
+@click.option("--target", "-t", default="tvm", show_default=True, help="tvm, onnxruntime, tensorrt or neuron.")
+@click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("out"), show_default=True)
+@click.option("--name", help="Artifact name (default: the model file's stem).")
+@click.option("--version", type=click.IntRange(min=1), help="Artifact version (default: next free one).")
+@click.option("--passes", default="O1", show_default=True, help="Comma list of passes and presets (O0, O1, O2).")
+@click.option("--dynamic", multiple=True, type=DimRangeParam(), help="Dynamic dim range, e.g. batch=1:32 or batch=1:8:32.")
+@click.option("--input-range", multiple=True, help="Value range of an input, e.g. input_ids=0:30522.")
+@click.option("--target-opt", multiple=True, type=KeyValueParam(), help="Target option, e.g. mcpu=skylake-avx512.")
+@click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Max relative L2 error per output.")
+@click.option("--no-bench", is_flag=True, help="Skip the benchmark.")
+@click.option("--bench-seconds", type=float, default=10.0, show_default=True, help="Benchmark time budget.")
+@click.option("--dump-ir", type=click.Path(path_type=Path), help="Write the IR after each pass into this directory.")
+@user_errors
+def compile(model: str, **kw: Any) -> None:
+    """Compile MODEL (.onnx file, .py model file or module) into an artifact; prints its path last."""
+    from rich.console import Console
+
+    from compiler.benchmark import BenchOptions
+    from compiler.builder import build
+    from compiler.options import BuildOptions
+
+    options = BuildOptions.from_dict(
+        {
+            "target": kw["target"],
+            "out": kw["out"],
+            "name": kw["name"],
+            "version": kw["version"],
+            "passes": tuple(p.strip() for p in kw["passes"].split(",") if p.strip()),
+            "dynamic": kw["dynamic"],
+            "input_ranges": dict(parse_value_range(r) for r in kw["input_range"]),
+            "target_options": dict(kw["target_opt"]),
+            "tolerance": kw["tolerance"],
+            "bench": not kw["no_bench"],
+            "bench_options": BenchOptions(max_seconds=kw["bench_seconds"]),
+            "dump_ir": kw["dump_ir"],
+        }
+    )
+    console = Console(stderr=True)
+    with console.status("building") as status:
+        result = build(model, options, progress=lambda msg: status.update(msg))
+    m = result.manifest
+    console.print(_summary(m.__dict__), markup=False, highlight=False)
+    click.echo(str(result.path))
+
+
+@main.command()
+def targets() -> None:
+    """List targets and whether this host can use them."""
+    from targets import TARGETS, get_target
+
+    for name in TARGETS:
+        probe = get_target(name).probe()
+        state = "available" if probe.available else f"unavailable: {probe.reason}"
+        if not probe.available and probe.compiles:
+            state = f"compile only: {probe.reason}"
+        click.echo(f"{name:12s} {state}")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
+@user_errors
+def inspect(artifact: Path, as_json: bool) -> None:
+    """Summarise an artifact's manifest."""
+    from artifacts.manifest import read_manifest
+
+    manifest = read_manifest(artifact)
+    click.echo(manifest.to_json() if as_json else _summary(manifest.__dict__))
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@user_errors
+def verify(artifact: Path) -> None:
+    """Re-hash every file of ARTIFACT; non-zero exit on any mismatch."""
+    from artifacts.hashing import require_intact
+    from artifacts.manifest import read_manifest
+
+    manifest = read_manifest(artifact)
+    require_intact(artifact, manifest)
+    click.echo(f"ok: {len(manifest.files)} files match the manifest")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--inputs", "inputs_path", required=True, type=click.Path(path_type=Path), help=".npz with one array per input.")
+@click.option("--save", type=click.Path(path_type=Path), help="Write outputs to this .npz instead of printing.")
+@user_errors
+def run(artifact: Path, inputs_path: Path, save: Path | None) -> None:
+    """Run ARTIFACT on the arrays in an .npz file."""
+    from artifacts import load
+
+    try:
+        with np.load(inputs_path, allow_pickle=False) as data:
+            inputs = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise InputSpecError(f"cannot read inputs {inputs_path} ({e}): give an .npz written by numpy.savez") from e
+    outputs = load(artifact).run(inputs)
+    if save:
+        np.savez(save, **outputs)
+        click.echo(str(save))
+        return
+    for name, value in outputs.items():
+        click.echo(f"{name}: {value.dtype}{list(value.shape)}")
+        click.echo(np.array2string(value, threshold=20, precision=5))
+
+
+def _summary(m: dict[str, Any]) -> str:
+    lines = [f"{m['name']} v{m['version']} for {m['target']['name']}", f"  source: {m['source']['format']} {m['source']['sha256'][:12]}"]
+    lines.append("  passes: " + (", ".join(p["name"] for p in m["passes"]) or "none"))
+    v = m["validation"]
+    worst = max((x["rel_l2"] for x in v.get("metrics", {}).values()), default=0.0)
+    lines.append(f"  validation: {'passed' if v.get('passed') else 'failed'} (worst rel L2 {worst:.3g}, tolerance {v.get('tolerance')})")
+    b = m["benchmark"]
+    lines.append(f"  latency: p50 {b['p50_ms']} ms, p99 {b['p99_ms']} ms over {b['runs']} runs" if b else "  latency: not benchmarked")
+    lines.append(f"  files: {', '.join(sorted(m['files']))}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""The ONNX frontend: load by path (external data and >2 GB models work), check, infer shapes."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as common
+
+from compiler.errors import ModelLoadError
+from compiler.source import Arrays, SourceModel, numpy_dtype, spec_shape, vocab_ranges
+from compiler.spec import IOSpec, TensorSpec
+
+
+def load_onnx(path: Path, ranges: Mapping[str, tuple[float, float]] | None = None) -> SourceModel:
+    """Load ``path`` as the IR; refuse missing, non-ONNX or truncated files with a clear message."""
+    if not path.is_file():
+        raise ModelLoadError(f"model file {path} does not exist: check the path")
+    try:
+        # By path, so the checker follows external data and is not bound by protobuf's 2 GB limit.
+        onnx.checker.check_model(str(path))
+    except Exception as e:
+        raise ModelLoadError(
+            f"{path} is not a valid ONNX model ({_reason(e)}): re-export it, or check the file is complete"
+        ) from e
+    model = ir.load(path)
+    model = common.ShapeInferencePass()(model).model
+    io = _io_spec(model, ranges or {})
+    reference = _ort_reference(path)
+    return SourceModel(ir=model, io=io, name=path.stem, format="onnx", sha256=file_sha256(path), reference=reference)
+
+
+def _io_spec(model: ir.Model, ranges: Mapping[str, tuple[float, float]]) -> IOSpec:
+    found = vocab_ranges(model)
+    inputs = []
+    for value in model.graph.inputs:
+        if value.const_value is not None:
+            continue  # an initializer listed as input (old exporters): a weight, not a user input
+        name = str(value.name)
+        dtype = numpy_dtype(value.dtype) if value.dtype is not None else "float32"
+        shape = _name_unknown_dims(name, spec_shape(value.shape))
+        inputs.append(TensorSpec(name, dtype, shape, ranges.get(name, found.get(name))))
+    outputs = [
+        TensorSpec(str(v.name), numpy_dtype(v.dtype) if v.dtype is not None else "float32", spec_shape(v.shape))
+        for v in model.graph.outputs
+    ]
+    return IOSpec(tuple(inputs), tuple(outputs))
+
+
+def _name_unknown_dims(name: str, shape: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    # Dims with no name get one, so --dynamic can bind them and the manifest can show them.
+    return tuple(f"{name}_dim{i}" if d == "unk" else d for i, d in enumerate(shape))
+
+
+def _ort_reference(path: Path) -> object:
+    from targets.ort_target import reference_session
+
+    session = reference_session(str(path))
+    names = [o.name for o in session.get_outputs()]
+
+    def run(inputs: Arrays) -> Arrays:
+        values = session.run(names, inputs)
+        return {n: np.asarray(v) for n, v in zip(names, values, strict=True)}
+
+    return run
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _reason(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    return lines[0][:200] if lines else type(e).__name__

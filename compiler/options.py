@@ -1,0 +1,60 @@
+"""Build options: one frozen dataclass, filled from Python, the CLI or a recipe through ``from_dict``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from compiler.benchmark import BenchOptions
+from compiler.errors import OptionsError
+from compiler.spec import DimRange
+from passes import DEFAULT_PRESET
+
+#: Where artifacts go when no ``--out`` is given.
+DEFAULT_OUT = Path("out")
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+    target: str = "tvm"
+    passes: tuple[str, ...] = (DEFAULT_PRESET,)
+    pass_params: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    target_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    dynamic: tuple[DimRange, ...] = ()
+    input_ranges: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    name: str | None = None
+    version: int | None = None
+    out: Path = DEFAULT_OUT
+    #: Largest relative L2 error allowed per output against the source model.
+    tolerance: float = 1e-4
+    validation_samples: int = 3
+    seed: int = 0
+    bench: bool = True
+    bench_options: BenchOptions = BenchOptions()
+    dump_ir: Path | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BuildOptions:
+        """Options from loose values; unknown keys are rejected by name."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise OptionsError(f"unknown build option(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
+        values = dict(data)
+        if "passes" in values:
+            values["passes"] = tuple(values["passes"])
+        if "dynamic" in values:
+            values["dynamic"] = tuple(d if isinstance(d, DimRange) else DimRange.parse(d) for d in values["dynamic"])
+        for key in ("out", "dump_ir"):
+            if values.get(key) is not None:
+                values[key] = Path(values[key])
+        if "bench_options" in values and isinstance(values["bench_options"], Mapping):
+            values["bench_options"] = BenchOptions(**values["bench_options"])
+        options = cls(**values)
+        if options.tolerance <= 0:
+            raise OptionsError(f"tolerance must be > 0, got {options.tolerance}")
+        if options.version is not None and options.version < 1:
+            raise OptionsError(f"version must be a positive integer, got {options.version}")
+        return options

@@ -1,0 +1,59 @@
+"""Graph passes over the IR and the named presets that order them.
+
+Passes are looked up by name in :data:`PASSES` (a table of dotted paths, imported on use);
+presets are lists of those names in :data:`PRESETS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from compiler.errors import OptionsError
+from passes.base import GraphPass
+
+PASSES: dict[str, str] = {
+    "fold": "passes.fold_constants:FoldConstantsPass",
+    "dce": "passes.eliminate_dead_code:EliminateDeadCodePass",
+    "cse": "passes.eliminate_common_subexpressions:EliminateCommonSubexpressionsPass",
+    "optimize": "passes.optimize_graph:OptimizeGraphPass",
+}
+
+PRESETS: dict[str, tuple[str, ...]] = {
+    "O0": (),
+    "O1": ("fold", "dce"),
+    "O2": ("optimize", "cse", "dce"),
+}
+
+DEFAULT_PRESET = "O1"
+
+
+def pass_class(name: str) -> type[GraphPass]:
+    try:
+        dotted = PASSES[name]
+    except KeyError:
+        raise OptionsError(
+            f"unknown pass {name!r}; passes: {', '.join(PASSES)}; presets: {', '.join(PRESETS)}"
+        ) from None
+    module_name, _, cls_name = dotted.partition(":")
+    cls: type[GraphPass] = getattr(importlib.import_module(module_name), cls_name)
+    return cls
+
+
+def expand(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Expand presets in a list of pass names, keeping order (``O1,int8`` -> ``fold,dce,int8``)."""
+    out: list[str] = []
+    for name in names:
+        out.extend(PRESETS.get(name, (name,)))
+    for name in out:
+        pass_class(name)
+    return tuple(out)
+
+
+def make_pass(name: str, params: Mapping[str, Any] | None = None) -> GraphPass:
+    """Instantiate pass ``name`` with parameters from loose values (unknown keys rejected)."""
+    from targets.base import options_from_dict
+
+    cls = pass_class(name)
+    return cls(options_from_dict(cls.Params, params or {}, what=f"pass {name}"))

@@ -1,0 +1,142 @@
+"""The ``tvm`` target: ONNX -> Relax -> a shared library for a CPU through LLVM.
+
+The host CPU is detected; ``mcpu`` / ``mtriple`` cross-compile for another CPU and are
+recorded. Shapes are bound to each dim's ``opt`` size by default because the CPU schedules
+need static shapes; ``dynamic=true`` keeps named dims symbolic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from compiler.errors import ArtifactError, CompileError, InputSpecError, UnsupportedModelError
+from targets.base import Arrays, BuildContext, CompileResult, ProbeResult
+
+LIBRARY = "lib.so"
+
+
+@dataclasses.dataclass(frozen=True)
+class TvmOptions:
+    """LLVM code generation settings. Empty strings mean: detect this host."""
+
+    mcpu: str = ""
+    mtriple: str = ""
+    num_cores: int = 0
+    fast_math: bool = True
+    dynamic: bool = False
+    #: C compiler for a cross build (e.g. ``aarch64-linux-gnu-gcc``); empty: the host's gcc.
+    cc: str = ""
+
+
+class TvmTarget:
+    name = "tvm"
+    options_type = TvmOptions
+
+    def probe(self) -> ProbeResult:
+        try:
+            import tvm
+        except ImportError as e:
+            return ProbeResult(
+                False, f"python package 'apache-tvm' cannot be imported ({e}): pip install apache-tvm==0.27.0.post1"
+            )
+        return ProbeResult(True, details={"version": tvm.__version__, "host_cpu": host_cpu()})
+
+    def plan(self, model: ir.Model, options: TvmOptions, ctx: BuildContext) -> None:
+        arch = options.mtriple.split("-")[0]
+        if arch and arch != platform.machine() and not options.cc:
+            raise CompileError(
+                f"tvm: mtriple {options.mtriple!r} targets {arch} but this host is {platform.machine()}: "
+                "give a cross compiler with --target-opt cc=<arch>-linux-gnu-gcc"
+            )
+
+    def compile(self, model: ir.Model, options: TvmOptions, ctx: BuildContext, workdir: Path) -> CompileResult:
+        import tvm
+        from tvm.relax.frontend.onnx import from_onnx
+
+        from targets.tvm_pipeline import compile_relax
+
+        sizes = ctx.io.bound_sizes("opt")
+        shapes = {s.name: list(s.shape if options.dynamic else s.bind(sizes)) for s in ctx.io.inputs}
+        dtypes = {s.name: s.dtype for s in ctx.io.inputs}
+        try:
+            mod = from_onnx(ir.serde.serialize_model(model), shape_dict=shapes, dtype_dict=dtypes)
+        except Exception as e:  # the Relax ONNX importer raises bare errors for unsupported ops
+            raise UnsupportedModelError(f"tvm cannot import the IR: {_reason(e)}; try --target onnxruntime") from e
+        target = tvm.target.Target(target_dict(options))
+        try:
+            executable, report = compile_relax(mod, target, fast_math=options.fast_math)
+            kwargs = {"cc": options.cc} if options.cc else {}
+            executable.export_library(str(workdir / LIBRARY), **kwargs)
+        except Exception as e:
+            raise CompileError(f"tvm failed to compile for {target_dict(options)}: {_reason(e)}") from e
+        info = {
+            "device": "cpu",
+            "arch": target_dict(options)["mcpu"],
+            "target": target_dict(options),
+            "bound_shapes": {} if options.dynamic else sizes,
+            "pipeline": report,
+        }
+        return CompileResult(files=(LIBRARY,), target_info=info, toolchain={"tvm": tvm.__version__})
+
+    def load(self, artifact_dir: Path, manifest: Mapping[str, Any]) -> TvmRunner:
+        built = manifest["target"]["info"]["target"]
+        arch = built["mtriple"].split("-")[0]
+        if arch != platform.machine():
+            raise ArtifactError(
+                f"tvm artifact was built for {built['mtriple']}, this host is {platform.machine()}: "
+                "run it on a matching host or rebuild without mtriple"
+            )
+        return TvmRunner(artifact_dir / LIBRARY, [o["name"] for o in manifest["io"]["outputs"]])
+
+
+class TvmRunner:
+    """A Relax VM over the artifact's shared library."""
+
+    def __init__(self, library: Path, output_names: list[str]) -> None:
+        import tvm
+        from tvm import relax
+
+        self._tvm = tvm
+        self._vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
+        self.output_names = output_names
+
+    def run(self, inputs: Arrays) -> Arrays:
+        tensors = [self._tvm.runtime.tensor(np.ascontiguousarray(v)) for v in inputs.values()]
+        try:
+            result = self._vm["main"](*tensors)
+        except Exception as e:
+            raise InputSpecError(f"tvm artifact rejected the inputs: {_reason(e)}") from e
+        values = [result] if hasattr(result, "numpy") else list(result)
+        return {n: v.numpy() for n, v in zip(self.output_names, values, strict=True)}
+
+
+def host_cpu() -> str:
+    import tvm
+
+    return str(tvm.get_global_func("target.llvm_get_system_cpu")())
+
+
+def target_dict(options: TvmOptions) -> dict[str, Any]:
+    """The dict form TVM 0.27 needs (its ``"llvm -mcpu=..."`` string form is rejected)."""
+    import tvm
+
+    host = tvm.target.Target.from_device("cpu")
+    return {
+        "kind": "llvm",
+        "mcpu": options.mcpu or host_cpu(),
+        "mtriple": options.mtriple or str(host.attrs["mtriple"]),
+        "num-cores": options.num_cores or (os.cpu_count() or 1),
+    }
+
+
+def _reason(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else type(e).__name__
