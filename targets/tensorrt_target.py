@@ -9,13 +9,10 @@ from the IR the passes wrote (fp16 casts, explicit Q/DQ), never from builder fla
 
 from __future__ import annotations
 
-import ctypes.util
 import dataclasses
 import enum
 import hashlib
 import json
-import shutil
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,13 +22,14 @@ import onnx_ir as ir
 from compiler.errors import ArtifactError, InputSpecError, OptionsError, TargetUnavailableError
 from compiler.spec import DEFAULT_DIM_SIZE, IOSpec
 from targets.base import BuildContext, CompileResult, ProbeResult, Runner
+from targets.trt_sdk import probe_host, query_gpu
 
 ENGINE_FILE = "model.engine"
 LAYER_REPORT = "layers.json"
 SPARSE_PASS = "sparsity24"
 
 
-class HardwareCompat(str, enum.Enum):
+class HardwareCompat(enum.StrEnum):
     """TensorRT's hardware compatibility levels (``trt.HardwareCompatibilityLevel``)."""
 
     NONE = "none"
@@ -100,8 +98,8 @@ def plan_profiles(io: IOSpec) -> tuple[Profile, ...]:
     ranges: dict[str, dict[str, int]] = {"min": {}, "opt": {}, "max": {}}
     for name in io.symbolic_dims():
         rng = io.dim(name)
-        for which in ranges:
-            ranges[which][name] = getattr(rng, which) if rng else DEFAULT_DIM_SIZE
+        for which, sizes in ranges.items():
+            sizes[name] = getattr(rng, which) if rng else DEFAULT_DIM_SIZE
     profiles = []
     for spec in io.inputs:
         bad = [d for d in spec.shape if isinstance(d, int) and d < 1]
@@ -274,50 +272,6 @@ def _hardware_ok(built_cc: str, host_cc: str, mode: HardwareCompat) -> bool:
 
 def _numbers(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".") if p.isdigit())
-
-
-def query_gpu() -> dict[str, str] | None:
-    """Name and compute capability of GPU 0 from nvidia-smi, or None without a working driver."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    first = out.strip().splitlines()[0] if out.strip() else ""
-    name, _, cc = first.rpartition(",")
-    return {"name": name.strip(), "compute_capability": cc.strip()} if name else None
-
-
-def probe_host() -> ProbeResult:
-    """Each missing piece by name; never raises, so ``aotforge targets`` can always list it."""
-    missing, details = [], {}
-    try:
-        import tensorrt
-
-        details["version"] = str(tensorrt.__version__)
-    except Exception as e:  # the bindings raise ImportError or OSError without libnvinfer
-        missing.append(f"python package 'tensorrt' ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
-    if not any(ctypes.util.find_library(n) for n in ("nvinfer", "nvinfer_11", "nvinfer_10")):
-        missing.append("libnvinfer (TensorRT's library, from NVIDIA's apt/pip index or a TensorRT container)")
-    gpu = query_gpu()
-    if gpu:
-        details.update(gpu_name=gpu["name"], compute_capability=gpu["compute_capability"])
-    elif Path("/proc/driver/nvidia/version").exists():
-        missing.append("a working GPU: the NVIDIA driver is loaded but nvidia-smi reports no device")
-    else:
-        missing.append("an NVIDIA GPU and driver (no nvidia-smi, no /proc/driver/nvidia)")
-    if missing:
-        reason = "tensorrt needs, and this host lacks: " + "; ".join(missing)
-        return ProbeResult(False, reason, can_compile=False, details=details)
-    return ProbeResult(True, details=details)
 
 
 def _require(probe: ProbeResult) -> None:

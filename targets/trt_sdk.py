@@ -8,8 +8,11 @@ CUDA torch already has.
 
 from __future__ import annotations
 
+import ctypes.util
 import dataclasses
 import json
+import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from compiler.errors import ArtifactError, CompileError, InputSpecError
+from targets.base import ProbeResult
 
 if TYPE_CHECKING:
     from targets.tensorrt_target import TrtBuildPlan
@@ -40,6 +44,50 @@ def version() -> str:
     import tensorrt as trt
 
     return str(trt.__version__)
+
+
+def query_gpu() -> dict[str, str] | None:
+    """Name and compute capability of GPU 0 from nvidia-smi, or None without a working driver."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.strip().splitlines()[0] if out.strip() else ""
+    name, _, cc = first.rpartition(",")
+    return {"name": name.strip(), "compute_capability": cc.strip()} if name else None
+
+
+def probe_host() -> ProbeResult:
+    """Each missing piece by name; never raises, so ``aotforge targets`` can always list it."""
+    missing, details = [], {}
+    try:
+        import tensorrt
+
+        details["version"] = str(tensorrt.__version__)
+    except Exception as e:  # noqa: BLE001 - bindings raise ImportError/OSError without libnvinfer; probe never raises
+        missing.append(f"python package 'tensorrt' ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    if not any(ctypes.util.find_library(n) for n in ("nvinfer", "nvinfer_11", "nvinfer_10")):
+        missing.append("libnvinfer (TensorRT's library, from NVIDIA's apt/pip index or a TensorRT container)")
+    gpu = query_gpu()
+    if gpu:
+        details.update(gpu_name=gpu["name"], compute_capability=gpu["compute_capability"])
+    elif Path("/proc/driver/nvidia/version").exists():
+        missing.append("a working GPU: the NVIDIA driver is loaded but nvidia-smi reports no device")
+    else:
+        missing.append("an NVIDIA GPU and driver (no nvidia-smi, no /proc/driver/nvidia)")
+    if missing:
+        reason = "tensorrt needs, and this host lacks: " + "; ".join(missing)
+        return ProbeResult(False, reason, can_compile=False, details=details)
+    return ProbeResult(True, details=details)
 
 
 def _logger() -> Any:
