@@ -1,0 +1,245 @@
+"""The tensorrt target: everything that runs without TensorRT is tested for real here.
+
+The end-to-end test at the bottom needs TensorRT and an NVIDIA GPU and skips elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler.errors import ArtifactError, InputSpecError, OptionsError, TargetUnavailableError
+from compiler.spec import DimRange, IOSpec, TensorSpec
+from targets import get_target
+from targets.base import BuildContext, options_from_dict
+from targets.tensorrt_target import (
+    HardwareCompat,
+    TensorRTOptions,
+    _check_profile,
+    build_plan,
+    builder_flags,
+    check_engine_compat,
+    check_graph_inputs,
+    plan_profiles,
+    prepare_onnx,
+)
+from targets.trt_sdk import summarize_layers
+
+IMAGE = IOSpec(
+    inputs=(TensorSpec("x", "float32", ("batch", 3, 8, 8)),),
+    outputs=(TensorSpec("y", "float32", ("batch", 4)),),
+    dims=(DimRange("batch", 1, 4, 16),),
+)
+
+
+def _qdq_fp16_model(batch_dim: str | int = "batch") -> ir.Model:
+    """A small conv net with explicit Q/DQ and an fp16 section, as the passes would leave it."""
+    w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+    scale = numpy_helper.from_array(np.array(0.05, np.float32), "s")
+    zero = numpy_helper.from_array(np.array(0, np.int8), "z")
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+        helper.make_node("Conv", ["xd", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Cast", ["c"], ["c16"], to=TensorProto.FLOAT16),
+        helper.make_node("Relu", ["c16"], ["r16"]),
+        helper.make_node("Cast", ["r16"], ["r"], to=TensorProto.FLOAT),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "qdq_fp16",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch_dim, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch_dim, 4])],
+        [w, scale, zero],
+    )
+    return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
+
+
+def test_profiles_follow_declared_ranges() -> None:
+    (profile,) = plan_profiles(IMAGE)
+    assert (profile.min, profile.opt, profile.max) == ((1, 3, 8, 8), (4, 3, 8, 8), (16, 3, 8, 8))
+
+
+def test_undeclared_dim_is_pinned_like_validation() -> None:
+    spec = IOSpec(
+        inputs=(TensorSpec("ids", "int64", ("batch", "seq")),), outputs=(), dims=(DimRange("seq", 8, 64, 128),)
+    )
+    (profile,) = plan_profiles(spec)
+    assert profile.min == (1, 8) and profile.opt == (1, 64) and profile.max == (1, 128)
+
+
+def test_profile_refuses_misordered_range_naming_input_and_dim() -> None:
+    with pytest.raises(InputSpecError, match=r"input 'x' dim 0 needs 1 <= min <= opt <= max, got 8, 4, 16"):
+        _check_profile("x", (8, 3), (4, 3), (16, 3))
+    with pytest.raises(InputSpecError, match="reorder"):
+        DimRange("batch", 4, 2, 8)
+
+
+def test_profile_refuses_non_positive_fixed_dim() -> None:
+    spec = IOSpec(inputs=(TensorSpec("x", "float32", (0, 3)),), outputs=())
+    with pytest.raises(InputSpecError, match="fixed dim 0"):
+        plan_profiles(spec)
+
+
+def test_graph_with_fixed_batch_refuses_a_dynamic_spec() -> None:
+    check_graph_inputs(_qdq_fp16_model(), IMAGE)
+    with pytest.raises(InputSpecError, match="dim 0 is fixed to 1 in the IR but the spec says 'batch'"):
+        check_graph_inputs(_qdq_fp16_model(batch_dim=1), IMAGE)
+
+
+def test_flags_map_sparsity_and_version_compat_but_never_precision() -> None:
+    assert builder_flags(TensorRTOptions(), ("fold_constants", "fp16", "int8")) == ()
+    assert builder_flags(TensorRTOptions(), ("sparsity24",)) == ("SPARSE_WEIGHTS",)
+    assert builder_flags(TensorRTOptions(version_compatible=True), ()) == ("VERSION_COMPATIBLE",)
+
+
+def test_options_from_cli_strings_and_refusals() -> None:
+    opts = options_from_dict(
+        TensorRTOptions,
+        {"hardware_compatibility": "ampere_plus", "version_compatible": "true", "workspace_mb": "512"},
+        what="tensorrt",
+    )
+    assert opts.hardware_compatibility is HardwareCompat.AMPERE_PLUS and opts.version_compatible
+    plan = build_plan(opts, BuildContext(io=IMAGE, passes=("sparsity24",)))
+    assert plan.workspace_bytes == 512 << 20 and plan.flags == ("SPARSE_WEIGHTS", "VERSION_COMPATIBLE")
+    assert json.loads(json.dumps(plan.to_dict()))["profiles"][0]["max"] == [16, 3, 8, 8]
+    with pytest.raises(OptionsError, match="hardware_compatibility"):
+        TensorRTOptions(hardware_compatibility="turing")  # type: ignore[arg-type]
+    with pytest.raises(OptionsError, match="0-5"):
+        TensorRTOptions(builder_optimization_level=7)
+    with pytest.raises(OptionsError, match="unknown tensorrt option"):
+        options_from_dict(TensorRTOptions, {"fp16": "true"}, what="tensorrt")
+
+
+def _built(version: str = "10.3.0", cc: str = "8.9", mode: str = "none", vc: bool = False) -> dict[str, object]:
+    return {
+        "tensorrt_version": version,
+        "compute_capability": cc,
+        "hardware_compatibility": mode,
+        "version_compatible": vc,
+    }
+
+
+def test_engine_compat_exact_match_passes() -> None:
+    check_engine_compat(_built(), "10.3.0", "8.9")
+
+
+def test_engine_compat_version_mismatch_says_what_and_how() -> None:
+    with pytest.raises(ArtifactError) as err:
+        check_engine_compat(_built(), "10.4.0", "8.9")
+    text = str(err.value)
+    assert "built with TensorRT 10.3.0 for compute capability 8.9" in text
+    assert "this host has TensorRT 10.4.0 on compute capability 8.9" in text
+    assert text.endswith("rebuild, or build with --target-opt version_compatible=true")
+
+
+@pytest.mark.parametrize(
+    ("built", "host", "ok"),
+    [("10.3.0", "10.8.1", True), ("10.8.1", "10.3.0", False), ("10.8.0", "11.1.0", True), ("8.6.1", "11.0.0", False)],
+)
+def test_version_compatible_engines_run_on_newer_supported_runtimes(built: str, host: str, ok: bool) -> None:
+    if ok:
+        check_engine_compat(_built(version=built, vc=True), host, "8.9")
+    else:
+        with pytest.raises(ArtifactError, match="version_compatible=True"):
+            check_engine_compat(_built(version=built, vc=True), host, "8.9")
+
+
+def test_hardware_compat_levels() -> None:
+    with pytest.raises(ArtifactError, match="hardware_compatibility=ampere_plus"):
+        check_engine_compat(_built(cc="8.9"), "10.3.0", "9.0")
+    check_engine_compat(_built(cc="8.0", mode="ampere_plus"), "10.3.0", "9.0")
+    with pytest.raises(ArtifactError, match="compute capability 7.5"):
+        check_engine_compat(_built(cc="8.0", mode="ampere_plus"), "10.3.0", "7.5")
+    with pytest.raises(ArtifactError, match="compute capability unknown"):
+        check_engine_compat(_built(cc="8.9", mode="same_compute_capability"), "10.3.0", "")
+
+
+def test_onnx_for_the_parser_passes_checker_and_keeps_qdq_and_fp16(tmp_path: Path) -> None:
+    path = prepare_onnx(_qdq_fp16_model(), tmp_path)
+    saved = onnx.load(str(path))
+    onnx.checker.check_model(saved)
+    ops = [n.op_type for n in saved.graph.node]
+    assert ops.count("QuantizeLinear") == 1 and ops.count("DequantizeLinear") == 1
+    assert any(n.op_type == "Cast" and n.attribute[0].i == TensorProto.FLOAT16 for n in saved.graph.node)
+    assert saved.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+
+
+def test_onnx_that_fails_checker_is_refused_before_the_parser(tmp_path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["missing"], ["y"])],
+        "broken",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(tmp_path / "model.onnx"))
+    with pytest.raises(InputSpecError, match="fails onnx.checker"):
+        prepare_onnx(_qdq_fp16_model(), tmp_path)  # the file on disk is what the parser would read
+
+
+def test_layer_report_counts_precisions_and_flags_useless_sparsity() -> None:
+    # A hand-written sample in the inspector's documented JSON shape: this checks our parsing
+    # only, not what TensorRT emits for a real engine (the gpu test below covers that).
+    sample = {
+        "Layers": [
+            {
+                "Name": "conv1",
+                "LayerType": "CaskConvolution",
+                "TacticName": "sm80_xmma_fprop_sparse_conv_f16",
+                "Outputs": [{"Format/Datatype": "Channel major FP16 format where channel % 8 == 0"}],
+            },
+            {"Name": "fc", "LayerType": "Gemm", "TacticName": "sm80_xmma_gemm_f32", "Outputs": [{"Datatype": "FP32"}]},
+            "bare-name-without-detailed-verbosity",
+        ]
+    }
+    report = summarize_layers(json.dumps(sample), sparse_requested=True)
+    assert report["layer_count"] == 2 and report["sparse_layers"] == ["conv1"] and "note" not in report
+    assert report["precisions"] == {"FP16": 1, "FP32": 1}
+    dense = summarize_layers(json.dumps({"Layers": sample["Layers"][1:]}), sparse_requested=True)
+    assert "gained nothing" in dense["note"]
+
+
+def test_probe_names_what_this_host_lacks_and_compile_refuses(tmp_path: Path) -> None:
+    target = get_target("tensorrt")
+    probe = target.probe()
+    if probe.available:
+        pytest.skip("this host has TensorRT and a GPU")
+    assert not probe.compiles
+    named = ["python package 'tensorrt'", "libnvinfer", "GPU"]
+    assert any(n in probe.reason for n in named), probe.reason
+    ctx = BuildContext(io=IMAGE)
+    with pytest.raises(TargetUnavailableError, match="--prepare-only"):
+        target.compile(_qdq_fp16_model(), TensorRTOptions(), ctx, tmp_path)
+    assert not (tmp_path / "model.engine").exists()
+
+
+def _reference(model: ir.Model, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(None, {"x": x})[0])
+
+
+@pytest.mark.gpu
+def test_end_to_end_engine_builds_loads_and_matches_ort(tmp_path: Path) -> None:
+    target = get_target("tensorrt")
+    probe = target.probe()
+    if not probe.available:
+        pytest.skip(probe.reason)
+    model, ctx = _qdq_fp16_model(), BuildContext(io=IMAGE)
+    result = target.compile(model, TensorRTOptions(timing_cache=str(tmp_path / "cache" / "timing.bin")), ctx, tmp_path)
+    assert result.target_info["timing_cache_sha256"] and result.target_info["layers"]["layer_count"] > 0
+    runner = target.load(tmp_path, {"target": {"info": dict(result.target_info)}, "io": IMAGE.to_dict()})
+    for batch in (1, 4, 16):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 8, 8)).astype(np.float32)
+        np.testing.assert_allclose(runner.run({"x": x})["y"], _reference(model, x), rtol=2e-2, atol=2e-2)
+    with pytest.raises(InputSpecError, match="outside the engine's profile"):
+        runner.run({"x": np.zeros((17, 3, 8, 8), np.float32)})
