@@ -75,7 +75,9 @@ def probe_host() -> ProbeResult:
         details["version"] = str(tensorrt.__version__)
     except Exception as e:  # noqa: BLE001 - bindings raise ImportError/OSError without libnvinfer; probe never raises
         missing.append(f"python package 'tensorrt' ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
-    if not any(ctypes.util.find_library(n) for n in ("nvinfer", "nvinfer_11", "nvinfer_10")):
+    # A working import has loaded libnvinfer already (pip wheels keep it off the linker path,
+    # so find_library would miss it); only look for it to say why the import failed.
+    if missing and not any(ctypes.util.find_library(n) for n in ("nvinfer", "nvinfer_11", "nvinfer_10")):
         missing.append("libnvinfer (TensorRT's library, from NVIDIA's apt/pip index or a TensorRT container)")
     gpu = query_gpu()
     if gpu:
