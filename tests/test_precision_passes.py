@@ -6,11 +6,11 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 from onnx.reference import ReferenceEvaluator
-from pass_models import elementwise, feeds_for, mlp, rel_l2, run
 
 from passes import make_pass
 from passes.convert_precision import ConvertPrecisionParams, ConvertToBFloat16Pass, ConvertToFloat16Pass
 from passes.manager import run_passes
+from tests.pass_models import elementwise, feeds_for, mlp, rel_l2, run
 
 
 def _dtypes_into(model: ir.Model, op_type: str) -> set[ir.DataType | None]:

@@ -1,0 +1,43 @@
+"""What the two INT8 passes share: spotting quantized graphs and a file round-trip through ORT's quantizer.
+
+``onnxruntime.quantization`` reads and writes model files, so the IR is saved to a temporary
+directory, quantized there, loaded back with its weights in memory, and moved into the model
+the pass was given (passes are in place).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import onnx_ir as ir
+import onnx_ir.external_data
+
+#: Ops that mean a graph is already quantized (QAT's QDQ pairs or an earlier INT8 pass).
+QUANTIZED_OPS = frozenset(
+    {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
+    | {"QLinearConv", "QLinearMatMul", "DynamicQuantizeMatMul", "QAttention", "QGemm", "MatMulNBits"}
+)
+
+
+def op_counts(model: ir.Model, ops: frozenset[str] = QUANTIZED_OPS) -> dict[str, int]:
+    """How many nodes of each op in ``ops`` the main graph holds."""
+    counts: dict[str, int] = {}
+    for node in model.graph.all_nodes():
+        if node.op_type in ops:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def quantize_through_files(model: ir.Model, quantize: Callable[[Path, Path], None]) -> None:
+    """Run ``quantize(src, dst)`` on a saved copy of ``model`` and replace the model's graph with ``dst``."""
+    with tempfile.TemporaryDirectory(prefix="aotforge-quant-") as tmp:
+        src, dst = Path(tmp) / "model.onnx", Path(tmp) / "quantized.onnx"
+        ir.save(model, src)
+        quantize(src, dst)
+        quantized = onnx_ir.external_data.load_to_model(ir.load(dst))
+    model.graph = quantized.graph
+    model.ir_version = quantized.ir_version
+    model.functions.clear()
+    model.functions.update(quantized.functions)
