@@ -2,24 +2,70 @@
 
 To see what runs for a CPU build, read this function. ``compile_relax`` returns the
 executable and a report of what the pipeline did (recorded in the manifest).
+
+Stages (all inside ``with target:``):
+
+1. fast math (optional): ``exp`` / ``erf`` / ``tanh`` / softmax / GELU -> TVM's fast
+   polynomial versions (~5e-6 max abs error), so vectorized loops do not call scalar libm;
+2. the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
+3. default schedules without search (``targets.tvm_schedules``: GEMV, register-tiled
+   matmul/conv, reductions, injective ops); what no rule matched is reported;
+4. the CPU backend's dataflow lowering + finalization passes, then ``tvm.compile``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
-def compile_relax(mod: Any, target: Any, *, fast_math: bool) -> tuple[Any, dict[str, Any]]:
-    """Lower and build a Relax module for ``target``.
+def _fast_gelu_pass() -> Any:
+    """``relax.nn.gelu`` -> ``0.5 x (1 + fast_erf(x / sqrt 2))`` (FastMathTransform misses GELU)."""
+    import tvm
+    from tvm import relax, topi
+    from tvm.relax import PyExprMutator, expr_functor
 
-    ``relax.get_default_pipeline`` is used rather than plain ``relax.build`` because only the
-    former fuses operators on CPU.
-    """
+    def gelu(x: Any) -> Any:
+        half = tvm.tirx.const(0.5, x.dtype)
+        scaled = topi.multiply(x, tvm.tirx.const(1.0 / math.sqrt(2.0), x.dtype))
+        return topi.multiply(topi.multiply(x, half), topi.add(topi.fast_erf(scaled), tvm.tirx.const(1.0, x.dtype)))
+
+    @expr_functor.mutator
+    class _Mutator(PyExprMutator):  # type: ignore[misc]
+        def visit_call_(self, call: Any) -> Any:
+            call = super().visit_call_(call)
+            op = getattr(call.op, "name", "")
+            if op == "relax.nn.gelu" and call.args[0].struct_info.dtype == "float32":
+                return self.builder_.call_te(gelu, call.args[0], primfunc_name_hint="fast_gelu")
+            return call
+
+    @tvm.transform.module_pass(opt_level=0, name="FastGelu")
+    def _pass(mod: Any, _ctx: Any) -> Any:
+        mutator = _Mutator(mod)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                mutator.builder_.update_func(gv, mutator.visit_expr(func))
+        return mutator.builder_.get()
+
+    return _pass
+
+
+def compile_relax(mod: Any, target: Any, *, fast_math: bool) -> tuple[Any, dict[str, Any]]:
+    """Lower, schedule and build a Relax module for ``target``."""
     import tvm
     from tvm import relax
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
 
-    report: dict[str, Any] = {"pipeline": "default", "fast_math": fast_math}
-    if fast_math:
-        mod = relax.transform.FastMathTransform()(mod)
-    executable = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+    from targets.tvm_schedules import apply_default_schedules
+
+    report: dict[str, Any] = {"pipeline": "cpu_generic+default_schedules", "fast_math": fast_math}
+    with target:
+        if fast_math:
+            mod = _fast_gelu_pass()(mod)
+            mod = relax.transform.FastMathTransform()(mod)
+        mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
+        mod, schedules = apply_default_schedules(mod)
+        report["schedules"] = schedules
+        lower = tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
+    executable = tvm.compile(mod, target=target, relax_pipeline=lower)
     return executable, report
