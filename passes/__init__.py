@@ -18,6 +18,12 @@ PASSES: dict[str, str] = {
     "dce": "passes.eliminate_dead_code:EliminateDeadCodePass",
     "cse": "passes.eliminate_common_subexpressions:EliminateCommonSubexpressionsPass",
     "optimize": "passes.optimize_graph:OptimizeGraphPass",
+    "fp16": "passes.convert_precision:ConvertToFloat16Pass",
+    "bf16": "passes.convert_precision:ConvertToBFloat16Pass",
+    "int8-dynamic": "passes.quantize_dynamic:QuantizeDynamicPass",
+    "int8": "passes.quantize_static:QuantizeStaticPass",
+    "sparsity24": "passes.prune_structured:PruneStructuredPass",
+    "prune": "passes.prune_magnitude:PruneMagnitudePass",
 }
 
 PRESETS: dict[str, tuple[str, ...]] = {
