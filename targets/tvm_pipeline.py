@@ -35,7 +35,7 @@ def _fast_gelu_pass() -> Any:
         def visit_call_(self, call: Any) -> Any:
             call = super().visit_call_(call)
             op = getattr(call.op, "name", "")
-            if op == "relax.nn.gelu" and call.args[0].struct_info.dtype == "float32":
+            if op == "relax.nn.gelu" and str(getattr(call.args[0].ty, "dtype", "")) == "float32":
                 return self.builder_.call_te(gelu, call.args[0], primfunc_name_hint="fast_gelu")
             return call
 

@@ -34,7 +34,10 @@ class _Tagged(dl.ScheduleRule):
         if result is None:
             return None
         sch = result[0] if isinstance(result, list) else result
-        return s_tir.Schedule(sch.mod["main"].with_attr(RULE_ATTR, self.name))
+        try:  # re-wrapping also checks the result is well-formed TIR
+            return s_tir.Schedule(sch.mod["main"].with_attr(RULE_ATTR, self.name))
+        except Exception:
+            return None
 
 
 def default_rules() -> list[tuple[str, dl.ScheduleRule]]:

@@ -152,12 +152,21 @@ class TiledMatmul(dl.ScheduleRule):
             except Exception:
                 separate.append(b)
         # Epilogue: accumulate into a local tile; the write-back carries the elementwise ops.
+        # Intermediate epilogue blocks are inlined into their consumers first (a value used
+        # twice, as in GELU's x * erf(x), is then recomputed), so only the last one reads the
+        # accumulator and can be merged into the write-back.
         writeback = sch.cache_write(red, 0, "local")
-        for info in infos[at + 1 :]:
+        epilogue = [info.block_rv for info in infos[at + 1 :]]
+        for b in epilogue[:-1]:
             try:
-                sch.reverse_compute_inline(info.block_rv)
+                sch.compute_inline(b)
             except Exception:
-                separate.append(info.block_rv)
+                separate.append(b)
+        if epilogue:
+            try:
+                sch.reverse_compute_inline(epilogue[-1])
+            except Exception:
+                separate.append(epilogue[-1])
 
         vec = _vector_width(n)
         tj = _largest_divisor(n, max(TILE_J, vec), vec) or vec

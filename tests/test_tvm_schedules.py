@@ -1,0 +1,93 @@
+"""The tvm target's default CPU schedule rules fire, keep numerics, and report what they missed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+tvm = pytest.importorskip("tvm")
+
+from tvm import relax  # noqa: E402
+from tvm.relax.backend.cpu_generic import pipeline as cpu  # noqa: E402
+
+from targets.tvm_pipeline import compile_relax  # noqa: E402
+from targets.tvm_schedules import apply_default_schedules  # noqa: E402
+from targets.tvm_schedules.injective import Injective  # noqa: E402
+
+
+class _Mlp(torch.nn.Module):
+    """matmul + bias + GELU (N a multiple of 32), a residual, softmax, a tail N=10, a conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc1 = torch.nn.Linear(8 * 4 * 4, 64)
+        self.fc2 = torch.nn.Linear(64, 64)
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x)).flatten(1)
+        h = torch.nn.functional.gelu(self.fc1(y))
+        h = torch.softmax(h + self.fc2(h), dim=-1)
+        return self.head(h)
+
+
+def _target() -> Any:
+    return tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3" if _is_x86() else "generic", "num-cores": 2})
+
+
+def _is_x86() -> bool:
+    import platform
+
+    return platform.machine() in ("x86_64", "AMD64")
+
+
+def _relax_module(model: torch.nn.Module, x: torch.Tensor) -> Any:
+    from tvm.relax.frontend.torch import from_exported_program
+
+    ep = torch.export.export(model, (x,))
+    return from_exported_program(ep, keep_params_as_input=False)
+
+
+@pytest.fixture(scope="module")
+def mlp() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return _Mlp().eval(), torch.randn(8, 3, 4, 4)
+
+
+@pytest.mark.parametrize("fast_math", [True, False])
+def test_rules_schedule_and_keep_numerics(mlp: tuple[torch.nn.Module, torch.Tensor], fast_math: bool) -> None:
+    model, x = mlp
+    with torch.no_grad():
+        expected = model(x).numpy()
+    executable, report = compile_relax(_relax_module(model, x), _target(), fast_math=fast_math)
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    result = vm["main"](tvm.runtime.tensor(x.numpy()))
+    got = (result if hasattr(result, "numpy") else result[0]).numpy()
+    rel_l2 = np.linalg.norm(got - expected) / np.linalg.norm(expected)
+    assert rel_l2 < 1e-4, rel_l2
+
+    schedules = report["schedules"]
+    counts = schedules["scheduled_by_rule"]
+    assert counts["TiledMatmul"] >= 3  # the conv and at least two dense layers
+    assert sum(counts.values()) >= 4
+    assert schedules["unscheduled"] == len(schedules["unscheduled_funcs"])
+    assert report["fast_math"] is fast_math
+
+
+def test_unmatched_kernels_are_reported(mlp: tuple[torch.nn.Module, torch.Tensor]) -> None:
+    model, x = mlp
+    target = _target()
+    with target:
+        mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(
+            _relax_module(model, x)
+        )
+        n_funcs = sum(isinstance(f, tvm.tirx.PrimFunc) for _, f in mod.functions_items())
+        _, report = apply_default_schedules(mod, rules=[("Injective", Injective())])
+    # Only the injective rule: every matmul / conv / softmax kernel must show up as unscheduled.
+    assert report["unscheduled"] >= 3
+    assert any("matmul" in name or "conv" in name for name in report["unscheduled_funcs"])
+    assert report["scheduled_by_rule"]["Injective"] + report["unscheduled"] == n_funcs
