@@ -57,7 +57,8 @@ def build(
 
     Keyword ``overrides`` are :class:`BuildOptions` fields: ``build(m, target="onnxruntime")``.
     """
-    opts = BuildOptions.from_dict({**(dataclasses.asdict(options) if options else {}), **overrides})
+    given = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)} if options else {}
+    opts = BuildOptions.from_dict({**given, **overrides})
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
 

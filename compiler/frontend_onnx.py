@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +11,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
-from compiler.errors import ModelLoadError
+from compiler.errors import ModelLoadError, UnsupportedModelError
 from compiler.source import Arrays, SourceModel, numpy_dtype, spec_shape, vocab_ranges
 from compiler.spec import IOSpec, TensorSpec
 
@@ -28,6 +28,10 @@ def load_onnx(path: Path, ranges: Mapping[str, tuple[float, float]] | None = Non
             f"{path} is not a valid ONNX model ({_reason(e)}): re-export it, or check the file is complete"
         ) from e
     model = ir.load(path)
+    # Old exporters list weights as graph inputs; as inputs they could be overridden, which
+    # stops folding and would make them required once folding removes their initializer.
+    model = common.RemoveInitializersFromInputsPass()(model).model
+    model.ir_version = max(model.ir_version, 4)  # IR < 4 requires initializers to be inputs
     model = common.ShapeInferencePass()(model).model
     io = _io_spec(model, ranges or {})
     reference = _ort_reference(path)
@@ -38,8 +42,6 @@ def _io_spec(model: ir.Model, ranges: Mapping[str, tuple[float, float]]) -> IOSp
     found = vocab_ranges(model)
     inputs = []
     for value in model.graph.inputs:
-        if value.const_value is not None:
-            continue  # an initializer listed as input (old exporters): a weight, not a user input
         name = str(value.name)
         dtype = numpy_dtype(value.dtype) if value.dtype is not None else "float32"
         shape = _name_unknown_dims(name, spec_shape(value.shape))
@@ -56,10 +58,16 @@ def _name_unknown_dims(name: str, shape: tuple[int | str, ...]) -> tuple[int | s
     return tuple(f"{name}_dim{i}" if d == "unk" else d for i, d in enumerate(shape))
 
 
-def _ort_reference(path: Path) -> object:
+def _ort_reference(path: Path) -> Callable[[Arrays], Arrays]:
     from targets.ort_target import reference_session
 
-    session = reference_session(str(path))
+    try:
+        session = reference_session(str(path))
+    except Exception as e:  # ORT raises untyped errors for ops it does not implement
+        raise UnsupportedModelError(
+            f"onnxruntime, the reference for ONNX sources, cannot run {path.name} ({_reason(e)}): "
+            "replace the unsupported op or export the model with standard ONNX ops"
+        ) from e
     names = [o.name for o in session.get_outputs()]
 
     def run(inputs: Arrays) -> Arrays:

@@ -78,7 +78,7 @@ def load_torch_module(
         with torch.no_grad():
             program = torch.export.export(model, args, dynamic_shapes=shapes or None)
             onnx_program = torch.onnx.export(
-                program, args, dynamo=True, input_names=list(example_inputs), output_names=output_names or None
+                program, args, dynamo=True, verbose=False, input_names=list(example_inputs), output_names=output_names or None
             )
     except Exception as e:
         raise UnsupportedModelError(f"torch.export / ONNX export of {name} failed: {_reason(e)}") from e

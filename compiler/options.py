@@ -46,7 +46,7 @@ class BuildOptions:
         if "passes" in values:
             values["passes"] = tuple(values["passes"])
         if "dynamic" in values:
-            values["dynamic"] = tuple(d if isinstance(d, DimRange) else DimRange.parse(d) for d in values["dynamic"])
+            values["dynamic"] = tuple(_dim_range(d) for d in values["dynamic"])
         for key in ("out", "dump_ir"):
             if values.get(key) is not None:
                 values[key] = Path(values[key])
@@ -58,3 +58,11 @@ class BuildOptions:
         if options.version is not None and options.version < 1:
             raise OptionsError(f"version must be a positive integer, got {options.version}")
         return options
+
+
+def _dim_range(value: Any) -> DimRange:
+    if isinstance(value, DimRange):
+        return value
+    if isinstance(value, Mapping):
+        return DimRange(**value)
+    return DimRange.parse(str(value))

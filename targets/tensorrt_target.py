@@ -276,4 +276,4 @@ def _numbers(version: str) -> tuple[int, ...]:
 
 def _require(probe: ProbeResult) -> None:
     if not probe.available:
-        raise TargetUnavailableError(probe.reason + ": build on an NVIDIA host, or use --prepare-only here")
+        raise TargetUnavailableError(probe.reason + ": build on an NVIDIA host with TensorRT installed")

@@ -66,8 +66,9 @@ class TvmTarget:
         sizes = ctx.io.bound_sizes("opt")
         shapes = {s.name: list(s.shape if options.dynamic else s.bind(sizes)) for s in ctx.io.inputs}
         dtypes = {s.name: s.dtype for s in ctx.io.inputs}
+        proto = ir.serde.serialize_model(model) if options.dynamic else _static_proto(model, shapes)
         try:
-            mod = from_onnx(ir.serde.serialize_model(model), shape_dict=shapes, dtype_dict=dtypes)
+            mod = from_onnx(proto, shape_dict=shapes, dtype_dict=dtypes)
         except Exception as e:  # the Relax ONNX importer raises bare errors for unsupported ops
             raise UnsupportedModelError(f"tvm cannot import the IR: {_reason(e)}; try --target onnxruntime") from e
         target = tvm.target.Target(target_dict(options))
@@ -116,6 +117,22 @@ class TvmRunner:
             raise InputSpecError(f"tvm artifact rejected the inputs: {_reason(e)}") from e
         values = [result] if hasattr(result, "numpy") else list(result)
         return {n: v.numpy() for n, v in zip(self.output_names, values, strict=True)}
+
+
+def _static_proto(model: ir.Model, shapes: Mapping[str, list[Any]]) -> Any:
+    """The IR with input dims bound and shape arithmetic folded away.
+
+    The Relax ONNX importer mishandles ``Shape -> Gather -> Reshape`` chains on scalars; once
+    every shape is static, onnxscript's optimizer turns them into constants.
+    """
+    from onnxscript.optimizer import optimize_ir
+
+    static = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    for value in static.graph.inputs:
+        if value.name in shapes:
+            value.shape = ir.Shape(shapes[value.name])
+    optimize_ir(static, onnx_shape_inference=True)
+    return ir.serde.serialize_model(static)
 
 
 def host_cpu() -> str:

@@ -1,0 +1,66 @@
+"""The CLI doors: compile prints the artifact path last; targets, inspect, verify and run work on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from artifacts.manifest import read_manifest
+from compiler.sample_inputs import make_inputs
+from compiler.spec import IOSpec
+from tests.conftest import EXAMPLES, ONNX_LIGHT
+from tests.test_errors import aotforge
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cli")
+    proc = aotforge("compile", str(EXAMPLES / "mini_resnet.py"), "--target", "onnxruntime", "--out", str(out), "--bench-seconds", "0.5")
+    assert proc.returncode == 0, proc.stderr
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert path == out / "mini_resnet" / "1" / "onnxruntime"
+    return path
+
+
+def test_targets_lists_all_four_with_reasons() -> None:
+    proc = aotforge("targets")
+    lines = {ln.split()[0]: ln for ln in proc.stdout.splitlines()}
+    assert set(lines) == {"tvm", "onnxruntime", "tensorrt", "neuron"}
+    assert "available" in lines["onnxruntime"] and "unavailable" not in lines["onnxruntime"]
+    assert "tensorrt" in lines["tensorrt"].split(None, 1)[1]
+
+
+def test_inspect_summarises(artifact: Path) -> None:
+    proc = aotforge("inspect", str(artifact))
+    assert proc.returncode == 0
+    assert "mini_resnet v1 for onnxruntime" in proc.stdout and "p50" in proc.stdout
+
+
+def test_verify_passes_then_catches_tampering(artifact: Path, tmp_path: Path) -> None:
+    assert aotforge("verify", str(artifact)).returncode == 0
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(artifact, copy)
+    data = bytearray((copy / "model.onnx").read_bytes())
+    data[len(data) // 2] ^= 1
+    (copy / "model.onnx").write_bytes(bytes(data))
+    proc = aotforge("verify", str(copy))
+    assert proc.returncode == 2 and "model.onnx: sha256" in proc.stderr
+
+
+def test_run_saves_outputs(artifact: Path, tmp_path: Path) -> None:
+    io = IOSpec.from_dict(read_manifest(artifact).io)
+    np.savez(tmp_path / "x.npz", **make_inputs(io, io.bound_sizes(), seed=1, count=1)[0])
+    proc = aotforge("run", str(artifact), "--inputs", str(tmp_path / "x.npz"), "--save", str(tmp_path / "y.npz"))
+    assert proc.returncode == 0, proc.stderr
+    with np.load(tmp_path / "y.npz") as y:
+        assert y["logits"].shape == (1, 10)
+
+
+def test_onnx_file_through_cli(tmp_path: Path) -> None:
+    proc = aotforge("compile", str(ONNX_LIGHT / "light_squeezenet.onnx"), "-t", "onnxruntime", "--out", str(tmp_path), "--no-bench")
+    assert proc.returncode == 0, proc.stderr
+    assert Path(proc.stdout.strip().splitlines()[-1]).is_dir()

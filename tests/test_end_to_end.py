@@ -1,0 +1,92 @@
+"""Every model on every CPU target: build, validate against the source, reload, run again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import artifacts
+from compiler.numerics import compare
+from compiler.sample_inputs import make_inputs
+from compiler.spec import DimRange
+from tests.conftest import EXAMPLES, FAST_BENCH, ONNX_LIGHT, quick_build
+
+TORCH_MODELS = {
+    "mini_resnet": ("mini_resnet.py", ()),
+    "tiny_transformer": ("tiny_transformer.py", (DimRange("batch", 1, 1, 8), DimRange("seq", 1, 16, 64))),
+    "minilm": ("minilm.py", (DimRange("batch", 1, 1, 4), DimRange("seq", 1, 16, 128))),
+}
+ONNX_MODELS = ["squeezenet", "shufflenet", "resnet50"]
+
+
+@pytest.mark.parametrize("model", list(TORCH_MODELS))
+def test_torch_model_builds_and_matches(model: str, cpu_target: str, tmp_path: Path) -> None:
+    file, dims = TORCH_MODELS[model]
+    result = quick_build(str(EXAMPLES / file), tmp_path, target=cpu_target, dynamic=dims)
+    validation = result.manifest.validation
+    assert validation["passed"] and validation["reference"] == "torch eager"
+    assert all(m["rel_l2"] <= 1e-4 for m in validation["metrics"].values())
+    _reload_and_compare(result.path)
+
+
+@pytest.mark.parametrize("model", ONNX_MODELS)
+def test_onnx_reference_model_builds_and_matches(model: str, cpu_target: str, tmp_path: Path) -> None:
+    result = quick_build(str(ONNX_LIGHT / f"light_{model}.onnx"), tmp_path, target=cpu_target, validation_samples=1)
+    assert result.manifest.validation["passed"]
+    assert result.manifest.validation["reference"] == "onnxruntime on the unmodified ONNX"
+    assert result.manifest.source["format"] == "onnx"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["densenet121", "inception_v2"])
+def test_larger_onnx_reference_models(model: str, cpu_target: str, tmp_path: Path) -> None:
+    result = quick_build(str(ONNX_LIGHT / f"light_{model}.onnx"), tmp_path, target=cpu_target, validation_samples=1)
+    assert result.manifest.validation["passed"]
+
+
+def test_minilm_embeddings_match_torch_on_real_sentences(tmp_path: Path) -> None:
+    """Real weights and real tokenized sentences: the artifact's embeddings equal torch's."""
+    import torch
+
+    from examples import minilm
+
+    result = quick_build(str(EXAMPLES / "minilm.py"), tmp_path, target="onnxruntime", dynamic=(DimRange("seq", 1, 32, 64),))
+    inputs = {k: v.numpy() for k, v in minilm.tokenize(minilm.SENTENCES, seq=32).items()}
+    # The artifact was built for batch 1 at opt; ONNX Runtime keeps dims symbolic, so batch 4 runs.
+    got = artifacts.load(result.path).run(inputs)["embedding"]
+    with torch.no_grad():
+        want = minilm.get_model()(**{k: torch.from_numpy(v) for k, v in inputs.items()}).numpy()
+    cosine = np.sum(got * want, axis=1)
+    assert cosine.min() > 0.99999
+
+
+def test_benchmark_is_recorded(tmp_path: Path) -> None:
+    result = quick_build(str(EXAMPLES / "mini_resnet.py"), tmp_path, target="onnxruntime", bench=True, bench_options=FAST_BENCH)
+    bench = result.manifest.benchmark
+    assert bench is not None and bench["runs"] >= 3
+    assert 0 < bench["p50_ms"] <= bench["p90_ms"] <= bench["p99_ms"]
+    assert bench["throughput_per_s"] > 0 and bench["peak_rss_mb"] > 0
+
+
+def test_artifact_layout_and_model_card(tmp_path: Path) -> None:
+    result = quick_build(str(EXAMPLES / "mini_resnet.py"), tmp_path, target="onnxruntime", name="cnn")
+    assert result.path == tmp_path / "cnn" / "1" / "onnxruntime"
+    manifest = json.loads((result.path / "manifest.json").read_text())
+    assert manifest["schema_version"] == 1
+    assert set(manifest["files"]) == {"model.onnx", "model.ort.onnx", "session.json", "MODEL_CARD.md"}
+    assert [p["name"] for p in manifest["passes"]] == ["fold", "dce"]
+    assert manifest["passes"][0]["nodes_before"] >= manifest["passes"][1]["nodes_after"]
+    card = (result.path / "MODEL_CARD.md").read_text()
+    assert "cnn v1" in card and "passed" in card
+    second = quick_build(str(EXAMPLES / "mini_resnet.py"), tmp_path, target="onnxruntime", name="cnn")
+    assert second.path == tmp_path / "cnn" / "2" / "onnxruntime"
+
+
+def _reload_and_compare(path: Path) -> None:
+    loaded = artifacts.load(path)
+    x = make_inputs(loaded.io, loaded.io.bound_sizes(), seed=7, count=1)[0]
+    first, again = loaded.run(x), artifacts.load(path).run(x)
+    assert all(m.max_abs == 0.0 for m in compare(first, again).values())

@@ -1,0 +1,84 @@
+"""Every error a user can cause: one clear line, a non-zero exit, nothing left behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import EXAMPLES, ONNX_LIGHT
+
+
+def aotforge(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "compiler.cli", *args], capture_output=True, text=True, timeout=600, check=False
+    )
+
+
+def _unsupported_op_model(path: Path) -> Path:
+    """A model with an op no backend implements (a custom domain)."""
+    node = helper.make_node("FancyOp", ["x"], ["y"], domain="com.example")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    onnx.save(model, path)
+    return path
+
+
+def _truncated(path: Path) -> Path:
+    data = (ONNX_LIGHT / "light_squeezenet.onnx").read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+CASES = {
+    "missing file": (lambda d: ["/nonexistent/model.onnx"], "does not exist"),
+    "not onnx": (lambda d: [str(_write(d / "x.onnx", b"hello, not a model"))], "not a valid ONNX model"),
+    "truncated onnx": (lambda d: [str(_truncated(d / "t.onnx"))], "not a valid ONNX model"),
+    "unknown target": (lambda d: [str(EXAMPLES / "mini_resnet.py"), "--target", "cuda9"], "unknown target 'cuda9'"),
+    "unavailable target": (lambda d: [str(EXAMPLES / "mini_resnet.py"), "--target", "tensorrt"], "not available on this host"),
+    "unsupported op": (lambda d: [str(_unsupported_op_model(d / "u.onnx")), "--target", "onnxruntime"], "FancyOp"),
+    "unknown dynamic dim": (lambda d: [str(EXAMPLES / "mini_resnet.py"), "--dynamic", "seq=1:8"], "no model input has"),
+    "bad dim range": (lambda d: [str(EXAMPLES / "mini_resnet.py"), "--dynamic", "batch=8:2"], "min <= opt <= max"),
+    "unknown pass": (lambda d: [str(EXAMPLES / "mini_resnet.py"), "--passes", "fold,magic"], "unknown pass 'magic'"),
+    "unknown target option": (lambda d: [str(EXAMPLES / "mini_resnet.py"), "--target-opt", "speed=11"], "unknown tvm option"),
+}
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_user_error_is_one_line_and_leaves_nothing(case: str, tmp_path: Path) -> None:
+    args, expected = CASES[case]
+    out = tmp_path / "out"
+    proc = aotforge("compile", *args(tmp_path), "--out", str(out), "--no-bench")
+    assert proc.returncode == 2, proc.stderr
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].lower().startswith("error: ")
+    assert not out.exists() or not any(p for p in out.rglob("*") if p.is_file())
+
+
+def test_validation_failure_leaves_no_artifact(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = aotforge(
+        "compile", str(EXAMPLES / "mini_resnet.py"), "--target", "onnxruntime", "--out", str(out),
+        "--no-bench", "--tolerance", "1e-12",
+    )
+    assert proc.returncode == 3
+    assert "does not match the source model" in proc.stderr and "rel L2" in proc.stderr
+    assert not any(p for p in out.rglob("*") if p.is_file())
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    proc = aotforge("--debug", "compile", "/nonexistent/model.onnx")
+    assert proc.returncode != 0 and "Traceback" in proc.stderr

@@ -1,0 +1,45 @@
+"""Input specs: dynamic dim parsing, binding and the checks on them."""
+
+from __future__ import annotations
+
+import pytest
+
+from compiler.errors import InputSpecError, OptionsError
+from compiler.options import BuildOptions
+from compiler.spec import DimRange, IOSpec, TensorSpec, check_dims_used, parse_value_range
+from targets.base import options_from_dict
+from targets.tvm_target import TvmOptions
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("batch=1:32", DimRange("batch", 1, 1, 32)), ("seq=8:64:128", DimRange("seq", 8, 64, 128)), ("b=4", DimRange("b", 4, 4, 4))],
+)
+def test_dim_range_parses(text: str, expected: DimRange) -> None:
+    assert DimRange.parse(text) == expected
+
+
+@pytest.mark.parametrize("text", ["batch", "batch=", "batch=a:b", "1x=1:2", "batch=4:2", "batch=0:4"])
+def test_dim_range_rejects(text: str) -> None:
+    with pytest.raises(InputSpecError):
+        DimRange.parse(text)
+
+
+def test_binding_uses_opt_and_default() -> None:
+    io = IOSpec((TensorSpec("x", "float32", ("batch", 3, "h")),), (), (DimRange("batch", 1, 4, 8),))
+    assert io.inputs[0].bind(io.bound_sizes()) == (4, 3, 1)
+    with pytest.raises(InputSpecError, match="no model input has"):
+        check_dims_used([DimRange("seq", 1, 1, 2)], io)
+
+
+def test_value_range_and_options_from_dict() -> None:
+    assert parse_value_range("ids=0:100") == ("ids", (0.0, 100.0))
+    with pytest.raises(InputSpecError):
+        parse_value_range("ids")
+    assert options_from_dict(TvmOptions, {"fast_math": "false", "num_cores": "4"}, what="tvm") == TvmOptions(
+        fast_math=False, num_cores=4
+    )
+    with pytest.raises(OptionsError, match="unknown tvm option"):
+        options_from_dict(TvmOptions, {"nope": 1}, what="tvm")
+    with pytest.raises(OptionsError, match="unknown build option"):
+        BuildOptions.from_dict({"targt": "tvm"})
