@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from compiler.errors import ArtifactError
 from artifacts.manifest import MANIFEST, Manifest
+from compiler.errors import ArtifactError
 
 
 def sha256_file(path: Path) -> str:

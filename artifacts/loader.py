@@ -29,7 +29,9 @@ class LoadedArtifact:
     def run(self, inputs: Mapping[str, np.ndarray]) -> Arrays:
         expected = [s.name for s in self.io.inputs]
         if sorted(inputs) != sorted(expected):
-            raise InputSpecError(f"inputs {sorted(inputs)} do not match the artifact's {expected}: pass exactly those names")
+            raise InputSpecError(
+                f"inputs {sorted(inputs)} do not match the artifact's {expected}: pass exactly those names"
+            )
         ordered = {}
         for spec in self.io.inputs:
             value = np.asarray(inputs[spec.name])

@@ -31,7 +31,7 @@ from compiler.sample_inputs import make_inputs
 from compiler.source import SourceModel
 from compiler.spec import IOSpec, check_dims_used
 from passes import expand, make_pass
-from passes.manager import run_passes
+from passes.manager import PassRecord, run_passes
 from targets import get_target
 from targets.base import BuildContext, options_from_dict
 
@@ -93,7 +93,11 @@ def build(
         ir.save(source.ir, stage / "model.onnx")
         say(f"compiling for {opts.target}")
         compiled = target.compile(source.ir, target_opts, ctx, stage)
-        target_record = {"name": opts.target, "options": dataclasses.asdict(target_opts), "info": dict(compiled.target_info)}
+        target_record = {
+            "name": opts.target,
+            "options": dataclasses.asdict(target_opts),
+            "info": dict(compiled.target_info),
+        }
         runner = target.load(stage, {"target": target_record, "io": io.to_dict()})
         say("validating against the source model")
         metrics = compare_many(source.reference, runner.run, samples)
@@ -112,13 +116,14 @@ def build(
             toolchain={**toolchain_versions(), **compiled.toolchain},
             source={"format": source.format, "sha256": source.sha256},
             ir={"sha256": sha256_file(stage / "model.onnx"), "opset": source.ir.opset_imports.get("", 0)},
-            passes=[dataclasses.asdict(r) for r in records],
+            passes=[_pass_entry(r) for r in records],
             io=io.to_dict(),
             validation=validation,
             benchmark=bench,
             files={},
             build={
                 "seconds": round(time.perf_counter() - started, 2),
+                "pass_seconds": {f"{i + 1}:{r.name}": r.seconds for i, r in enumerate(records)},
                 "host": socket.gethostname(),
                 "machine": platform.machine(),
                 "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -126,6 +131,13 @@ def build(
         )
         manifest = finalize(stage, manifest, final)
     return BuildResult(final, manifest)
+
+
+def _pass_entry(record: PassRecord) -> dict[str, Any]:
+    # Durations differ between identical builds, so they live in the manifest's build section.
+    entry = dataclasses.asdict(record)
+    entry.pop("seconds")
+    return entry
 
 
 def _load(model: Any, opts: BuildOptions, example_inputs: Mapping[str, Any] | None) -> SourceModel:
@@ -137,11 +149,17 @@ def _load(model: Any, opts: BuildOptions, example_inputs: Mapping[str, Any] | No
     if example_inputs is None:
         raise InputSpecError("build() of an nn.Module needs example_inputs={name: tensor, ...}")
     return load_torch_module(
-        model, example_inputs, name=opts.name or type(model).__name__.lower(), dims=opts.dynamic, ranges=opts.input_ranges
+        model,
+        example_inputs,
+        name=opts.name or type(model).__name__.lower(),
+        dims=opts.dynamic,
+        ranges=opts.input_ranges,
     )
 
 
-def _validation(source: SourceModel, metrics: Mapping[str, OutputMetrics], opts: BuildOptions, sizes: Mapping[str, int]) -> dict[str, Any]:
+def _validation(
+    source: SourceModel, metrics: Mapping[str, OutputMetrics], opts: BuildOptions, sizes: Mapping[str, int]
+) -> dict[str, Any]:
     return {
         "reference": "torch eager" if source.format == "torch" else "onnxruntime on the unmodified ONNX",
         "metric": "rel_l2",
@@ -155,7 +173,11 @@ def _validation(source: SourceModel, metrics: Mapping[str, OutputMetrics], opts:
 
 
 def _validation_message(name: str, target: str, metrics: Mapping[str, OutputMetrics], tolerance: float) -> str:
-    bad = [f"{n}: rel L2 {m.rel_l2:.3g}, max abs {m.max_abs:.3g}, cosine {m.cosine:.6f}" for n, m in metrics.items() if not m.rel_l2 <= tolerance]
+    bad = [
+        f"{n}: rel L2 {m.rel_l2:.3g}, max abs {m.max_abs:.3g}, cosine {m.cosine:.6f}"
+        for n, m in metrics.items()
+        if not m.rel_l2 <= tolerance
+    ]
     return (
         f"{name} on {target} does not match the source model ({'; '.join(bad)}; tolerance rel L2 {tolerance:g}): "
         "drop the pass that changes numerics, or raise --tolerance if this error is acceptable"

@@ -66,7 +66,9 @@ def main(debug: bool) -> None:
 @click.option("--name", help="Artifact name (default: the model file's stem).")
 @click.option("--version", type=click.IntRange(min=1), help="Artifact version (default: next free one).")
 @click.option("--passes", default="O1", show_default=True, help="Comma list of passes and presets (O0, O1, O2).")
-@click.option("--dynamic", multiple=True, type=DimRangeParam(), help="Dynamic dim range, e.g. batch=1:32 or batch=1:8:32.")
+@click.option(
+    "--dynamic", multiple=True, type=DimRangeParam(), help="Dynamic dim range, e.g. batch=1:32 or batch=1:8:32."
+)
 @click.option("--input-range", multiple=True, help="Value range of an input, e.g. input_ids=0:30522.")
 @click.option("--target-opt", multiple=True, type=KeyValueParam(), help="Target option, e.g. mcpu=skylake-avx512.")
 @click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Max relative L2 error per output.")
@@ -146,7 +148,9 @@ def verify(artifact: Path) -> None:
 
 @main.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--inputs", "inputs_path", required=True, type=click.Path(path_type=Path), help=".npz with one array per input.")
+@click.option(
+    "--inputs", "inputs_path", required=True, type=click.Path(path_type=Path), help=".npz with one array per input."
+)
 @click.option("--save", type=click.Path(path_type=Path), help="Write outputs to this .npz instead of printing.")
 @user_errors
 def run(artifact: Path, inputs_path: Path, save: Path | None) -> None:
@@ -160,7 +164,7 @@ def run(artifact: Path, inputs_path: Path, save: Path | None) -> None:
         raise InputSpecError(f"cannot read inputs {inputs_path} ({e}): give an .npz written by numpy.savez") from e
     outputs = load(artifact).run(inputs)
     if save:
-        np.savez(save, **outputs)
+        np.savez(save, **outputs)  # type: ignore[arg-type]
         click.echo(str(save))
         return
     for name, value in outputs.items():
@@ -169,13 +173,23 @@ def run(artifact: Path, inputs_path: Path, save: Path | None) -> None:
 
 
 def _summary(m: dict[str, Any]) -> str:
-    lines = [f"{m['name']} v{m['version']} for {m['target']['name']}", f"  source: {m['source']['format']} {m['source']['sha256'][:12]}"]
+    lines = [
+        f"{m['name']} v{m['version']} for {m['target']['name']}",
+        f"  source: {m['source']['format']} {m['source']['sha256'][:12]}",
+    ]
     lines.append("  passes: " + (", ".join(p["name"] for p in m["passes"]) or "none"))
     v = m["validation"]
     worst = max((x["rel_l2"] for x in v.get("metrics", {}).values()), default=0.0)
-    lines.append(f"  validation: {'passed' if v.get('passed') else 'failed'} (worst rel L2 {worst:.3g}, tolerance {v.get('tolerance')})")
+    lines.append(
+        f"  validation: {'passed' if v.get('passed') else 'failed'} "
+        f"(worst rel L2 {worst:.3g}, tolerance {v.get('tolerance')})"
+    )
     b = m["benchmark"]
-    lines.append(f"  latency: p50 {b['p50_ms']} ms, p99 {b['p99_ms']} ms over {b['runs']} runs" if b else "  latency: not benchmarked")
+    lines.append(
+        f"  latency: p50 {b['p50_ms']} ms, p99 {b['p99_ms']} ms over {b['runs']} runs"
+        if b
+        else "  latency: not benchmarked"
+    )
     lines.append(f"  files: {', '.join(sorted(m['files']))}")
     return "\n".join(lines)
 

@@ -36,7 +36,9 @@ def load_torch_file(ref: str, dims: tuple[DimRange, ...], ranges: Mapping[str, t
     module = _import(ref)
     for attr in ("get_model", "get_example_inputs"):
         if not callable(getattr(module, attr, None)):
-            raise ModelLoadError(f"{ref} defines no {attr}(): a torch model file must define get_model() and get_example_inputs()")
+            raise ModelLoadError(
+                f"{ref} defines no {attr}(): a torch model file must define get_model() and get_example_inputs()"
+            )
     model = module.get_model()
     inputs = dict(module.get_example_inputs())
     return load_torch_module(
@@ -70,7 +72,10 @@ def load_torch_module(
     axes = {k: dict(v) for k, v in (dynamic_axes or {}).items()}
     _check_axes(axes, example_inputs)
     shapes = {
-        arg: {axis: torch.export.Dim(dim, min=_range(declared, dim).min, max=_range(declared, dim).max) for axis, dim in ax.items()}
+        arg: {
+            axis: torch.export.Dim(dim, min=_range(declared, dim).min, max=_range(declared, dim).max)
+            for axis, dim in ax.items()
+        }
         for arg, ax in axes.items()
     }
     args = tuple(example_inputs.values())
@@ -78,10 +83,17 @@ def load_torch_module(
         with torch.no_grad():
             program = torch.export.export(model, args, dynamic_shapes=shapes or None)
             onnx_program = torch.onnx.export(
-                program, args, dynamo=True, verbose=False, input_names=list(example_inputs), output_names=output_names or None
+                program,
+                args,
+                dynamo=True,
+                verbose=False,
+                input_names=list(example_inputs),
+                output_names=output_names or None,
             )
     except Exception as e:
         raise UnsupportedModelError(f"torch.export / ONNX export of {name} failed: {_reason(e)}") from e
+    if onnx_program is None:
+        raise UnsupportedModelError(f"torch.onnx.export of {name} returned no program")
     ir_model = onnx_program.model
     _rename_symbols(ir_model, axes)
     # The exporter may reuse an output's name for an internal value (e.g. "embedding" on a
@@ -119,8 +131,9 @@ def _rename_symbols(model: ir.Model, axes: Mapping[str, Mapping[int, str]]) -> N
     mapping: dict[str, str] = {}
     for value in model.graph.inputs:
         for axis, dim in axes.get(str(value.name), {}).items():
-            if value.shape is not None and not isinstance(value.shape[axis], int):
-                mapping[str(value.shape[axis].value)] = dim
+            sym = value.shape[axis] if value.shape is not None else 0
+            if isinstance(sym, ir.SymbolicDim):
+                mapping[str(sym.value)] = dim
     if not mapping:
         return
     values = list(model.graph.inputs) + list(model.graph.outputs)
@@ -139,7 +152,10 @@ def _io_spec(model: ir.Model, example_inputs: Mapping[str, Any], ranges: Mapping
         name = str(value.name)
         rng = ranges.get(name) or found.get(name) or _example_range(example_inputs.get(name))
         inputs.append(TensorSpec(name, numpy_dtype(value.dtype or ir.DataType.FLOAT), spec_shape(value.shape), rng))
-    outputs = [TensorSpec(str(v.name), numpy_dtype(v.dtype or ir.DataType.FLOAT), spec_shape(v.shape)) for v in model.graph.outputs]
+    outputs = [
+        TensorSpec(str(v.name), numpy_dtype(v.dtype or ir.DataType.FLOAT), spec_shape(v.shape))
+        for v in model.graph.outputs
+    ]
     return IOSpec(tuple(inputs), tuple(outputs))
 
 
@@ -188,7 +204,9 @@ def _import(ref: str) -> types.ModuleType:
     try:
         return importlib.import_module(ref)
     except ImportError as e:
-        raise ModelLoadError(f"cannot import model module {ref!r} ({e}): give a .py file, a .onnx file or an importable module") from e
+        raise ModelLoadError(
+            f"cannot import model module {ref!r} ({e}): give a .py file, a .onnx file or an importable module"
+        ) from e
 
 
 def _reason(e: BaseException) -> str:

@@ -142,7 +142,9 @@ def check_dims_used(dims: Iterable[DimRange], spec: IOSpec) -> None:
     for rng in dims:
         if rng.name not in known:
             hint = ", ".join(known) if known else "none: every input dim is fixed"
-            raise InputSpecError(f"--dynamic names dim {rng.name!r}, which no model input has; its named dims are: {hint}")
+            raise InputSpecError(
+                f"--dynamic names dim {rng.name!r}, which no model input has; its named dims are: {hint}"
+            )
 
 
 def parse_value_range(text: str) -> tuple[str, tuple[float, float]]:

@@ -8,7 +8,6 @@ installed onnxruntime has them; a provider that silently falls back to CPU is re
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -55,12 +54,14 @@ class OrtTarget:
 
         if options.optimization_level not in _LEVELS:
             raise CompileError(
-                f"onnxruntime optimization_level {options.optimization_level!r} is unknown; use one of {', '.join(_LEVELS)}"
+                f"onnxruntime optimization_level {options.optimization_level!r} is unknown; "
+                f"use one of {', '.join(_LEVELS)}"
             )
         missing = [p for p in options.providers if p not in ort.get_available_providers()]
         if missing:
             raise TargetUnavailableError(
-                f"onnxruntime here has no {', '.join(missing)} (available: {', '.join(ort.get_available_providers())}): "
+                f"onnxruntime here has no {', '.join(missing)} "
+                f"(available: {', '.join(ort.get_available_providers())}): "
                 "install onnxruntime-gpu on a CUDA host, or pick CPUExecutionProvider"
             )
 
@@ -74,13 +75,18 @@ class OrtTarget:
         try:
             session = ort.InferenceSession(str(source), sess_options, providers=list(options.providers))
         except Exception as e:  # ORT raises its own untyped errors for unsupported ops
-            raise CompileError(f"onnxruntime cannot load the IR: {_first_line(e)}; check the model's opset and ops") from e
+            raise CompileError(
+                f"onnxruntime cannot load the IR: {_first_line(e)}; check the model's opset and ops"
+            ) from e
         _check_providers(session, options.providers)
         settings = dataclasses.asdict(options)
         (workdir / SESSION_FILE).write_text(json.dumps(settings, sort_keys=True, indent=2) + "\n")
         return CompileResult(
             files=(OPTIMIZED_MODEL, SESSION_FILE),
-            target_info={"device": "cpu" if options.providers == ("CPUExecutionProvider",) else "gpu", "options": settings},
+            target_info={
+                "device": "cpu" if options.providers == ("CPUExecutionProvider",) else "gpu",
+                "options": settings,
+            },
             toolchain={"onnxruntime": ort.__version__},
         )
 
@@ -147,7 +153,3 @@ def _check_providers(session: Any, wanted: tuple[str, ...]) -> None:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[-1] if text else type(e).__name__
-
-
-def ort_version() -> str:
-    return importlib.metadata.version("onnxruntime")

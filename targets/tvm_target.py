@@ -129,7 +129,7 @@ def _static_proto(model: ir.Model, shapes: Mapping[str, list[Any]]) -> Any:
 
     static = ir.serde.deserialize_model(ir.serde.serialize_model(model))
     for value in static.graph.inputs:
-        if value.name in shapes:
+        if value.name is not None and value.name in shapes:
             value.shape = ir.Shape(shapes[value.name])
     optimize_ir(static, onnx_shape_inference=True)
     return ir.serde.serialize_model(static)

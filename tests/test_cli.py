@@ -17,7 +17,16 @@ from tests.test_errors import aotforge
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cli")
-    proc = aotforge("compile", str(EXAMPLES / "mini_resnet.py"), "--target", "onnxruntime", "--out", str(out), "--bench-seconds", "0.5")
+    proc = aotforge(
+        "compile",
+        str(EXAMPLES / "mini_resnet.py"),
+        "--target",
+        "onnxruntime",
+        "--out",
+        str(out),
+        "--bench-seconds",
+        "0.5",
+    )
     assert proc.returncode == 0, proc.stderr
     path = Path(proc.stdout.strip().splitlines()[-1])
     assert path == out / "mini_resnet" / "1" / "onnxruntime"
@@ -61,6 +70,8 @@ def test_run_saves_outputs(artifact: Path, tmp_path: Path) -> None:
 
 
 def test_onnx_file_through_cli(tmp_path: Path) -> None:
-    proc = aotforge("compile", str(ONNX_LIGHT / "light_squeezenet.onnx"), "-t", "onnxruntime", "--out", str(tmp_path), "--no-bench")
+    proc = aotforge(
+        "compile", str(ONNX_LIGHT / "light_squeezenet.onnx"), "-t", "onnxruntime", "--out", str(tmp_path), "--no-bench"
+    )
     assert proc.returncode == 0, proc.stderr
     assert Path(proc.stdout.strip().splitlines()[-1]).is_dir()

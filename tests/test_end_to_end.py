@@ -53,7 +53,9 @@ def test_minilm_embeddings_match_torch_on_real_sentences(tmp_path: Path) -> None
 
     from examples import minilm
 
-    result = quick_build(str(EXAMPLES / "minilm.py"), tmp_path, target="onnxruntime", dynamic=(DimRange("seq", 1, 32, 64),))
+    result = quick_build(
+        str(EXAMPLES / "minilm.py"), tmp_path, target="onnxruntime", dynamic=(DimRange("seq", 1, 32, 64),)
+    )
     inputs = {k: v.numpy() for k, v in minilm.tokenize(minilm.SENTENCES, seq=32).items()}
     # The artifact was built for batch 1 at opt; ONNX Runtime keeps dims symbolic, so batch 4 runs.
     got = artifacts.load(result.path).run(inputs)["embedding"]
@@ -64,7 +66,9 @@ def test_minilm_embeddings_match_torch_on_real_sentences(tmp_path: Path) -> None
 
 
 def test_benchmark_is_recorded(tmp_path: Path) -> None:
-    result = quick_build(str(EXAMPLES / "mini_resnet.py"), tmp_path, target="onnxruntime", bench=True, bench_options=FAST_BENCH)
+    result = quick_build(
+        str(EXAMPLES / "mini_resnet.py"), tmp_path, target="onnxruntime", bench=True, bench_options=FAST_BENCH
+    )
     bench = result.manifest.benchmark
     assert bench is not None and bench["runs"] >= 3
     assert 0 < bench["p50_ms"] <= bench["p90_ms"] <= bench["p99_ms"]

@@ -23,7 +23,9 @@ def _unsupported_op_model(path: Path) -> Path:
     """A model with an op no backend implements (a custom domain)."""
     node = helper.make_node("FancyOp", ["x"], ["y"], domain="com.example")
     graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
@@ -42,12 +44,18 @@ CASES = {
     "not onnx": (lambda d: [str(_write(d / "x.onnx", b"hello, not a model"))], "not a valid ONNX model"),
     "truncated onnx": (lambda d: [str(_truncated(d / "t.onnx"))], "not a valid ONNX model"),
     "unknown target": (lambda d: [str(EXAMPLES / "mini_resnet.py"), "--target", "cuda9"], "unknown target 'cuda9'"),
-    "unavailable target": (lambda d: [str(EXAMPLES / "mini_resnet.py"), "--target", "tensorrt"], "not available on this host"),
+    "unavailable target": (
+        lambda d: [str(EXAMPLES / "mini_resnet.py"), "--target", "tensorrt"],
+        "not available on this host",
+    ),
     "unsupported op": (lambda d: [str(_unsupported_op_model(d / "u.onnx")), "--target", "onnxruntime"], "FancyOp"),
     "unknown dynamic dim": (lambda d: [str(EXAMPLES / "mini_resnet.py"), "--dynamic", "seq=1:8"], "no model input has"),
     "bad dim range": (lambda d: [str(EXAMPLES / "mini_resnet.py"), "--dynamic", "batch=8:2"], "min <= opt <= max"),
     "unknown pass": (lambda d: [str(EXAMPLES / "mini_resnet.py"), "--passes", "fold,magic"], "unknown pass 'magic'"),
-    "unknown target option": (lambda d: [str(EXAMPLES / "mini_resnet.py"), "--target-opt", "speed=11"], "unknown tvm option"),
+    "unknown target option": (
+        lambda d: [str(EXAMPLES / "mini_resnet.py"), "--target-opt", "speed=11"],
+        "unknown tvm option",
+    ),
 }
 
 
@@ -71,8 +79,15 @@ def test_user_error_is_one_line_and_leaves_nothing(case: str, tmp_path: Path) ->
 def test_validation_failure_leaves_no_artifact(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = aotforge(
-        "compile", str(EXAMPLES / "mini_resnet.py"), "--target", "onnxruntime", "--out", str(out),
-        "--no-bench", "--tolerance", "1e-12",
+        "compile",
+        str(EXAMPLES / "mini_resnet.py"),
+        "--target",
+        "onnxruntime",
+        "--out",
+        str(out),
+        "--no-bench",
+        "--tolerance",
+        "1e-12",
     )
     assert proc.returncode == 3
     assert "does not match the source model" in proc.stderr and "rel L2" in proc.stderr

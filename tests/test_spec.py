@@ -13,7 +13,11 @@ from targets.tvm_target import TvmOptions
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("batch=1:32", DimRange("batch", 1, 1, 32)), ("seq=8:64:128", DimRange("seq", 8, 64, 128)), ("b=4", DimRange("b", 4, 4, 4))],
+    [
+        ("batch=1:32", DimRange("batch", 1, 1, 32)),
+        ("seq=8:64:128", DimRange("seq", 8, 64, 128)),
+        ("b=4", DimRange("b", 4, 4, 4)),
+    ],
 )
 def test_dim_range_parses(text: str, expected: DimRange) -> None:
     assert DimRange.parse(text) == expected
