@@ -194,5 +194,10 @@ def _summary(m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+from compiler.cli_registry import register_registry_commands  # noqa: E402
+
+register_registry_commands(main)
+
+
 if __name__ == "__main__":
     main()
