@@ -31,9 +31,12 @@ test-slow: $(BIN)/.installed
 	$(BIN)/pytest -q -m slow
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check compiler passes targets artifacts tests examples
-	$(BIN)/ruff format --check compiler passes targets artifacts tests examples
+	$(BIN)/ruff check compiler passes targets artifacts tests examples tools
+	$(BIN)/ruff format --check compiler passes targets artifacts tests examples tools
 	$(BIN)/mypy
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache
+
+bench: $(BIN)/.installed
+	$(BIN)/python tools/bench.py
