@@ -22,7 +22,7 @@ from artifacts.hashing import sha256_file
 from artifacts.manifest import Manifest
 from artifacts.store import artifact_path, finalize, next_version, staging_dir
 from compiler.benchmark import benchmark
-from compiler.errors import InputSpecError, TargetUnavailableError, ValidationFailedError
+from compiler.errors import InputSpecError, OptionsError, TargetUnavailableError, ValidationFailedError
 from compiler.frontend_onnx import load_onnx
 from compiler.frontend_torch import load_torch_file, load_torch_module
 from compiler.numerics import OutputMetrics, compare_many
@@ -69,6 +69,11 @@ def build(
         raise TargetUnavailableError(f"target {opts.target} is not available on this host: {probe.reason}")
     target_opts = options_from_dict(target.options_type, opts.target_options, what=opts.target)
     pass_names = expand(list(opts.passes))
+    stray = sorted(set(opts.pass_params) - set(pass_names))
+    if stray:
+        raise OptionsError(
+            f"parameters given for pass(es) {', '.join(stray)} that are not in --passes {','.join(pass_names)}"
+        )
     graph_passes = [make_pass(n, opts.pass_params.get(n)) for n in pass_names]
 
     say("loading model")

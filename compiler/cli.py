@@ -71,6 +71,7 @@ def main(debug: bool) -> None:
 )
 @click.option("--input-range", multiple=True, help="Value range of an input, e.g. input_ids=0:30522.")
 @click.option("--target-opt", multiple=True, type=KeyValueParam(), help="Target option, e.g. mcpu=skylake-avx512.")
+@click.option("--pass-opt", multiple=True, type=KeyValueParam(), help="Pass parameter, e.g. int8.method=percentile.")
 @click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Max relative L2 error per output.")
 @click.option("--no-bench", is_flag=True, help="Skip the benchmark.")
 @click.option("--bench-seconds", type=float, default=10.0, show_default=True, help="Benchmark time budget.")
@@ -94,6 +95,7 @@ def compile(model: str, **kw: Any) -> None:
             "dynamic": kw["dynamic"],
             "input_ranges": dict(parse_value_range(r) for r in kw["input_range"]),
             "target_options": dict(kw["target_opt"]),
+            "pass_params": _pass_params(kw["pass_opt"]),
             "tolerance": kw["tolerance"],
             "bench": not kw["no_bench"],
             "bench_options": BenchOptions(max_seconds=kw["bench_seconds"]),
@@ -170,6 +172,17 @@ def run(artifact: Path, inputs_path: Path, save: Path | None) -> None:
     for name, value in outputs.items():
         click.echo(f"{name}: {value.dtype}{list(value.shape)}")
         click.echo(np.array2string(value, threshold=20, precision=5))
+
+
+def _pass_params(pairs: tuple[tuple[str, str], ...]) -> dict[str, dict[str, str]]:
+    """``int8.method=percentile`` -> ``{"int8": {"method": "percentile"}}``."""
+    params: dict[str, dict[str, str]] = {}
+    for key, value in pairs:
+        name, dot, field = key.partition(".")
+        if not dot or not field:
+            raise click.BadParameter(f"{key!r} is not PASS.KEY, e.g. int8.method", param_hint="--pass-opt")
+        params.setdefault(name, {})[field] = value
+    return params
 
 
 def _summary(m: dict[str, Any]) -> str:
