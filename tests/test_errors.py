@@ -56,6 +56,10 @@ CASES = {
         lambda d: [str(EXAMPLES / "mini_resnet.py"), "--target-opt", "speed=11"],
         "unknown tvm option",
     ),
+    "stray pass parameter": (
+        lambda d: [str(EXAMPLES / "mini_resnet.py"), "--pass-opt", "int8.method=minmax"],
+        "not in --passes",
+    ),
 }
 
 
