@@ -19,6 +19,10 @@ MODELS = {
     "tiny_transformer": ["examples/tiny_transformer.py", "--dynamic", "seq=1:16:64"],
     "minilm (seq 128)": ["examples/minilm.py", "--dynamic", "seq=1:128:128"],
 }
+_LIGHT = Path(__import__("onnx").__file__).parent / "backend" / "test" / "data" / "light"
+MODELS.update(
+    {f"{m} (onnx light)": [str(_LIGHT / f"light_{m}.onnx")] for m in ("squeezenet", "shufflenet", "resnet50")}
+)
 
 
 def build(model_args: list[str], target: str, out: Path, seconds: float) -> dict:
