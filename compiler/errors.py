@@ -49,3 +49,11 @@ class ValidationFailedError(AotforgeError):
 
 class ArtifactError(AotforgeError):
     """An artifact is missing, incomplete, tampered with or built for another host."""
+
+
+def describe(e: BaseException, *, last: bool = False, limit: int = 300) -> str:
+    """One line of a library's exception for our messages: its first (or last) non-empty line."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    return (lines[-1] if last else lines[0])[:limit]

@@ -11,7 +11,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
-from compiler.errors import ModelLoadError, UnsupportedModelError
+from compiler.errors import ModelLoadError, UnsupportedModelError, describe
 from compiler.source import Arrays, SourceModel, numpy_dtype, spec_shape, vocab_ranges
 from compiler.spec import IOSpec, TensorSpec
 
@@ -25,7 +25,7 @@ def load_onnx(path: Path, ranges: Mapping[str, tuple[float, float]] | None = Non
         onnx.checker.check_model(str(path))
     except Exception as e:
         raise ModelLoadError(
-            f"{path} is not a valid ONNX model ({_reason(e)}): re-export it, or check the file is complete"
+            f"{path} is not a valid ONNX model ({describe(e)}): re-export it, or check the file is complete"
         ) from e
     model = ir.load(path)
     # Old exporters list weights as graph inputs; as inputs they could be overridden, which
@@ -65,7 +65,7 @@ def _ort_reference(path: Path) -> Callable[[Arrays], Arrays]:
         session = reference_session(str(path))
     except Exception as e:  # ORT raises untyped errors for ops it does not implement
         raise UnsupportedModelError(
-            f"onnxruntime, the reference for ONNX sources, cannot run {path.name} ({_reason(e)}): "
+            f"onnxruntime, the reference for ONNX sources, cannot run {path.name} ({describe(e)}): "
             "replace the unsupported op or export the model with standard ONNX ops"
         ) from e
     names = [o.name for o in session.get_outputs()]
@@ -83,8 +83,3 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _reason(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    return lines[0][:200] if lines else type(e).__name__

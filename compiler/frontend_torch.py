@@ -23,7 +23,7 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
-from compiler.errors import InputSpecError, ModelLoadError, UnsupportedModelError
+from compiler.errors import InputSpecError, ModelLoadError, UnsupportedModelError, describe
 from compiler.source import Arrays, SourceModel, numpy_dtype, spec_shape, vocab_ranges
 from compiler.spec import DEFAULT_DIM_SIZE, DimRange, IOSpec, TensorSpec
 
@@ -91,7 +91,7 @@ def load_torch_module(
                 output_names=output_names or None,
             )
     except Exception as e:
-        raise UnsupportedModelError(f"torch.export / ONNX export of {name} failed: {_reason(e)}") from e
+        raise UnsupportedModelError(f"torch.export / ONNX export of {name} failed: {describe(e)}") from e
     if onnx_program is None:
         raise UnsupportedModelError(f"torch.onnx.export of {name} returned no program")
     ir_model = onnx_program.model
@@ -199,7 +199,7 @@ def _import(ref: str) -> types.ModuleType:
         try:
             spec.loader.exec_module(module)
         except Exception as e:
-            raise ModelLoadError(f"importing {path} failed: {type(e).__name__}: {_reason(e)}") from e
+            raise ModelLoadError(f"importing {path} failed: {type(e).__name__}: {describe(e)}") from e
         return module
     try:
         return importlib.import_module(ref)
@@ -207,8 +207,3 @@ def _import(ref: str) -> types.ModuleType:
         raise ModelLoadError(
             f"cannot import model module {ref!r} ({e}): give a .py file, a .onnx file or an importable module"
         ) from e
-
-
-def _reason(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    return lines[0][:300] if lines else type(e).__name__

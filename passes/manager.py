@@ -11,7 +11,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from compiler.errors import PassFailedError
+from compiler.errors import PassFailedError, describe
 from passes.base import GraphPass, count_nodes
 
 #: Protos above this size cannot be checked in memory (protobuf's 2 GB limit).
@@ -43,7 +43,7 @@ def run_passes(model: ir.Model, passes: Sequence[GraphPass], dump_dir: Path | No
         except Exception as e:
             ran = ", ".join(r.name for r in records) or "none"
             raise PassFailedError(
-                f"pass {graph_pass.name!r} failed ({type(e).__name__}: {_reason(e)}); passes before it: {ran}. "
+                f"pass {graph_pass.name!r} failed ({type(e).__name__}: {describe(e)}); passes before it: {ran}. "
                 f"Drop it from --passes to build without it"
             ) from e
         model = result.model
@@ -69,8 +69,3 @@ def check_model(model: ir.Model) -> None:
     proto = ir.serde.serialize_model(model)
     if proto.ByteSize() < _CHECKABLE_BYTES:
         onnx.checker.check_model(proto)
-
-
-def _reason(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    return lines[0][:300] if lines else ""

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from compiler.errors import CompileError, TargetUnavailableError
+from compiler.errors import CompileError, TargetUnavailableError, describe
 from targets.base import Arrays, BuildContext, CompileResult, ProbeResult
 
 OPTIMIZED_MODEL = "model.ort.onnx"
@@ -76,7 +76,7 @@ class OrtTarget:
             session = ort.InferenceSession(str(source), sess_options, providers=list(options.providers))
         except Exception as e:  # ORT raises its own untyped errors for unsupported ops
             raise CompileError(
-                f"onnxruntime cannot load the IR: {_first_line(e)}; check the model's opset and ops"
+                f"onnxruntime cannot load the IR: {describe(e, last=True)}; check the model's opset and ops"
             ) from e
         _check_providers(session, options.providers)
         settings = dataclasses.asdict(options)
@@ -148,8 +148,3 @@ def _check_providers(session: Any, wanted: tuple[str, ...]) -> None:
             f"onnxruntime fell back from {', '.join(lost)} to {', '.join(got)}: this host lacks the CUDA/TensorRT "
             "libraries those providers need; install them or pick CPUExecutionProvider"
         )
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[-1] if text else type(e).__name__

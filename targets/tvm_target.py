@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from compiler.errors import ArtifactError, CompileError, InputSpecError, UnsupportedModelError
+from compiler.errors import ArtifactError, CompileError, InputSpecError, UnsupportedModelError, describe
 from targets.base import Arrays, BuildContext, CompileResult, ProbeResult
 
 LIBRARY = "lib.so"
@@ -70,14 +70,16 @@ class TvmTarget:
         try:
             mod = from_onnx(proto, shape_dict=shapes, dtype_dict=dtypes)
         except Exception as e:  # the Relax ONNX importer raises bare errors for unsupported ops
-            raise UnsupportedModelError(f"tvm cannot import the IR: {_reason(e)}; try --target onnxruntime") from e
+            raise UnsupportedModelError(
+                f"tvm cannot import the IR: {describe(e, last=True)}; try --target onnxruntime"
+            ) from e
         target = tvm.target.Target(target_dict(options))
         try:
             executable, report = compile_relax(mod, target, fast_math=options.fast_math)
             kwargs = {"cc": options.cc} if options.cc else {}
             executable.export_library(str(workdir / LIBRARY), **kwargs)
         except Exception as e:
-            raise CompileError(f"tvm failed to compile for {target_dict(options)}: {_reason(e)}") from e
+            raise CompileError(f"tvm failed to compile for {target_dict(options)}: {describe(e, last=True)}") from e
         info = {
             "device": "cpu",
             "arch": target_dict(options)["mcpu"],
@@ -114,7 +116,7 @@ class TvmRunner:
         try:
             result = self._vm["main"](*tensors)
         except Exception as e:
-            raise InputSpecError(f"tvm artifact rejected the inputs: {_reason(e)}") from e
+            raise InputSpecError(f"tvm artifact rejected the inputs: {describe(e, last=True)}") from e
         values = [result] if hasattr(result, "numpy") else list(result)
         return {n: v.numpy() for n, v in zip(self.output_names, values, strict=True)}
 
@@ -152,8 +154,3 @@ def target_dict(options: TvmOptions) -> dict[str, Any]:
         "mtriple": options.mtriple or str(host.attrs["mtriple"]),
         "num-cores": options.num_cores or (os.cpu_count() or 1),
     }
-
-
-def _reason(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else type(e).__name__
