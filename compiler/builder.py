@@ -18,6 +18,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
+from artifacts import build_cache
 from artifacts.hashing import sha256_file
 from artifacts.manifest import Manifest
 from artifacts.store import artifact_path, finalize, next_version, staging_dir
@@ -96,8 +97,9 @@ def build(
         raise InputSpecError(f"{final} already exists: give another --version or leave it out to get the next one")
     with staging_dir(opts.out) as stage:
         ir.save(source.ir, stage / "model.onnx")
-        say(f"compiling for {opts.target}")
-        compiled = target.compile(source.ir, target_opts, ctx, stage)
+        compiled, cache_record = _compile_cached(
+            target, source.ir, target_opts, ctx, stage, opts, probe, records, io, say
+        )
         target_record = {
             "name": opts.target,
             "options": dataclasses.asdict(target_opts),
@@ -132,10 +134,52 @@ def build(
                 "host": socket.gethostname(),
                 "machine": platform.machine(),
                 "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                **({"cache": cache_record} if cache_record is not None else {}),
             },
         )
         manifest = finalize(stage, manifest, final)
     return BuildResult(final, manifest)
+
+
+def _compile_cached(
+    target: Any,
+    model: ir.Model,
+    target_opts: Any,
+    ctx: BuildContext,
+    stage: Path,
+    opts: BuildOptions,
+    probe: Any,
+    records: list[PassRecord],
+    io: IOSpec,
+    say: Progress,
+) -> tuple[Any, dict[str, Any] | None]:
+    """``target.compile``, or its files from ``opts.cache_dir`` when an entry for this exact input exists."""
+    if opts.cache_dir is None:
+        say(f"compiling for {opts.target}")
+        return target.compile(model, target_opts, ctx, stage), None
+    # The target's compiler version is only in CompileResult.toolchain after compiling; its probe
+    # details (version, host CPU ...) stand in for it in the key.
+    toolchain = {**toolchain_versions(), **{f"{opts.target}.{k}": str(v) for k, v in probe.details.items()}}
+    components = build_cache.key_components(
+        stage / "model.onnx",
+        [_pass_entry(r) for r in records],
+        opts.target,
+        dataclasses.asdict(target_opts),
+        {"io": io.to_dict(), "source_format": ctx.source_format},
+        toolchain,
+    )
+    key = build_cache.cache_key(components)
+    hit = build_cache.lookup(opts.cache_dir, key, stage)
+    if hit is not None:
+        say(f"cache hit {key[:12]}: skipping the {opts.target} compile")
+        return hit, {"hit": True, "key": key}
+    explanation = build_cache.explain(opts.cache_dir, components)
+    say(f"cache miss ({explanation}); compiling for {opts.target}")
+    compiled = target.compile(model, target_opts, ctx, stage)
+    build_cache.store(
+        opts.cache_dir, key, components, stage, compiled.files, compiled.target_info, compiled.toolchain
+    )
+    return compiled, {"hit": False, "key": key, "explain": explanation}
 
 
 def _pass_entry(record: PassRecord) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import logging
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,10 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--debug", is_flag=True, help="Show full tracebacks.")
 def main(debug: bool) -> None:
     """aotforge: compile a model ahead of time into a validated, benchmarked artifact."""
+    if not debug:
+        # The exporters' deprecation chatter buries our one-line messages; --debug keeps it.
+        warnings.filterwarnings("ignore")
+        logging.getLogger("torch").setLevel(logging.ERROR)
 
 
 @main.command()
@@ -76,6 +82,9 @@ def main(debug: bool) -> None:
 @click.option("--no-bench", is_flag=True, help="Skip the benchmark.")
 @click.option("--bench-seconds", type=float, default=10.0, show_default=True, help="Benchmark time budget.")
 @click.option("--dump-ir", type=click.Path(path_type=Path), help="Write the IR after each pass into this directory.")
+@click.option(
+    "--cache-dir", type=click.Path(path_type=Path), help="Build cache directory: reuse compiles of identical input."
+)
 @user_errors
 def compile(model: str, **kw: Any) -> None:
     """Compile MODEL (.onnx file, .py model file or module) into an artifact; prints its path last."""
@@ -100,6 +109,7 @@ def compile(model: str, **kw: Any) -> None:
             "bench": not kw["no_bench"],
             "bench_options": BenchOptions(max_seconds=kw["bench_seconds"]),
             "dump_ir": kw["dump_ir"],
+            "cache_dir": kw["cache_dir"],
         }
     )
     console = Console(stderr=True)

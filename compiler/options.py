@@ -34,6 +34,8 @@ class BuildOptions:
     bench: bool = True
     bench_options: BenchOptions = BenchOptions()
     dump_ir: Path | None = None
+    #: Directory of the build cache (``artifacts.build_cache``); None builds without one.
+    cache_dir: Path | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildOptions:
@@ -47,7 +49,7 @@ class BuildOptions:
             values["passes"] = tuple(values["passes"])
         if "dynamic" in values:
             values["dynamic"] = tuple(_dim_range(d) for d in values["dynamic"])
-        for key in ("out", "dump_ir"):
+        for key in ("out", "dump_ir", "cache_dir"):
             if values.get(key) is not None:
                 values[key] = Path(values[key])
         if "bench_options" in values and isinstance(values["bench_options"], Mapping):

@@ -30,11 +30,13 @@ def op_counts(model: ir.Model, ops: frozenset[str] = QUANTIZED_OPS) -> dict[str,
     return dict(sorted(counts.items()))
 
 
-def quantize_through_files(model: ir.Model, quantize: Callable[[Path, Path], None]) -> None:
-    """Run ``quantize(src, dst)`` on a saved copy of ``model`` and replace the model's graph with ``dst``."""
+def quantize_through_files(
+    model: ir.Model, quantize: Callable[[Path, Path], None], source: ir.Model | None = None
+) -> None:
+    """Run ``quantize(src, dst)`` on a saved copy of ``source`` (default ``model``); put ``dst`` into ``model``."""
     with tempfile.TemporaryDirectory(prefix="aotforge-quant-") as tmp:
         src, dst = Path(tmp) / "model.onnx", Path(tmp) / "quantized.onnx"
-        ir.save(model, src)
+        ir.save(source if source is not None else model, src)
         quantize(src, dst)
         quantized = onnx_ir.external_data.load_to_model(ir.load(dst))
     model.graph = quantized.graph

@@ -5,6 +5,11 @@ calibration set is a directory of ``.npz`` files (one array per graph input, by 
 files (single-input models); an array with one more axis than its input is a stack of samples.
 Without a directory, seeded random inputs stand in (fine for tests, poor for accuracy).
 Graphs already holding QDQ (from QAT) pass through untouched.
+
+With ``min_cosine`` set, the pass measures the mean output cosine against the fp32 model on
+held-out inputs (calibration files past ``samples``, else seeded noise with another seed); below
+the budget it ranks the quantized nodes by the error they add and excludes the worst, one at a
+time, re-quantizing until the budget holds or ``max_exclusions`` is spent (then it fails).
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import onnx_ir as ir
 import onnx_ir.passes
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-from compiler.errors import OptionsError
+from compiler.errors import OptionsError, PassFailedError
 from passes.base import GraphPass
 from passes.ort_quantization import op_counts, quantize_through_files
+from passes.quantization_debug import copy_model, mean_cosine, rank_nodes
 
 Feeds = dict[str, np.ndarray]
 
@@ -52,6 +58,12 @@ class QuantizeStaticParams:
     #: Random samples drawn without a directory, and the most files read from one.
     samples: int = 16
     seed: int = 0
+    #: Accuracy budget: least mean output cosine vs fp32 on held-out inputs; 0 turns it off.
+    min_cosine: float = 0.0
+    #: Most nodes the budget may exclude from quantization before the pass fails.
+    max_exclusions: int = 16
+    #: Held-out inputs the budget is measured on.
+    eval_samples: int = 8
 
     def __post_init__(self) -> None:
         try:
@@ -71,9 +83,40 @@ class QuantizeStaticPass(GraphPass):
         if op_counts(model):
             self.stats = {"nodes_quantized": 0, "skipped": "already quantized (QDQ or integer ops in the graph)"}
             return onnx_ir.passes.PassResult(model, modified=False)
-        samples = load_samples(model, Path(p.calibration_dir), p.samples) if p.calibration_dir else []
-        samples = samples or random_samples(model, p.samples, p.seed)
+        samples, held_out = self._samples(model)
         before = len(model.graph)
+        fp32 = copy_model(model) if p.min_cosine > 0 else None
+        self._quantize(model, samples, list(p.nodes_to_exclude))
+        budget = self._meet_budget(model, fp32, samples, held_out) if fp32 is not None else {}
+        excluded = list(p.nodes_to_exclude) + budget.get("exclusions", [])
+        quantized = _quantized_nodes(model, set(excluded))
+        self.stats = {
+            "nodes_quantized": len(quantized),
+            "ops": {op: sum(1 for q in quantized if q == op) for op in sorted(set(quantized))},
+            "qdq_nodes": sum(op_counts(model).values()),
+            "excluded": excluded,
+            "calibration_samples": len(samples),
+            "calibration_source": p.calibration_dir or f"random (seed {p.seed})",
+        }
+        if budget:
+            self.stats["accuracy_budget"] = budget
+        return onnx_ir.passes.PassResult(model, modified=len(model.graph) != before)
+
+    def _samples(self, model: ir.Model) -> tuple[list[Feeds], list[Feeds]]:
+        """Calibration feeds and, when the budget is on, held-out feeds distinct from them."""
+        p = self.params
+        extra = p.eval_samples if p.min_cosine > 0 else 0
+        loaded = load_samples(model, Path(p.calibration_dir), p.samples + extra) if p.calibration_dir else []
+        samples, held_out = loaded[: p.samples], loaded[p.samples :]
+        samples = samples or random_samples(model, p.samples, p.seed)
+        if extra and not held_out:
+            held_out = random_samples(model, extra, p.seed + 1_000_003)
+        return samples, held_out
+
+    def _quantize(
+        self, model: ir.Model, samples: list[Feeds], exclude: list[str], source: ir.Model | None = None
+    ) -> None:
+        p = self.params
 
         def quantize(src: Path, dst: Path) -> None:
             quantize_static(
@@ -85,22 +128,41 @@ class QuantizeStaticPass(GraphPass):
                 per_channel=p.per_channel,
                 activation_type=QuantType.QInt8,
                 weight_type=QuantType.QInt8,
-                nodes_to_exclude=list(p.nodes_to_exclude),
+                nodes_to_exclude=exclude,
                 calibrate_method=_ORT_METHOD[p.method],
                 extra_options={"ActivationSymmetric": p.symmetric, "WeightSymmetric": True},
             )
 
-        quantize_through_files(model, quantize)
-        quantized = _quantized_nodes(model, set(p.nodes_to_exclude))
-        self.stats = {
-            "nodes_quantized": len(quantized),
-            "ops": {op: sum(1 for q in quantized if q == op) for op in sorted(set(quantized))},
-            "qdq_nodes": sum(op_counts(model).values()),
-            "excluded": list(p.nodes_to_exclude),
-            "calibration_samples": len(samples),
-            "calibration_source": p.calibration_dir or f"random (seed {p.seed})",
+        quantize_through_files(model, quantize, source)
+
+    def _meet_budget(self, model: ir.Model, fp32: ir.Model, samples: list[Feeds], held_out: list[Feeds]) -> dict:
+        """Exclude the worst-ranked nodes until the held-out cosine reaches ``min_cosine``; fail if it cannot."""
+        p = self.params
+        cos = first = mean_cosine(fp32, model, held_out)
+        exclusions: list[str] = []
+        ranking = [] if cos >= p.min_cosine else rank_nodes(fp32, model, held_out, _quantized_names(model, p))
+        for name, _ in ranking[: p.max_exclusions]:
+            if cos >= p.min_cosine:
+                break
+            exclusions.append(name)
+            self._quantize(model, samples, [*p.nodes_to_exclude, *exclusions], fp32)
+            cos = mean_cosine(fp32, model, held_out)
+        top = [{"node": n, "error": e} for n, e in ranking[:10]]
+        if cos < p.min_cosine:
+            listed = ", ".join(f"{r['node']} ({r['error']:.4g})" for r in top)
+            raise PassFailedError(
+                f"pass int8: mean cosine vs fp32 is {cos:.5f} after excluding {exclusions}, below the budget "
+                f"{p.min_cosine}; nodes by added error: {listed or 'none quantized'}; raise max_exclusions "
+                "or lower min_cosine"
+            )
+        return {
+            "min_cosine": p.min_cosine,
+            "cosine_before": round(first, 6),
+            "cosine_after": round(cos, 6),
+            "eval_samples": len(held_out),
+            "ranking": top,
+            "exclusions": exclusions,
         }
-        return onnx_ir.passes.PassResult(model, modified=len(model.graph) != before)
 
 
 class _Reader(CalibrationDataReader):
@@ -121,6 +183,20 @@ def _quantized_nodes(model: ir.Model, excluded: set[str]) -> list[str]:
         if any(p is not None and p.op_type == "DequantizeLinear" for p in producers):
             quantized.append(node.op_type)
     return quantized
+
+
+def _quantized_names(model: ir.Model, params: QuantizeStaticParams) -> list[str]:
+    """Names of nodes that read a DequantizeLinear output and are not excluded."""
+    names = []
+    for node in model.graph:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") or node.name in params.nodes_to_exclude:
+            continue
+        if any(
+            v is not None and v.producer() is not None and v.producer().op_type == "DequantizeLinear"
+            for v in node.inputs
+        ):  # type: ignore[union-attr]
+            names.append(str(node.name))
+    return names
 
 
 def load_samples(model: ir.Model, directory: Path, limit: int) -> list[Feeds]:
