@@ -191,10 +191,8 @@ def _quantized_names(model: ir.Model, params: QuantizeStaticParams) -> list[str]
     for node in model.graph:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear") or node.name in params.nodes_to_exclude:
             continue
-        if any(
-            v is not None and v.producer() is not None and v.producer().op_type == "DequantizeLinear"
-            for v in node.inputs
-        ):  # type: ignore[union-attr]
+        producers = [v.producer() for v in node.inputs if v is not None]
+        if any(q is not None and q.op_type == "DequantizeLinear" for q in producers):
             names.append(str(node.name))
     return names
 

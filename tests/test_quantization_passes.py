@@ -8,7 +8,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from compiler.errors import OptionsError
+from compiler.errors import OptionsError, PassFailedError
 from passes import make_pass
 from passes.manager import run_passes
 from passes.ort_quantization import op_counts
@@ -87,3 +87,27 @@ def test_idempotent(cls: type) -> None:
     ops = [n.op_type for n in model.graph]
     assert not cls()(model).modified
     assert [n.op_type for n in model.graph] == ops
+
+
+def test_int8_static_budget_excludes_worst_nodes_until_it_holds() -> None:
+    model = mlp()
+    pass_ = QuantizeStaticPass(QuantizeStaticParams(samples=8, min_cosine=0.9999))
+    pass_(model)
+    budget = pass_.stats["accuracy_budget"]
+    assert budget["cosine_before"] < 0.9999 <= budget["cosine_after"]
+    assert budget["exclusions"] and budget["exclusions"][0] == budget["ranking"][0]["node"]
+    assert set(budget["exclusions"]) <= set(pass_.stats["excluded"])
+    assert pass_.stats["qdq_nodes"] > 0
+
+
+def test_int8_static_budget_off_measures_nothing() -> None:
+    pass_ = QuantizeStaticPass(QuantizeStaticParams(samples=8))
+    pass_(mlp())
+    assert "accuracy_budget" not in pass_.stats and pass_.stats["excluded"] == []
+
+
+def test_int8_static_impossible_budget_fails_with_the_ranking() -> None:
+    pass_ = QuantizeStaticPass(QuantizeStaticParams(samples=8, min_cosine=1.0, max_exclusions=1))
+    with pytest.raises(PassFailedError, match=r"below the budget 1.0; nodes by added error: ln \(") as info:
+        pass_(mlp())
+    assert "fc1" in str(info.value) and "fc2" in str(info.value)

@@ -1,0 +1,90 @@
+"""Quantization debugging: output cosine against fp32 and a ranking of quantized nodes by the error they add.
+
+Both models run on ONNX Runtime's CPU provider. A node's added error is the cosine drop
+(``1 - cos``) of its output between the fp32 and the quantized model, less the worst drop
+among its activation inputs, so error inherited from upstream is not charged to it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+Feeds = dict[str, np.ndarray]
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity of two arrays flattened; 1.0 when both are zero."""
+    x, y = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
+    return float(x @ y) / norm if norm > 0 else float(np.array_equal(x, y))
+
+
+def copy_model(model: ir.Model) -> ir.Model:
+    """A deep copy of ``model`` (weights loaded into memory)."""
+    return ir.serde.deserialize_model(ir.serde.serialize_model(model))
+
+
+def _session(model: ir.Model, probes: dict[str, int] | None = None) -> ort.InferenceSession:
+    proto = ir.serde.serialize_model(model)
+    present = {o for n in proto.graph.node for o in n.output} | {o.name for o in proto.graph.output}
+    known = {o.name for o in proto.graph.output}
+    for name, elem_type in (probes or {}).items():
+        if name in present and name not in known:
+            proto.graph.output.append(onnx.helper.make_tensor_value_info(name, elem_type, None))
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL if probes else options.graph_optimization_level
+    )
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def mean_cosine(fp32: ir.Model, quantized: ir.Model, feeds: list[Feeds]) -> float:
+    """Mean over samples and graph outputs of the cosine between the two models' outputs."""
+    ref, got = _session(fp32), _session(quantized)
+    values = [cosine(a, b) for f in feeds for a, b in zip(ref.run(None, f), got.run(None, f), strict=True)]
+    return float(np.mean(values))
+
+
+def _probes(fp32: ir.Model, nodes: list[ir.Node]) -> dict[str, int]:
+    """Typed activation tensors (inputs and outputs of ``nodes``) to expose as extra outputs."""
+    probes = {}
+    for node in nodes:
+        for value in [*node.inputs, *node.outputs]:
+            if value is None or value.name is None or value.dtype is None or value.is_initializer():
+                continue
+            if value.producer() is not None:
+                probes[value.name] = int(value.dtype)
+    return probes
+
+
+def _producers(model: ir.Model) -> dict[str, str]:
+    return {str(v.name): n.op_type for n in model.graph for v in n.outputs}
+
+
+def _drops(fp32: ir.Model, quantized: ir.Model, probes: dict[str, int], feeds: list[Feeds]) -> dict[str, float]:
+    """Mean ``1 - cos`` of each probed tensor found in both models."""
+    ref, got = _session(fp32, probes), _session(quantized, probes)
+    same = _producers(fp32).items() & _producers(quantized).items()  # a tensor the quantizer rewired is skipped
+    common = sorted({o.name for o in got.get_outputs()} & {name for name, _ in same} & set(probes))
+    drops: dict[str, list[float]] = {name: [] for name in common}
+    for f in feeds:
+        for name, a, b in zip(common, ref.run(common, f), got.run(common, f), strict=True):
+            drops[name].append(1.0 - cosine(a, b))
+    return {name: float(np.mean(d)) for name, d in drops.items()}
+
+
+def rank_nodes(fp32: ir.Model, quantized: ir.Model, feeds: list[Feeds], names: list[str]) -> list[tuple[str, float]]:
+    """The fp32 nodes named in ``names``, worst added error first, as (name, error)."""
+    nodes = [n for n in fp32.graph if n.name in set(names)]
+    drops = _drops(fp32, quantized, _probes(fp32, nodes), feeds)
+    ranking = []
+    for node in nodes:
+        out = max((drops.get(str(v.name), 0.0) for v in node.outputs), default=0.0)
+        inherited = max((drops.get(str(v.name), 0.0) for v in node.inputs if v is not None), default=0.0)
+        ranking.append((str(node.name), round(max(out - inherited, 0.0), 6), out))
+    ranking.sort(key=lambda item: (-item[1], -item[2]))
+    return [(name, added) for name, added, _ in ranking]
