@@ -176,9 +176,7 @@ def _compile_cached(
     explanation = build_cache.explain(opts.cache_dir, components)
     say(f"cache miss ({explanation}); compiling for {opts.target}")
     compiled = target.compile(model, target_opts, ctx, stage)
-    build_cache.store(
-        opts.cache_dir, key, components, stage, compiled.files, compiled.target_info, compiled.toolchain
-    )
+    build_cache.store(opts.cache_dir, key, components, stage, compiled.files, compiled.target_info, compiled.toolchain)
     return compiled, {"hit": False, "key": key, "explain": explanation}
 
 
