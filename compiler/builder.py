@@ -239,7 +239,3 @@ def toolchain_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[dist] = "unknown"
     return versions
-
-
-def describe_io(io: IOSpec) -> str:
-    return ", ".join(f"{s.name}:{s.dtype}{list(s.shape)}" for s in io.inputs)
