@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
+from artifacts.hashing import sha256_file
 from compiler.errors import ModelLoadError, UnsupportedModelError, describe
 from compiler.source import Arrays, SourceModel, numpy_dtype, spec_shape, vocab_ranges
 from compiler.spec import IOSpec, TensorSpec
@@ -35,7 +35,7 @@ def load_onnx(path: Path, ranges: Mapping[str, tuple[float, float]] | None = Non
     model = common.ShapeInferencePass()(model).model
     io = _io_spec(model, ranges or {})
     reference = _ort_reference(path)
-    return SourceModel(ir=model, io=io, name=path.stem, format="onnx", sha256=file_sha256(path), reference=reference)
+    return SourceModel(ir=model, io=io, name=path.stem, format="onnx", sha256=sha256_file(path), reference=reference)
 
 
 def _io_spec(model: ir.Model, ranges: Mapping[str, tuple[float, float]]) -> IOSpec:
@@ -75,11 +75,3 @@ def _ort_reference(path: Path) -> Callable[[Arrays], Arrays]:
         return {n: np.asarray(v) for n, v in zip(names, values, strict=True)}
 
     return run
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

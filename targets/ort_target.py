@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from compiler.errors import CompileError, TargetUnavailableError, describe
+from compiler.errors import CompileError, InputSpecError, TargetUnavailableError, describe
 from targets.base import Arrays, BuildContext, CompileResult, ProbeResult
 
 OPTIMIZED_MODEL = "model.ort.onnx"
@@ -108,7 +108,10 @@ class OrtRunner:
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def run(self, inputs: Arrays) -> Arrays:
-        values = self.session.run(self.output_names, inputs)
+        try:
+            values = self.session.run(self.output_names, inputs)
+        except Exception as e:  # ORT's InvalidArgument / Fail carry the shape mismatch in their text
+            raise InputSpecError(f"onnxruntime artifact rejected the inputs: {describe(e, last=True)}") from e
         return {name: np.asarray(v) for name, v in zip(self.output_names, values, strict=True)}
 
 

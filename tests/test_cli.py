@@ -75,3 +75,10 @@ def test_onnx_file_through_cli(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert Path(proc.stdout.strip().splitlines()[-1]).is_dir()
+
+
+def test_run_with_wrong_shape_is_one_line(artifact: Path, tmp_path: Path) -> None:
+    np.savez(tmp_path / "bad.npz", image=np.zeros((1, 3, 7), dtype=np.float32))
+    proc = aotforge("run", str(artifact), "--inputs", str(tmp_path / "bad.npz"))
+    assert proc.returncode == 2
+    assert "rejected the inputs" in proc.stderr and "Traceback" not in proc.stderr
