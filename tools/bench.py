@@ -1,60 +1,180 @@
-"""Side-by-side latency of every example model on every CPU target, each build in its own process.
+"""``make bench``: every runtime on every benchmark model, side by side in one run.
 
-Each build runs ``aotforge compile`` (which validates, then benchmarks: warm-up, >= 30 runs, median)
-in a fresh process, because TVM's and ORT's thread pools spin after a call and slow whatever runs
-next in the same process. Prints a Markdown table of p50 / p99 and build seconds.
+For each model the ORT fp32 artifact is built first; its validation inputs are what every other
+runtime is timed on. aotforge variants are built with ``aotforge compile --no-bench`` and every
+runtime is then timed by tools/bench_worker.py in a process of its own (thread pools of
+different runtimes spin and steal each other's cores). Medians over >= 30 runs after warm-up, p90,
+and the ratio to ORT fp32 go to ``results.md`` / ``results.json`` with a chart, ``latency.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import subprocess
 import sys
-import tempfile
+import time
 from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = "ort fp32"
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    file: str
+    args: tuple[str, ...] = ()
+    int8: str = "O1,int8-dynamic"
+
 
 MODELS = {
-    "mini_resnet": ["examples/mini_resnet.py"],
-    "tiny_transformer": ["examples/tiny_transformer.py", "--dynamic", "seq=1:16:64"],
-    "minilm (seq 128)": ["examples/minilm.py", "--dynamic", "seq=1:128:128"],
+    "cnn": Model("examples/resnet18_style.py", int8="O1,int8"),
+    "minilm": Model("examples/minilm.py", ("--dynamic", "seq=1:128:128")),
+    "bert-base": Model("examples/bert_base.py", ("--dynamic", "seq=1:128:128")),
+    # Small enough to check the bench itself in a minute; not in the default list.
+    "mini_resnet": Model("examples/mini_resnet.py", int8="O1,int8"),
 }
-_LIGHT = Path(__import__("onnx").__file__).parent / "backend" / "test" / "data" / "light"
-MODELS.update(
-    {f"{m} (onnx light)": [str(_LIGHT / f"light_{m}.onnx")] for m in ("squeezenet", "shufflenet", "resnet50")}
-)
+DEFAULT_MODELS = "cnn,minilm,bert-base"
+# name -> (how it is timed, aotforge compile arguments or None for a worker-only runtime)
+VARIANTS: dict[str, tuple[str, list[str] | None]] = {
+    "torch eager": ("torch-eager", None),
+    "torch.compile": ("torch-compile", None),
+    BASELINE: ("artifact", ["--target", "onnxruntime"]),
+    "ort int8": ("artifact", ["--target", "onnxruntime", "--passes", "{int8}", "--tolerance", "0.3"]),
+    "tvm untuned": ("tvm-untuned", None),
+    "tvm": ("artifact", ["--target", "tvm"]),
+    "tvm tuned": ("artifact", ["--target", "tvm", "--target-opt", "tune_trials={trials}"]),
+    "tvm int8": ("artifact", ["--target", "tvm", "--passes", "{int8}", "--tolerance", "0.3"]),
+    "tvm bf16": ("artifact", ["--target", "tvm", "--passes", "O1,bf16", "--tolerance", "0.05"]),
+}
 
 
-def build(model_args: list[str], target: str, out: Path, seconds: float) -> dict:
-    cmd = [sys.executable, "-m", "compiler.cli", "compile", *model_args, "--target", target, "--out", str(out)]
-    cmd += ["--bench-seconds", str(seconds)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+def _env() -> dict[str, str]:
+    return {**os.environ, "TVM_NUM_THREADS": "2", "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "failed without output"
+
+
+def compile_variant(model: Model, args: list[str], out: Path, trials: int) -> tuple[Path | None, float, str]:
+    filled = [a.format(int8=model.int8, trials=trials) for a in args]
+    cmd = [sys.executable, "-m", "compiler.cli", "compile", model.file, *model.args, *filled, "--no-bench"]
+    started = time.perf_counter()
+    proc = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, env=_env(), cwd=ROOT)
+    seconds = time.perf_counter() - started
     if proc.returncode != 0:
-        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
-    manifest = json.loads((Path(proc.stdout.strip().splitlines()[-1]) / "manifest.json").read_text())
-    return {"bench": manifest["benchmark"], "seconds": manifest["build"]["seconds"]}
+        return None, seconds, _last_line(proc.stderr)
+    return Path(_last_line(proc.stdout)), seconds, ""
+
+
+def time_variant(kind: str, artifact: Path, inputs_from: Path, model: Model, seconds: float) -> dict[str, Any]:
+    cmd = [sys.executable, str(ROOT / "tools" / "bench_worker.py"), kind, "--artifact", str(artifact)]
+    cmd += ["--inputs-from", str(inputs_from), "--model", model.file, "--seconds", str(seconds)]
+    if kind == "tvm-untuned":  # seconds per run: a long warm-up would dominate the whole bench
+        cmd += ["--warmup", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT)
+    if proc.returncode != 0:
+        return {"error": _last_line(proc.stderr)}
+    return dict(json.loads(_last_line(proc.stdout)))
+
+
+def run_model(name: str, model: Model, variants: list[str], out: Path, seconds: float, trials: int) -> list[dict]:
+    rows: list[dict] = []
+    baseline, build_s, error = compile_variant(model, VARIANTS[BASELINE][1] or [], out / name / "ort", trials)
+    if baseline is None:
+        return [{"model": name, "variant": BASELINE, "error": error}]
+    for variant in variants:
+        kind, args = VARIANTS[variant]
+        row: dict[str, Any] = {"model": name, "variant": variant}
+        if variant == "tvm tuned" and trials <= 0:
+            rows.append({**row, "error": "skipped: pass --tune-trials N"})
+            continue
+        artifact = baseline
+        if args is not None and variant != BASELINE:
+            built, build_s, error = compile_variant(model, args, out / name / variant.replace(" ", "-"), trials)
+            if built is None:
+                rows.append({**row, "error": error, "build_s": round(build_s, 1)})
+                continue
+            artifact = built
+        result = time_variant(kind, artifact, baseline, model, seconds)
+        if args is not None:
+            result["build_s"] = round(build_s, 1)
+        elif "setup_seconds" in result:
+            result["build_s"] = result["setup_seconds"]
+        rows.append({**row, **result})
+        print(_row_md(rows[-1], None), flush=True)
+    base = next((r["p50_ms"] for r in rows if r["variant"] == BASELINE and "p50_ms" in r), None)
+    for r in rows:
+        if base and "p50_ms" in r:
+            r["vs_ort_fp32"] = round(r["p50_ms"] / base, 3)
+    return rows
+
+
+def _row_md(r: dict, _base: float | None) -> str:
+    if "error" in r:
+        return f"| {r['model']} | {r['variant']} | {r['error'][:140]} | | | | | |"
+    ratio = f"{r['vs_ort_fp32']:.2f}x" if "vs_ort_fp32" in r else ""
+    return (
+        f"| {r['model']} | {r['variant']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {ratio} | {r['runs']} "
+        f"| {r.get('build_s', '')} | {r['peak_rss_mb']:.0f} |"
+    )
+
+
+def write_results(rows: list[dict], out: Path, header: str) -> None:
+    table = ["| model | runtime | p50 ms | p90 ms | vs ORT fp32 | runs | build s | peak RSS MB |"]
+    table += ["|---|---|---|---|---|---|---|---|"] + [_row_md(r, None) for r in rows]
+    (out / "results.md").write_text(header + "\n\n" + "\n".join(table) + "\n")
+    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    plot(rows, out / "latency.png")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        timed = [r for r in rows if r["model"] == model and "p50_ms" in r]
+        ax.barh([r["variant"] for r in timed], [r["p50_ms"] for r in timed], color="tab:blue")
+        ax.set_xscale("log")
+        ax.invert_yaxis()
+        ax.set_title(f"{model}: p50 ms, batch 1 (log)")
+        for i, r in enumerate(timed):
+            ax.text(r["p50_ms"], i, f" {r['p50_ms']:.2f} ({r.get('vs_ort_fp32', 0):.2f}x)", va="center", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--targets", default="onnxruntime,tvm")
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--seconds", type=float, default=10.0, help="benchmark budget per build")
+    parser.add_argument("--models", default=DEFAULT_MODELS, help=f"comma list of {', '.join(MODELS)}")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of runtimes")
+    parser.add_argument("--seconds", type=float, default=10.0, help="timing budget per runtime")
+    parser.add_argument("--tune-trials", type=int, default=0, help="MetaSchedule trials for 'tvm tuned'")
+    parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench")
     args = parser.parse_args()
-    print("| model | target | p50 ms | p99 ms | runs | build s |")
-    print("|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as tmp:
-        for model in args.models.split(","):
-            for target in args.targets.split(","):
-                r = build(MODELS[model], target, Path(tmp), args.seconds)
-                if "error" in r:
-                    print(f"| {model} | {target} | error: {r['error']} | | | |", flush=True)
-                    continue
-                b = r["bench"]
-                print(
-                    f"| {model} | {target} | {b['p50_ms']:.2f} | {b['p99_ms']:.2f} | {b['runs']} | {r['seconds']} |",
-                    flush=True,
-                )
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS] + [m for m in args.models.split(",") if m not in MODELS]
+    if unknown:
+        sys.exit(f"unknown model or runtime {unknown}: choose from {list(MODELS)} and {list(VARIANTS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    header = f"batch 1, 2 threads, p50 of >= 30 runs after warm-up ({args.seconds:g} s budget per runtime)"
+    print(header + "\n\n| model | runtime | p50 ms | p90 ms | vs ORT fp32 | runs | build s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+    rows: list[dict] = []
+    for name in args.models.split(","):
+        rows += run_model(name, MODELS[name], variants, args.out / "artifacts", args.seconds, args.tune_trials)
+        write_results(rows, args.out, header)
+    print((args.out / "results.md").read_text())
+    print(f"results: {args.out / 'results.md'}, {args.out / 'results.json'}, chart: {args.out / 'latency.png'}")
 
 
 if __name__ == "__main__":
