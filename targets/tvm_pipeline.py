@@ -50,7 +50,7 @@ def _fast_gelu_pass() -> Any:
     return _pass
 
 
-def compile_relax(mod: Any, target: Any, *, fast_math: bool) -> tuple[Any, dict[str, Any]]:
+def compile_relax(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool = True) -> tuple[Any, dict[str, Any]]:
     """Lower, schedule and build a Relax module for ``target``."""
     import tvm
     from tvm import relax
@@ -58,11 +58,20 @@ def compile_relax(mod: Any, target: Any, *, fast_math: bool) -> tuple[Any, dict[
 
     from targets.tvm_schedules import apply_default_schedules
 
-    report: dict[str, Any] = {"pipeline": "cpu_generic+default_schedules", "fast_math": fast_math}
+    report: dict[str, Any] = {
+        "pipeline": "cpu_generic+default_schedules",
+        "fast_math": fast_math,
+        "conv_nhwc": conv_nhwc,
+    }
     with target:
         if fast_math:
             mod = _fast_gelu_pass()(mod)
             mod = relax.transform.FastMathTransform()(mod)
+        if conv_nhwc:
+            # NHWC activations + HWIO weights put output channels last: the tiled rule then
+            # vectorizes over them (16 lanes for widths 32-256) with contiguous weight loads,
+            # where NCHW would vectorize over output width (7-56, scalar at 7).
+            mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
         mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
         mod, schedules = apply_default_schedules(mod)
         report["schedules"] = schedules
