@@ -42,6 +42,7 @@ Progress = Callable[[str], None]
 @dataclasses.dataclass(frozen=True)
 class BuildResult:
     path: Path
+    #: For a ``prepare_only`` build, ``path`` is a bundle and this the manifest draft (validation pending).
     manifest: Manifest
 
 
@@ -66,7 +67,8 @@ def build(
     # Target first: an unavailable target or a bad option should cost the user nothing.
     target = get_target(opts.target)
     probe = target.probe()
-    if not probe.compiles:
+    # A --prepare-only build stops before the compile, so the host need not have the target.
+    if not probe.compiles and not opts.prepare_only:
         raise TargetUnavailableError(f"target {opts.target} is not available on this host: {probe.reason}")
     target_opts = options_from_dict(target.options_type, opts.target_options, what=opts.target)
     pass_names = expand(list(opts.passes))
@@ -91,6 +93,8 @@ def build(
     records = run_passes(source.ir, graph_passes, opts.dump_ir)
 
     name = opts.name or source.name
+    if opts.prepare_only:
+        return _prepare_bundle(source, io, opts, target_opts, pass_names, records, samples, sizes, name)
     version = opts.version or next_version(opts.out, name)
     final = artifact_path(opts.out, name, version, opts.target)
     if final.exists():
@@ -178,6 +182,54 @@ def _compile_cached(
     compiled = target.compile(model, target_opts, ctx, stage)
     build_cache.store(opts.cache_dir, key, components, stage, compiled.files, compiled.target_info, compiled.toolchain)
     return compiled, {"hit": False, "key": key, "explain": explanation}
+
+
+def _prepare_bundle(
+    source: SourceModel,
+    io: IOSpec,
+    opts: BuildOptions,
+    target_opts: Any,
+    pass_names: tuple[str, ...],
+    records: list[PassRecord],
+    samples: list[Any],
+    sizes: Mapping[str, int],
+    name: str,
+) -> BuildResult:
+    """Write a build bundle for ``aotforge finish`` (compiler.bundle) instead of compiling here."""
+    from compiler.bundle import BundleDraft, write_bundle
+
+    validation = {k: v for k, v in _validation(source, {}, opts, sizes).items() if k not in ("metrics", "passed")}
+    draft = BundleDraft(
+        model=source.ir,
+        io=io,
+        name=name,
+        version=opts.version,
+        target=opts.target,
+        target_options=target_opts,
+        passes=tuple(pass_names),
+        source={"format": source.format, "sha256": source.sha256},
+        pass_entries=[_pass_entry(r) for r in records],
+        validation=validation,
+        bench=dataclasses.asdict(opts.bench_options) if opts.bench else None,
+        samples=samples,
+        reference=source.reference,
+    )
+    path = write_bundle(draft, opts.out, toolchain_versions())
+    manifest = Manifest(
+        name=name,
+        version=opts.version or 0,
+        target={"name": opts.target, "options": dataclasses.asdict(target_opts), "info": {}},
+        toolchain=toolchain_versions(),
+        source=dict(draft.source),
+        ir={"sha256": sha256_file(path / "model.onnx"), "opset": source.ir.opset_imports.get("", 0)},
+        passes=[dict(p) for p in draft.pass_entries],
+        io=io.to_dict(),
+        validation={**validation, "passed": False, "pending": "aotforge finish"},
+        benchmark=None,
+        files={},
+        build={"bundle": str(path)},
+    )
+    return BuildResult(path, manifest)
 
 
 def _pass_entry(record: PassRecord) -> dict[str, Any]:

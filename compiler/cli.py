@@ -85,6 +85,7 @@ def main(debug: bool) -> None:
 @click.option(
     "--cache-dir", type=click.Path(path_type=Path), help="Build cache directory: reuse compiles of identical input."
 )
+@click.option("--prepare-only", is_flag=True, help="Write a build bundle for `aotforge finish` on the device host.")
 @user_errors
 def compile(model: str, **kw: Any) -> None:
     """Compile MODEL (.onnx file, .py model file or module) into an artifact; prints its path last."""
@@ -110,11 +111,16 @@ def compile(model: str, **kw: Any) -> None:
             "bench_options": BenchOptions(max_seconds=kw["bench_seconds"]),
             "dump_ir": kw["dump_ir"],
             "cache_dir": kw["cache_dir"],
+            "prepare_only": kw["prepare_only"],
         }
     )
     console = Console(stderr=True)
     with console.status("building") as status:
         result = build(model, options, progress=lambda msg: status.update(msg))
+    if options.prepare_only:
+        console.print(f"bundle for {options.target} written; finish it with: aotforge finish {result.path}")
+        click.echo(str(result.path))
+        return
     m = result.manifest
     console.print(_summary(m.__dict__), markup=False, highlight=False)
     click.echo(str(result.path))
@@ -220,6 +226,9 @@ def _summary(m: dict[str, Any]) -> str:
 from compiler.cli_registry import register_registry_commands  # noqa: E402
 
 register_registry_commands(main)
+from compiler.cli_bundle import register_bundle_commands  # noqa: E402
+
+register_bundle_commands(main)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ class BuildOptions:
     dump_ir: Path | None = None
     #: Directory of the build cache (``artifacts.build_cache``); None builds without one.
     cache_dir: Path | None = None
+    #: Stop after the passes and write a build bundle for ``aotforge finish`` on the device host.
+    prepare_only: bool = False
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildOptions:

@@ -194,6 +194,12 @@ class TensorRTTarget:
         check_graph_inputs(model, ctx.io)
         build_plan(options, ctx)
 
+    def bundle_plan(self, model: ir.Model, options: TensorRTOptions, ctx: BuildContext) -> dict[str, Any]:
+        """The builder plan (profiles, flags, limits) a --prepare-only bundle carries, as JSON values."""
+        self.plan(model, options, ctx)
+        plan: dict[str, Any] = json.loads(json.dumps(build_plan(options, ctx).to_dict()))
+        return plan
+
     def compile(self, model: ir.Model, options: TensorRTOptions, ctx: BuildContext, workdir: Path) -> CompileResult:
         from targets import trt_sdk
 
