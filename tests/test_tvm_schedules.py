@@ -91,3 +91,35 @@ def test_unmatched_kernels_are_reported(mlp: tuple[torch.nn.Module, torch.Tensor
     assert report["unscheduled"] >= 3
     assert any("matmul" in name or "conv" in name for name in report["unscheduled_funcs"])
     assert report["scheduled_by_rule"]["Injective"] + report["unscheduled"] == n_funcs
+
+
+class _Cnn(torch.nn.Module):
+    """ResNet-style pieces: a strided stem, max pooling, a stride-2 block with a 1x1 projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 7, 2, 3)
+        self.conv1 = torch.nn.Conv2d(16, 32, 3, 2, 1)
+        self.conv2 = torch.nn.Conv2d(32, 32, 3, 1, 1)
+        self.skip = torch.nn.Conv2d(16, 32, 1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.max_pool2d(torch.relu(self.stem(x)), 3, 2, 1)
+        return torch.relu(self.conv2(torch.relu(self.conv1(y))) + self.skip(y))
+
+
+def test_cnn_convs_and_pooling_are_scheduled_in_nhwc() -> None:
+    torch.manual_seed(0)
+    model, x = _Cnn().eval(), torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    executable, report = compile_relax(_relax_module(model, x), _target(), fast_math=True)
+    result = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    got = (result if hasattr(result, "numpy") else result[0]).numpy()
+    assert got.shape == expected.shape  # the layout change is undone at the graph's output
+    assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 1e-4
+    counts = report["schedules"]["scheduled_by_rule"]
+    assert counts["TiledMatmul"] >= 4  # stem, conv1, conv2 (+ residual add), skip
+    assert counts["WindowReduction"] == 1  # the max pooling
+    assert report["conv_nhwc"] is True
+    assert report["schedules"]["unscheduled_funcs"] == []

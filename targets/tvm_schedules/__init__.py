@@ -15,6 +15,7 @@ from tvm.target import Target
 
 from targets.tvm_schedules.injective import Injective
 from targets.tvm_schedules.matmul import TiledMatmul
+from targets.tvm_schedules.pooling import WindowReduction
 
 RULE_ATTR = "aotforge.schedule_rule"
 
@@ -45,6 +46,7 @@ def default_rules() -> list[tuple[str, dl.ScheduleRule]]:
     return [
         ("cpu.GEMV", dl.cpu.GEMV()),
         ("TiledMatmul", TiledMatmul()),
+        ("WindowReduction", WindowReduction()),
         ("cpu.Reduction", dl.cpu.Reduction()),
         ("Injective", Injective()),
     ]
