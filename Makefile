@@ -8,7 +8,7 @@ OUT ?= out
 PASSES ?= O1
 ARGS ?=
 
-.PHONY: compile test test-slow lint bench targets clean
+.PHONY: compile test test-slow lint bench targets clean device-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ test: $(BIN)/.installed
 
 test-slow: $(BIN)/.installed
 	$(BIN)/pytest -q -m slow
+
+# On an NVIDIA host with TensorRT: what this host offers, then every GPU end-to-end test in one go.
+device-check: $(BIN)/.installed
+	$(BIN)/aotforge targets
+	$(BIN)/pytest -q -rs -m gpu tests/test_device_e2e.py tests/test_tensorrt_target.py
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check compiler passes targets artifacts tests examples tools
