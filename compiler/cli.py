@@ -118,7 +118,11 @@ def compile(model: str, **kw: Any) -> None:
     with console.status("building") as status:
         result = build(model, options, progress=lambda msg: status.update(msg))
     if options.prepare_only:
-        console.print(f"bundle for {options.target} written; finish it with: aotforge finish {result.path}")
+        console.print(
+            f"bundle for {options.target} written; finish it with: aotforge finish {result.path}",
+            markup=False,
+            soft_wrap=True,
+        )
         click.echo(str(result.path))
         return
     m = result.manifest

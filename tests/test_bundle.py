@@ -139,3 +139,10 @@ def test_not_a_bundle_and_neuron_prepare_are_refused(tmp_path: Path) -> None:
 def test_sparsity_bundle_plans_sparse_weights(tmp_path: Path) -> None:
     bundle = _prepare(tmp_path, passes=("O1", "sparsity24"))
     assert read_bundle(bundle)["plan"]["flags"] == ["SPARSE_WEIGHTS"]
+
+
+def test_prepare_only_keeps_the_int8_qdq_the_pass_wrote(tmp_path: Path) -> None:
+    bundle = _prepare(tmp_path, passes=("O1", "int8"))
+    onnx.checker.check_model(str(bundle / "model.onnx"))
+    ops = {n.op_type for n in onnx.load(str(bundle / "model.onnx")).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
