@@ -179,7 +179,10 @@ def _compile_cached(
         return hit, {"hit": True, "key": key}
     explanation = build_cache.explain(opts.cache_dir, components)
     say(f"cache miss ({explanation}); compiling for {opts.target}")
-    compiled = target.compile(model, target_opts, ctx, stage)
+    # Targets with a timing/tuning cache (tensorrt) keep it in the build cache; after the key, so
+    # the cache's location is not part of it.
+    in_cache = getattr(target, "with_cache_dir", None)
+    compiled = target.compile(model, in_cache(target_opts, opts.cache_dir) if in_cache else target_opts, ctx, stage)
     build_cache.store(opts.cache_dir, key, components, stage, compiled.files, compiled.target_info, compiled.toolchain)
     return compiled, {"hit": False, "key": key, "explain": explanation}
 

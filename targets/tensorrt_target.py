@@ -194,6 +194,15 @@ class TensorRTTarget:
         check_graph_inputs(model, ctx.io)
         build_plan(options, ctx)
 
+    def with_cache_dir(self, options: TensorRTOptions, cache_dir: Path) -> TensorRTOptions:
+        """Keep the timing cache in the build cache unless one was given: one file per TensorRT
+        version and compute capability, since a cache from another GPU or version does not apply."""
+        if options.timing_cache:
+            return options
+        d = probe_host().details
+        name = f"tensorrt-{d.get('version', 'unknown')}-cc{d.get('compute_capability', 'unknown')}.timing"
+        return dataclasses.replace(options, timing_cache=str(cache_dir / "timing" / name))
+
     def bundle_plan(self, model: ir.Model, options: TensorRTOptions, ctx: BuildContext) -> dict[str, Any]:
         """The builder plan (profiles, flags, limits) a --prepare-only bundle carries, as JSON values."""
         self.plan(model, options, ctx)
@@ -214,7 +223,9 @@ class TensorRTTarget:
         (workdir / LAYER_REPORT).write_text(json.dumps(report, sort_keys=True, indent=2) + "\n")
         if cache_path:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
-            cache_path.write_bytes(built.timing_cache)
+            partial = cache_path.with_name(cache_path.name + ".partial")
+            partial.write_bytes(built.timing_cache)
+            partial.replace(cache_path)  # atomic: a concurrent build never reads half a cache
         gpu = query_gpu() or {}
         info = {
             "tensorrt_version": built.version,

@@ -111,8 +111,9 @@ def build_engine(onnx_path: Path, plan: TrtBuildPlan, timing_cache: bytes) -> En
         errors = "; ".join(str(parser.get_error(i).desc()) for i in range(parser.num_errors))
         raise CompileError(f"tensorrt's ONNX parser rejected the IR: {errors}; simplify or replace those ops")
     config = _builder_config(builder, plan)
-    cache = config.create_timing_cache(timing_cache)
-    config.set_timing_cache(cache, ignore_mismatch=False)
+    # A cache from another device is refused (returns False): start a fresh one instead.
+    if not config.set_timing_cache(config.create_timing_cache(timing_cache), ignore_mismatch=False):
+        config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise CompileError("tensorrt failed to build the engine (see its log above): check the workspace_mb limit")

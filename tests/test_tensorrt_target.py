@@ -21,6 +21,7 @@ from targets.base import BuildContext, options_from_dict
 from targets.tensorrt_target import (
     HardwareCompat,
     TensorRTOptions,
+    TensorRTTarget,
     _check_profile,
     build_plan,
     builder_flags,
@@ -243,3 +244,13 @@ def test_end_to_end_engine_builds_loads_and_matches_ort(tmp_path: Path) -> None:
         np.testing.assert_allclose(runner.run({"x": x})["y"], _reference(model, x), rtol=2e-2, atol=2e-2)
     with pytest.raises(InputSpecError, match="outside the engine's profile"):
         runner.run({"x": np.zeros((17, 3, 8, 8), np.float32)})
+
+
+def test_timing_cache_lives_in_the_build_cache_per_version_and_gpu(tmp_path: Path) -> None:
+    target = TensorRTTarget()
+    chosen = target.with_cache_dir(TensorRTOptions(), tmp_path)
+    path = Path(chosen.timing_cache)
+    assert path.parent == tmp_path / "timing"
+    assert path.name.startswith("tensorrt-") and "-cc" in path.name and path.name.endswith(".timing")
+    given = TensorRTOptions(timing_cache=str(tmp_path / "mine.bin"))
+    assert target.with_cache_dir(given, tmp_path) is given
