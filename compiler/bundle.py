@@ -139,7 +139,14 @@ def read_bundle(path: Path) -> dict[str, Any]:
     return dict(data)
 
 
-def finish(path: Path, out: Path, *, target_name: str | None = None, bench: bool | None = None) -> Any:
+def finish(
+    path: Path,
+    out: Path,
+    *,
+    target_name: str | None = None,
+    bench: bool | None = None,
+    cache_dir: Path | None = None,
+) -> Any:
     """Compile, validate, benchmark and store a bundle's artifact exactly as ``build`` would."""
     from compiler.builder import BuildResult, toolchain_versions
 
@@ -168,7 +175,9 @@ def finish(path: Path, out: Path, *, target_name: str | None = None, bench: bool
         for rel in data["files"]:
             if rel != VALIDATION_NPZ:  # the IR and its external data, byte for byte
                 shutil.copy2(path / rel, stage / rel)
-        compiled = target.compile(model, target_opts, ctx, stage)
+        # Like build(): a target's timing cache (tensorrt) lives in the cache dir when one is given.
+        in_cache = getattr(target, "with_cache_dir", None) if cache_dir is not None else None
+        compiled = target.compile(model, in_cache(target_opts, cache_dir) if in_cache else target_opts, ctx, stage)
         target_record = {"name": name, "options": dataclasses.asdict(target_opts), "info": dict(compiled.target_info)}
         runner = target.load(stage, {"target": target_record, "io": io.to_dict()})
         validation = _validate(runner.run, samples, references, draft["validation"], draft["name"], name)

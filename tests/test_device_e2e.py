@@ -90,9 +90,9 @@ def test_tensorrt_bundle_round_trip_on_the_gpu(tmp_path: Path) -> None:
         prepare_only=True,
         bench=True,
     )
-    result = finish(prepared.path, tmp_path / "art")
+    result = finish(prepared.path, tmp_path / "art", cache_dir=tmp_path / "cache")
     _check(result.path, 1e-2)
-    assert result.manifest.target["name"] == "tensorrt"
+    assert result.manifest.target["name"] == "tensorrt" and result.manifest.target["info"]["timing_cache_sha256"]
 
 
 @pytest.mark.neuron
