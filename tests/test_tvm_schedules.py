@@ -123,3 +123,31 @@ def test_cnn_convs_and_pooling_are_scheduled_in_nhwc() -> None:
     assert counts["WindowReduction"] == 1  # the max pooling
     assert report["conv_nhwc"] is True
     assert report["schedules"]["unscheduled_funcs"] == []
+
+
+class _Norms(torch.nn.Module):
+    """A residual add + layer_norm and a softmax over rows of 64 (lane-divisible)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(64)
+
+    def forward(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.ln(x + r) * 3.0, dim=-1)
+
+
+def test_row_reductions_are_vectorized_and_keep_numerics() -> None:
+    from tvm.relax.frontend.torch import from_exported_program
+
+    torch.manual_seed(0)
+    model, x, r = _Norms().eval(), torch.randn(2, 24, 64), torch.randn(2, 24, 64)
+    with torch.no_grad():
+        expected = model(x, r).numpy()
+    mod = from_exported_program(torch.export.export(model, (x, r)), keep_params_as_input=False)
+    executable, report = compile_relax(mod, _target(), fast_math=True)
+    result = relax.VirtualMachine(executable, tvm.cpu())["main"](*(tvm.runtime.tensor(t.numpy()) for t in (x, r)))
+    got = (result if hasattr(result, "numpy") else result[0]).numpy()
+    assert np.abs(got - expected).max() < 1e-5
+    counts = report["schedules"]["scheduled_by_rule"]
+    assert counts["RowReduction"] >= 2  # layer_norm and softmax
+    assert counts["cpu.Reduction"] == 0

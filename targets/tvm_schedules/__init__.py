@@ -16,6 +16,7 @@ from tvm.target import Target
 from targets.tvm_schedules.injective import Injective
 from targets.tvm_schedules.matmul import TiledMatmul
 from targets.tvm_schedules.pooling import WindowReduction
+from targets.tvm_schedules.reduction import RowReduction
 
 RULE_ATTR = "aotforge.schedule_rule"
 
@@ -47,6 +48,7 @@ def default_rules() -> list[tuple[str, dl.ScheduleRule]]:
         ("cpu.GEMV", dl.cpu.GEMV()),
         ("TiledMatmul", TiledMatmul()),
         ("WindowReduction", WindowReduction()),
+        ("RowReduction", RowReduction()),
         ("cpu.Reduction", dl.cpu.Reduction()),
         ("Injective", Injective()),
     ]

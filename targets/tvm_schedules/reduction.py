@@ -1,0 +1,112 @@
+"""CPU schedule for row reductions (layer_norm, softmax, RMS norm, mean) with vector accumulators.
+
+DLight's ``cpu.Reduction`` keeps each row reduction a scalar loop: TVM's ``rfactor`` needs the
+reduction to be the only child of its loop, which no longer holds once the blocks share the
+row loop. Here every reduction over a lane-divisible inner axis is ``rfactor``-ed *first*,
+while it still sits alone in its loop nest: its inner 16 elements become a vector of partial
+results, reduced to a scalar afterwards. Then, as in DLight, the rows are fused and run in
+parallel, every block is moved under the row loop and the element-wise blocks are vectorized.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.target import Target
+
+from targets.tvm_schedules.injective import PARALLEL_MIN
+
+VECTOR = 16
+
+
+def _leading_spatial(kinds: str) -> int:
+    return len(kinds) - len(kinds.lstrip("S"))
+
+
+class RowReduction(dl.ScheduleRule):
+    """Parallel rows, rfactor-ed vector reductions, vectorized element-wise blocks."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        try:
+            return self._apply(func)
+        except Exception:  # a schedule primitive refused: leave the function to the next rule
+            return None
+
+    @staticmethod
+    def _apply(func: tirx.PrimFunc) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        infos = dl.normalize_prim_func(sch)
+        if infos is None or len(infos) < 2 or not infos[-1].is_injective():
+            return None
+        if all(b.is_injective() for b in infos):
+            return None
+        kinds = [b.dom_kind() for b in infos]
+        rows = min(_leading_spatial(k) for k in kinds)
+        if rows == 0 or any(not isinstance(d, int | tirx.IntImm) for b in infos for d in b.dom()):
+            return None
+        # 1. rfactor while each reduction is still alone in its loop nest.
+        vector_blocks = []
+        for info in infos:
+            if info.is_injective():
+                continue
+            if kinds[infos.index(info)].count("R") != 1 or int(info.dom()[-1]) % VECTOR:
+                continue  # several reduction axes or a short row: stays a scalar reduction
+            loop = sch.get_loops(info.block_rv)[-1]
+            _, lane = sch.split(loop, [None, VECTOR])
+            vector_blocks.append(sch.rfactor(lane, factor_axis=len(info.dom()) - 1))
+        # 2. rows in parallel, every block under the row loop.
+        last = infos[-1].block_rv
+        loops = sch.get_loops(last)
+        row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
+        n_rows = 1
+        for d in infos[-1].dom()[:rows]:
+            n_rows *= int(d)
+        total = n_rows * int(_prod(infos[-1].dom()[rows:]))
+        if total >= PARALLEL_MIN and n_rows > 1:
+            sch.parallel(row)
+        for block in reversed(_blocks_before(sch, last)):
+            sch.compute_at(block, row, preserve_unit_loops=True)
+        # 3. vectorize: element-wise blocks on their inner axis, rfactor blocks on the lanes.
+        for block in _blocks_before(sch, last) + [last]:
+            stmt = sch.get(block)
+            if any(v.iter_type != tirx.IterVar.DataPar for v in stmt.iter_vars):
+                continue
+            _vectorize_inner(sch, block)
+        for rf in vector_blocks:
+            # rfactor loops: [row, ..., lane, outer]; put the lane innermost so it vectorizes.
+            inner = sch.get_loops(rf)
+            sch.reorder(inner[-1], inner[-2])
+            sch.vectorize(sch.get_loops(rf)[-1])
+            init = sch.decompose_reduction(rf, sch.get_loops(rf)[-2])
+            sch.vectorize(sch.get_loops(init)[-1])
+        return sch
+
+
+def _prod(values: list[int]) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def _blocks_before(sch: s_tir.Schedule, last: s_tir.schedule.SBlockRV) -> list[s_tir.schedule.SBlockRV]:
+    """Every block but ``last``, in program order (after rfactor added some)."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    return [b for b in blocks if not sch.get(b).same_as(sch.get(last))]
+
+
+def _vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
+    loops = sch.get_loops(block)
+    if len(loops) <= 1:
+        return
+    extent = sch.get(loops[-1]).extent
+    if not isinstance(extent, tirx.IntImm) or int(extent) < 2:
+        return
+    n = int(extent)
+    vec = next((v for v in (VECTOR, 8, 4, 2) if n % v == 0), 1)
+    if vec == n:
+        sch.vectorize(loops[-1])
+    elif vec > 1:
+        sch.vectorize(sch.split(loops[-1], [None, vec])[1])
