@@ -18,6 +18,9 @@ PASSES: dict[str, str] = {
     "dce": "passes.eliminate_dead_code:EliminateDeadCodePass",
     "cse": "passes.eliminate_common_subexpressions:EliminateCommonSubexpressionsPass",
     "optimize": "passes.optimize_graph:OptimizeGraphPass",
+    "fuse-conv-bn": "passes.fuse_conv_batchnorm:FuseConvBatchNormPass",
+    "fuse": "passes.fuse_patterns:FusePatternsPass",
+    "fuse-ort": "passes.fuse_patterns:FuseOrtPass",
     "fp16": "passes.convert_precision:ConvertToFloat16Pass",
     "bf16": "passes.convert_precision:ConvertToBFloat16Pass",
     "int8-dynamic": "passes.quantize_dynamic:QuantizeDynamicPass",
@@ -29,10 +32,14 @@ PASSES: dict[str, str] = {
 PRESETS: dict[str, tuple[str, ...]] = {
     "O0": (),
     "O1": ("fold", "dce"),
-    "O2": ("optimize", "cse", "dce"),
+    # fuse-conv-bn and fuse emit standard ONNX only, so O2 holds for every target; fuse-ort does not.
+    "O2": ("optimize", "fuse-conv-bn", "fuse", "cse", "dce"),
 }
 
 DEFAULT_PRESET = "O1"
+
+#: Passes whose output holds com.microsoft contrib ops only ONNX Runtime runs.
+CONTRIB_OP_PASSES: frozenset[str] = frozenset({"fuse-ort"})
 
 
 def pass_class(name: str) -> type[GraphPass]:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnx_ir as ir
 
-from compiler.errors import OptionsError
+from compiler.errors import OptionsError, UnsupportedModelError
 from compiler.spec import IOSpec
 
 Arrays = dict[str, np.ndarray]
@@ -74,6 +74,24 @@ class Target(Protocol):
     def compile(self, model: ir.Model, options: Any, ctx: BuildContext, workdir: Path) -> CompileResult: ...
 
     def load(self, artifact_dir: Path, manifest: Mapping[str, Any]) -> Runner: ...
+
+
+def refuse_contrib_ops(target: str, model: ir.Model, passes: tuple[str, ...]) -> None:
+    """For targets without ORT's contrib ops: refuse a model holding them, or a pass that emits them."""
+    from passes import CONTRIB_OP_PASSES
+
+    domains = sorted({n.domain for n in model.graph.all_nodes() if n.domain not in ("", "ai.onnx", "ai.onnx.ml")})
+    if domains:
+        raise UnsupportedModelError(
+            f"{target} cannot run ops of domain(s) {', '.join(domains)} (ONNX Runtime contrib ops): "
+            "export the model with standard ONNX ops, or use --target onnxruntime"
+        )
+    emitting = [p for p in passes if p in CONTRIB_OP_PASSES]
+    if emitting:
+        raise UnsupportedModelError(
+            f"{target} cannot honour pass {emitting[0]!r}: it emits com.microsoft contrib ops only "
+            "onnxruntime runs; use pass 'fuse' (standard ONNX fusions) instead"
+        )
 
 
 def options_from_dict(cls: type, data: Mapping[str, Any], *, what: str) -> Any:

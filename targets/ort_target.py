@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from compiler.errors import CompileError, InputSpecError, TargetUnavailableError, describe
+from compiler.errors import CompileError, InputSpecError, TargetUnavailableError, UnsupportedModelError, describe
 from targets.base import Arrays, BuildContext, CompileResult, ProbeResult
 
 OPTIMIZED_MODEL = "model.ort.onnx"
@@ -56,6 +56,12 @@ class OrtTarget:
             raise CompileError(
                 f"onnxruntime optimization_level {options.optimization_level!r} is unknown; "
                 f"use one of {', '.join(_LEVELS)}"
+            )
+        if "bf16" in ctx.passes and set(options.providers) <= {"CPUExecutionProvider"}:
+            # ORT's CPU provider has no bf16 kernels for most ops (e.g. Relu): sessions fail to load.
+            raise UnsupportedModelError(
+                "onnxruntime's CPUExecutionProvider cannot run pass 'bf16' (no bf16 kernels): "
+                "use --passes fp16 or int8 here, or the CUDAExecutionProvider / --target tvm for bf16"
             )
         missing = [p for p in options.providers if p not in ort.get_available_providers()]
         if missing:

@@ -18,7 +18,7 @@ import numpy as np
 import onnx_ir as ir
 
 from compiler.errors import ArtifactError, CompileError, InputSpecError, UnsupportedModelError, describe
-from targets.base import Arrays, BuildContext, CompileResult, ProbeResult
+from targets.base import Arrays, BuildContext, CompileResult, ProbeResult, refuse_contrib_ops
 
 LIBRARY = "lib.so"
 
@@ -50,6 +50,8 @@ class TvmTarget:
         return ProbeResult(True, details={"version": tvm.__version__, "host_cpu": host_cpu()})
 
     def plan(self, model: ir.Model, options: TvmOptions, ctx: BuildContext) -> None:
+        # QDQ and bf16 both import through the Relax ONNX frontend (checked), so only contrib ops are refused.
+        refuse_contrib_ops("tvm", model, ctx.passes)
         arch = options.mtriple.split("-")[0]
         if arch and arch != platform.machine() and not options.cc:
             raise CompileError(

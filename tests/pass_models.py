@@ -118,3 +118,66 @@ def rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:
     expected = expected.astype(np.float64)
     norm = float(np.linalg.norm(expected))
     return float(np.linalg.norm(actual.astype(np.float64) - expected)) / max(norm, 1e-12)
+
+
+def conv_bn(channels: int = 8, seed: int = 0) -> ir.Model:
+    """x[1,4,8,8] -> Conv -> BatchNormalization -> Relu -> y: what many exported CNNs still carry."""
+    rng = np.random.default_rng(seed)
+    inits = [
+        _init("c_w", (channels, 4, 3, 3), rng),
+        _init("c_b", (channels,), rng),
+        numpy_helper.from_array((1 + 0.1 * rng.standard_normal(channels)).astype(np.float32), "bn_scale"),
+        _init("bn_bias", (channels,), rng),
+        _init("bn_mean", (channels,), rng),
+        numpy_helper.from_array((0.5 + rng.random(channels)).astype(np.float32), "bn_var"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "c_w", "c_b"], ["a1"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["a1", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["a2"], name="bn"),
+        helper.make_node("Relu", ["a2"], ["y"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_bn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 8, 8])],
+        inits,
+    )
+    return _finish(graph)
+
+
+def decomposed_layer_norm(hidden: int = 16, residual: bool = False) -> ir.Model:
+    """x[2,8,H] (+ r, the residual) -> LayerNorm written out as ReduceMean/Sub/Pow/Sqrt/Div/Mul/Add."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
+        _init("gamma", (hidden,), rng),
+        _init("beta", (hidden,), rng),
+    ]
+    names = ["a", "r"] if residual else ["x"]
+    nodes = [helper.make_node("Add", ["a", "r"], ["x"])] if residual else []
+    nodes += [
+        helper.make_node("ReduceMean", ["x", "axes"], ["mean"], keepdims=1),
+        helper.make_node("Sub", ["x", "mean"], ["d"]),
+        helper.make_node("Pow", ["d", "two"], ["d2"]),
+        helper.make_node("ReduceMean", ["d2", "axes"], ["var"], keepdims=1),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["std"]),
+        helper.make_node("Div", ["d", "std"], ["n"]),
+        helper.make_node("Mul", ["n", "gamma"], ["s"]),
+        helper.make_node("Add", ["s", "beta"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "decomposed_ln",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8, hidden]) for n in names],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, hidden])],
+        inits,
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    proto.ir_version = 8
+    proto = onnx.shape_inference.infer_shapes(proto)
+    onnx.checker.check_model(proto)
+    return ir.serde.deserialize_model(proto)
