@@ -67,6 +67,9 @@ class TvmTarget:
 
         sizes = ctx.io.bound_sizes("opt")
         shapes = {s.name: list(s.shape if options.dynamic else s.bind(sizes)) for s in ctx.io.inputs}
+        if options.dynamic:  # the importer wants one TIR variable per named dim, not its name
+            dims = {d: tvm.tirx.Var(d, "int64") for dims in shapes.values() for d in dims if isinstance(d, str)}
+            shapes = {k: [dims[d] if isinstance(d, str) else d for d in v] for k, v in shapes.items()}
         dtypes = {s.name: s.dtype for s in ctx.io.inputs}
         proto = ir.serde.serialize_model(model) if options.dynamic else _static_proto(model, shapes)
         try:

@@ -20,11 +20,11 @@ THREADS = 2
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def build(model: str, target: str, out: Path, target_options: dict[str, object]) -> Path:
+def build(model: str, target: str, out: Path, target_options: dict[str, object], dynamic: list[str]) -> Path:
     from compiler.builder import build as aot_build
 
     options = {"intra_op_threads": THREADS} if target == "onnxruntime" else target_options
-    result = aot_build(model, target=target, out=out / target, bench=False, target_options=options)
+    result = aot_build(model, target=target, out=out / target, bench=False, target_options=options, dynamic=dynamic)
     return result.path
 
 
@@ -42,11 +42,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/tvm_probe"))
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--target-opt", action="append", default=[], help="tvm option key=value")
+    parser.add_argument("--dynamic", action="append", default=[], help="dim=min:opt:max, timed at opt")
     parser.add_argument("--skip-ort", action="store_true", help="reuse the ORT artifact already in --out")
     args = parser.parse_args()
     tvm_opts = dict(kv.split("=", 1) for kv in args.target_opt)
-    ort = build(args.model, "onnxruntime", args.out, {}) if not args.skip_ort else _latest(args.out / "onnxruntime")
-    tvm = build(args.model, "tvm", args.out, tvm_opts)
+    ort = (
+        build(args.model, "onnxruntime", args.out, {}, args.dynamic)
+        if not args.skip_ort
+        else _latest(args.out / "onnxruntime")
+    )
+    tvm = build(args.model, "tvm", args.out, tvm_opts, args.dynamic)
     t_ort, t_tvm = time_artifact(ort, args.runs), time_artifact(tvm, args.runs)
     manifest = json.loads((tvm / "manifest.json").read_text())
     schedules = manifest["target"]["info"]["pipeline"]["schedules"]
