@@ -6,7 +6,10 @@ TARGET ?= tvm
 MODEL ?= examples/mini_resnet.py
 OUT ?= out
 PASSES ?= O1
+RECIPE ?=
 ARGS ?=
+# With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
+_flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
 .PHONY: compile test test-slow lint bench targets clean device-check
 
@@ -19,7 +22,8 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 compile: $(BIN)/.installed
-	$(BIN)/aotforge compile $(MODEL) --target $(TARGET) --out $(OUT) --passes $(PASSES) $(ARGS)
+	$(BIN)/aotforge compile $(MODEL) $(call _flag,TARGET,target) $(call _flag,PASSES,passes) --out $(OUT) \
+		$(if $(RECIPE),--recipe $(RECIPE)) $(ARGS)
 
 targets: $(BIN)/.installed
 	$(BIN)/aotforge targets

@@ -28,6 +28,7 @@ from compiler.frontend_onnx import load_onnx
 from compiler.frontend_torch import load_torch_file, load_torch_module
 from compiler.numerics import OutputMetrics, compare_many
 from compiler.options import BuildOptions
+from compiler.recipe import int8_shortcuts, load_recipe
 from compiler.sample_inputs import make_inputs
 from compiler.source import SourceModel
 from compiler.spec import IOSpec, check_dims_used
@@ -52,14 +53,21 @@ def build(
     *,
     example_inputs: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
+    recipe: Path | str | None = None,
     **overrides: Any,
 ) -> BuildResult:
     """Compile ``model`` (a ``.onnx`` / ``.py`` path, a module name, or an ``nn.Module`` with
     ``example_inputs``) for ``options.target`` and write one artifact directory.
 
     Keyword ``overrides`` are :class:`BuildOptions` fields: ``build(m, target="onnxruntime")``.
+    A ``recipe`` TOML (``compiler.recipe``) gives defaults that ``options`` fields differing from
+    the defaults, and ``overrides``, replace.
     """
     given = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)} if options else {}
+    if recipe is not None:
+        defaults = BuildOptions()
+        given = {k: v for k, v in given.items() if v != getattr(defaults, k)}
+        given = {**load_recipe(recipe), **given}
     opts = BuildOptions.from_dict({**given, **overrides})
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
@@ -77,7 +85,8 @@ def build(
         raise OptionsError(
             f"parameters given for pass(es) {', '.join(stray)} that are not in --passes {','.join(pass_names)}"
         )
-    graph_passes = [make_pass(n, opts.pass_params.get(n)) for n in pass_names]
+    pass_params = int8_shortcuts(opts, pass_names)
+    graph_passes = [make_pass(n, pass_params.get(n)) for n in pass_names]
 
     say("loading model")
     source = _load(model, opts, example_inputs)

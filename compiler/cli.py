@@ -86,6 +86,9 @@ def main(debug: bool) -> None:
     "--cache-dir", type=click.Path(path_type=Path), help="Build cache directory: reuse compiles of identical input."
 )
 @click.option("--prepare-only", is_flag=True, help="Write a build bundle for `aotforge finish` on the device host.")
+@click.option("--calibration", help="int8 calibration data: a directory of .npy/.npz files, or module.py:function.")
+@click.option("--accuracy-budget", type=click.FloatRange(0, 1, min_open=True), help="Least mean cosine vs fp32 (int8).")
+@click.option("--recipe", type=click.Path(path_type=Path), help="TOML recipe of passes and options; flags override it.")
 @user_errors
 def compile(model: str, **kw: Any) -> None:
     """Compile MODEL (.onnx file, .py model file or module) into an artifact; prints its path last."""
@@ -112,8 +115,12 @@ def compile(model: str, **kw: Any) -> None:
             "dump_ir": kw["dump_ir"],
             "cache_dir": kw["cache_dir"],
             "prepare_only": kw["prepare_only"],
+            "calibration": kw["calibration"],
+            "accuracy_budget": kw["accuracy_budget"],
         }
     )
+    if kw["recipe"]:
+        options = _with_recipe(kw["recipe"], options, click.get_current_context())
     console = Console(stderr=True)
     with console.status("building") as status:
         result = build(model, options, progress=lambda msg: status.update(msg))
@@ -128,6 +135,45 @@ def compile(model: str, **kw: Any) -> None:
     m = result.manifest
     console.print(_summary(m.__dict__), markup=False, highlight=False)
     click.echo(str(result.path))
+
+
+#: BuildOptions field -> the compile flag that sets it, for fields a recipe can hold.
+_RECIPE_FLAGS = {
+    "target": "target",
+    "passes": "passes",
+    "pass_params": "pass_opt",
+    "target_options": "target_opt",
+    "tolerance": "tolerance",
+    "dynamic": "dynamic",
+    "input_ranges": "input_range",
+    "name": "name",
+    "calibration": "calibration",
+    "accuracy_budget": "accuracy_budget",
+}
+
+
+def _with_recipe(path: Path, options: Any, ctx: click.Context) -> Any:
+    """The recipe's values, replaced by flags given on the command line (option tables merged)."""
+    from click.core import ParameterSource
+
+    from compiler.options import BuildOptions
+    from compiler.recipe import load_recipe
+
+    values = {**load_recipe(path)}
+    for field, flag in _RECIPE_FLAGS.items():
+        if ctx.get_parameter_source(flag) in (ParameterSource.DEFAULT, None):
+            continue
+        given = getattr(options, field)
+        if field == "pass_params":
+            merged = {k: dict(v) for k, v in values.get(field, {}).items()}
+            for name, params in given.items():
+                merged.setdefault(name, {}).update(params)
+            given = merged
+        elif field == "target_options":
+            given = {**values.get(field, {}), **given}
+        values[field] = given
+    rest = {f: getattr(options, f) for f in ("out", "version", "bench", "bench_options", "dump_ir", "cache_dir")}
+    return BuildOptions.from_dict({**values, **rest, "prepare_only": options.prepare_only})
 
 
 @main.command()

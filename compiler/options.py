@@ -38,6 +38,10 @@ class BuildOptions:
     cache_dir: Path | None = None
     #: Stop after the passes and write a build bundle for ``aotforge finish`` on the device host.
     prepare_only: bool = False
+    #: int8 calibration data: a directory of .npy/.npz files or ``module.py:function`` (``compiler.calibration``).
+    calibration: str | None = None
+    #: Accuracy budget: the least mean output cosine vs fp32 the int8 pass must keep (its ``min_cosine``).
+    accuracy_budget: float | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildOptions:
@@ -59,6 +63,8 @@ class BuildOptions:
         options = cls(**values)
         if options.tolerance <= 0:
             raise OptionsError(f"tolerance must be > 0, got {options.tolerance}")
+        if options.accuracy_budget is not None and not 0 < options.accuracy_budget <= 1:
+            raise OptionsError(f"accuracy_budget is a cosine in (0, 1], got {options.accuracy_budget}")
         if options.version is not None and options.version < 1:
             raise OptionsError(f"version must be a positive integer, got {options.version}")
         return options

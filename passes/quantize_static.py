@@ -46,7 +46,7 @@ _ORT_METHOD = {
 
 @dataclasses.dataclass(frozen=True)
 class QuantizeStaticParams:
-    #: Directory of .npz / .npy calibration samples; empty uses seeded random inputs.
+    #: Directory of .npz / .npy calibration samples or ``module.py:function``; empty uses seeded random inputs.
     calibration_dir: str = ""
     method: Calibration = Calibration.MINMAX
     per_channel: bool = True
@@ -106,7 +106,7 @@ class QuantizeStaticPass(GraphPass):
         """Calibration feeds and, when the budget is on, held-out feeds distinct from them."""
         p = self.params
         extra = p.eval_samples if p.min_cosine > 0 else 0
-        loaded = load_samples(model, Path(p.calibration_dir), p.samples + extra) if p.calibration_dir else []
+        loaded = load_samples(model, p.calibration_dir, p.samples + extra) if p.calibration_dir else []
         samples, held_out = loaded[: p.samples], loaded[p.samples :]
         samples = samples or random_samples(model, p.samples, p.seed)
         if extra and not held_out:
@@ -197,35 +197,19 @@ def _quantized_names(model: ir.Model, params: QuantizeStaticParams) -> list[str]
     return names
 
 
-def load_samples(model: ir.Model, directory: Path, limit: int) -> list[Feeds]:
-    """Calibration feeds from ``directory``'s .npz / .npy files, in name order, at most ``limit``."""
-    files = sorted(f for f in directory.glob("*") if f.suffix in (".npz", ".npy"))
-    if not files:
-        raise OptionsError(f"pass int8: no .npz or .npy files in calibration directory {directory}; add samples")
-    inputs = {str(v.name): v for v in model.graph.inputs if v.name not in model.graph.initializers}
-    samples: list[Feeds] = []
-    for path in files:
-        arrays = dict(np.load(path)) if path.suffix == ".npz" else {"": np.load(path)}
-        if "" in arrays and len(inputs) == 1:
-            arrays = {next(iter(inputs)): arrays[""]}
-        if set(arrays) != set(inputs):
-            raise OptionsError(
-                f"pass int8: calibration file {path} holds {sorted(arrays)} but the model's inputs are "
-                f"{sorted(inputs)}; name the .npz arrays after the inputs"
-            )
-        samples.extend(_split(arrays, inputs))
-    return samples[:limit]
+def load_samples(model: ir.Model, source: Path | str, limit: int) -> list[Feeds]:
+    """Calibration feeds from a directory of .npz / .npy files or ``module.py:function``."""
+    from compiler.calibration import load_calibration
 
-
-def _split(arrays: Feeds, inputs: dict[str, ir.Value]) -> list[Feeds]:
-    """One feed, or several when every array carries an extra leading samples axis."""
-    ranks = {name: len(v.shape) if v.shape is not None else -2 for name, v in inputs.items()}
-    dtypes = {name: v.dtype.numpy() if v.dtype is not None else None for name, v in inputs.items()}
-    feeds = {name: a.astype(dtypes[name]) if dtypes[name] is not None else a for name, a in arrays.items()}
-    if all(a.ndim == ranks[n] + 1 for n, a in feeds.items()):
-        count = min(len(a) for a in feeds.values())
-        return [{n: a[i] for n, a in feeds.items()} for i in range(count)]
-    return [feeds]
+    inputs = {
+        str(v.name): (len(v.shape) if v.shape is not None else -2, v.dtype.numpy() if v.dtype is not None else None)
+        for v in model.graph.inputs
+        if v.name not in model.graph.initializers
+    }
+    try:
+        return load_calibration(str(source), inputs, limit)
+    except OptionsError as e:
+        raise OptionsError(f"pass int8: {e}") from e
 
 
 def random_samples(model: ir.Model, count: int, seed: int) -> list[Feeds]:

@@ -57,7 +57,7 @@ def test_int8_static_rejects_bad_options(tmp_path: Path) -> None:
     with pytest.raises(OptionsError, match="minmax, entropy, percentile"):
         make_pass("int8", {"method": "median"})
     np.savez(tmp_path / "a.npz", tokens=np.zeros((4, 32), np.float32))
-    with pytest.raises(OptionsError, match="name the .npz arrays after the inputs"):
+    with pytest.raises(OptionsError, match="name the arrays .* after the inputs"):
         QuantizeStaticPass(QuantizeStaticParams(calibration_dir=str(tmp_path)))(mlp())
 
 
