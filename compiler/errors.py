@@ -51,9 +51,25 @@ class ArtifactError(AotforgeError):
     """An artifact is missing, incomplete, tampered with or built for another host."""
 
 
+class SignatureError(ArtifactError):
+    """An artifact's signature is missing, malformed, made by another key or does not match its manifest."""
+
+
+class HostMismatchError(ArtifactError):
+    """An artifact was built for a host or toolchain this one does not match."""
+
+
 def describe(e: BaseException, *, last: bool = False, limit: int = 300) -> str:
     """One line of a library's exception for our messages: its first (or last) non-empty line."""
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     if not lines:
         return type(e).__name__
     return (lines[-1] if last else lines[0])[:limit]
+
+
+class RegistryError(AotforgeError):
+    """A registry is unreachable, answered with an error, or holds no such artifact."""
+
+
+class PromotionRefusedError(RegistryError):
+    """An alias was not moved because a promotion gate (validation, quality, latency) failed."""

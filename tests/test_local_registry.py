@@ -149,3 +149,64 @@ def test_cli_push_list_alias_pull_pack(two_artifacts: tuple[Path, Path], tmp_pat
     assert r.exit_code == 0, r.output
     r2 = runner.invoke(main, ["pack", str(a), str(tmp_path / "b.tar.gz")])
     assert r.output.split()[0] == r2.output.split()[0]
+
+
+def _with_manifest(src: Path, dest: Path, **changes: object) -> Path:
+    """A copy of ``src`` whose manifest has top-level ``changes`` (the manifest hash changes with them)."""
+    shutil.copytree(src, dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest.update(changes)
+    (dest / "manifest.json").write_text(json.dumps(manifest, sort_keys=True, indent=2) + "\n")
+    return dest
+
+
+def test_promotion_moves_alias_when_gates_hold(two_artifacts: tuple[Path, Path], tmp_path: Path) -> None:
+    from artifacts.promotion import Gates, promote
+
+    a = _with_manifest(two_artifacts[0], tmp_path / "benched", benchmark={"p50_ms": 0.8, "p99_ms": 1.1})
+    reg = LocalRegistry(tmp_path / "reg")
+    reg.push(a)
+    assert promote(reg, "mini_resnet:1", "prod", Gates(min_cosine=0.99, max_p50_ms=1.0, max_p99_ms=1.2)) == (
+        "mini_resnet",
+        1,
+    )
+    assert reg.resolve("mini_resnet@prod").version == 1
+
+
+def test_promotion_refusal_names_each_failed_gate(two_artifacts: tuple[Path, Path], tmp_path: Path) -> None:
+    from artifacts.promotion import Gates, promote
+    from compiler.errors import PromotionRefusedError
+
+    a, _ = two_artifacts
+    manifest = json.loads((a / "manifest.json").read_text())
+    failed = _with_manifest(a, tmp_path / "failed", validation={**manifest["validation"], "passed": False})
+    reg = LocalRegistry(tmp_path / "reg")
+    reg.push(a)
+    reg.push(failed)
+    with pytest.raises(PromotionRefusedError, match=r"validation: passed=False, required True"):
+        promote(reg, "mini_resnet:2", "prod", Gates())
+    with pytest.raises(PromotionRefusedError, match=r"min-cosine: measured [0-9.]+, required >= 1.5"):
+        promote(reg, "mini_resnet:1", "prod", Gates(min_cosine=1.5))
+    with pytest.raises(PromotionRefusedError, match=r"max-p99-ms: measured nothing .*, required <= 1.0"):
+        promote(reg, "mini_resnet:1", "prod", Gates(max_p99_ms=1.0))  # no benchmark recorded: refused
+    benched = _with_manifest(a, tmp_path / "benched", benchmark={"p50_ms": 0.8, "p99_ms": 1.1})
+    reg.push(benched)
+    with pytest.raises(PromotionRefusedError, match=r"max-p99-ms: measured 1.1, required <= 1.0"):
+        promote(reg, "mini_resnet:3", "prod", Gates(max_p50_ms=1.0, max_p99_ms=1.0))
+    with pytest.raises(ArtifactError, match="no alias 'prod'"):
+        reg.resolve("mini_resnet@prod")  # nothing moved
+
+
+def test_cli_promote_refuses_with_nonzero_exit(two_artifacts: tuple[Path, Path], tmp_path: Path) -> None:
+    from compiler.cli import main
+
+    a, _ = two_artifacts
+    reg = str(tmp_path / "reg")
+    runner = CliRunner()
+    assert runner.invoke(main, ["push", str(a), "--registry", reg]).exit_code == 0
+    r = runner.invoke(main, ["promote", "mini_resnet:1", "prod", "--registry", reg, "--max-p50-ms", "0.000001"])
+    assert r.exit_code != 0
+    assert "max-p50-ms: measured nothing" in r.output and "required <= 1e-06" in r.output
+    r = runner.invoke(main, ["promote", "mini_resnet:1", "prod", "--registry", reg, "--min-cosine", "0.9"])
+    assert r.exit_code == 0, r.output
+    assert "mini_resnet@prod -> mini_resnet:1" in r.output

@@ -1,0 +1,30 @@
+"""Registry selection by URL: one function, ``open_registry``, for every door (CLI, Makefile, Python)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from artifacts.local_registry import LocalRegistry, Registry, RegistryEntry, parse_ref
+from compiler.errors import RegistryError
+
+__all__ = ["DEFAULT_REGISTRY", "Registry", "RegistryEntry", "open_registry", "parse_ref"]
+
+DEFAULT_REGISTRY = Path("~/.aotforge/registry")
+
+
+def open_registry(url: str | Path | Registry | None = None) -> Registry:
+    """A local directory path (the default ``~/.aotforge/registry``), or an ``http(s)://`` MLflow tracking URI."""
+    if url is None:
+        return LocalRegistry(DEFAULT_REGISTRY.expanduser())
+    if not isinstance(url, (str, Path)):
+        return url  # already a registry object
+    text = str(url)
+    if text.startswith(("http://", "https://")):
+        # The MLflow client (artifacts/mlflow_registry.py) is not part of this checkout yet.
+        raise RegistryError(
+            f"{text}: the MLflow registry client is not available in this version of aotforge; "
+            "use a local registry directory for --registry"
+        )
+    if "://" in text:
+        raise RegistryError(f"{text!r}: unsupported registry URL; give a local directory or an http(s):// MLflow URI")
+    return LocalRegistry(Path(text).expanduser())
