@@ -8,6 +8,11 @@ from pathlib import Path
 from artifacts.manifest import MANIFEST, Manifest
 from compiler.errors import ArtifactError
 
+#: The detached signature over ``manifest.json``'s bytes (``artifacts.signing``). Like the manifest it
+#: is not listed in the manifest's files (it cannot hash itself), but it travels in every tarball.
+SIGNATURE = "manifest.sig"
+_UNLISTED = (MANIFEST, SIGNATURE)
+
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
@@ -18,11 +23,11 @@ def sha256_file(path: Path) -> str:
 
 
 def hash_tree(root: Path) -> dict[str, str]:
-    """sha256 of every file under ``root`` except the manifest, by sorted relative POSIX path."""
+    """sha256 of every file under ``root`` except the top-level manifest and signature, by sorted POSIX path."""
     return {
-        p.relative_to(root).as_posix(): sha256_file(p)
+        rel: sha256_file(p)
         for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
+        if p.is_file() and (rel := p.relative_to(root).as_posix()) not in _UNLISTED
     }
 
 

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from artifacts.hashing import require_intact
-from artifacts.manifest import Manifest, read_manifest
-from compiler.errors import InputSpecError
+from artifacts.manifest import Manifest
+from artifacts.signing import verified_manifest
+from compiler.errors import HostMismatchError, InputSpecError
 from compiler.spec import IOSpec
 from targets import get_target
-from targets.base import Runner
+from targets.base import Runner, Target
 
 Arrays = dict[str, np.ndarray]
 
@@ -41,11 +42,36 @@ class LoadedArtifact:
         return self._runner.run(ordered)
 
 
-def load(path: str | Path) -> LoadedArtifact:
-    """Verify the artifact at ``path`` (every file's sha256) and load it for its target."""
+def load(path: str | Path, public_key: str | Path | None = None) -> LoadedArtifact:
+    """Verify the artifact at ``path`` and load it for its target.
+
+    Before anything is deserialized or dlopened: the signature when ``public_key`` is given (an
+    unsigned artifact is then refused), every file's sha256, and this host against the toolchain
+    and host the manifest says it was built with and for.
+    """
     path = Path(path)
-    manifest = read_manifest(path)
-    require_intact(path, manifest)
+    manifest = verified_manifest(path, public_key)
     target = get_target(manifest.target["name"])
+    check_host(manifest, target)
     runner = target.load(path, {"target": manifest.target, "io": manifest.io})
     return LoadedArtifact(path, manifest, runner)
+
+
+def check_host(manifest: Manifest, target: Target) -> None:
+    """Refuse, before the target loads anything, an artifact built for another OS/arch or toolchain.
+
+    The generic part reads ``target.info.platform`` (recorded by targets whose files are native
+    code); the target's own ``check_host`` (where it has one) checks versions and CPU features.
+    """
+    built = manifest.target.get("info", {}).get("platform")
+    if built:
+        here = {"system": platform.system(), "machine": platform.machine()}
+        if (built.get("system"), built.get("machine")) != (here["system"], here["machine"]):
+            raise HostMismatchError(
+                f"{manifest.name} v{manifest.version} was built with {manifest.target['name']} for "
+                f"{built.get('system')}/{built.get('machine')}, this host is {here['system']}/{here['machine']}: "
+                f"rebuild it on or for this host, or run it on a {built.get('system')}/{built.get('machine')} host"
+            )
+    own = getattr(target, "check_host", None)
+    if own is not None:
+        own(manifest)

@@ -203,15 +203,16 @@ def inspect(artifact: Path, as_json: bool) -> None:
 
 @main.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--public-key", type=click.Path(path_type=Path), help="Also check manifest.sig with this public key.")
 @user_errors
-def verify(artifact: Path) -> None:
-    """Re-hash every file of ARTIFACT; non-zero exit on any mismatch."""
-    from artifacts.hashing import require_intact
-    from artifacts.manifest import read_manifest
+def verify(artifact: Path, public_key: Path | None) -> None:
+    """Check ARTIFACT's signature (with --public-key) and re-hash every file; non-zero exit on any mismatch."""
+    from artifacts.signing import is_signed, verified_manifest
 
-    manifest = read_manifest(artifact)
-    require_intact(artifact, manifest)
-    click.echo(f"ok: {len(manifest.files)} files match the manifest")
+    manifest = verified_manifest(artifact, public_key)
+    signed = "signed (give --public-key to check), " if is_signed(artifact) else ""
+    signed = "signature ok, " if public_key else signed
+    click.echo(f"ok: {signed}{len(manifest.files)} files match the manifest")
 
 
 @main.command()
@@ -276,6 +277,9 @@ def _summary(m: dict[str, Any]) -> str:
 from compiler.cli_registry import register_registry_commands  # noqa: E402
 
 register_registry_commands(main)
+from compiler.cli_integrity import register_integrity_commands  # noqa: E402
+
+register_integrity_commands(main)
 from compiler.cli_bundle import register_bundle_commands  # noqa: E402
 
 register_bundle_commands(main)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,14 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from compiler.errors import CompileError, InputSpecError, TargetUnavailableError, UnsupportedModelError, describe
+from compiler.errors import (
+    CompileError,
+    HostMismatchError,
+    InputSpecError,
+    TargetUnavailableError,
+    UnsupportedModelError,
+    describe,
+)
 from targets.base import Arrays, BuildContext, CompileResult, ProbeResult
 
 OPTIMIZED_MODEL = "model.ort.onnx"
@@ -100,6 +108,31 @@ class OrtTarget:
         settings = json.loads((artifact_dir / SESSION_FILE).read_text())
         settings["providers"] = tuple(settings["providers"])
         return OrtRunner(artifact_dir / OPTIMIZED_MODEL, OrtOptions(**settings))
+
+    def check_host(self, manifest: Any) -> None:
+        """Refuse an artifact from a newer onnxruntime or for execution providers this one lacks.
+
+        The optimized model may hold ops or an opset only the newer onnxruntime has."""
+        import onnxruntime as ort
+
+        name, built = f"{manifest.name} v{manifest.version}", str(manifest.toolchain.get("onnxruntime", ""))
+        if built and _version(ort.__version__) < _version(built):
+            raise HostMismatchError(
+                f"{name} was built with onnxruntime {built} for opset {manifest.ir.get('opset')}, this host has "
+                f"onnxruntime {ort.__version__}: pip install 'onnxruntime>={built}', or rebuild it here"
+            )
+        wanted = list(manifest.target.get("options", {}).get("providers", ()))
+        missing = [p for p in wanted if p not in ort.get_available_providers()]
+        if missing:
+            raise HostMismatchError(
+                f"{name} was built with onnxruntime for {', '.join(wanted)}, this host's onnxruntime has only "
+                f"{', '.join(ort.get_available_providers())}: install onnxruntime-gpu with CUDA here, or rebuild "
+                "with --target-opt providers=CPUExecutionProvider"
+            )
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
 
 
 class OrtRunner:

@@ -63,6 +63,7 @@ class TvmTarget:
         import tvm
         from tvm.relax.frontend.onnx import from_onnx
 
+        from targets.tvm_host import isa_features
         from targets.tvm_pipeline import compile_relax
 
         sizes = ctx.io.bound_sizes("opt")
@@ -91,6 +92,9 @@ class TvmTarget:
             "target": target_dict(options),
             "bound_shapes": {} if options.dynamic else sizes,
             "pipeline": report,
+            # lib.so is native code for this OS and the triple's arch: the loader checks both.
+            "platform": {"system": platform.system(), "machine": target_dict(options)["mtriple"].split("-")[0]},
+            "cpu_features": isa_features(target_dict(options)),
         }
         return CompileResult(files=(LIBRARY,), target_info=info, toolchain={"tvm": tvm.__version__})
 
@@ -103,6 +107,12 @@ class TvmTarget:
                 "run it on a matching host or rebuild without mtriple"
             )
         return TvmRunner(artifact_dir / LIBRARY, [o["name"] for o in manifest["io"]["outputs"]])
+
+    def check_host(self, manifest: Any) -> None:
+        """Refuse a lib.so from another tvm major.minor, or compiled for CPU features this host lacks."""
+        from targets.tvm_host import check_tvm_host
+
+        check_tvm_host(manifest)
 
 
 class TvmRunner:
