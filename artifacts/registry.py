@@ -20,11 +20,9 @@ def open_registry(url: str | Path | Registry | None = None) -> Registry:
         return url  # already a registry object
     text = str(url)
     if text.startswith(("http://", "https://")):
-        # The MLflow client (artifacts/mlflow_registry.py) is not part of this checkout yet.
-        raise RegistryError(
-            f"{text}: the MLflow registry client is not available in this version of aotforge; "
-            "use a local registry directory for --registry"
-        )
+        from artifacts.mlflow_registry import MlflowRegistry
+
+        return MlflowRegistry(text)
     if "://" in text:
         raise RegistryError(f"{text!r}: unsupported registry URL; give a local directory or an http(s):// MLflow URI")
     return LocalRegistry(Path(text).expanduser())
