@@ -23,7 +23,7 @@ $(BIN)/.installed: pyproject.toml
 
 compile: $(BIN)/.installed
 	$(BIN)/aotforge compile $(MODEL) $(call _flag,TARGET,target) $(call _flag,PASSES,passes) --out $(OUT) \
-		$(if $(RECIPE),--recipe $(RECIPE)) $(ARGS)
+		$(if $(RECIPE),--recipe $(RECIPE)) $(if $(filter 1,$(PUSH)),--push $(or $(REGISTRY),~/.aotforge/registry)) $(ARGS)
 
 targets: $(BIN)/.installed
 	$(BIN)/aotforge targets

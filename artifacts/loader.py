@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,14 +45,17 @@ class LoadedArtifact:
         return self._runner.run(ordered)
 
 
-def load(path: str | Path, public_key: str | Path | None = None) -> LoadedArtifact:
+def load(path: str | Path, public_key: str | Path | None = None, *, registry: Any = None) -> LoadedArtifact:
     """Verify the artifact at ``path`` and load it for its target.
 
+    With ``registry`` (a local directory, an ``http(s)://`` MLflow URI or a registry object),
+    ``path`` is a reference, ``NAME:VERSION`` or ``NAME@ALIAS``, pulled (and hash-checked) into
+    ``$AOTFORGE_PULL_CACHE`` (default ``~/.cache/aotforge/pulled``) once per registry digest.
     Before anything is deserialized or dlopened: the signature when ``public_key`` is given (an
     unsigned artifact is then refused), every file's sha256, and this host against the toolchain
     and host the manifest says it was built with and for.
     """
-    path = Path(path)
+    path = pull_cached(str(path), registry) if registry is not None else Path(path)
     manifest = verified_manifest(path, public_key)
     target = get_target(manifest.target["name"])
     check_host(manifest, target)
@@ -75,3 +81,24 @@ def check_host(manifest: Manifest, target: Target) -> None:
     own = getattr(target, "check_host", None)
     if own is not None:
         own(manifest)
+
+
+def pull_cached(ref: str, registry: Any) -> Path:
+    """The artifact ``ref`` from ``registry``, pulled once per digest; a concurrent pull of it is harmless."""
+    from artifacts.registry import open_registry
+
+    reg = open_registry(registry)
+    entry = reg.resolve(ref)
+    cache = Path(os.environ.get("AOTFORGE_PULL_CACHE", "~/.cache/aotforge/pulled")).expanduser()
+    final = cache / entry.digest
+    if final.is_dir():
+        return final  # load() re-verifies every hash before using it
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="pull-", dir=cache) as tmp:
+        pulled = reg.pull(entry.ref, Path(tmp) / "artifact")
+        try:
+            os.rename(pulled, final)
+        except OSError:
+            if not final.is_dir():  # lost a race to another pull of the same digest otherwise
+                raise
+    return final

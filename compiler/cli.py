@@ -89,6 +89,8 @@ def main(debug: bool) -> None:
 @click.option("--calibration", help="int8 calibration data: a directory of .npy/.npz files, or module.py:function.")
 @click.option("--accuracy-budget", type=click.FloatRange(0, 1, min_open=True), help="Least mean cosine vs fp32 (int8).")
 @click.option("--recipe", type=click.Path(path_type=Path), help="TOML recipe of passes and options; flags override it.")
+@click.option("--sign-key", type=click.Path(path_type=Path), help="Sign the artifact with this ed25519 private key.")
+@click.option("--push", "push_to", help="Then push it to this registry (a directory or an http(s):// MLflow URI).")
 @user_errors
 def compile(model: str, **kw: Any) -> None:
     """Compile MODEL (.onnx file, .py model file or module) into an artifact; prints its path last."""
@@ -134,6 +136,16 @@ def compile(model: str, **kw: Any) -> None:
         return
     m = result.manifest
     console.print(_summary(m.__dict__), markup=False, highlight=False)
+    if kw["sign_key"]:
+        from artifacts.signing import sign
+
+        sign(result.path, kw["sign_key"])
+        console.print(f"signed: {result.path / 'manifest.sig'}", markup=False, soft_wrap=True)
+    if kw["push_to"]:
+        from artifacts.registry import open_registry
+
+        ref_name, ref_version = open_registry(kw["push_to"]).push(result.path)
+        console.print(f"pushed to {kw['push_to']} as {ref_name}:{ref_version}", markup=False, soft_wrap=True)
     click.echo(str(result.path))
 
 

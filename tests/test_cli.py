@@ -82,3 +82,29 @@ def test_run_with_wrong_shape_is_one_line(artifact: Path, tmp_path: Path) -> Non
     proc = aotforge("run", str(artifact), "--inputs", str(tmp_path / "bad.npz"))
     assert proc.returncode == 2
     assert "rejected the inputs" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_compile_signs_and_pushes(tmp_path: Path) -> None:
+    assert aotforge("keygen", "--out", str(tmp_path / "keys")).returncode == 0
+    private, public = sorted((tmp_path / "keys").iterdir(), key=lambda p: "public" in p.name)
+    registry = tmp_path / "registry"
+    proc = aotforge(
+        "compile",
+        str(ONNX_LIGHT / "light_squeezenet.onnx"),
+        "--target",
+        "onnxruntime",
+        "--out",
+        str(tmp_path / "out"),
+        "--no-bench",
+        "--sign-key",
+        str(private),
+        "--push",
+        str(registry),
+    )
+    assert proc.returncode == 0, proc.stderr
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert "pushed to" in proc.stderr
+    verified = aotforge("verify", str(path), "--public-key", str(public))
+    assert verified.returncode == 0, verified.stderr
+    listed = aotforge("list", "--registry", str(registry))
+    assert "light_squeezenet" in listed.stdout, listed.stdout + listed.stderr

@@ -52,6 +52,26 @@ def test_push_pull_round_trip_runs(two_artifacts: tuple[Path, Path], tmp_path: P
         np.testing.assert_array_equal(got[k], want[k])
 
 
+def test_load_by_alias_from_a_registry(
+    two_artifacts: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = two_artifacts
+    monkeypatch.setenv("AOTFORGE_PULL_CACHE", str(tmp_path / "pulled"))
+    reg = LocalRegistry(tmp_path / "reg")
+    reg.push(a)
+    _, v2 = reg.push(b)
+    reg.set_alias("mini_resnet", "prod", v2)
+    loaded = artifacts.load("mini_resnet@prod", registry=tmp_path / "reg")
+    assert loaded.manifest.build.get("copied") is True  # the aliased version, not the latest push by chance
+    again = artifacts.load("mini_resnet@prod", registry=str(tmp_path / "reg"))  # served from the pull cache
+    assert again.path == loaded.path
+    np.testing.assert_array_equal(
+        next(iter(loaded.run(_inputs(loaded)).values())), next(iter(artifacts.load(a).run(_inputs(loaded)).values()))
+    )
+    with pytest.raises(ArtifactError, match="nope"):
+        artifacts.load("mini_resnet@nope", registry=tmp_path / "reg")
+
+
 def test_push_is_idempotent(two_artifacts: tuple[Path, Path], tmp_path: Path) -> None:
     a, b = two_artifacts
     reg = LocalRegistry(tmp_path / "reg")
