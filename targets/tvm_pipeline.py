@@ -50,19 +50,51 @@ def _fast_gelu_pass() -> Any:
     return _pass
 
 
+def _has_conv2d(mod: Any) -> bool:
+    from tvm import relax
+
+    found = False
+
+    def visit(expr: Any) -> None:
+        nonlocal found
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.nn.conv2d":
+            found = True
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found
+
+
 def compile_relax(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool = True) -> tuple[Any, dict[str, Any]]:
-    """Lower, schedule and build a Relax module for ``target``."""
+    """Lower, schedule and build a Relax module for ``target``.
+
+    NHWC is tried first for convolution models; Relax's ConvertLayout does not handle every
+    graph (channel-shuffle reshapes, some concat / tuple patterns), so a failure there
+    rebuilds in the source layout and the report says why.
+    """
+    report: dict[str, Any] = {"pipeline": "cpu_generic+default_schedules", "fast_math": fast_math}
+    if conv_nhwc and _has_conv2d(mod):
+        try:
+            executable, schedules = _build(mod, target, fast_math=fast_math, conv_nhwc=True)
+            report.update(conv_layout="NHWC", schedules=schedules)
+            return executable, report
+        except Exception as e:  # TVM raises bare errors from its C++ passes
+            from compiler.errors import describe
+
+            report["conv_layout_fallback"] = describe(e, last=True)
+    executable, schedules = _build(mod, target, fast_math=fast_math, conv_nhwc=False)
+    report.update(conv_layout="source", schedules=schedules)
+    return executable, report
+
+
+def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool) -> tuple[Any, Any]:
     import tvm
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
     from targets.tvm_schedules import apply_default_schedules
 
-    report: dict[str, Any] = {
-        "pipeline": "cpu_generic+default_schedules",
-        "fast_math": fast_math,
-        "conv_nhwc": conv_nhwc,
-    }
     with target:
         if fast_math:
             mod = _fast_gelu_pass()(mod)
@@ -74,7 +106,5 @@ def compile_relax(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool = T
             mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
         mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
         mod, schedules = apply_default_schedules(mod)
-        report["schedules"] = schedules
         lower = tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
-    executable = tvm.compile(mod, target=target, relax_pipeline=lower)
-    return executable, report
+    return tvm.compile(mod, target=target, relax_pipeline=lower), schedules

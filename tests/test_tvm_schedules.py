@@ -121,8 +121,22 @@ def test_cnn_convs_and_pooling_are_scheduled_in_nhwc() -> None:
     counts = report["schedules"]["scheduled_by_rule"]
     assert counts["TiledMatmul"] >= 4  # stem, conv1, conv2 (+ residual add), skip
     assert counts["WindowReduction"] == 1  # the max pooling
-    assert report["conv_nhwc"] is True
+    assert report["conv_layout"] == "NHWC"
     assert report["schedules"]["unscheduled_funcs"] == []
+
+
+def test_a_graph_nhwc_cannot_carry_builds_in_its_source_layout_and_says_why() -> None:
+    """ShuffleNet's channel shuffle (a 5-D reshape) is beyond Relax's ConvertLayout to NHWC."""
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from tests.conftest import ONNX_LIGHT
+
+    mod = from_onnx(onnx.load(str(ONNX_LIGHT / "light_shufflenet.onnx")))
+    executable, report = compile_relax(mod, _target(), fast_math=True)
+    assert executable is not None
+    assert report["conv_layout"] == "source"
+    assert "layout" in report["conv_layout_fallback"].lower()
 
 
 class _Norms(torch.nn.Module):
