@@ -4,7 +4,9 @@ The key is the sha256 of its components: the canonical IR after passes (the byte
 ``model.onnx``), the pass list with parameters, the target and its options, the I/O spec the target
 compiles for, and the toolchain versions. Each component's own sha256 is stored with the entry, so
 a miss can say which component differs from the nearest entry. An entry is
-``<cache_dir>/<key[:2]>/<key>/``: the target's compiled files plus ``entry.json``, which carries
+``<cache_dir>/<key[:2]>/<key>/``: the target's compiled files, the ``model.onnx`` they were
+compiled from (so a direct hit, ``artifacts.build_cache_direct``, can serve a whole artifact
+without running the frontend) and ``entry.json``, which carries
 every file's sha256; an entry that fails those hashes, or whose JSON cannot be read, is deleted and
 treated as a miss, never served.
 """
@@ -17,7 +19,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +90,18 @@ def _read_entry(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def _intact(path: Path, data: Mapping[str, Any]) -> bool:
-    for rel, digest in data["files"].items():
-        file = path / rel
-        if ".." in Path(rel).parts or Path(rel).is_absolute() or not file.is_file():
-            return False
-        if sha256_file(file) != digest:
-            return False
-    return True
+def _safe(rel: str) -> bool:
+    return ".." not in Path(rel).parts and not Path(rel).is_absolute()
+
+
+def _copy_hashed(src: Path, dest: Path) -> str:
+    """Copy ``src`` to ``dest`` and return the sha256 of the bytes copied: one read checks entry and copy."""
+    digest = hashlib.sha256()
+    with src.open("rb") as fin, dest.open("wb") as fout:
+        for block in iter(lambda: fin.read(1 << 20), b""):
+            digest.update(block)
+            fout.write(block)
+    return digest.hexdigest()
 
 
 def _discard(path: Path) -> None:
@@ -108,28 +114,45 @@ def _discard(path: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def lookup(cache_dir: Path, key: str, stage: Path) -> CachedCompile | None:
-    """On a hit, copy the entry's files into ``stage`` and return them; a corrupt entry is deleted."""
+def lookup(cache_dir: Path, key: str, stage: Path, staged: Collection[str] = ()) -> CachedCompile | None:
+    """On a hit, copy the entry's files into ``stage`` and return them; a corrupt entry is deleted.
+
+    ``staged`` names files the caller already holds in ``stage`` with the entry's bytes (the IR
+    the key was computed from): they are neither copied nor removed.
+    """
     path = entry_dir(cache_dir, key)
     if not path.is_dir():
         return None
     data = _read_entry(path)
-    if data is None or not _intact(path, data):
-        _discard(path)
-        return None
-    for rel in data["files"]:
-        dest = stage / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path / rel, dest)
-    # Check the copies too: the entry may have been changed while we copied it.
-    if any(sha256_file(stage / rel) != digest for rel, digest in data["files"].items()):
-        for rel in data["files"]:
-            (stage / rel).unlink(missing_ok=True)
+    intact = data is not None and all(_safe(rel) and (path / rel).is_file() for rel in data["files"])
+    if data is not None and intact:
+        for rel, digest in data["files"].items():
+            if rel in staged:
+                continue
+            dest = stage / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                # The copy's hash is the entry's: a file changed or truncated while we copy fails too.
+                intact = _copy_hashed(path / rel, dest) == digest
+            except OSError:
+                intact = False
+            if not intact:
+                break
+    if data is None or not intact:
+        for rel in data["files"] if data is not None else ():
+            if _safe(rel) and rel not in staged:
+                (stage / rel).unlink(missing_ok=True)
         _discard(path)
         return None
     return CachedCompile(
         files=tuple(data["files"]), target_info=data.get("target_info", {}), toolchain=data.get("toolchain", {})
     )
+
+
+def entry_files(cache_dir: Path, key: str) -> set[str]:
+    """The files an entry holds (unverified), e.g. to know whether it predates storing ``model.onnx``."""
+    data = _read_entry(entry_dir(cache_dir, key))
+    return set(data["files"]) if data is not None else set()
 
 
 def store(

@@ -22,7 +22,12 @@ from artifacts import build_cache
 from artifacts.hashing import sha256_file
 from artifacts.manifest import Manifest
 from artifacts.store import artifact_path, finalize, next_version, staging_dir
+from compiler import read_tracker
 from compiler.benchmark import benchmark
+from compiler.build_direct import BuildResult, DirectPlan
+from compiler.build_direct import plan as direct_plan
+from compiler.build_direct import remember as remember_direct
+from compiler.build_direct import serve as serve_direct
 from compiler.errors import InputSpecError, OptionsError, TargetUnavailableError, ValidationFailedError
 from compiler.frontend_onnx import load_onnx
 from compiler.frontend_torch import load_torch_file, load_torch_module
@@ -38,13 +43,10 @@ from targets import get_target
 from targets.base import BuildContext, options_from_dict
 
 Progress = Callable[[str], None]
+MODEL_FILE = "model.onnx"
 
 
-@dataclasses.dataclass(frozen=True)
-class BuildResult:
-    path: Path
-    #: For a ``prepare_only`` build, ``path`` is a bundle and this the manifest draft (validation pending).
-    manifest: Manifest
+__all__ = ["BuildResult", "build", "build_resolved", "toolchain_versions"]
 
 
 def build(
@@ -70,36 +72,57 @@ def build(
         given = {**load_recipe(recipe), **given}
     opts = BuildOptions.from_dict({**given, **overrides})
     say = progress or (lambda _msg: None)
+    direct = direct_plan(model, opts) if example_inputs is None else DirectPlan(None, "an nn.Module, not a file")
+    if direct.key is not None:
+        served = serve_direct(direct, opts, say)
+        if served is not None:
+            return served
+    return build_resolved(model, opts, example_inputs=example_inputs, progress=say, direct=direct)
+
+
+def build_resolved(
+    model: Any,
+    opts: BuildOptions,
+    *,
+    example_inputs: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+    direct: DirectPlan | None = None,
+) -> BuildResult:
+    """``build`` with resolved options, after the direct cache (``compiler.build_direct``) missed."""
+    say = progress or (lambda _msg: None)
     started = time.perf_counter()
+    direct = direct or DirectPlan(None, "not planned")
 
-    # Target first: an unavailable target or a bad option should cost the user nothing.
-    target = get_target(opts.target)
-    probe = target.probe()
-    # A --prepare-only build stops before the compile, so the host need not have the target.
-    if not probe.compiles and not opts.prepare_only:
-        raise TargetUnavailableError(f"target {opts.target} is not available on this host: {probe.reason}")
-    target_opts = options_from_dict(target.options_type, opts.target_options, what=opts.target)
-    pass_names = expand(list(opts.passes))
-    stray = sorted(set(opts.pass_params) - set(pass_names))
-    if stray:
-        raise OptionsError(
-            f"parameters given for pass(es) {', '.join(stray)} that are not in --passes {','.join(pass_names)}"
-        )
-    pass_params = int8_shortcuts(opts, pass_names)
-    graph_passes = [make_pass(n, pass_params.get(n)) for n in pass_names]
+    # Everything up to the IR after passes is what direct mode skips: record the files it reads.
+    with read_tracker.recording(enabled=direct.key is not None) as reads:
+        # Target first: an unavailable target or a bad option should cost the user nothing.
+        target = get_target(opts.target)
+        probe = target.probe()
+        # A --prepare-only build stops before the compile, so the host need not have the target.
+        if not probe.compiles and not opts.prepare_only:
+            raise TargetUnavailableError(f"target {opts.target} is not available on this host: {probe.reason}")
+        target_opts = options_from_dict(target.options_type, opts.target_options, what=opts.target)
+        pass_names = expand(list(opts.passes))
+        stray = sorted(set(opts.pass_params) - set(pass_names))
+        if stray:
+            raise OptionsError(
+                f"parameters given for pass(es) {', '.join(stray)} that are not in --passes {','.join(pass_names)}"
+            )
+        pass_params = int8_shortcuts(opts, pass_names)
+        graph_passes = [make_pass(n, pass_params.get(n)) for n in pass_names]
 
-    say("loading model")
-    source = _load(model, opts, example_inputs)
-    io = dataclasses.replace(source.io, dims=opts.dynamic)
-    check_dims_used(opts.dynamic, io)
-    ctx = BuildContext(io=io, passes=pass_names, source_format=source.format, torch_program=source.torch_program)
-    target.plan(source.ir, target_opts, ctx)
+        say("loading model")
+        source = _load(model, opts, example_inputs)
+        io = dataclasses.replace(source.io, dims=opts.dynamic)
+        check_dims_used(opts.dynamic, io)
+        ctx = BuildContext(io=io, passes=pass_names, source_format=source.format, torch_program=source.torch_program)
+        target.plan(source.ir, target_opts, ctx)
 
-    # Validation inputs are drawn before the passes so every build of a model sees the same ones.
-    sizes = io.bound_sizes("opt")
-    samples = make_inputs(io, sizes, seed=opts.seed, count=opts.validation_samples)
-    say(f"running passes: {', '.join(pass_names) or 'none'}")
-    records = run_passes(source.ir, graph_passes, opts.dump_ir)
+        # Validation inputs are drawn before the passes so every build of a model sees the same ones.
+        sizes = io.bound_sizes("opt")
+        samples = make_inputs(io, sizes, seed=opts.seed, count=opts.validation_samples)
+        say(f"running passes: {', '.join(pass_names) or 'none'}")
+        records = run_passes(source.ir, graph_passes, opts.dump_ir)
 
     name = opts.name or source.name
     if opts.prepare_only:
@@ -113,6 +136,7 @@ def build(
         compiled, cache_record = _compile_cached(
             target, source.ir, target_opts, ctx, stage, opts, probe, records, io, say
         )
+
         target_record = {
             "name": opts.target,
             "options": dataclasses.asdict(target_opts),
@@ -150,6 +174,9 @@ def build(
                 **({"cache": cache_record} if cache_record is not None else {}),
             },
         )
+        if cache_record is not None and direct.key is not None:
+            remember_direct(direct, reads, cache_record["key"], manifest, source.name, opts)
+            cache_record["direct"] = direct.reason
         manifest = finalize(stage, manifest, final)
     return BuildResult(final, manifest)
 
@@ -182,7 +209,7 @@ def _compile_cached(
         toolchain,
     )
     key = build_cache.cache_key(components)
-    hit = build_cache.lookup(opts.cache_dir, key, stage)
+    hit = build_cache.lookup(opts.cache_dir, key, stage, staged=(MODEL_FILE,))
     if hit is not None:
         say(f"cache hit {key[:12]}: skipping the {opts.target} compile")
         return hit, {"hit": True, "key": key}
@@ -192,7 +219,9 @@ def _compile_cached(
     # the cache's location is not part of it.
     in_cache = getattr(target, "with_cache_dir", None)
     compiled = target.compile(model, in_cache(target_opts, opts.cache_dir) if in_cache else target_opts, ctx, stage)
-    build_cache.store(opts.cache_dir, key, components, stage, compiled.files, compiled.target_info, compiled.toolchain)
+    # The IR goes into the entry too: a direct hit serves a whole artifact from it.
+    files = tuple(compiled.files) + (() if MODEL_FILE in compiled.files else (MODEL_FILE,))
+    build_cache.store(opts.cache_dir, key, components, stage, files, compiled.target_info, compiled.toolchain)
     return compiled, {"hit": False, "key": key, "explain": explanation}
 
 

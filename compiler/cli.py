@@ -85,6 +85,11 @@ def main(debug: bool) -> None:
 @click.option(
     "--cache-dir", type=click.Path(path_type=Path), help="Build cache directory: reuse compiles of identical input."
 )
+@click.option(
+    "--explain-cache",
+    is_flag=True,
+    help="Skip the cache's direct mode and say why the IR-level cache hit or missed (needs --cache-dir).",
+)
 @click.option("--prepare-only", is_flag=True, help="Write a build bundle for `aotforge finish` on the device host.")
 @click.option("--calibration", help="int8 calibration data: a directory of .npy/.npz files, or module.py:function.")
 @click.option("--accuracy-budget", type=click.FloatRange(0, 1, min_open=True), help="Least mean cosine vs fp32 (int8).")
@@ -96,8 +101,9 @@ def compile(model: str, **kw: Any) -> None:
     """Compile MODEL (.onnx file, .py model file or module) into an artifact; prints its path last."""
     from rich.console import Console
 
+    # Only light modules here: a direct cache hit must not import torch, onnx or the targets.
     from compiler.benchmark import BenchOptions
-    from compiler.builder import build
+    from compiler.build_direct import build_cached
     from compiler.options import BuildOptions
 
     options = BuildOptions.from_dict(
@@ -123,9 +129,11 @@ def compile(model: str, **kw: Any) -> None:
     )
     if kw["recipe"]:
         options = _with_recipe(kw["recipe"], options, click.get_current_context())
+    if kw["explain_cache"] and options.cache_dir is None:
+        raise click.BadParameter("--explain-cache needs --cache-dir", param_hint="--explain-cache")
     console = Console(stderr=True)
     with console.status("building") as status:
-        result = build(model, options, progress=lambda msg: status.update(msg))
+        result = build_cached(model, options, progress=status.update, direct=not kw["explain_cache"])
     if options.prepare_only:
         console.print(
             f"bundle for {options.target} written; finish it with: aotforge finish {result.path}",
@@ -136,6 +144,8 @@ def compile(model: str, **kw: Any) -> None:
         return
     m = result.manifest
     console.print(_summary(m.__dict__), markup=False, highlight=False)
+    if "cache" in m.build:
+        console.print(_cache_line(m.build["cache"]), markup=False, highlight=False, soft_wrap=True)
     if kw["sign_key"]:
         from artifacts.signing import sign
 
@@ -262,6 +272,16 @@ def _pass_params(pairs: tuple[tuple[str, str], ...]) -> dict[str, dict[str, str]
             raise click.BadParameter(f"{key!r} is not PASS.KEY, e.g. int8.method", param_hint="--pass-opt")
         params.setdefault(name, {})[field] = value
     return params
+
+
+def _cache_line(cache: dict[str, Any]) -> str:
+    key = str(cache.get("key", ""))[:12]
+    if cache.get("direct") is True:
+        return f"  cache: hit (direct) {key}; {cache.get('reused', '')}"
+    line = f"  cache: {'hit' if cache.get('hit') else 'miss'} {key}"
+    if not cache.get("hit"):
+        line += f" ({cache.get('explain', '')})"
+    return line + (f"; direct mode: {cache['direct']}" if cache.get("direct") else "")
 
 
 def _summary(m: dict[str, Any]) -> str:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx_ir as ir
 
 from compiler.spec import IOSpec
+
+if TYPE_CHECKING:  # onnx_ir costs ~0.8 s to import; compiler.benchmark imports Arrays from here
+    import onnx_ir as ir
 
 Arrays = dict[str, np.ndarray]
 

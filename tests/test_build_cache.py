@@ -29,7 +29,9 @@ def test_second_build_hits_with_identical_files(tmp_path: Path) -> None:
     second = _build(tmp_path / "b", cache)
     assert first["build"]["cache"]["hit"] is False
     assert first["build"]["cache"]["explain"].endswith("is empty")
-    assert second["build"]["cache"] == {"hit": True, "key": first["build"]["cache"]["key"]}
+    # The rebuild is a direct hit (tests/test_build_cache_direct.py), served from the same entry.
+    assert second["build"]["cache"]["hit"] is True
+    assert second["build"]["cache"]["key"] == first["build"]["cache"]["key"]
     assert second["files"] == first["files"]
     strip = {k: v for k, v in first.items() if k != "build"}
     assert {k: v for k, v in second.items() if k != "build"} == strip

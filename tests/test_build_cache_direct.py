@@ -1,0 +1,190 @@
+"""The build cache's direct mode: a rebuild with unchanged inputs skips the frontend, any change misses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from artifacts import build_cache, build_cache_direct
+from artifacts.manifest import MANIFEST
+from compiler.build_direct import build_cached
+from compiler.builder import build
+from compiler.options import BuildOptions
+
+#: Light options, spelled out so that a subprocess can rebuild with the very same ones. ``passes`` is
+#: given, as the CLI always does: its default comes from ``passes``, which imports onnx_ir.
+OPTIONS: dict[str, Any] = {"target": "onnxruntime", "passes": ("O1",), "bench": False, "validation_samples": 2}
+
+MODEL = """
+from pathlib import Path
+
+import numpy as np
+import torch
+
+WEIGHTS = Path(__file__).with_name("weights.npy")
+
+
+class Project(torch.nn.Module):
+    def __init__(self, w: np.ndarray) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.from_numpy(w))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ self.w)
+
+
+def get_model() -> torch.nn.Module:
+    return Project(np.load(WEIGHTS))
+
+
+def get_example_inputs() -> dict[str, torch.Tensor]:
+    return {"x": torch.ones(2, 4)}
+"""
+
+
+def _model(tmp_path: Path, seed: int = 0) -> Path:
+    (tmp_path / "m").mkdir(exist_ok=True)
+    np.save(tmp_path / "m" / "weights.npy", np.random.default_rng(seed).standard_normal((4, 3)).astype(np.float32))
+    path = tmp_path / "m" / "proj.py"
+    path.write_text(MODEL)
+    return path
+
+
+def _build(model: Path, out: Path, cache: Path, **kw: Any) -> dict[str, Any]:
+    result = build(str(model), out=out, cache_dir=cache, **{**OPTIONS, **kw})
+    data: dict[str, Any] = json.loads((result.path / MANIFEST).read_text())
+    return data
+
+
+def _same_artifact(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return {k: v for k, v in a.items() if k != "build"} == {k: v for k, v in b.items() if k != "build"}
+
+
+def test_direct_hit_serves_the_same_artifact_without_importing_torch(tmp_path: Path) -> None:
+    model, cache = _model(tmp_path), tmp_path / "cache"
+    first = _build(model, tmp_path / "a", cache)
+    assert first["build"]["cache"]["hit"] is False
+    assert "direct entry stored" in first["build"]["cache"]["direct"]
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        from compiler.build_direct import build_cached
+        from compiler.options import BuildOptions
+        opts = BuildOptions.from_dict({{**{OPTIONS!r}, "out": {str(tmp_path / "b")!r}, "cache_dir": {str(cache)!r}}})
+        result = build_cached({str(model)!r}, opts)
+        heavy = sorted(m for m in ("torch", "onnx", "onnx_ir", "onnxruntime", "tvm", "mlflow") if m in sys.modules)
+        print(json.dumps({{"path": str(result.path), "heavy": heavy}}))
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=os.getcwd(), check=True)
+    reply = json.loads(run.stdout.strip().splitlines()[-1])
+    assert reply["heavy"] == []
+    second = json.loads((Path(reply["path"]) / MANIFEST).read_text())
+    assert second["build"]["cache"]["direct"] is True
+    assert second["build"]["cache"]["key"] == first["build"]["cache"]["key"]
+    assert _same_artifact(first, second)
+
+
+def test_changed_weights_file_misses_and_rebuilds_with_the_new_weights(tmp_path: Path) -> None:
+    model, cache = _model(tmp_path), tmp_path / "cache"
+    first = _build(model, tmp_path / "a", cache)
+    _model(tmp_path, seed=1)  # same size, new values
+    second = _build(model, tmp_path / "b", cache)
+    assert second["build"]["cache"]["hit"] is False
+    assert "weights.npy changed" in second["build"]["cache"]["direct"]
+    assert second["ir"]["sha256"] != first["ir"]["sha256"]
+    assert second["validation"]["passed"] is True
+    third = _build(model, tmp_path / "c", cache)
+    assert third["build"]["cache"]["direct"] is True
+    assert _same_artifact(second, third)
+
+
+def test_edited_source_or_options_miss_direct_but_reuse_the_compile(tmp_path: Path) -> None:
+    model, cache = _model(tmp_path), tmp_path / "cache"
+    first = _build(model, tmp_path / "a", cache)
+    model.write_text(model.read_text() + "\n# a comment changes the file, not the IR\n")
+    edited = _build(model, tmp_path / "b", cache)
+    assert (
+        edited["build"]["cache"]["direct"]
+        == "no direct entry; direct entry stored (" + (edited["build"]["cache"]["direct"].split("(", 1)[1])
+    )
+    assert edited["build"]["cache"]["hit"] is True  # the IR-level key still matches: no compile
+    assert edited["build"]["cache"]["key"] == first["build"]["cache"]["key"]
+    other = _build(model, tmp_path / "c", cache, tolerance=1e-3)
+    assert other["build"]["cache"]["direct"].startswith("no direct entry")
+    assert other["validation"]["tolerance"] == 1e-3
+
+
+def test_touched_but_unchanged_file_still_hits(tmp_path: Path) -> None:
+    model, cache = _model(tmp_path), tmp_path / "cache"
+    first = _build(model, tmp_path / "a", cache)
+    weights = model.with_name("weights.npy")
+    os.utime(weights, ns=(1_000_000_000, 1_000_000_000))  # stat differs, bytes do not
+    again = _build(model, tmp_path / "b", cache)
+    assert again["build"]["cache"]["direct"] is True
+    assert _same_artifact(first, again)
+
+
+def test_corrupt_ir_entry_under_a_direct_hit_is_rebuilt(tmp_path: Path) -> None:
+    model, cache = _model(tmp_path), tmp_path / "cache"
+    first = _build(model, tmp_path / "a", cache)
+    (lib,) = [p for p in cache.glob("??/*/model.ort.onnx")]
+    lib.write_bytes(lib.read_bytes()[:-1] + bytes([lib.read_bytes()[-1] ^ 0xFF]))
+    second = _build(model, tmp_path / "b", cache)
+    assert second["build"]["cache"]["hit"] is False
+    assert "is missing or corrupt" in second["build"]["cache"]["direct"]
+    assert _same_artifact(first, second)
+    third = _build(model, tmp_path / "c", cache)
+    assert third["build"]["cache"]["direct"] is True
+    assert _same_artifact(first, third)
+
+
+def test_a_file_read_then_deleted_makes_the_build_not_direct_cacheable(tmp_path: Path) -> None:
+    model, cache = _model(tmp_path), tmp_path / "cache"
+    model.write_text(
+        model.read_text().replace(
+            "    return Project(np.load(WEIGHTS))",
+            "    scratch = WEIGHTS.with_name('scratch.npy')\n"
+            "    np.save(scratch, np.load(WEIGHTS))\n"
+            "    w = np.load(scratch)\n"
+            "    scratch.unlink()\n"
+            "    return Project(w)",
+        )
+    )
+    first = _build(model, tmp_path / "a", cache)
+    assert first["build"]["cache"]["direct"].startswith("no direct entry; not direct-cacheable: ")
+    assert "scratch.npy" in first["build"]["cache"]["direct"]
+    assert not list((cache / build_cache_direct.DIRECT_DIR).rglob("*.json"))
+    second = _build(model, tmp_path / "b", cache)
+    assert second["build"]["cache"]["hit"] is True and "direct" in second["build"]["cache"]
+    assert second["build"]["cache"]["direct"] != True  # noqa: E712 - a reason, not a hit
+
+
+def test_explain_skips_direct_and_the_ir_level_hit_still_works(tmp_path: Path) -> None:
+    model, cache = _model(tmp_path), tmp_path / "cache"
+    first = _build(model, tmp_path / "a", cache)
+    opts = BuildOptions.from_dict({**OPTIONS, "out": tmp_path / "b", "cache_dir": cache})
+    result = build_cached(str(model), opts, direct=False)
+    cache_record = result.manifest.build["cache"]
+    assert cache_record["hit"] is True and cache_record["key"] == first["build"]["cache"]["key"]
+    assert cache_record["direct"].startswith("lookup skipped")
+    assert build_cache.entry_files(cache, cache_record["key"]) >= {"model.onnx", "model.ort.onnx"}
+
+
+def test_unreadable_direct_entry_is_a_miss(tmp_path: Path) -> None:
+    model, cache = _model(tmp_path), tmp_path / "cache"
+    _build(model, tmp_path / "a", cache)
+    (entry,) = (cache / build_cache_direct.DIRECT_DIR).rglob("*.json")
+    entry.write_text("{not json")
+    again = _build(model, tmp_path / "b", cache)
+    assert again["build"]["cache"]["direct"].startswith("direct entry unreadable")
+    assert again["build"]["cache"]["hit"] is True
+    assert _build(model, tmp_path / "c", cache)["build"]["cache"]["direct"] is True
+    assert not [p for p in cache.rglob("*") if p.name.startswith(".tmp-")]
