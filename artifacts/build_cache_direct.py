@@ -33,11 +33,14 @@ _RACY_NS = 2_000_000_000
 
 @dataclasses.dataclass(frozen=True)
 class FileRecord:
+    """A file the build read; ``exists=False``: an open that failed, which must keep failing."""
+
     path: str
     size: int
     mtime_ns: int | None
     ctime_ns: int | None
     sha256: str
+    exists: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,22 +68,34 @@ def listing_digest(directory: str) -> str | None:
     return hashlib.sha256("\0".join(names).encode()).hexdigest()
 
 
-def record_file(path: str) -> FileRecord:
-    """Size, stat signature and sha256 of ``path``; ``NotCacheable`` if it is gone or unreadable."""
+def record_file(path: str, first: tuple[int, int, int, int] | None) -> FileRecord:
+    """Size, stat signature and sha256 of ``path``, whose stat when the build first read it was ``first``.
+
+    ``NotCacheable`` if it is gone or unreadable now, or changed since it was read (its bytes now
+    need not be the ones the build used).
+    """
+    if first is None:
+        if os.path.lexists(path):
+            raise NotCacheable(f"{path} did not exist when the build tried to read it, but does now")
+        return FileRecord(path, -1, None, None, "", exists=False)
     try:
         before = os.stat(path)
         digest = sha256_file(Path(path))
         after = os.stat(path)
     except OSError as e:
         raise NotCacheable(f"{path} was read but cannot be hashed now ({e.strerror or e})") from e
-    stable = (before.st_mtime_ns, before.st_size) == (after.st_mtime_ns, after.st_size)
-    racy = time.time_ns() - after.st_mtime_ns < _RACY_NS or time.time_ns() - after.st_ctime_ns < _RACY_NS
-    if not stable or racy:
+    signature = (after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino)
+    if signature != first or (before.st_mtime_ns, before.st_size) != (after.st_mtime_ns, after.st_size):
+        raise NotCacheable(f"{path} changed while the build ran")
+    now = time.time_ns()
+    if now - after.st_mtime_ns < _RACY_NS or now - after.st_ctime_ns < _RACY_NS:
         return FileRecord(path, after.st_size, None, None, digest)
     return FileRecord(path, after.st_size, after.st_mtime_ns, after.st_ctime_ns, digest)
 
 
 def file_unchanged(record: FileRecord) -> bool:
+    if not record.exists:
+        return not os.path.lexists(record.path)
     try:
         st = os.stat(record.path)
     except OSError:

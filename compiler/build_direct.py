@@ -137,7 +137,7 @@ def remember(
         return
     skip = (str(opts.out), str(opts.cache_dir))  # the build's own outputs, not its inputs
     try:
-        files = [build_cache_direct.record_file(p) for p in tracked(reads.files, skip=skip)]
+        files = [build_cache_direct.record_file(p, reads.files[p]) for p in tracked(reads.files, skip=skip)]
     except build_cache_direct.NotCacheable as e:
         direct.reason = f"{direct.reason}; not direct-cacheable: {e}"
         return

@@ -18,7 +18,6 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from artifacts import build_cache
 from artifacts.hashing import sha256_file
 from artifacts.manifest import Manifest
 from artifacts.store import artifact_path, finalize, next_version, staging_dir
@@ -28,6 +27,7 @@ from compiler.build_direct import BuildResult, DirectPlan
 from compiler.build_direct import plan as direct_plan
 from compiler.build_direct import remember as remember_direct
 from compiler.build_direct import serve as serve_direct
+from compiler.compile_cache import compile_cached
 from compiler.errors import InputSpecError, OptionsError, TargetUnavailableError, ValidationFailedError
 from compiler.frontend_onnx import load_onnx
 from compiler.frontend_torch import load_torch_file, load_torch_module
@@ -43,7 +43,6 @@ from targets import get_target
 from targets.base import BuildContext, options_from_dict
 
 Progress = Callable[[str], None]
-MODEL_FILE = "model.onnx"
 
 
 __all__ = ["BuildResult", "build", "build_resolved", "toolchain_versions"]
@@ -133,8 +132,11 @@ def build_resolved(
         raise InputSpecError(f"{final} already exists: give another --version or leave it out to get the next one")
     with staging_dir(opts.out) as stage:
         ir.save(source.ir, stage / "model.onnx")
-        compiled, cache_record = _compile_cached(
-            target, source.ir, target_opts, ctx, stage, opts, probe, records, io, say
+        # The target's compiler version is only in CompileResult.toolchain after compiling; its
+        # probe details (version, host CPU ...) stand in for it in the cache key.
+        key_toolchain = {**toolchain_versions(), **{f"{opts.target}.{k}": str(v) for k, v in probe.details.items()}}
+        compiled, cache_record = compile_cached(
+            target, source.ir, target_opts, ctx, stage, opts, key_toolchain, [_pass_entry(r) for r in records], say
         )
 
         target_record = {
@@ -179,50 +181,6 @@ def build_resolved(
             cache_record["direct"] = direct.reason
         manifest = finalize(stage, manifest, final)
     return BuildResult(final, manifest)
-
-
-def _compile_cached(
-    target: Any,
-    model: ir.Model,
-    target_opts: Any,
-    ctx: BuildContext,
-    stage: Path,
-    opts: BuildOptions,
-    probe: Any,
-    records: list[PassRecord],
-    io: IOSpec,
-    say: Progress,
-) -> tuple[Any, dict[str, Any] | None]:
-    """``target.compile``, or its files from ``opts.cache_dir`` when an entry for this exact input exists."""
-    if opts.cache_dir is None:
-        say(f"compiling for {opts.target}")
-        return target.compile(model, target_opts, ctx, stage), None
-    # The target's compiler version is only in CompileResult.toolchain after compiling; its probe
-    # details (version, host CPU ...) stand in for it in the key.
-    toolchain = {**toolchain_versions(), **{f"{opts.target}.{k}": str(v) for k, v in probe.details.items()}}
-    components = build_cache.key_components(
-        stage / "model.onnx",
-        [_pass_entry(r) for r in records],
-        opts.target,
-        dataclasses.asdict(target_opts),
-        {"io": io.to_dict(), "source_format": ctx.source_format},
-        toolchain,
-    )
-    key = build_cache.cache_key(components)
-    hit = build_cache.lookup(opts.cache_dir, key, stage, staged=(MODEL_FILE,))
-    if hit is not None:
-        say(f"cache hit {key[:12]}: skipping the {opts.target} compile")
-        return hit, {"hit": True, "key": key}
-    explanation = build_cache.explain(opts.cache_dir, components)
-    say(f"cache miss ({explanation}); compiling for {opts.target}")
-    # Targets with a timing/tuning cache (tensorrt) keep it in the build cache; after the key, so
-    # the cache's location is not part of it.
-    in_cache = getattr(target, "with_cache_dir", None)
-    compiled = target.compile(model, in_cache(target_opts, opts.cache_dir) if in_cache else target_opts, ctx, stage)
-    # The IR goes into the entry too: a direct hit serves a whole artifact from it.
-    files = tuple(compiled.files) + (() if MODEL_FILE in compiled.files else (MODEL_FILE,))
-    build_cache.store(opts.cache_dir, key, components, stage, files, compiled.target_info, compiled.toolchain)
-    return compiled, {"hit": False, "key": key, "explain": explanation}
 
 
 def _prepare_bundle(

@@ -18,25 +18,36 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 _SYSTEM_PREFIXES = ("/proc/", "/sys/", "/dev/")
 
 
+#: What ``os.stat`` said of a path when it was first read (None: it did not exist).
+Stat = tuple[int, int, int, int] | None
+
+
+def stat_of(path: str) -> Stat:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
 class Reads:
-    """Paths read (absolute) and directories listed while a recording was active."""
+    """Paths read (absolute, with their stat at first read) and directories listed while recording."""
 
     def __init__(self) -> None:
-        self.files: set[str] = set()
+        self.files: dict[str, Stat] = {}
         self.listings: set[str] = set()
-        self._lock = threading.Lock()
 
-    def add(self, kind: str, path: str) -> None:
-        with self._lock:
-            (self.files if kind == "file" else self.listings).add(path)
+    def add_file(self, path: str) -> None:
+        # Stat at first read, so a file changed while the build runs is caught (build_direct.remember).
+        if path not in self.files:
+            self.files.setdefault(path, stat_of(path))
 
 
 _active: Reads | None = None
@@ -63,7 +74,7 @@ def _hook(event: str, args: tuple[object, ...]) -> None:
         if event == "open":
             path = args[0]
             if isinstance(path, (str, bytes)) and _reads_for_open(args[1], args[2] if len(args) > 2 else None):
-                reads.add("file", os.path.abspath(os.fsdecode(path)))
+                reads.add_file(os.path.abspath(os.fsdecode(path)))
         elif event in ("os.listdir", "os.scandir"):
             # The import system lists sys.path directories to find modules; those listings change
             # whenever a file is added anywhere on the path and are not model inputs.
@@ -73,7 +84,7 @@ def _hook(event: str, args: tuple[object, ...]) -> None:
             if path is None:
                 path = "."
             if isinstance(path, (str, bytes, os.PathLike)):
-                reads.add("dir", os.path.abspath(os.fsdecode(path)))
+                reads.listings.add(os.path.abspath(os.fsdecode(path)))
     except Exception:  # an audit hook that raises would break the caller's open()
         return
 
@@ -101,8 +112,9 @@ def recording(enabled: bool = True) -> Iterator[Reads]:
             file = getattr(module, "__file__", None)
             # Some modules carry a made-up relative __file__ (torch's "_classes.py"): not a file.
             if isinstance(file, str) and file.endswith(".py") and os.path.isabs(file):
-                reads.files.add(file)
-        reads.files.update(_mapped_files())
+                reads.add_file(file)
+        for file in _mapped_files():
+            reads.add_file(file)
 
 
 def _mapped_files() -> set[str]:
@@ -129,7 +141,7 @@ def excluded_roots() -> tuple[str, ...]:
     return tuple(sorted(os.path.join(os.path.realpath(r), "") for r in roots))
 
 
-def tracked(paths: set[str], skip: tuple[str, ...] = ()) -> list[str]:
+def tracked(paths: Iterable[str], skip: tuple[str, ...] = ()) -> list[str]:
     """The paths direct mode must check: outside stdlib, site-packages, system trees and ``skip``."""
     roots = excluded_roots() + tuple(os.path.join(os.path.abspath(s), "") for s in skip)
     keep = []

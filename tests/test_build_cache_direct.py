@@ -20,7 +20,7 @@ from compiler.options import BuildOptions
 
 #: Light options, spelled out so that a subprocess can rebuild with the very same ones. ``passes`` is
 #: given, as the CLI always does: its default comes from ``passes``, which imports onnx_ir.
-OPTIONS: dict[str, Any] = {"target": "onnxruntime", "passes": ("O1",), "bench": False, "validation_samples": 2}
+OPTIONS: dict[str, Any] = {"target": "onnxruntime", "passes": ("O1",), "bench": False, "validation_samples": 1}
 
 MODEL = """
 from pathlib import Path
@@ -167,7 +167,7 @@ def test_a_file_read_then_deleted_makes_the_build_not_direct_cacheable(tmp_path:
     assert second["build"]["cache"]["direct"] != True  # noqa: E712 - a reason, not a hit
 
 
-def test_explain_skips_direct_and_the_ir_level_hit_still_works(tmp_path: Path) -> None:
+def test_explain_skips_direct_and_an_unreadable_direct_entry_is_a_miss(tmp_path: Path) -> None:
     model, cache = _model(tmp_path), tmp_path / "cache"
     first = _build(model, tmp_path / "a", cache)
     opts = BuildOptions.from_dict({**OPTIONS, "out": tmp_path / "b", "cache_dir": cache})
@@ -176,15 +176,42 @@ def test_explain_skips_direct_and_the_ir_level_hit_still_works(tmp_path: Path) -
     assert cache_record["hit"] is True and cache_record["key"] == first["build"]["cache"]["key"]
     assert cache_record["direct"].startswith("lookup skipped")
     assert build_cache.entry_files(cache, cache_record["key"]) >= {"model.onnx", "model.ort.onnx"}
-
-
-def test_unreadable_direct_entry_is_a_miss(tmp_path: Path) -> None:
-    model, cache = _model(tmp_path), tmp_path / "cache"
-    _build(model, tmp_path / "a", cache)
     (entry,) = (cache / build_cache_direct.DIRECT_DIR).rglob("*.json")
     entry.write_text("{not json")
-    again = _build(model, tmp_path / "b", cache)
+    again = _build(model, tmp_path / "c", cache)
     assert again["build"]["cache"]["direct"].startswith("direct entry unreadable")
     assert again["build"]["cache"]["hit"] is True
-    assert _build(model, tmp_path / "c", cache)["build"]["cache"]["direct"] is True
+    assert _build(model, tmp_path / "d", cache)["build"]["cache"]["direct"] is True
     assert not [p for p in cache.rglob("*") if p.name.startswith(".tmp-")]
+
+
+def test_a_file_changed_while_the_build_ran_is_not_trusted(tmp_path: Path) -> None:
+    model, cache = _model(tmp_path), tmp_path / "cache"
+    model.write_text(
+        model.read_text().replace(
+            "    return Project(np.load(WEIGHTS))",
+            "    w = np.load(WEIGHTS)\n    np.save(WEIGHTS, w * 2)  # after reading: the next build sees other bytes\n"
+            "    return Project(w)",
+        )
+    )
+    first = _build(model, tmp_path / "a", cache)
+    assert "weights.npy changed while the build ran" in first["build"]["cache"]["direct"]
+    assert not list((cache / build_cache_direct.DIRECT_DIR).rglob("*.json"))
+
+
+def test_an_optional_file_that_appears_later_misses(tmp_path: Path) -> None:
+    model, cache = _model(tmp_path), tmp_path / "cache"
+    model.write_text(
+        model.read_text().replace(
+            "    return Project(np.load(WEIGHTS))",
+            "    try:\n        scale = float(WEIGHTS.with_name('scale.txt').read_text())\n"
+            "    except FileNotFoundError:\n        scale = 1.0\n"
+            "    return Project(np.load(WEIGHTS) * np.float32(scale))",
+        )
+    )
+    first = _build(model, tmp_path / "a", cache)
+    assert "direct entry stored" in first["build"]["cache"]["direct"]
+    model.with_name("scale.txt").write_text("3")
+    second = _build(model, tmp_path / "b", cache)
+    assert "scale.txt changed" in second["build"]["cache"]["direct"]
+    assert second["build"]["cache"]["hit"] is False and second["ir"]["sha256"] != first["ir"]["sha256"]
