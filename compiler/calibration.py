@@ -7,9 +7,11 @@ callable returning an iterable of ``{input name: array}`` dicts, e.g. tokenized 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,11 @@ def load_calibration(source: str, inputs: Mapping[str, tuple[int, np.dtype | Non
 
 
 def _from_callable(source: str, inputs: Mapping[str, tuple[int, np.dtype | None]], limit: int) -> list[Feeds]:
+    with _import_path(source.rpartition(":")[0]):
+        return _call(source, inputs, limit)
+
+
+def _call(source: str, inputs: Mapping[str, tuple[int, np.dtype | None]], limit: int) -> list[Feeds]:
     fn = _resolve(source)
     try:
         produced: Iterable[Mapping[str, Any]] = fn()
@@ -70,8 +77,29 @@ def _from_callable(source: str, inputs: Mapping[str, tuple[int, np.dtype | None]
     return samples[:limit]
 
 
+@contextlib.contextmanager
+def _import_path(module_name: str) -> Iterator[None]:
+    """The current directory (and a .py module's own) on sys.path while the callable is imported and run.
+
+    A calibration module imports its project's packages (``from examples.x import ...``), even
+    inside the function, the way it would when run from the current directory.
+    """
+    extra = [str(Path.cwd())] + ([str(Path(module_name).resolve().parent)] if module_name.endswith(".py") else [])
+    added = [p for p in dict.fromkeys(extra) if p not in sys.path]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for p in added:
+            sys.path.remove(p)
+
+
 def _resolve(source: str) -> Any:
     module_name, _, fn_name = source.rpartition(":")
+    return _import(module_name, fn_name)
+
+
+def _import(module_name: str, fn_name: str) -> Any:
     try:
         if module_name.endswith(".py"):
             path = Path(module_name)

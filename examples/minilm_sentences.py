@@ -95,3 +95,11 @@ def calibration_feeds(seq: int = 128) -> list[dict]:
 
     batch = tokenize(CALIBRATION, seq=seq)
     return [{k: v[i : i + 1].numpy() for k, v in batch.items()} for i in range(len(CALIBRATION))]
+
+
+def evaluation_feeds(seq: int = 128) -> list[dict]:
+    """Tokenized held-out sentences (never calibrated on), one feed each: int8-dynamic's ``eval_dir`` callable."""
+    from examples.minilm import tokenize
+
+    batch = tokenize(EVALUATION, seq=seq)
+    return [{k: v[i : i + 1].numpy() for k, v in batch.items()} for i in range(len(EVALUATION))]

@@ -7,6 +7,8 @@ among its activation inputs, so error inherited from upstream is not charged to 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -47,6 +49,24 @@ def mean_cosine(fp32: ir.Model, quantized: ir.Model, feeds: list[Feeds]) -> floa
     ref, got = _session(fp32), _session(quantized)
     values = [cosine(a, b) for f in feeds for a, b in zip(ref.run(None, f), got.run(None, f), strict=True)]
     return float(np.mean(values))
+
+
+def tensor_values(model: ir.Model, values: list[ir.Value], feeds: list[Feeds]) -> Iterator[dict[str, np.ndarray]]:
+    """The arrays ``values`` (inputs or intermediate tensors of ``model``) take, one dict per feed, in order."""
+    fed = {str(v.name) for v in model.graph.inputs}
+    # Untyped values (no shape inference ran) are taken as float: activations and attention biases are.
+    probes = {str(v.name): int(v.dtype or ir.DataType.FLOAT) for v in values if str(v.name) not in fed}
+    names = list(probes)
+    sess = _session(model, probes) if names else None
+    for feed in feeds:
+        got = dict(zip(names, sess.run(names, feed), strict=True)) if sess is not None else {}
+        yield {**got, **{k: v for k, v in feed.items() if k in {str(x.name) for x in values}}}
+
+
+def sample_cosines(fp32: ir.Model, quantized: ir.Model, feeds: list[Feeds]) -> list[float]:
+    """Per feed, the least cosine over graph outputs between the two models (e.g. one per sentence)."""
+    ref, got = _session(fp32), _session(quantized)
+    return [min(cosine(a, b) for a, b in zip(ref.run(None, f), got.run(None, f), strict=True)) for f in feeds]
 
 
 def _probes(fp32: ir.Model, nodes: list[ir.Node]) -> dict[str, int]:

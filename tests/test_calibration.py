@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -81,3 +82,18 @@ def test_clear_errors(tmp_path: Path, setup: str, inputs: dict, match: str) -> N
         source = f"{tmp_path / 'other.py'}:samples"
     with pytest.raises(OptionsError, match=match):
         load_calibration(source, inputs, 8)
+
+
+def test_callable_imports_project_packages_from_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "__init__.py").write_text("")
+    (tmp_path / "proj" / "data.py").write_text("import numpy as np\nX = np.ones((2, 4), np.float32)\n")
+    (tmp_path / "proj" / "calib.py").write_text(
+        "def feeds():\n    from proj.data import X  # imported when called, as examples/minilm_sentences does\n"
+        "    return [{'x': X}]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    samples = load_calibration("proj/calib.py:feeds", {"x": (2, np.dtype(np.float32))}, 4)
+    assert len(samples) == 1 and samples[0]["x"].shape == (2, 4)
+    assert sys.path == before  # nothing left behind

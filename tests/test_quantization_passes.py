@@ -10,11 +10,14 @@ import pytest
 
 from compiler.errors import OptionsError, PassFailedError
 from passes import make_pass
+from passes import quantize_prepare as prep
 from passes.manager import run_passes
 from passes.ort_quantization import op_counts
-from passes.quantize_dynamic import QuantizeDynamicPass
+from passes.quantize_dynamic import QuantizeDynamicParams, QuantizeDynamicPass
 from passes.quantize_static import QuantizeStaticParams, QuantizeStaticPass
+from tests import quant_models
 from tests.pass_models import cnn, elementwise, feeds_for, mlp, rel_l2, run
+from tests.quant_models import outlier_inputs, outlier_mlp
 
 
 def test_int8_dynamic_rewrites_matmuls_within_tolerance() -> None:
@@ -111,3 +114,123 @@ def test_int8_static_impossible_budget_fails_with_the_ranking() -> None:
     with pytest.raises(PassFailedError, match=r"below the budget 1.0; nodes by added error: ln \(") as info:
         pass_(mlp())
     assert "fc1" in str(info.value) and "fc2" in str(info.value)
+
+
+# --- int8-dynamic: exclusions that must apply, smoothing, QAttention, budget and held-out gate ---
+
+
+def test_int8_dynamic_excludes_by_pattern_and_weight_shape() -> None:
+    model = mlp()  # fc1: MatMul w1 32x64, fc2: Gemm w2 64x16
+    feeds = feeds_for(model)
+    expected = run(model, feeds)[0]
+    pass_ = QuantizeDynamicPass(QuantizeDynamicParams(nodes_to_exclude=("fc1*",), exclude_weight_shapes=("64x16",)))
+    assert not pass_(model).modified  # both candidates excluded: nothing to quantize
+    assert pass_.stats["skipped"] == "every candidate excluded" and pass_.stats["excluded"] == ["fc1", "fc2"]
+    model = mlp()
+    pass_ = QuantizeDynamicPass(QuantizeDynamicParams(nodes_to_exclude=("fc?",), op_types=("MatMul", "Gemm")))
+    pass_(model)
+    assert pass_.stats["excluded"] == ["fc1", "fc2"]
+    model = mlp()
+    pass_ = QuantizeDynamicPass(QuantizeDynamicParams(exclude_weight_shapes=("32x64",)))
+    assert pass_(model).modified
+    assert pass_.stats["excluded"] == ["fc1"] and pass_.stats["nodes_quantized"] == 1
+    assert [n.name for n in model.graph if n.op_type == "MatMul"] == ["fc1"]  # still float
+    assert rel_l2(run(model, feeds)[0], expected) < 0.05
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"nodes_to_exclude": ("node_MatMul_91",)}, "matches no quantizable node .*fc1, fc2"),
+        ({"exclude_weight_shapes": ("1536x384",)}, "matches no quantizable node's weight"),
+    ],
+)
+def test_int8_dynamic_exclusion_matching_nothing_is_an_error(params: dict, match: str) -> None:
+    with pytest.raises(OptionsError, match=match):
+        QuantizeDynamicPass(QuantizeDynamicParams(**params))(mlp())
+
+
+def test_int8_dynamic_rejects_bad_new_options() -> None:
+    with pytest.raises(OptionsError, match="smooth_alpha needs calibration_dir"):
+        make_pass("int8-dynamic", {"smooth_alpha": "0.8"})
+    with pytest.raises(OptionsError, match=r"smooth_alpha is in \[0, 1\)"):
+        make_pass("int8-dynamic", {"smooth_alpha": "1.5", "calibration_dir": "x"})
+    with pytest.raises(OptionsError, match="not like 1536x384"):
+        make_pass("int8-dynamic", {"exclude_weight_shapes": "1536 by 384"})
+
+
+def test_smoothing_is_exact_in_fp32() -> None:
+    model = outlier_mlp()
+    x = outlier_inputs(4, seed=5)
+    expected = [quant_models.run(model, {"x": s}) for s in x]
+    smoothed = prep.smooth(model, [{"x": s} for s in x], alpha=0.8, min_ratio=0.0)
+    assert smoothed == ["fc1", "fc2"] and sum(n.op_type == "Mul" for n in model.graph) == 2
+    for s, e in zip(x, expected, strict=True):
+        assert rel_l2(quant_models.run(model, {"x": s}), e) < 1e-5
+
+
+def test_int8_dynamic_smoothing_cuts_the_error_of_outlier_channels(tmp_path: Path) -> None:
+    calib = quant_models.save_stack(tmp_path / "calib", {"x": outlier_inputs(8, seed=1)})
+    test = outlier_inputs(1, seed=2)[0]
+    expected = quant_models.run(outlier_mlp(), {"x": test})
+    errors = {}
+    for alpha in (0.0, 0.8):
+        model = outlier_mlp()
+        pass_ = QuantizeDynamicPass(QuantizeDynamicParams(calibration_dir=calib, smooth_alpha=alpha))
+        assert pass_(model).modified and pass_.stats["nodes_quantized"] == 2
+        errors[alpha] = rel_l2(quant_models.run(model, {"x": test}), expected)
+        if alpha:
+            assert pass_.stats["smoothed"]["nodes"] == 2
+            assert not QuantizeDynamicPass(QuantizeDynamicParams(calibration_dir=calib, smooth_alpha=alpha))(
+                model
+            ).modified  # idempotent: a quantized graph is left alone
+    assert errors[0.8] < 0.5 * errors[0.0] and errors[0.8] < 0.02
+
+
+def test_int8_dynamic_smooth_min_ratio_skips_nodes_without_outliers(tmp_path: Path) -> None:
+    calib = quant_models.save_stack(tmp_path / "calib", {"x": outlier_inputs(4, seed=1)})
+    pass_ = QuantizeDynamicPass(QuantizeDynamicParams(calibration_dir=calib, smooth_alpha=0.8, smooth_min_ratio=8.0))
+    pass_(outlier_mlp())
+    assert pass_.stats["smoothed"]["names"] == ["fc1"]  # fc2's input (after Relu) has no outlier channel
+
+
+def test_int8_dynamic_turns_fused_attention_into_qattention(tmp_path: Path) -> None:
+    stacks = quant_models.attention_inputs(6, seed=3)
+    calib = quant_models.save_stack(tmp_path / "calib", stacks)
+    model = quant_models.attention_block()
+    feeds = [{k: v[i] for k, v in stacks.items()} for i in range(6)]
+    expected = [quant_models.run(model, f) for f in feeds]
+    params = QuantizeDynamicParams(op_types=("Attention",), calibration_dir=calib, smooth_alpha=0.5)
+    pass_ = QuantizeDynamicPass(params)
+    assert pass_(model).modified
+    assert pass_.stats["attention"] == {"weights_folded": 1, "qkv_sizes_dropped": 1, "mask_index": 1}
+    assert pass_.stats["ops"] == {"QAttention": 1}
+    for f, e in zip(feeds, expected, strict=True):  # padded keys stay masked: mask_index == the bias it replaced
+        assert rel_l2(quant_models.run(model, f), e) < 0.05
+
+
+def test_int8_dynamic_keeps_attention_bias_it_cannot_prove_is_a_mask(tmp_path: Path) -> None:
+    calib = quant_models.save_stack(tmp_path / "calib", quant_models.attention_inputs(4, seed=3))
+    model = quant_models.attention_block()
+    where = next(n for n in model.graph if n.name == "where")
+    zero, lowest = where.inputs[1], where.inputs[2]
+    where.replace_input_with(1, lowest)  # an inverted mask: not what mask_index would rebuild
+    where.replace_input_with(2, zero)
+    pass_ = QuantizeDynamicPass(QuantizeDynamicParams(op_types=("Attention",), calibration_dir=calib))
+    pass_(model)
+    assert pass_.stats["attention"]["mask_index"] == 0 and pass_.stats["ops"] == {}  # stays float Attention
+
+
+def test_int8_dynamic_budget_and_held_out_gate(tmp_path: Path) -> None:
+    calib = quant_models.save_stack(tmp_path / "calib", {"x": outlier_inputs(8, seed=1)})
+    held = quant_models.save_stack(tmp_path / "held", {"x": outlier_inputs(8, seed=9)})
+    params = QuantizeDynamicParams(calibration_dir=calib, eval_dir=held, min_cosine=0.9999, min_sample_cosine=0.999)
+    pass_ = QuantizeDynamicPass(params)
+    pass_(outlier_mlp())
+    budget = pass_.stats["accuracy_budget"]
+    assert budget["before"]["mean"] < 0.9999 <= budget["after"]["mean"]
+    assert budget["exclusions"] and set(budget["exclusions"]) <= set(pass_.stats["excluded"])
+    assert pass_.stats["eval"]["samples"] == 8 and pass_.stats["eval"]["mean"] >= 0.9999
+    strict = QuantizeDynamicParams(calibration_dir=calib, eval_dir=held, min_cosine=1.0, max_exclusions=0)
+    with pytest.raises(PassFailedError, match="below the budget"):
+        QuantizeDynamicPass(strict)(outlier_mlp())
