@@ -84,7 +84,7 @@ def test_clear_errors(tmp_path: Path, setup: str, inputs: dict, match: str) -> N
         load_calibration(source, inputs, 8)
 
 
-def test_callable_imports_project_packages_from_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_callable_imports_project_packages_from_the_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "proj").mkdir()
     (tmp_path / "proj" / "__init__.py").write_text("")
     (tmp_path / "proj" / "data.py").write_text("import numpy as np\nX = np.ones((2, 4), np.float32)\n")
