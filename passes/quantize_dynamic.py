@@ -102,7 +102,9 @@ class QuantizeDynamicPass(GraphPass):
             }
         # ORT's quantizer would drop an attention_bias (QAttention has no such input): those stay float.
         biased = [str(n.name) for n in model.graph if n.op_type == "Attention" and _has_attention_bias(n)]
-        excluded.extend(b for b in biased if b not in excluded and "Attention" in wanted)
+        if biased and "Attention" in wanted:
+            self.stats["float_attention_bias"] = biased
+            excluded.extend(b for b in biased if b not in excluded)
         if p.smooth_alpha:
             smoothed = prep.smooth(model, calibration, p.smooth_alpha, p.smooth_min_ratio, excluded)
             self.stats["smoothed"] = {"alpha": p.smooth_alpha, "nodes": len(smoothed), "names": smoothed}

@@ -219,6 +219,7 @@ def test_int8_dynamic_keeps_attention_bias_it_cannot_prove_is_a_mask(tmp_path: P
     pass_ = QuantizeDynamicPass(QuantizeDynamicParams(op_types=("Attention",), calibration_dir=calib))
     pass_(model)
     assert pass_.stats["attention"]["mask_index"] == 0 and pass_.stats["ops"] == {}  # stays float Attention
+    assert pass_.stats["float_attention_bias"] == ["attention"]  # ORT's quantizer would have dropped the bias
 
 
 def test_int8_dynamic_budget_and_held_out_gate(tmp_path: Path) -> None:
