@@ -113,6 +113,7 @@ def file_unchanged(record: FileRecord) -> bool:
 def store(
     cache_dir: Path,
     direct_key: str,
+    components: Mapping[str, str],
     files: Sequence[FileRecord],
     listings: Mapping[str, str],
     key: str,
@@ -125,6 +126,7 @@ def store(
     data = {
         "schema_version": SCHEMA_VERSION,
         "direct_key": direct_key,
+        "components": dict(components),
         "key": key,
         "files": [dataclasses.asdict(f) for f in files],
         "listings": dict(listings),
@@ -142,8 +144,30 @@ def store(
     return path
 
 
-def lookup(cache_dir: Path, direct_key: str) -> tuple[DirectEntry | None, str]:
-    """The entry if every file it recorded is unchanged, else None; and why, in a few words."""
+def _nearest(cache_dir: Path, components: Mapping[str, str]) -> str:
+    entries = []
+    for path in (Path(cache_dir) / DIRECT_DIR).glob("??/*.json"):
+        try:
+            found = json.loads(path.read_text()).get("components")
+        except (OSError, ValueError):
+            continue
+        if isinstance(found, dict):
+            entries.append(found)
+    if not entries or not components:
+        return ""
+    nearest = max(entries, key=lambda e: sum(e.get(c) == d for c, d in components.items()))
+    differ = [c for c, d in components.items() if nearest.get(c) != d]
+    return f" (nearest of {len(entries)} differs in {', '.join(differ)})"
+
+
+def lookup(
+    cache_dir: Path, direct_key: str, components: Mapping[str, str] | None = None
+) -> tuple[DirectEntry | None, str]:
+    """The entry if every file it recorded is unchanged, else None; and why, in a few words.
+
+    Without an entry for ``direct_key``, the reason names the key ``components`` (as ``plan``
+    computed them) in which the nearest entry differs.
+    """
     path = entry_path(cache_dir, direct_key)
     try:
         data = json.loads(path.read_text())
@@ -153,7 +177,7 @@ def lookup(cache_dir: Path, direct_key: str) -> tuple[DirectEntry | None, str]:
         listings = dict(data["listings"])
         key, manifest, built_at = str(data["key"]), dict(data["manifest"]), str(data["built_at"])
     except FileNotFoundError:
-        return None, "no direct entry"
+        return None, "no direct entry" + _nearest(cache_dir, components or {})
     except (OSError, ValueError, TypeError, KeyError) as e:
         return None, f"direct entry unreadable ({type(e).__name__})"
     for record in files:

@@ -60,6 +60,8 @@ class DirectPlan:
 
     key: str | None
     reason: str
+    #: sha256 of each part of the key, stored with the entry so that a miss can name what changed.
+    components: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def plan(model: Any, opts: BuildOptions) -> DirectPlan:
@@ -73,23 +75,30 @@ def plan(model: Any, opts: BuildOptions) -> DirectPlan:
     if not path.is_file():
         return DirectPlan(None, f"{path} is not a file")
     options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in _UNKEYED}
+    toolchain = toolchain_fingerprint()
     parts = {
-        "schema": build_cache_direct.SCHEMA_VERSION,
         "source": [str(path.resolve()), sha256_file(path)],
         "cwd": os.getcwd(),
         "options": options,
-        "toolchain": toolchain_fingerprint(),
+        "python": [toolchain["python"], toolchain["executable"]],
+        "distributions": toolchain["distributions"],
+        "aotforge_source": toolchain["aotforge_source"],
         "host": host_fingerprint(),
     }
-    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
-    return DirectPlan(hashlib.sha256(text.encode()).hexdigest(), "")
+    components = {name: _digest([build_cache_direct.SCHEMA_VERSION, value]) for name, value in parts.items()}
+    return DirectPlan(_digest(sorted(components.items())), "", components)
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def serve(direct: DirectPlan, opts: BuildOptions, say: Progress) -> BuildResult | None:
     """The artifact from the cache on a direct hit; None (and ``direct.reason`` says why) otherwise."""
     started = time.perf_counter()
     assert direct.key is not None and opts.cache_dir is not None
-    entry, direct.reason = build_cache_direct.lookup(opts.cache_dir, direct.key)
+    entry, direct.reason = build_cache_direct.lookup(opts.cache_dir, direct.key, direct.components)
     if entry is None:
         return None
     template = dict(entry.manifest)
@@ -153,7 +162,7 @@ def remember(
         template.pop(field)
     template["name"] = source_name
     built_at = str(manifest.build.get("created_at", ""))
-    build_cache_direct.store(opts.cache_dir, direct.key, files, listings, key, template, built_at)
+    build_cache_direct.store(opts.cache_dir, direct.key, direct.components, files, listings, key, template, built_at)
     direct.reason = f"{direct.reason}; direct entry stored ({len(files)} files tracked)"
 
 
@@ -172,7 +181,8 @@ def toolchain_fingerprint() -> dict[str, Any]:
             continue
     return {
         "python": sys.version,
-        "executable": sys.executable,
+        # The interpreter, not the name it was started by (python, python3, a console script's shebang).
+        "executable": [os.path.realpath(sys.executable), sys.prefix],
         "distributions": dists,
         "aotforge_source": aotforge_source_digest(),
     }

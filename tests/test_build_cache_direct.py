@@ -111,14 +111,11 @@ def test_edited_source_or_options_miss_direct_but_reuse_the_compile(tmp_path: Pa
     first = _build(model, tmp_path / "a", cache)
     model.write_text(model.read_text() + "\n# a comment changes the file, not the IR\n")
     edited = _build(model, tmp_path / "b", cache)
-    assert (
-        edited["build"]["cache"]["direct"]
-        == "no direct entry; direct entry stored (" + (edited["build"]["cache"]["direct"].split("(", 1)[1])
-    )
+    assert edited["build"]["cache"]["direct"].startswith("no direct entry (nearest of 1 differs in source);")
     assert edited["build"]["cache"]["hit"] is True  # the IR-level key still matches: no compile
     assert edited["build"]["cache"]["key"] == first["build"]["cache"]["key"]
     other = _build(model, tmp_path / "c", cache, tolerance=1e-3)
-    assert other["build"]["cache"]["direct"].startswith("no direct entry")
+    assert other["build"]["cache"]["direct"].startswith("no direct entry (nearest of 2 differs in options);")
     assert other["validation"]["tolerance"] == 1e-3
 
 
