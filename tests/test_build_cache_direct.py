@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,7 @@ from compiler.build_direct import build_cached
 from compiler.builder import build
 from compiler.options import BuildOptions
 
-#: Light options, spelled out so that a subprocess can rebuild with the very same ones. ``passes`` is
-#: given, as the CLI always does: its default comes from ``passes``, which imports onnx_ir.
+#: Light options. ``passes`` is given, as the CLI always does (its default comes from ``passes``).
 OPTIONS: dict[str, Any] = {"target": "onnxruntime", "passes": ("O1",), "bench": False, "validation_samples": 1}
 
 MODEL = """
@@ -67,26 +65,20 @@ def _same_artifact(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return {k: v for k, v in a.items() if k != "build"} == {k: v for k, v in b.items() if k != "build"}
 
 
-def test_direct_hit_serves_the_same_artifact_without_importing_torch(tmp_path: Path) -> None:
+def test_cli_direct_hit_serves_the_same_artifact_without_importing_torch(tmp_path: Path) -> None:
     model, cache = _model(tmp_path), tmp_path / "cache"
-    first = _build(model, tmp_path / "a", cache)
+    # The options `aotforge compile MODEL --target onnxruntime --no-bench` resolves to.
+    first = _build(model, tmp_path / "a", cache, validation_samples=3)
     assert first["build"]["cache"]["hit"] is False
     assert "direct entry stored" in first["build"]["cache"]["direct"]
-    script = textwrap.dedent(
-        f"""
-        import json, sys
-        from compiler.build_direct import build_cached
-        from compiler.options import BuildOptions
-        opts = BuildOptions.from_dict({{**{OPTIONS!r}, "out": {str(tmp_path / "b")!r}, "cache_dir": {str(cache)!r}}})
-        result = build_cached({str(model)!r}, opts)
-        heavy = sorted(m for m in ("torch", "onnx", "onnx_ir", "onnxruntime", "tvm", "mlflow") if m in sys.modules)
-        print(json.dumps({{"path": str(result.path), "heavy": heavy}}))
-        """
-    )
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=os.getcwd(), check=True)
-    reply = json.loads(run.stdout.strip().splitlines()[-1])
-    assert reply["heavy"] == []
-    second = json.loads((Path(reply["path"]) / MANIFEST).read_text())
+    command = [sys.executable, "-X", "importtime", "-m", "compiler.cli", "compile", str(model)]
+    command += ["--target", "onnxruntime", "--no-bench", "--out", str(tmp_path / "b"), "--cache-dir", str(cache)]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=os.getcwd(), check=True)
+    assert "cache: hit (direct)" in run.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time")}
+    assert "click" in imported  # the import log is there, so what is missing from it was not imported
+    assert not imported & {"torch", "onnx", "onnx_ir", "onnxruntime", "tvm", "mlflow", "matplotlib"}
+    second = json.loads((Path(run.stdout.strip().splitlines()[-1]) / MANIFEST).read_text())
     assert second["build"]["cache"]["direct"] is True
     assert second["build"]["cache"]["key"] == first["build"]["cache"]["key"]
     assert _same_artifact(first, second)
