@@ -102,7 +102,10 @@ def serve(direct: DirectPlan, opts: BuildOptions, say: Progress) -> BuildResult 
     if entry is None:
         return None
     template = dict(entry.manifest)
-    name = opts.name or str(template["name"])
+    name = opts.name or str(template.get("name") or "")
+    if not name:
+        direct.reason = "direct entry names no artifact"
+        return None
     version = opts.version or next_version(opts.out, name)
     final = artifact_path(opts.out, name, version, opts.target)
     if final.exists():
@@ -112,8 +115,6 @@ def serve(direct: DirectPlan, opts: BuildOptions, say: Progress) -> BuildResult 
         if hit is None or MODEL_FILE not in hit.files:
             direct.reason = f"IR-level entry {entry.key[:12]} is missing or corrupt"
             return None
-        direct.reason = "hit"
-        say(f"cache hit (direct) {entry.key[:12]}: skipping the frontend, passes and {opts.target} compile")
         cache = {
             "hit": True,
             "direct": True,
@@ -122,16 +123,20 @@ def serve(direct: DirectPlan, opts: BuildOptions, say: Progress) -> BuildResult 
             # Same files as the build that stored the entry, so its validation and benchmark stand.
             "reused": f"validation and benchmark of the build at {entry.built_at}",
         }
-        manifest = Manifest(
-            **{**template, "name": name, "version": version, "files": {}},
-            build={
-                "seconds": round(time.perf_counter() - started, 2),
-                "host": socket.gethostname(),
-                "machine": platform.machine(),
-                "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "cache": cache,
-            },
-        )
+        build = {
+            "seconds": round(time.perf_counter() - started, 2),
+            "host": socket.gethostname(),
+            "machine": platform.machine(),
+            "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "cache": cache,
+        }
+        try:
+            manifest = Manifest(**{**template, "name": name, "version": version, "files": {}, "build": build})
+        except TypeError:  # written by an aotforge with other manifest fields
+            direct.reason = "direct entry's manifest has other fields than this aotforge's"
+            return None
+        direct.reason = "hit"
+        say(f"cache hit (direct) {entry.key[:12]}: skipping the frontend, passes and {opts.target} compile")
         manifest = finalize(stage, manifest, final)
     return BuildResult(final, manifest)
 
