@@ -13,6 +13,7 @@ import numpy as np
 
 from artifacts import build_cache, build_cache_direct
 from artifacts.manifest import MANIFEST
+from compiler import read_tracker
 from compiler.build_direct import build_cached
 from compiler.builder import build
 from compiler.options import BuildOptions
@@ -204,3 +205,26 @@ def test_an_optional_file_that_appears_later_misses(tmp_path: Path) -> None:
     second = _build(model, tmp_path / "b", cache)
     assert "scale.txt changed" in second["build"]["cache"]["direct"]
     assert second["build"]["cache"]["hit"] is False and second["ir"]["sha256"] != first["ir"]["sha256"]
+
+
+def test_listed_directory_and_read_files_are_recorded_and_checked(tmp_path: Path) -> None:
+    data = tmp_path / "calib"
+    data.mkdir()
+    (data / "a.npy").write_bytes(b"one")
+    with read_tracker.recording() as reads:
+        names = sorted(os.listdir(data))
+        (data / names[0]).read_bytes()
+        (tmp_path / "scratch").write_text("written, never read")
+    assert str(data) in reads.listings
+    assert reads.files[str(data / "a.npy")] is not None and str(tmp_path / "scratch") not in reads.files
+    record = build_cache_direct.record_file(str(data / "a.npy"), reads.files[str(data / "a.npy")])
+    digest = build_cache_direct.listing_digest(str(data))
+    assert digest is not None
+    cache, key = tmp_path / "cache", "ab" * 32
+    for value in ("first", "second"):  # a rewrite replaces the entry whole; no temp file is left
+        build_cache_direct.store(cache, key, {}, [record], {str(data): digest}, value * 2, {"name": "m"}, "t")
+    entry, why = build_cache_direct.lookup(cache, key)
+    assert entry is not None and entry.key == "secondsecond", why
+    assert not [p for p in cache.rglob("*") if p.name.startswith(".tmp-")]
+    (data / "b.npy").write_bytes(b"two")
+    assert build_cache_direct.lookup(cache, key) == (None, f"listing of {data} changed")
