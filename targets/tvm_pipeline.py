@@ -8,15 +8,20 @@ Stages (all inside ``with target:``):
 1. fast math (optional): ``exp`` / ``erf`` / ``tanh`` / softmax / GELU -> TVM's fast
    polynomial versions (~5e-6 max abs error), so vectorized loops do not call scalar libm;
 2. the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
-3. default schedules without search (``targets.tvm_schedules``: GEMV, register-tiled
-   matmul/conv, reductions, injective ops); what no rule matched is reported;
-4. the CPU backend's dataflow lowering + finalization passes, then ``tvm.compile``.
+3. tuned schedules (optional): MetaSchedule records from the shared tuning store, searched
+   first for workloads it lacks (``targets.tvm_tuning``), applied where they beat the default;
+4. default schedules without search (``targets.tvm_schedules``: GEMV, register-tiled
+   matmul/conv, reductions, injective ops) for the rest; what no rule matched is reported;
+5. the CPU backend's dataflow lowering + finalization passes, then ``tvm.compile``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from targets.tvm_tuning import TuneSettings
 
 
 def _fast_gelu_pass() -> Any:
@@ -66,29 +71,32 @@ def _has_conv2d(mod: Any) -> bool:
     return found
 
 
-def compile_relax(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool = True) -> tuple[Any, dict[str, Any]]:
+def compile_relax(
+    mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool = True, tuning: TuneSettings | None = None
+) -> tuple[Any, dict[str, Any]]:
     """Lower, schedule and build a Relax module for ``target``.
 
     NHWC is tried first for convolution models; Relax's ConvertLayout does not handle every
     graph (channel-shuffle reshapes, some concat / tuple patterns), so a failure there
     rebuilds in the source layout and the report says why.
     """
-    report: dict[str, Any] = {"pipeline": "cpu_generic+default_schedules", "fast_math": fast_math}
+    stages = "cpu_generic+tuned+default_schedules" if tuning is not None else "cpu_generic+default_schedules"
+    report: dict[str, Any] = {"pipeline": stages, "fast_math": fast_math}
     if conv_nhwc and _has_conv2d(mod):
         try:
-            executable, schedules = _build(mod, target, fast_math=fast_math, conv_nhwc=True)
+            executable, schedules = _build(mod, target, fast_math=fast_math, conv_nhwc=True, tuning=tuning)
             report.update(conv_layout="NHWC", schedules=schedules)
             return executable, report
         except Exception as e:  # TVM raises bare errors from its C++ passes
             from compiler.errors import describe
 
             report["conv_layout_fallback"] = describe(e, last=True)
-    executable, schedules = _build(mod, target, fast_math=fast_math, conv_nhwc=False)
+    executable, schedules = _build(mod, target, fast_math=fast_math, conv_nhwc=False, tuning=tuning)
     report.update(conv_layout="source", schedules=schedules)
     return executable, report
 
 
-def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool) -> tuple[Any, Any]:
+def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: TuneSettings | None) -> tuple[Any, Any]:
     import tvm
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
@@ -105,6 +113,14 @@ def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool) -> tuple[
             # where NCHW would vectorize over output width (7-56, scalar at 7).
             mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
         mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
+        tuned = None
+        if tuning is not None:
+            from targets.tvm_tuning import apply_tuned, tune_module
+
+            database, tuned = tune_module(mod, target, tuning)
+            mod, tuned["from_database"] = apply_tuned(mod, database)
         mod, schedules = apply_default_schedules(mod)
+        if tuned is not None:
+            schedules = {**schedules, "tuning": tuned}
         lower = tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
     return tvm.compile(mod, target=target, relax_pipeline=lower), schedules

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,15 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from compiler.errors import ArtifactError, CompileError, InputSpecError, UnsupportedModelError, describe
+from compiler.errors import (
+    AotforgeError,
+    ArtifactError,
+    CompileError,
+    InputSpecError,
+    OptionsError,
+    UnsupportedModelError,
+    describe,
+)
 from targets.base import Arrays, BuildContext, CompileResult, ProbeResult, refuse_contrib_ops
 
 LIBRARY = "lib.so"
@@ -34,6 +43,28 @@ class TvmOptions:
     dynamic: bool = False
     #: C compiler for a cross build (e.g. ``aarch64-linux-gnu-gcc``); empty: the host's gcc.
     cc: str = ""
+    #: MetaSchedule trials in total (0: no search, default schedules only); see targets.tvm_tuning.
+    tune_trials: int = 0
+    #: Wall-clock cap on the search in minutes (0: none); alone it allows up to MINUTES_ONLY_TRIALS.
+    tune_minutes: float = 0.0
+    #: Tuning store directory; empty: ``<--cache-dir>/tvm-tuning``, or nothing kept without a cache dir.
+    tuning_db: str = ""
+
+    def __post_init__(self) -> None:
+        if self.tune_trials < 0 or self.tune_minutes < 0:
+            raise OptionsError(
+                f"tvm: tune_trials ({self.tune_trials}) and tune_minutes ({self.tune_minutes}) must be >= 0 (0 = off)"
+            )
+
+    @property
+    def tuning(self) -> bool:
+        return self.tune_trials > 0 or self.tune_minutes > 0
+
+
+#: The trial cap when only ``tune_minutes`` is given: the clock ends the search first.
+MINUTES_ONLY_TRIALS = 100_000
+#: The tuning store's folder inside the build cache directory.
+TUNING_DIR = "tvm-tuning"
 
 
 class TvmTarget:
@@ -58,6 +89,14 @@ class TvmTarget:
                 f"tvm: mtriple {options.mtriple!r} targets {arch} but this host is {platform.machine()}: "
                 "give a cross compiler with --target-opt cc=<arch>-linux-gnu-gcc"
             )
+        if options.tuning:
+            _check_tunable(options)
+
+    def with_cache_dir(self, options: TvmOptions, cache_dir: Path) -> TvmOptions:
+        """Keep the tuning store in the build cache unless one was given (entries are keyed by target)."""
+        if not options.tuning or options.tuning_db:
+            return options
+        return dataclasses.replace(options, tuning_db=str(cache_dir / TUNING_DIR))
 
     def compile(self, model: ir.Model, options: TvmOptions, ctx: BuildContext, workdir: Path) -> CompileResult:
         import tvm
@@ -81,9 +120,13 @@ class TvmTarget:
             ) from e
         target = tvm.target.Target(target_dict(options))
         try:
-            executable, report = compile_relax(mod, target, fast_math=options.fast_math)
+            with tempfile.TemporaryDirectory(prefix="aotforge-tune-") as tune_dir:
+                tuning = _tune_settings(options, Path(tune_dir))
+                executable, report = compile_relax(mod, target, fast_math=options.fast_math, tuning=tuning)
             kwargs = {"cc": options.cc} if options.cc else {}
             executable.export_library(str(workdir / LIBRARY), **kwargs)
+        except AotforgeError:
+            raise
         except Exception as e:
             raise CompileError(f"tvm failed to compile for {target_dict(options)}: {describe(e, last=True)}") from e
         info = {
@@ -150,6 +193,33 @@ def _static_proto(model: ir.Model, shapes: Mapping[str, list[Any]]) -> Any:
             value.shape = ir.Shape(shapes[value.name])
     optimize_ir(static, onnx_shape_inference=True)
     return ir.serde.serialize_model(static)
+
+
+def _check_tunable(options: TvmOptions) -> None:
+    """Tuning times candidates on this host, so it must be the CPU the artifact is for."""
+    if options.dynamic:
+        raise OptionsError("tvm: tune_trials/tune_minutes need static shapes: drop dynamic=true to tune")
+    here = host_cpu()
+    arch = options.mtriple.split("-")[0]
+    if (options.mcpu and options.mcpu != here) or (arch and arch != platform.machine()):
+        raise OptionsError(
+            f"tvm: tuning measures candidates on this host ({here}, {platform.machine()}), not on "
+            f"mcpu={options.mcpu or here} mtriple={options.mtriple or '(host)'}: tune on a host with that CPU, "
+            "or build without tune_trials"
+        )
+
+
+def _tune_settings(options: TvmOptions, work_dir: Path) -> Any:
+    if not options.tuning:
+        return None
+    from targets.tvm_tuning import TuneSettings
+
+    return TuneSettings(
+        trials=options.tune_trials or MINUTES_ONLY_TRIALS,
+        minutes=options.tune_minutes,
+        work_dir=work_dir,
+        store_dir=Path(options.tuning_db) if options.tuning_db else None,
+    )
 
 
 def host_cpu() -> str:

@@ -1,0 +1,268 @@
+"""MetaSchedule tuning for the ``tvm`` target: search only what the store has not seen, then apply.
+
+``tune_module`` runs on the legalized, fused Relax module (before the default schedules), inside
+nothing: it extracts one task per PrimFunc that has a reduction (matmul, conv, pooling, softmax
+...: injective ops gain little from search), looks each one up in the content-addressed store
+(``targets.tvm_tuning_store``) and searches the rest under a trial and a time budget. It returns
+a MetaSchedule database holding only the entries whose best record beats the default schedule
+on the same runner; ``apply_tuned`` marks those PrimFuncs scheduled, and the default rules
+schedule everything else.
+
+Candidates are built in this process: the stock ``LocalBuilder`` starts a fresh worker for every
+batch, and each worker spends ~30 s importing TVM's tensor intrinsics (measured on a 2-core host:
+40 s to build two tiny kernels), which also made its 30 s timeout kill most builds. They still
+run in a separate process (``LocalRunner``), so a crashing candidate cannot take the build down.
+The cost model is xgboost (``pip install xgboost-cpu``: plain ``xgboost`` pulls ~470 MB of NVIDIA
+libraries).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from compiler.errors import CompileError
+from targets.tvm_tuning_store import TOP_K, Entry, TuningStore, digest, target_fields, workload_key
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneSettings:
+    """One tuning run: a total trial budget, an optional wall-clock cap, where results are kept."""
+
+    trials: int
+    work_dir: Path
+    #: The shared store; None keeps results in ``work_dir`` only (gone after the build).
+    store_dir: Path | None = None
+    minutes: float = 0.0
+    seed: int = 0
+
+
+def _tunable(func: Any) -> bool:
+    from tvm import s_tir
+    from tvm.s_tir import dlight as dl
+
+    try:
+        infos = dl.normalize_prim_func(s_tir.Schedule(func))
+    except Exception:  # a func dlight cannot normalise: let the search try it
+        return True
+    return infos is None or any(not b.is_injective() for b in infos)
+
+
+def _budget_callback(deadline: float | None) -> Any:
+    """Counts trials; past ``deadline`` (monotonic seconds) it ends every task still tuning."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+    @derived_object
+    class _Budget(PyMeasureCallback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.trials = 0
+            self.failed = 0
+
+        def apply(self, scheduler: Any, task_id: int, candidates: Any, builds: Any, runs: Any) -> None:
+            self.trials += len(runs)
+            self.failed += sum(1 for b, r in zip(builds, runs, strict=True) if b.error_msg or r.error_msg)
+            if deadline is not None and time.monotonic() > deadline:
+                for i, record in enumerate(scheduler.tasks_):
+                    if not record.is_terminated:
+                        scheduler.terminate_task(i)
+
+    return _Budget()
+
+
+def _in_process_builder() -> Any:
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+    from tvm.s_tir.meta_schedule.builder.local_builder import default_build, default_export
+
+    @derived_object
+    class _Builder(PyBuilder):  # type: ignore[misc]
+        def build(self, build_inputs: list[Any]) -> list[Any]:
+            results = []
+            for item in build_inputs:
+                try:
+                    results.append(BuilderResult(default_export(default_build(item.mod, item.target, None)), None))
+                except Exception as e:  # an invalid candidate: the search records it as failed
+                    results.append(BuilderResult(None, f"build failed: {e}"))
+            return results
+
+    return _Builder()
+
+
+def _builder_runner() -> tuple[Any, Any]:
+    from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner
+
+    builder = _in_process_builder()
+    runner = LocalRunner(timeout_sec=60, evaluator_config=EvaluatorConfig(number=3, repeat=3, min_repeat_ms=40))
+    return builder, runner
+
+
+def _search(tasks: list[Any], settings: TuneSettings, builder: Any, runner: Any) -> tuple[Any, Any]:
+    """MetaSchedule's evolutionary search over ``tasks``; returns its database and the counter."""
+    from tvm.s_tir import meta_schedule as ms
+
+    try:
+        import xgboost  # noqa: F401
+    except ImportError as e:
+        raise CompileError(
+            f"tvm tuning needs the xgboost cost model ({e}): pip install xgboost-cpu, or build with tune_trials=0"
+        ) from e
+    deadline = time.monotonic() + settings.minutes * 60 if settings.minutes > 0 else None
+    counter = _budget_callback(deadline)
+    # Small batches spread a small budget over every task; the stock 64 gives it all to the first.
+    per_iter = max(2, min(64, settings.trials // len(tasks)))
+    # The stock population (512, evolved 4 times per batch) costs ~1 min of search per batch on a
+    # 2-core host, more than building and timing the batch: scale it with the batch instead.
+    population = max(64, min(512, 16 * per_iter))
+    strategy = ms.search_strategy.EvolutionarySearch(
+        population_size=population, init_min_unmeasured=min(50, population // 4)
+    )
+    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+        tasks, work_dir=str(settings.work_dir), strategy=strategy, seed=settings.seed
+    )
+    database = ms.database.MemoryDatabase()
+    ms.tune.tune_tasks(
+        tasks=contexts,
+        task_weights=weights,
+        work_dir=str(settings.work_dir),
+        max_trials_global=settings.trials,
+        num_trials_per_iter=per_iter,
+        builder=builder,
+        runner=runner,
+        database=database,
+        measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), counter],
+    )
+    return database, counter
+
+
+def _seconds(run_secs: Any) -> float:
+    return float(statistics.median(float(s) for s in run_secs))
+
+
+def _default_secs(task_mod: Any, target: Any, builder: Any, runner: Any) -> float | None:
+    """The default rules' schedule of one task, timed like a candidate: what tuning must beat."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from targets.tvm_schedules import apply_default_schedules
+
+    with target:
+        scheduled, _ = apply_default_schedules(task_mod)
+    (built,) = builder.build([ms.builder.BuilderInput(scheduled, target)])
+    if built.error_msg:
+        return None
+    try:
+        args = ms.arg_info.ArgInfo.from_prim_func(scheduled["main"])
+        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "llvm", args)])
+        result = future.result()
+    finally:
+        shutil.rmtree(Path(built.artifact_path).parent, ignore_errors=True)
+    return None if result.error_msg else _seconds(result.run_secs)
+
+
+def _new_entries(tasks: list[Any], keys: list[str], database: Any, defaults: Any) -> list[Entry]:
+    """Entries for the searched tasks that got at least one measured record."""
+    import tvm
+
+    entries = []
+    for task, key in zip(tasks, keys, strict=True):
+        workload = database.commit_workload(task.dispatched[0])
+        records = [r for r in database.get_top_k(workload, TOP_K) if r.run_secs]
+        if not records:
+            continue
+        entries.append(
+            Entry(
+                key=key,
+                workload=workload.as_json(),
+                records=tuple(r.as_json() for r in records),
+                run_secs=tuple(_seconds(r.run_secs) for r in records),
+                default_secs=defaults(task.dispatched[0]),
+                key_fields={"target": target_fields(task.target), "tvm": tvm.__version__},
+            )
+        )
+    return entries
+
+
+def _apply_database(entries: list[Entry]) -> Any:
+    from tvm.s_tir import meta_schedule as ms
+
+    database = ms.database.MemoryDatabase()
+    for entry in entries:
+        workload = database.commit_workload(ms.database.Workload.from_json(entry.workload).mod)
+        for record in entry.records:
+            database.commit_tuning_record(ms.database.TuningRecord.from_json(record, workload))
+    return database
+
+
+def tunable_tasks(mod: Any, target: Any) -> tuple[list[Any], list[str]]:
+    """MetaSchedule's tasks for ``mod``'s PrimFuncs with a reduction, heaviest first, and their store keys."""
+    import tvm
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    tasks = [t for t in ms.relax_integration.extract_tasks(mod, target) if _tunable(t.dispatched[0]["main"])]
+    # Heaviest first: with a budget too small for every task, the costly ones get it.
+    tasks.sort(key=lambda t: -float(estimate_tir_flops(t.dispatched[0])) * t.weight)
+    fields = target_fields(target)
+    return tasks, [workload_key(tvm_ffi.structural_hash(t.dispatched[0]), fields, tvm.__version__) for t in tasks]
+
+
+def tune_module(mod: Any, target: Any, settings: TuneSettings) -> tuple[Any, dict[str, Any]]:
+    """The database to apply to ``mod`` (tuning what the store lacks first) and a report of it."""
+    started = time.perf_counter()
+    store = TuningStore(settings.store_dir or settings.work_dir / "tuning_store")
+    tasks, keys = tunable_tasks(mod, target)
+    found = {k: e for k in keys if (e := store.read(k)) is not None}
+    missing = [(t, k) for t, k in zip(tasks, keys, strict=True) if k not in found]
+    trials = failed = 0
+    searched: list[Entry] = []
+    if missing and settings.trials > 0:
+        builder, runner = _builder_runner()
+        database, counter = _search([t for t, _ in missing], settings, builder, runner)
+        trials, failed = counter.trials, counter.failed
+        new = _new_entries(
+            [t for t, _ in missing],
+            [k for _, k in missing],
+            database,
+            lambda m: _default_secs(m, target, builder, runner),
+        )
+        searched = [store.merge(e) for e in new]
+    entries = list(found.values()) + searched
+    used = [e for e in entries if e.beats_default]
+    report = {
+        "store": str(settings.store_dir) if settings.store_dir else "work dir only (build with --cache-dir to keep it)",
+        "database_digest": digest(used),
+        "tasks": len(tasks),
+        "reused": len(found),
+        "tuned": len(searched),
+        "untuned": len(missing) - len(searched),
+        "default_faster": len(entries) - len(used),
+        "corrupt_entries": len(store.corrupt),
+        "trials": trials,
+        "failed_trials": failed,
+        "trial_budget": settings.trials,
+        "minutes_budget": settings.minutes,
+        "tuning_seconds": round(time.perf_counter() - started, 2),
+    }
+    return _apply_database(used), report
+
+
+def apply_tuned(mod: Any, database: Any) -> tuple[Any, int]:
+    """``mod`` with the database's schedules applied (inside ``with target:``); how many PrimFuncs got one."""
+    from tvm import relax, tirx
+
+    def scheduled(m: Any) -> int:
+        return sum(
+            1
+            for _, f in m.functions_items()
+            if isinstance(f, tirx.PrimFunc) and f.attrs is not None and int(f.attrs.get("tirx.is_scheduled", 0)) == 1
+        )
+
+    before = scheduled(mod)
+    with database:
+        mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+    return mod, scheduled(mod) - before

@@ -1,0 +1,153 @@
+"""MetaSchedule tuning for the tvm target: store keys, re-use, corrupt entries, and a real tuned build."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+tvm = pytest.importorskip("tvm")
+
+from artifacts.manifest import MANIFEST  # noqa: E402
+from compiler.errors import OptionsError  # noqa: E402
+from targets.base import options_from_dict  # noqa: E402
+from targets.tvm_target import TUNING_DIR, TvmOptions, TvmTarget, host_cpu  # noqa: E402
+from targets.tvm_tuning import tunable_tasks  # noqa: E402
+from targets.tvm_tuning_store import Entry, TuningStore, digest, workload_key  # noqa: E402
+from tests.conftest import quick_build  # noqa: E402
+
+TARGET = {"kind": "llvm", "mcpu": "znver4", "mtriple": "x86_64-pc-linux-gnu", "num-cores": 2}
+
+
+class _Two(torch.nn.Module):
+    """A shared 64->48 layer, then a head that differs between the two models."""
+
+    def __init__(self, head: int) -> None:
+        super().__init__()
+        self.shared = torch.nn.Linear(64, 48)
+        self.head = torch.nn.Linear(48, head)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.shared(x)))
+
+
+def _legalized(model: torch.nn.Module, target: Any) -> Any:
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+    from tvm.relax.frontend.torch import from_exported_program
+
+    mod = from_exported_program(torch.export.export(model.eval(), (torch.randn(4, 64),)), keep_params_as_input=False)
+    with target:
+        return tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
+
+
+def _entry(key: str, secs: list[float], default: float | None = 1.0) -> Entry:
+    return Entry(
+        key=key,
+        workload=["hash", "mod-b64"],
+        records=tuple([[f"trace-{s}"], [s]] for s in secs),
+        run_secs=tuple(secs),
+        default_secs=default,
+        key_fields={"target": TARGET},
+    )
+
+
+def test_key_changes_with_mcpu_cores_and_tvm_version() -> None:
+    base = workload_key(123, TARGET, "0.27.0")
+    assert workload_key(123, dict(TARGET), "0.27.0") == base
+    assert workload_key(124, TARGET, "0.27.0") != base
+    assert workload_key(123, {**TARGET, "mcpu": "skylake-avx512"}, "0.27.0") != base
+    assert workload_key(123, {**TARGET, "num-cores": 4}, "0.27.0") != base
+    assert workload_key(123, {**TARGET, "mtriple": "aarch64-linux-gnu"}, "0.27.0") != base
+    assert workload_key(123, TARGET, "0.28.0") != base
+
+
+def test_two_models_share_the_common_workload_key() -> None:
+    target = tvm.target.Target(TARGET)
+    torch.manual_seed(0)
+    _, keys_a = tunable_tasks(_legalized(_Two(16), target), target)
+    _, keys_b = tunable_tasks(_legalized(_Two(24), target), target)
+    # Weights are bound as constants into Relax, not into the PrimFuncs: the 64->48 layer is one workload.
+    assert len(keys_a) == len(keys_b) == 2
+    assert len(set(keys_a) & set(keys_b)) == 1
+    other_cores = tvm.target.Target({**TARGET, "num-cores": 4})
+    _, keys_c = tunable_tasks(_legalized(_Two(16), other_cores), other_cores)
+    assert not set(keys_c) & set(keys_a)
+
+
+def test_merge_keeps_the_best_records_and_lands_whole(tmp_path: Path) -> None:
+    store = TuningStore(tmp_path)
+    store.merge(_entry("ab" * 32, [3e-6, 5e-6]))
+    merged = store.merge(_entry("ab" * 32, [1e-6, 5e-6, 9e-6]))
+    assert merged.run_secs == (1e-6, 3e-6, 5e-6)
+    assert store.read("ab" * 32) == merged
+    assert not list(tmp_path.rglob(".tmp-*"))
+    assert merged.beats_default and not _entry("cd" * 32, [2.0]).beats_default
+    assert digest([merged]) != digest([_entry("ab" * 32, [3e-6])])
+
+
+def test_corrupt_entry_is_reported_removed_and_not_served(tmp_path: Path) -> None:
+    store = TuningStore(tmp_path)
+    key = "ef" * 32
+    store.merge(_entry(key, [2e-6]))
+    path = store.path(key)
+    data = json.loads(path.read_text())
+    data["run_secs"] = [1e-9]  # an edit that skips the checksum
+    path.write_text(json.dumps(data))
+    assert store.read(key) is None
+    assert store.corrupt == [key] and not path.exists()
+    store.merge(_entry(key, [2e-6]))
+    path.write_text(path.read_text()[:40])  # a torn write
+    assert store.read(key) is None and store.corrupt == [key, key]
+
+
+def test_options_validate_and_parse_from_the_cli_form(tmp_path: Path) -> None:
+    opts = options_from_dict(TvmOptions, {"tune_trials": "64", "tune_minutes": "2.5"}, what="tvm")
+    assert (opts.tune_trials, opts.tune_minutes, opts.tuning) == (64, 2.5, True)
+    assert not TvmOptions().tuning
+    with pytest.raises(OptionsError, match="tune_trials"):
+        TvmOptions(tune_trials=-1)
+    assert TvmTarget().with_cache_dir(opts, tmp_path).tuning_db == str(tmp_path / TUNING_DIR)
+    assert TvmTarget().with_cache_dir(TvmOptions(), tmp_path).tuning_db == ""
+    from targets.tvm_target import _check_tunable
+
+    with pytest.raises(OptionsError, match="static shapes"):
+        _check_tunable(TvmOptions(tune_trials=8, dynamic=True))
+    other = "skylake-avx512" if host_cpu() != "skylake-avx512" else "znver4"
+    with pytest.raises(OptionsError, match="measures candidates on this host"):
+        _check_tunable(TvmOptions(tune_trials=8, mcpu=other))
+
+
+def _tvm_build(out: Path, **target_options: Any) -> tuple[dict[str, Any], np.ndarray, float]:
+    torch.manual_seed(0)
+    model, x = _Two(16).eval(), torch.randn(4, 64)
+    started = time.perf_counter()
+    result = quick_build(model, out, example_inputs={"x": x}, target="tvm", target_options=target_options)
+    seconds = time.perf_counter() - started
+    manifest: dict[str, Any] = json.loads((result.path / MANIFEST).read_text())
+    from artifacts.loader import load
+
+    (y,) = load(result.path).run({manifest["io"]["inputs"][0]["name"]: x.numpy()}).values()
+    return manifest, y, seconds
+
+
+@pytest.mark.slow
+def test_tuned_build_matches_untuned_and_rebuilds_from_the_store(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _, untuned, _ = _tvm_build(tmp_path / "plain")
+    first, tuned, _ = _tvm_build(tmp_path / "a", tune_trials=8, tuning_db=str(store))
+    report = first["target"]["info"]["pipeline"]["schedules"]["tuning"]
+    assert report["tasks"] == 2 and report["tuned"] + report["untuned"] == 2 and report["reused"] == 0
+    assert report["trials"] > 0 and report["tuning_seconds"] > 0
+    assert report["from_database"] == report["tuned"] - report["default_faster"]
+    np.testing.assert_allclose(tuned, untuned, rtol=1e-4, atol=1e-5)
+    again, rebuilt, seconds = _tvm_build(tmp_path / "b", tune_trials=8, tuning_db=str(store))
+    second = again["target"]["info"]["pipeline"]["schedules"]["tuning"]
+    assert second["reused"] == report["tuned"] and second["trials"] == 0
+    assert second["database_digest"] == report["database_digest"]
+    np.testing.assert_array_equal(rebuilt, tuned)
+    assert seconds < 60
