@@ -46,7 +46,11 @@ VARIANTS: dict[str, tuple[str, list[str] | None]] = {
     "ort int8": ("artifact", ["--target", "onnxruntime", "--passes", "{int8}", "--tolerance", "0.3"]),
     "tvm untuned": ("tvm-untuned", None),
     "tvm": ("artifact", ["--target", "tvm"]),
-    "tvm tuned": ("artifact", ["--target", "tvm", "--target-opt", "tune_trials={trials}"]),
+    # The tuning store sits beside the artifacts, so a second bench run re-uses the search.
+    "tvm tuned": (
+        "artifact",
+        ["--target", "tvm", "--target-opt", "tune_trials={trials}", "--target-opt", "tuning_db={tuning_db}"],
+    ),
     "tvm int8": ("artifact", ["--target", "tvm", "--passes", "{int8}", "--tolerance", "0.3"]),
     "tvm bf16": ("artifact", ["--target", "tvm", "--passes", "O1,bf16", "--tolerance", "0.05"]),
 }
@@ -62,7 +66,7 @@ def _last_line(text: str) -> str:
 
 
 def compile_variant(model: Model, args: list[str], out: Path, trials: int) -> tuple[Path | None, float, str]:
-    filled = [a.format(int8=model.int8, trials=trials) for a in args]
+    filled = [a.format(int8=model.int8, trials=trials, tuning_db=out.parent.parent / "tvm-tuning") for a in args]
     cmd = [sys.executable, "-m", "compiler.cli", "compile", model.file, *model.args, *filled, "--no-bench"]
     started = time.perf_counter()
     proc = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, env=_env(), cwd=ROOT)
