@@ -138,7 +138,6 @@ def build_resolved(
         compiled, cache_record = compile_cached(
             target, source.ir, target_opts, ctx, stage, opts, key_toolchain, [_pass_entry(r) for r in records], say
         )
-
         target_record = {
             "name": opts.target,
             "options": dataclasses.asdict(target_opts),
