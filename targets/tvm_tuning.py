@@ -156,7 +156,7 @@ def _default_secs(task_mod: Any, target: Any, builder: Any, runner: Any) -> floa
         return None
     try:
         args = ms.arg_info.ArgInfo.from_prim_func(scheduled["main"])
-        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "llvm", args)])
+        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cpu", args)])
         result = future.result()
     finally:
         shutil.rmtree(Path(built.artifact_path).parent, ignore_errors=True)
