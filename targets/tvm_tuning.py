@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from compiler.errors import CompileError
-from targets.tvm_tuning_store import TOP_K, Entry, TuningStore, digest, target_fields, workload_key
+from targets.tvm_tuning_store import DEFAULT_FAILED, TOP_K, Entry, TuningStore, digest, target_fields, workload_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,8 +143,10 @@ def _seconds(run_secs: Any) -> float:
     return float(statistics.median(float(s) for s in run_secs))
 
 
-def _default_secs(task_mod: Any, target: Any, builder: Any, runner: Any) -> float | None:
-    """The default rules' schedule of one task, timed like a candidate: what tuning must beat."""
+def _default_secs(task_mod: Any, target: Any, builder: Any, runner: Any) -> float:
+    """The default rules' schedule of one task, timed like a candidate: what tuning must beat.
+
+    ``DEFAULT_FAILED`` where it does not build or run, so it is not retried on every build."""
     from tvm.s_tir import meta_schedule as ms
 
     from targets.tvm_schedules import apply_default_schedules
@@ -153,14 +155,14 @@ def _default_secs(task_mod: Any, target: Any, builder: Any, runner: Any) -> floa
         scheduled, _ = apply_default_schedules(task_mod)
     (built,) = builder.build([ms.builder.BuilderInput(scheduled, target)])
     if built.error_msg:
-        return None
+        return DEFAULT_FAILED
     try:
         args = ms.arg_info.ArgInfo.from_prim_func(scheduled["main"])
         (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cpu", args)])
         result = future.result()
     finally:
         shutil.rmtree(Path(built.artifact_path).parent, ignore_errors=True)
-    return None if result.error_msg else _seconds(result.run_secs)
+    return DEFAULT_FAILED if result.error_msg else _seconds(result.run_secs)
 
 
 def _new_entries(tasks: list[Any], keys: list[str], database: Any, defaults: Any) -> list[Entry]:
@@ -170,7 +172,9 @@ def _new_entries(tasks: list[Any], keys: list[str], database: Any, defaults: Any
     entries = []
     for task, key in zip(tasks, keys, strict=True):
         workload = database.commit_workload(task.dispatched[0])
-        records = [r for r in database.get_top_k(workload, TOP_K) if r.run_secs]
+        records = sorted(
+            (r for r in database.get_top_k(workload, TOP_K) if r.run_secs), key=lambda r: _seconds(r.run_secs)
+        )
         if not records:
             continue
         entries.append(
@@ -218,10 +222,17 @@ def tune_module(mod: Any, target: Any, settings: TuneSettings) -> tuple[Any, dic
     tasks, keys = tunable_tasks(mod, target)
     found = {k: e for k in keys if (e := store.read(k)) is not None}
     missing = [(t, k) for t, k in zip(tasks, keys, strict=True) if k not in found]
+    # Entries whose default schedule was never timed (written before it was): time it once now.
+    untimed = [(t, k) for t, k in zip(tasks, keys, strict=True) if k in found and found[k].default_secs is None]
     trials = failed = 0
     searched: list[Entry] = []
-    if missing and settings.trials > 0:
+    tuning = bool(missing) and settings.trials > 0
+    if tuning or untimed:
         builder, runner = _builder_runner()
+        for task, key in untimed:
+            timed = _default_secs(task.dispatched[0], target, builder, runner)
+            found[key] = store.merge(dataclasses.replace(found[key], records=(), run_secs=(), default_secs=timed))
+    if tuning:
         database, counter = _search([t for t, _ in missing], settings, builder, runner)
         trials, failed = counter.trials, counter.failed
         new = _new_entries(

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+#: ``Entry.default_secs`` when the default schedule could not be built or run.
+DEFAULT_FAILED = -1.0
 #: Records kept per workload: the best few, so a merge of two tuning runs keeps both winners.
 TOP_K = 3
 
@@ -54,13 +56,14 @@ class Entry:
     records: tuple[Any, ...]
     #: Best run seconds of each record, same order as ``records`` (fastest first).
     run_secs: tuple[float, ...]
-    #: The default schedule's run seconds on the same runner, None where it could not run.
+    #: The default schedule's run seconds on the same runner; None: not timed yet; DEFAULT_FAILED.
     default_secs: float | None
     key_fields: Mapping[str, Any]
 
     @property
     def beats_default(self) -> bool:
-        return bool(self.run_secs) and (self.default_secs is None or self.run_secs[0] < self.default_secs)
+        default = self.default_secs
+        return bool(self.run_secs) and (default is None or default < 0 or self.run_secs[0] < default)
 
     def to_json(self) -> dict[str, Any]:
         body = {

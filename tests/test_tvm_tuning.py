@@ -18,7 +18,7 @@ from compiler.errors import OptionsError  # noqa: E402
 from targets.base import options_from_dict  # noqa: E402
 from targets.tvm_target import TUNING_DIR, TvmOptions, TvmTarget, host_cpu  # noqa: E402
 from targets.tvm_tuning import tunable_tasks  # noqa: E402
-from targets.tvm_tuning_store import Entry, TuningStore, digest, workload_key  # noqa: E402
+from targets.tvm_tuning_store import DEFAULT_FAILED, Entry, TuningStore, digest, workload_key  # noqa: E402
 from tests.conftest import quick_build  # noqa: E402
 
 TARGET = {"kind": "llvm", "mcpu": "znver4", "mtriple": "x86_64-pc-linux-gnu", "num-cores": 2}
@@ -87,6 +87,9 @@ def test_merge_keeps_the_best_records_and_lands_whole(tmp_path: Path) -> None:
     assert store.read("ab" * 32) == merged
     assert not list(tmp_path.rglob(".tmp-*"))
     assert merged.beats_default and not _entry("cd" * 32, [2.0]).beats_default
+    # A default never timed, or one that could not run, leaves the tuned record in use.
+    assert _entry("cd" * 32, [2.0], default=None).beats_default
+    assert _entry("cd" * 32, [2.0], default=DEFAULT_FAILED).beats_default
     assert digest([merged]) != digest([_entry("ab" * 32, [3e-6])])
 
 
