@@ -47,6 +47,8 @@ class QuantizeDynamicParams:
     exclude_weight_shapes: tuple[str, ...] = ()
     #: Make com.microsoft Attention quantizable to QAttention (fold its weight, mask_index).
     qattention: bool = True
+    #: Undo the SkipLayerNormalization fusion (ORT's CPU kernel for it is slow; see quantize_prepare).
+    split_skip_layer_norm: bool = False
     #: SmoothQuant migration strength in (0, 1); 0 turns smoothing off. Needs calibration_dir.
     smooth_alpha: float = 0.0
     #: Smooth only nodes whose peak input channel exceeds this many times the median channel's peak.
@@ -88,8 +90,10 @@ class QuantizeDynamicPass(GraphPass):
             return onnx_ir.passes.PassResult(model, modified=False)
         excluded = resolve_exclusions(candidates, p.nodes_to_exclude, p.exclude_weight_shapes)
         if len(excluded) == len(candidates):
+            split = prep.split_skip_layer_norm(model) if p.split_skip_layer_norm else 0
             self.stats = {"nodes_quantized": 0, "skipped": "every candidate excluded", "excluded": excluded}
-            return onnx_ir.passes.PassResult(model, modified=False)
+            self.stats.update({"skip_layer_norm_split": split} if p.split_skip_layer_norm else {})
+            return onnx_ir.passes.PassResult(model, modified=split > 0)
         calibration = _load(model, p.calibration_dir, p.samples)
         held_out = _load(model, p.eval_dir, p.eval_samples)
         fp32 = copy_model(model) if calibration or held_out else None
@@ -105,6 +109,8 @@ class QuantizeDynamicPass(GraphPass):
         if biased and "Attention" in wanted:
             self.stats["float_attention_bias"] = biased
             excluded.extend(b for b in biased if b not in excluded)
+        if p.split_skip_layer_norm:
+            self.stats["skip_layer_norm_split"] = prep.split_skip_layer_norm(model)
         if p.smooth_alpha:
             smoothed = prep.smooth(model, calibration, p.smooth_alpha, p.smooth_min_ratio, excluded)
             self.stats["smoothed"] = {"alpha": p.smooth_alpha, "nodes": len(smoothed), "names": smoothed}

@@ -112,3 +112,43 @@ def _model(graph: onnx.GraphProto, extra_opsets: list) -> ir.Model:
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), *extra_opsets])
     proto.ir_version = 8
     return ir.serde.deserialize_model(proto)
+
+
+def skip_layer_norm_block(seed: int = 0, read_mean: bool = False) -> ir.Model:
+    """Two chained com.microsoft SkipLayerNormalization (with bias), as fuse-ort leaves BERT's residuals."""
+    rng = np.random.default_rng(seed)
+    inits = [
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32), "gamma"),
+        numpy_helper.from_array(rng.standard_normal(HIDDEN).astype(np.float32), "beta"),
+        numpy_helper.from_array(rng.standard_normal(HIDDEN).astype(np.float32), "bias"),
+    ]
+    first_outputs = ["h", "mean"] if read_mean else ["h"]
+    nodes = [
+        helper.make_node(
+            "SkipLayerNormalization",
+            ["x", "s", "gamma", "beta", "bias"],
+            first_outputs,
+            name="sln1",
+            domain="com.microsoft",
+            epsilon=1e-5,
+        ),
+        helper.make_node(
+            "SkipLayerNormalization",
+            ["h", "x", "gamma", "beta"],
+            ["y"],
+            name="sln2",
+            domain="com.microsoft",
+            epsilon=1e-5,
+        ),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, SEQ, HIDDEN])]
+    if read_mean:
+        outputs.append(helper.make_tensor_value_info("mean", TensorProto.FLOAT, None))
+    graph = helper.make_graph(
+        nodes,
+        "skip_layer_norm_block",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, SEQ, HIDDEN]) for n in ("x", "s")],
+        outputs,
+        inits,
+    )
+    return _model(graph, [helper.make_opsetid("com.microsoft", 1)])

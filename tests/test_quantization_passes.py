@@ -235,3 +235,24 @@ def test_int8_dynamic_budget_and_held_out_gate(tmp_path: Path) -> None:
     strict = QuantizeDynamicParams(calibration_dir=calib, eval_dir=held, min_cosine=1.0, max_exclusions=0)
     with pytest.raises(PassFailedError, match="below the budget"):
         QuantizeDynamicPass(strict)(outlier_mlp())
+
+
+def test_split_skip_layer_norm_is_exact_and_idempotent() -> None:
+    model = quant_models.skip_layer_norm_block()
+    rng = np.random.default_rng(4)
+    feeds = {n: rng.standard_normal((1, quant_models.SEQ, quant_models.HIDDEN)).astype(np.float32) for n in "xs"}
+    expected = quant_models.run(model, feeds)
+    assert prep.split_skip_layer_norm(model) == 2
+    assert sorted(n.op_type for n in model.graph) == ["Add", "Add", "Add", "LayerNormalization", "LayerNormalization"]
+    assert rel_l2(quant_models.run(model, feeds), expected) < 1e-5
+    assert prep.split_skip_layer_norm(model) == 0
+    keeps = quant_models.skip_layer_norm_block(read_mean=True)  # its mean output is read: left fused
+    assert prep.split_skip_layer_norm(keeps) == 1
+    assert [n.name for n in keeps.graph if n.op_type == "SkipLayerNormalization"] == ["sln1"]
+
+
+def test_int8_dynamic_split_skip_layer_norm_option() -> None:
+    model = outlier_mlp()
+    pass_ = QuantizeDynamicPass(QuantizeDynamicParams(split_skip_layer_norm=True))
+    pass_(model)
+    assert pass_.stats["skip_layer_norm_split"] == 0 and pass_.stats["nodes_quantized"] == 2

@@ -45,7 +45,16 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
         "pass_params": {"int8-dynamic": {**_PLAIN, "exclude_weight_shapes": ["1536x384"]}},
     },
     "dyn-pc +QAttention": {"passes": list(_INT8), "pass_params": {"int8-dynamic": {**_PLAIN, **_MASK}}},
-    "recipe: +QAttention +smooth 0.8": None,
+    "dyn-pc +QAttention +smooth 0.8 (all 24)": {
+        "passes": list(_INT8),
+        "pass_params": {"int8-dynamic": {**_PLAIN, **_MASK, "smooth_alpha": 0.8, "samples": 64}},
+    },
+    "recipe: +QAttention +split SkipLN +smooth 0.8 (14)": None,
+    # The SkipLN split is no int8 gain: this is the fp32 figure the recipe's would be without int8.
+    "fp32 +split SkipLN (reference)": {
+        "passes": ["optimize", "fuse-ort", "int8-dynamic"],
+        "pass_params": {"int8-dynamic": {"split_skip_layer_norm": True, "nodes_to_exclude": ["*"]}},
+    },
 }
 
 
