@@ -2,7 +2,9 @@
 
 The host CPU is detected; ``mcpu`` / ``mtriple`` cross-compile for another CPU and are
 recorded. Shapes are bound to each dim's ``opt`` size by default because the CPU schedules
-need static shapes; ``dynamic=true`` keeps named dims symbolic.
+need static shapes; ``dynamic=true`` keeps named dims symbolic. ``tune_trials`` / ``tune_minutes``
+turn on a MetaSchedule search (``targets.tvm_tuning``) whose results are kept in the build cache
+(``<--cache-dir>/tvm-tuning``) or in ``tuning_db``, and re-used by every later build there.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ nothing: it extracts one task per PrimFunc that has a reduction (matmul, conv, p
 (``targets.tvm_tuning_store``) and searches the rest under a trial and a time budget. It returns
 a MetaSchedule database holding only the entries whose best record beats the default schedule
 on the same runner; ``apply_tuned`` marks those PrimFuncs scheduled, and the default rules
-schedule everything else.
+schedule everything else. (Measured on mini_resnet with 132 trials over 11 tasks, the default
+rules won 10 of 11: applying every record made the model 4x slower.) ``tune_minutes`` is checked
+after each measured batch, so the search may overrun it by one batch per task.
 
 Candidates are built in this process: the stock ``LocalBuilder`` starts a fresh worker for every
 batch, and each worker spends ~30 s importing TVM's tensor intrinsics (measured on a 2-core host:
