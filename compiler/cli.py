@@ -77,6 +77,8 @@ def main(debug: bool) -> None:
 )
 @click.option("--input-range", multiple=True, help="Value range of an input, e.g. input_ids=0:30522.")
 @click.option("--target-opt", multiple=True, type=KeyValueParam(), help="Target option, e.g. mcpu=skylake-avx512.")
+@click.option("--tune-trials", type=click.IntRange(min=0), default=0, help="tvm: MetaSchedule trials (0: no tuning).")
+@click.option("--tune-minutes", type=click.FloatRange(min=0), default=0.0, help="tvm: stop tuning after this long.")
 @click.option("--pass-opt", multiple=True, type=KeyValueParam(), help="Pass parameter, e.g. int8.method=percentile.")
 @click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Max relative L2 error per output.")
 @click.option("--no-bench", is_flag=True, help="Skip the benchmark.")
@@ -115,7 +117,7 @@ def compile(model: str, **kw: Any) -> None:
             "passes": tuple(p.strip() for p in kw["passes"].split(",") if p.strip()),
             "dynamic": kw["dynamic"],
             "input_ranges": dict(parse_value_range(r) for r in kw["input_range"]),
-            "target_options": dict(kw["target_opt"]),
+            "target_options": {**dict(kw["target_opt"]), **_tuning_options(kw)},
             "pass_params": _pass_params(kw["pass_opt"]),
             "tolerance": kw["tolerance"],
             "bench": not kw["no_bench"],
@@ -159,6 +161,11 @@ def compile(model: str, **kw: Any) -> None:
     click.echo(str(result.path))
 
 
+def _tuning_options(kw: dict[str, Any]) -> dict[str, str]:
+    """``--tune-trials`` / ``--tune-minutes`` are spellings of the tvm target options of those names."""
+    return {k: str(kw[k]) for k in ("tune_trials", "tune_minutes") if kw[k]}
+
+
 #: BuildOptions field -> the compile flag that sets it, for fields a recipe can hold.
 _RECIPE_FLAGS = {
     "target": "target",
@@ -183,7 +190,8 @@ def _with_recipe(path: Path, options: Any, ctx: click.Context) -> Any:
 
     values = {**load_recipe(path)}
     for field, flag in _RECIPE_FLAGS.items():
-        if ctx.get_parameter_source(flag) in (ParameterSource.DEFAULT, None):
+        flags = (flag, "tune_trials", "tune_minutes") if field == "target_options" else (flag,)
+        if all(ctx.get_parameter_source(f) in (ParameterSource.DEFAULT, None) for f in flags):
             continue
         given = getattr(options, field)
         if field == "pass_params":

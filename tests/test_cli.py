@@ -108,3 +108,14 @@ def test_compile_signs_and_pushes(tmp_path: Path) -> None:
     assert verified.returncode == 0, verified.stderr
     listed = aotforge("list", "--registry", str(registry))
     assert "light_squeezenet" in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_tune_flags_are_tvm_options_and_refused_by_name_elsewhere(tmp_path: Path) -> None:
+    model = str(EXAMPLES / "mini_resnet.py")
+    proc = aotforge("compile", model, "-t", "onnxruntime", "--tune-trials", "8", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "tune_trials" in proc.stderr
+    proc = aotforge(
+        "compile", model, "-t", "tvm", "--tune-trials", "8", "--target-opt", "dynamic=true", "--out", str(tmp_path)
+    )
+    assert proc.returncode == 2 and "tun" in proc.stderr and "dynamic" in proc.stderr
+    assert not any(tmp_path.iterdir())
