@@ -22,7 +22,12 @@ def _one(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> 
         return rng.integers(0, 2, size=shape).astype(np.bool_)
     if np.issubdtype(dtype, np.integer):
         lo, hi = spec.value_range or _default_int_range(spec.name)
-        return rng.integers(int(lo), max(int(hi), int(lo) + 1), size=shape).astype(dtype)
+        values = rng.integers(int(lo), max(int(hi), int(lo) + 1), size=shape).astype(dtype)
+        if _is_mask(spec.name) and values.ndim and values.shape[-1] and hi > 1:
+            # Real masks attend to the first token ([CLS]); an all-zero row pools to a zero
+            # vector, where cosine is undefined and a 1e-4 fp16 residue reads as cosine 0.
+            values[..., 0] = 1
+        return values
     if spec.value_range is not None:
         lo, hi = spec.value_range
         return rng.uniform(lo, hi, size=shape).astype(dtype)
@@ -31,4 +36,8 @@ def _one(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> 
 
 def _default_int_range(name: str) -> tuple[int, int]:
     # Unknown integer inputs: masks are 0/1, anything else gets small non-negative ids.
-    return (0, 2) if "mask" in name.lower() else (0, 8)
+    return (0, 2) if _is_mask(name) else (0, 8)
+
+
+def _is_mask(name: str) -> bool:
+    return "mask" in name.lower()

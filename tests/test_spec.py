@@ -47,3 +47,14 @@ def test_value_range_and_options_from_dict() -> None:
         options_from_dict(TvmOptions, {"nope": 1}, what="tvm")
     with pytest.raises(OptionsError, match="unknown build option"):
         BuildOptions.from_dict({"targt": "tvm"})
+
+
+def test_generated_masks_always_attend_to_the_first_token() -> None:
+    import numpy as np
+
+    from compiler.sample_inputs import make_inputs
+
+    io = IOSpec((TensorSpec("attention_mask", "int64", (64, 1)), TensorSpec("ids", "int64", (64, 3))), ())
+    (x,) = make_inputs(io, {}, seed=0, count=1)
+    assert (x["attention_mask"] == 1).all()  # seq 1: the only token is attended
+    assert set(np.unique(x["ids"])) > {1}  # other integer inputs are untouched
