@@ -108,6 +108,10 @@ def build_resolved(
                 f"parameters given for pass(es) {', '.join(stray)} that are not in --passes {','.join(pass_names)}"
             )
         pass_params = int8_shortcuts(opts, pass_names)
+        # A target may need other pass defaults (TensorRT: signed symmetric Q/DQ); the user's win.
+        for pass_name, defaults in getattr(target, "pass_defaults", {}).items():
+            if pass_name in pass_names:
+                pass_params[pass_name] = {**defaults, **pass_params.get(pass_name, {})}
         graph_passes = [make_pass(n, pass_params.get(n)) for n in pass_names]
 
         say("loading model")

@@ -67,6 +67,8 @@ class QuantizeStaticParams:
     symmetric: bool = False
     #: Activation integer type: uint8 lets ORT's CPU optimizer fuse every Conv / Add (see the module doc).
     activations: Activations = Activations.UINT8
+    #: Bias as int32 Q/DQ (ORT folds it into QLinearConv); TensorRT wants float bias instead.
+    quantize_bias: bool = True
     #: Op types to quantize; empty means ONNX Runtime's default set.
     op_types: tuple[str, ...] = ()
     nodes_to_exclude: tuple[str, ...] = ()
@@ -151,7 +153,11 @@ class QuantizeStaticPass(GraphPass):
                 weight_type=QuantType.QInt8,
                 nodes_to_exclude=exclude,
                 calibrate_method=_ORT_METHOD[p.method],
-                extra_options={"ActivationSymmetric": p.symmetric, "WeightSymmetric": True},
+                extra_options={
+                    "ActivationSymmetric": p.symmetric,
+                    "WeightSymmetric": True,
+                    "QuantizeBias": p.quantize_bias,
+                },
             )
 
         quantize_through_files(model, quantize, source)

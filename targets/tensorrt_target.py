@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
-from compiler.errors import ArtifactError, InputSpecError, OptionsError, TargetUnavailableError
+from compiler.errors import ArtifactError, InputSpecError, OptionsError, TargetUnavailableError, UnsupportedModelError
 from compiler.spec import DEFAULT_DIM_SIZE, IOSpec
 from targets.base import BuildContext, CompileResult, ProbeResult, Runner
 from targets.trt_sdk import probe_host, query_gpu
@@ -168,10 +169,36 @@ def build_plan(options: TensorRTOptions, ctx: BuildContext) -> TrtBuildPlan:
     )
 
 
+#: The int8 pass's defaults for this target: TensorRT's Q/DQ are signed int8 with zero point 0
+#: and bias stays float (the pass's uint8 activations and int32 bias suit ONNX Runtime on x86).
+PASS_DEFAULTS = {"int8": {"activations": "int8", "symmetric": True, "quantize_bias": False}}
+
+
+def check_qdq(model: ir.Model) -> None:
+    """Refuse Q/DQ TensorRT cannot build: a zero point that is not int8 / fp8 or not all zeros."""
+    for node in model.graph.all_nodes():
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or len(node.inputs) < 3:
+            continue
+        zero = node.inputs[2]
+        if zero is None:
+            continue
+        const = zero.const_value
+        dtype = zero.dtype.name if zero.dtype is not None else "unknown"
+        nonzero = const is not None and bool(np.any(const.numpy().astype(np.float64) != 0))
+        if dtype not in ("INT8", "FLOAT8E4M3FN") or nonzero or const is None:
+            raise UnsupportedModelError(
+                f"tensorrt: {node.op_type} {node.name!r} has a {dtype.lower()} zero point"
+                f"{' that is not 0' if nonzero else ''}; TensorRT takes symmetric int8 Q/DQ only: "
+                "build with --pass-opt int8.activations=int8 --pass-opt int8.symmetric=true "
+                "--pass-opt int8.quantize_bias=false (the defaults for --target tensorrt)"
+            )
+
+
 def prepare_onnx(model: ir.Model, workdir: Path) -> Path:
     """Write the IR the parser reads and check it: the parser's own errors are far vaguer."""
     import onnx
 
+    check_qdq(model)
     path = workdir / "model.onnx"
     if not path.exists():
         ir.save(model, path)
@@ -186,6 +213,7 @@ def prepare_onnx(model: ir.Model, workdir: Path) -> Path:
 class TensorRTTarget:
     name = "tensorrt"
     options_type = TensorRTOptions
+    pass_defaults = PASS_DEFAULTS
 
     def probe(self) -> ProbeResult:
         return probe_host()
@@ -206,6 +234,7 @@ class TensorRTTarget:
     def bundle_plan(self, model: ir.Model, options: TensorRTOptions, ctx: BuildContext) -> dict[str, Any]:
         """The builder plan (profiles, flags, limits) a --prepare-only bundle carries, as JSON values."""
         self.plan(model, options, ctx)
+        check_qdq(model)
         plan: dict[str, Any] = json.loads(json.dumps(build_plan(options, ctx).to_dict()))
         return plan
 

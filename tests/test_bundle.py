@@ -144,5 +144,25 @@ def test_sparsity_bundle_plans_sparse_weights(tmp_path: Path) -> None:
 def test_prepare_only_keeps_the_int8_qdq_the_pass_wrote(tmp_path: Path) -> None:
     bundle = _prepare(tmp_path, passes=("O1", "int8"))
     onnx.checker.check_model(str(bundle / "model.onnx"))
-    ops = {n.op_type for n in onnx.load(str(bundle / "model.onnx")).graph.node}
-    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    graph = onnx.load(str(bundle / "model.onnx")).graph
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in graph.node}
+    # TensorRT's pass defaults, not the int8 pass's ORT-friendly uint8 ones: signed, zero point 0.
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    zeros = [inits[n.input[2]] for n in graph.node if n.op_type == "QuantizeLinear" and len(n.input) > 2]
+    assert zeros and all(z.dtype == np.int8 and not z.any() for z in zeros)
+
+
+def test_prepare_only_refuses_qdq_tensorrt_cannot_build(tmp_path: Path) -> None:
+    from compiler.errors import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="int8.activations=int8"):
+        build(
+            MODEL,
+            target="tensorrt",
+            prepare_only=True,
+            passes=("O1", "int8"),
+            pass_params={"int8": {"activations": "uint8"}},
+            tolerance=1e-2,
+            out=tmp_path,
+        )
+    assert not any(tmp_path.rglob("*.bundle"))

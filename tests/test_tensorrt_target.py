@@ -27,6 +27,7 @@ from targets.tensorrt_target import (
     builder_flags,
     check_engine_compat,
     check_graph_inputs,
+    check_qdq,
     plan_profiles,
     prepare_onnx,
 )
@@ -254,3 +255,18 @@ def test_timing_cache_lives_in_the_build_cache_per_version_and_gpu(tmp_path: Pat
     assert path.name.startswith("tensorrt-") and "-cc" in path.name and path.name.endswith(".timing")
     given = TensorRTOptions(timing_cache=str(tmp_path / "mine.bin"))
     assert target.with_cache_dir(given, tmp_path) is given
+
+
+def test_qdq_tensorrt_cannot_build_is_refused_by_node() -> None:
+    from compiler.errors import UnsupportedModelError
+
+    check_qdq(_qdq_fp16_model())  # signed int8, zero point 0: what TensorRT builds
+    model = _qdq_fp16_model()
+    zero = model.graph.initializers["z"]
+    zero.const_value = ir.tensor(np.array(3, np.int8))
+    with pytest.raises(UnsupportedModelError, match="int8 zero point that is not 0"):
+        check_qdq(model)
+    zero.const_value = ir.tensor(np.array(128, np.uint8))
+    zero.dtype = ir.DataType.UINT8
+    with pytest.raises(UnsupportedModelError, match="uint8 zero point.*int8.activations=int8"):
+        check_qdq(model)
