@@ -25,6 +25,7 @@ PASSES: dict[str, str] = {
     "bf16": "passes.convert_precision:ConvertToBFloat16Pass",
     "int8-dynamic": "passes.quantize_dynamic:QuantizeDynamicPass",
     "int8": "passes.quantize_static:QuantizeStaticPass",
+    "weight-only": "passes.quantize_weight_only:QuantizeWeightOnlyPass",
     "sparsity24": "passes.prune_structured:PruneStructuredPass",
     "prune": "passes.prune_magnitude:PruneMagnitudePass",
 }
@@ -39,7 +40,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
 DEFAULT_PRESET = "O1"
 
 #: Passes whose output holds com.microsoft contrib ops only ONNX Runtime runs.
-CONTRIB_OP_PASSES: frozenset[str] = frozenset({"fuse-ort"})
+CONTRIB_OP_PASSES: frozenset[str] = frozenset({"fuse-ort", "weight-only"})
 
 
 def pass_class(name: str) -> type[GraphPass]:
