@@ -69,8 +69,12 @@ class QuantizeWeightOnlyPass(GraphPass):
         float_bytes = sum(_weight_bytes(model, n) for n in candidates)
 
         def quantize(src: Path, dst: Path) -> None:
+            import logging
+
             from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+            # It logs one INFO line per node it skips (hundreds for a transformer).
+            logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
             quantizer = MatMulNBitsQuantizer(
                 str(src),
                 bits=p.bits,
