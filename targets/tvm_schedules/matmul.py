@@ -6,7 +6,7 @@ One rule covers every PrimFunc whose single reduction block is a sum of products
 - the last spatial axis ``j`` is the vector axis, tiled by up to 32 (2 x 16 lanes);
 - ``i`` is the innermost spatial axis of the operand that does not depend on ``j`` (the
   "broadcast" operand: ``A`` of a matmul, the weights of a convolution), tiled by up to 8;
-- outer spatial loops and the tile loops are fused and run in parallel;
+- outer spatial loops and the tile loops (j tiles outside i tiles) are fused and run in parallel;
 - the accumulator tile lives in a ``local`` buffer, its write-back carries the fused
   elementwise epilogue (bias, residual add, activation);
 - tile sizes are divisors of the extents, so no tail predicate ever reaches a vector loop
@@ -177,7 +177,10 @@ class TiledMatmul(dl.ScheduleRule):
         outer = [s_loops[k] for k in range(n_s) if k not in (i, j)]
         if i >= 0:
             io, ii = sch.split(s_loops[i], [None, ti])
-            outer += [io, jo]
+            # j tiles outside i tiles: one K x tj panel of the j-dependent operand (weights)
+            # stays in L2 while every i tile streams past it; i outside j re-streamed the whole
+            # weight matrix per i tile (MiniLM's 384x1536 FFN: 150 -> 270 GFLOP/s on 2 cores).
+            outer += [jo, io]
             inner = [ii, ji]
         else:
             outer += [jo]
