@@ -165,3 +165,29 @@ def test_row_reductions_are_vectorized_and_keep_numerics() -> None:
     counts = report["schedules"]["scheduled_by_rule"]
     assert counts["RowReduction"] >= 2  # layer_norm and softmax
     assert counts["cpu.Reduction"] == 0
+
+
+def test_long_reductions_are_blocked_along_k_and_keep_numerics() -> None:
+    """A BERT-style dense layer (K=512 > K_BLOCK) gets k blocks outside the i tiles."""
+    from tvm import te
+
+    from targets.tvm_schedules.matmul import K_BLOCK, TiledMatmul
+
+    m, k, n = 64, 512, 256
+    a, w, bias = te.placeholder((1, m, k), name="A"), te.placeholder((k, n), name="W"), te.placeholder((n,), name="b")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((1, m, n), lambda b, i, j: te.sum(a[b, i, r] * w[r, j], axis=r), name="C")
+    d = te.compute((1, m, n), lambda b, i, j: c[b, i, j] + bias[j], name="D")
+    target = _target()
+    with target:
+        sch = TiledMatmul().apply(te.create_prim_func([a, w, bias, d]), target, False)
+    assert sch is not None
+    extents = [int(sch.get(loop).extent) for loop in sch.get_loops(sch.get_sblock("C_update"))]
+    assert K_BLOCK in extents, extents
+
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s, dtype=np.float32) for s in ((1, m, k), (k, n), (n,))]
+    out = tvm.runtime.tensor(np.zeros((1, m, n), np.float32))
+    tvm.compile(sch.mod, target=target)(*(tvm.runtime.tensor(x) for x in args), out)
+    expected = args[0][0].astype(np.float64) @ args[1] + args[2]
+    assert np.abs(out.numpy()[0] - expected).max() < 1e-3
