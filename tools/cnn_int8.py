@@ -22,7 +22,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -45,16 +44,12 @@ def session(path: Path):
 
 
 def time_one(path: Path, size: int, runs: int) -> float:
+    from compiler.benchmark import BenchOptions, benchmark
+
     sess = session(path)
     feed = {sess.get_inputs()[0].name: images(1, 7, size)[0]}
-    for _ in range(5):
-        sess.run(None, feed)
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        sess.run(None, feed)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    options = BenchOptions(warmup=5, min_runs=runs, max_runs=runs, max_seconds=float("inf"))
+    return benchmark(lambda x: sess.run(None, x), feed, options).p50_ms
 
 
 def heavy_ops(path: Path) -> str:

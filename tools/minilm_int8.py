@@ -99,15 +99,11 @@ def embeddings(path: Path, feeds: list[dict]) -> np.ndarray:
 
 def time_one(path: Path, feed_file: Path, runs: int) -> float:
     feed = dict(np.load(feed_file))  # saved by main: the worker imports neither torch nor transformers
+    from compiler.benchmark import BenchOptions, benchmark
+
     sess = session(path)
-    for _ in range(10):
-        sess.run(None, feed)
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        sess.run(None, feed)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    options = BenchOptions(warmup=10, min_runs=runs, max_runs=runs, max_seconds=float("inf"))
+    return benchmark(lambda x: sess.run(None, x), feed, options).p50_ms
 
 
 def main() -> None:
