@@ -7,12 +7,14 @@ Stages (all inside ``with target:``):
 
 1. fast math (optional): ``exp`` / ``erf`` / ``tanh`` / softmax / GELU -> TVM's fast
    polynomial versions (~5e-6 max abs error), so vectorized loops do not call scalar libm;
-2. the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
-3. tuned schedules (optional): MetaSchedule records from the shared tuning store, searched
+2. integer matmuls with constant int8 weights (``int8-dynamic``) -> the AVX-512 VNNI kernel
+   (``targets.tvm_int8_matmul``) where the target has VNNI; the report says which and why not;
+3. the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
+4. tuned schedules (optional): MetaSchedule records from the shared tuning store, searched
    first for workloads it lacks (``targets.tvm_tuning``), applied where they beat the default;
-4. default schedules without search (``targets.tvm_schedules``: GEMV, register-tiled
+5. default schedules without search (``targets.tvm_schedules``: GEMV, register-tiled
    matmul/conv, reductions, injective ops) for the rest; what no rule matched is reported;
-5. the CPU backend's dataflow lowering + finalization passes, then ``tvm.compile``.
+6. the CPU backend's dataflow lowering + finalization passes, then ``tvm.compile``.
 """
 
 from __future__ import annotations
@@ -71,6 +73,20 @@ def _has_conv2d(mod: Any) -> bool:
     return found
 
 
+def _int8_matmuls(mod: Any, target: Any) -> tuple[Any, dict[str, Any] | None]:
+    """The VNNI rewrite where it applies; ``None`` (nothing to report) for float-only graphs."""
+    from tvm.target.codegen import target_has_features
+
+    from targets.tvm_int8_matmul import count_int_matmuls, rewrite_int8_matmuls
+
+    found = count_int_matmuls(mod)
+    if not found:
+        return mod, None
+    if not target_has_features("avx512vnni", target):
+        return mod, {"rewritten": 0, "skipped": {f"target {target.attrs['mcpu']} has no avx512vnni": found}}
+    return rewrite_int8_matmuls(mod)
+
+
 def compile_relax(
     mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool = True, tuning: TuneSettings | None = None
 ) -> tuple[Any, dict[str, Any]]:
@@ -112,6 +128,7 @@ def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: T
             # vectorizes over them (16 lanes for widths 32-256) with contiguous weight loads,
             # where NCHW would vectorize over output width (7-56, scalar at 7).
             mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
+        mod, int8 = _int8_matmuls(mod, target)
         mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
         tuned = None
         if tuning is not None:
@@ -120,6 +137,8 @@ def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: T
             database, tuned = tune_module(mod, target, tuning)
             mod, tuned["from_database"] = apply_tuned(mod, database)
         mod, schedules = apply_default_schedules(mod)
+        if int8 is not None:
+            schedules = {**schedules, "int8_matmul": int8}
         if tuned is not None:
             schedules = {**schedules, "tuning": tuned}
         lower = tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
