@@ -191,3 +191,23 @@ def test_long_reductions_are_blocked_along_k_and_keep_numerics() -> None:
     tvm.compile(sch.mod, target=target)(*(tvm.runtime.tensor(x) for x in args), out)
     expected = args[0][0].astype(np.float64) @ args[1] + args[2]
     assert np.abs(out.numpy()[0] - expected).max() < 1e-3
+
+
+@pytest.mark.parametrize("shape", [(1, 12, 64), (3, 48)])
+@pytest.mark.parametrize("op", ["max", "min", "sum"])
+def test_whole_tensor_reductions_are_vectorized_and_exact(shape: tuple[int, ...], op: str) -> None:
+    """max(x) / min(x) of dynamic quantization: no spatial axis to parallelize over."""
+    from tvm import te
+
+    from targets.tvm_schedules.reduction import FullReduction
+
+    x = te.placeholder(shape, name="x")
+    axes = [te.reduce_axis((0, d)) for d in shape]
+    y = te.compute((), lambda: getattr(te, op)(x[tuple(axes)], axis=axes), name="y")
+    sch = FullReduction().apply(te.create_prim_func([x, y]), _target(), False)
+    assert sch is not None
+    assert "vectorized" in str(sch.mod)
+    data = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+    out = tvm.runtime.tensor(np.zeros((), np.float32))
+    tvm.compile(sch.mod, target=_target())(tvm.runtime.tensor(data), out)
+    np.testing.assert_allclose(out.numpy(), getattr(np, op)(data), rtol=1e-5)

@@ -16,7 +16,7 @@ from tvm.target import Target
 from targets.tvm_schedules.injective import Injective
 from targets.tvm_schedules.matmul import TiledMatmul
 from targets.tvm_schedules.pooling import WindowReduction
-from targets.tvm_schedules.reduction import RowReduction
+from targets.tvm_schedules.reduction import FullReduction, RowReduction
 
 RULE_ATTR = "aotforge.schedule_rule"
 
@@ -49,6 +49,7 @@ def default_rules() -> list[tuple[str, dl.ScheduleRule]]:
         ("TiledMatmul", TiledMatmul()),
         ("WindowReduction", WindowReduction()),
         ("RowReduction", RowReduction()),
+        ("FullReduction", FullReduction()),
         ("cpu.Reduction", dl.cpu.Reduction()),
         ("Injective", Injective()),
     ]
