@@ -9,6 +9,7 @@ Stages (all inside ``with target:``):
    polynomial versions (~5e-6 max abs error), so vectorized loops do not call scalar libm;
 2. integer matmuls with constant int8 weights (``int8-dynamic``) -> the AVX-512 VNNI kernel
    (``targets.tvm_int8_matmul``) where the target has VNNI; the report says which and why not;
+   bf16 NaN / Inf tests (Clip bounds) read an fp32 copy, which TIR needs (``targets.tvm_bf16``);
 3. the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
 4. tuned schedules (optional): MetaSchedule records from the shared tuning store, searched
    first for workloads it lacks (``targets.tvm_tuning``), applied where they beat the default;
@@ -117,6 +118,7 @@ def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: T
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
+    from targets.tvm_bf16 import widen_bf16_checks
     from targets.tvm_schedules import apply_default_schedules
 
     with target:
@@ -129,6 +131,7 @@ def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: T
             # where NCHW would vectorize over output width (7-56, scalar at 7).
             mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
         mod, int8 = _int8_matmuls(mod, target)
+        mod, bf16 = widen_bf16_checks(mod)  # TIR isnan / isinf have no bf16: test an fp32 copy
         mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
         tuned = None
         if tuning is not None:
@@ -139,6 +142,8 @@ def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: T
         mod, schedules = apply_default_schedules(mod)
         if int8 is not None:
             schedules = {**schedules, "int8_matmul": int8}
+        if bf16 is not None:
+            schedules = {**schedules, "bf16": bf16}
         if tuned is not None:
             schedules = {**schedules, "tuning": tuned}
         lower = tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
