@@ -7,8 +7,9 @@ Stages (all inside ``with target:``):
 
 1. fast math (optional): ``exp`` / ``erf`` / ``tanh`` / softmax / GELU -> TVM's fast
    polynomial versions (~5e-6 max abs error), so vectorized loops do not call scalar libm;
-2. integer matmuls with constant int8 weights (``int8-dynamic``) -> the AVX-512 VNNI kernel
-   (``targets.tvm_int8_matmul``) where the target has VNNI; the report says which and why not;
+2. integer matmuls (``int8-dynamic``) and QDQ convolutions (``int8``) with constant int8 weights
+   -> AVX-512 VNNI kernels (``targets.tvm_int8``) where the target has VNNI; the report
+   (``int8_vnni``) says which and why not;
    bf16 NaN / Inf tests (Clip bounds) read an fp32 copy, which TIR needs (``targets.tvm_bf16``);
 3. the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
 4. tuned schedules (optional): MetaSchedule records from the shared tuning store, searched
@@ -74,18 +75,18 @@ def _has_conv2d(mod: Any) -> bool:
     return found
 
 
-def _int8_matmuls(mod: Any, target: Any) -> tuple[Any, dict[str, Any] | None]:
+def _integer_ops(mod: Any, target: Any) -> tuple[Any, dict[str, Any] | None]:
     """The VNNI rewrite where it applies; ``None`` (nothing to report) for float-only graphs."""
     from tvm.target.codegen import target_has_features
 
-    from targets.tvm_int8_matmul import count_int_matmuls, rewrite_int8_matmuls
+    from targets.tvm_int8 import count_integer_ops, rewrite_integer_ops
 
-    found = count_int_matmuls(mod)
+    found = count_integer_ops(mod)
     if not found:
         return mod, None
     if not target_has_features("avx512vnni", target):
         return mod, {"rewritten": 0, "skipped": {f"target {target.attrs['mcpu']} has no avx512vnni": found}}
-    return rewrite_int8_matmuls(mod)
+    return rewrite_integer_ops(mod)
 
 
 def compile_relax(
@@ -125,12 +126,13 @@ def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: T
         if fast_math:
             mod = _fast_gelu_pass()(mod)
             mod = relax.transform.FastMathTransform()(mod)
+        # Before NHWC: QDQ convolutions become VNNI kernels that are channels-last themselves.
+        mod, int8 = _integer_ops(mod, target)
         if conv_nhwc:
             # NHWC activations + HWIO weights put output channels last: the tiled rule then
             # vectorizes over them (16 lanes for widths 32-256) with contiguous weight loads,
             # where NCHW would vectorize over output width (7-56, scalar at 7).
             mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
-        mod, int8 = _int8_matmuls(mod, target)
         mod, bf16 = widen_bf16_checks(mod)  # TIR isnan / isinf have no bf16: test an fp32 copy
         mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
         tuned = None
@@ -141,7 +143,7 @@ def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: T
             mod, tuned["from_database"] = apply_tuned(mod, database)
         mod, schedules = apply_default_schedules(mod)
         if int8 is not None:
-            schedules = {**schedules, "int8_matmul": int8}
+            schedules = {**schedules, "int8_vnni": int8}
         if bf16 is not None:
             schedules = {**schedules, "bf16": bf16}
         if tuned is not None:
