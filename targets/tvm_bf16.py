@@ -1,48 +1,64 @@
-"""Relax pass: bf16 NaN / Inf tests computed on float32 (tvm target).
+"""Relax pass: what TVM's CPU lowering needs from a bf16 graph (tvm target).
 
-TVM's TIR ``isnan`` / ``isinf`` / ``isfinite`` know only fp16/32/64: legalizing one on a
-bfloat16 tensor fails the build ("Data type T.bfloat16 not supported for isnan op"). A bf16
-graph meets them without asking: the ONNX importer turns ``Clip(x, min, max)`` into
-``where(isnan(min), -inf, min)`` guards on the bounds, and the bf16 pass makes those bounds
-bf16 (MiniLM's ``clamp(min=1e-9)`` in mean pooling).
+Two rewrites, each where TVM's TIR falls short on bfloat16, not the graph:
 
-Why here and not in the bf16 pass: the graph is right, the gap is TVM's intrinsic, and only
-the test (a bool) is affected. Keeping ``Clip`` fp32 for tvm would move the clamp itself and
-its neighbours off bf16 behind two Casts for a lowering detail; here the one bf16 -> fp32
-``astype`` in front of the test is exact (bf16 is truncated fp32: every NaN and Inf maps
-to itself) and, on a constant bound, the legalize stage's ``FoldConstant`` removes it with the test.
+- **NaN / Inf tests read an fp32 copy.** TIR's ``isnan`` / ``isinf`` / ``isfinite`` know only
+  fp16/32/64: legalizing one on bf16 fails the build ("Data type T.bfloat16 not supported for
+  isnan op"). A bf16 graph meets them without asking: the ONNX importer guards
+  ``Clip(x, min, max)`` bounds with ``where(isnan(min), -inf, min)``, and the bf16 pass makes
+  those bounds bf16 (MiniLM's ``clamp(min=1e-9)`` in mean pooling). Keeping ``Clip`` fp32 in the
+  bf16 pass instead would move the clamp and its neighbours off bf16 behind Casts for a
+  lowering detail; bf16 -> fp32 is exact (every NaN and Inf maps to itself), and on a constant
+  bound the legalize stage's ``FoldConstant`` removes the copy with the test.
+- **matmuls accumulate in fp32**: ``matmul(a, b)`` on bf16 becomes
+  ``astype(matmul(a, b, out_dtype=float32), bf16)``. TIR accumulates a reduction in its output
+  dtype; that is fp32 only where a schedule gives the sum a local tile (which BF16 legalization
+  widens). A reduction scheduled in place (K=1 of attention at seq 1, taken by the injective
+  rule) read-modify-writes the bf16 output, which TVM's BF16 storage legalization cannot lower
+  ("dtype mismatch on BufferStore ... uint16 ... bfloat16x16"), and which would round the sum at
+  every step. Stated in the graph, fp32 accumulation holds whatever schedule runs; the cast
+  fuses into the matmul's epilogue.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 _CHECKS = frozenset({"relax.isnan", "relax.isinf", "relax.isfinite"})
+BF16 = "bfloat16"
 
 
-def widen_bf16_checks(mod: Any) -> tuple[Any, dict[str, int] | None]:
-    """``mod`` with each bf16 NaN / Inf test reading an fp32 copy; ``None`` (nothing to report) if none."""
+def _dtype(expr: Any) -> str:
+    return str(getattr(expr.ty, "dtype", ""))
+
+
+def rewrite_bf16(mod: Any) -> tuple[Any, dict[str, int] | None]:
+    """``mod`` with both rewrites applied; the counts, or ``None`` (nothing to report) for non-bf16 graphs."""
     from tvm import relax
     from tvm.relax import PyExprMutator, expr_functor
 
-    count = 0
+    counts: Counter[str] = Counter()
 
     @expr_functor.mutator
     class _Mutator(PyExprMutator):  # type: ignore[misc]
         def visit_call_(self, call: Any) -> Any:
-            nonlocal count
             call = super().visit_call_(call)
             op = getattr(call.op, "name", "")
-            if op in _CHECKS and str(getattr(call.args[0].ty, "dtype", "")) == "bfloat16":
-                count += 1
+            if op in _CHECKS and _dtype(call.args[0]) == BF16:
+                counts["checks_in_fp32"] += 1
                 wide = self.builder_.emit(relax.op.astype(call.args[0], "float32"))
                 return relax.Call(call.op, [wide], call.attrs)
+            if op == "relax.matmul" and _dtype(call) == BF16:
+                counts["matmuls_fp32_accumulate"] += 1
+                wide = self.builder_.emit(relax.op.matmul(call.args[0], call.args[1], out_dtype="float32"))
+                return relax.op.astype(wide, BF16)
             return call
 
     mutator = _Mutator(mod)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    if not count:
+    if not counts:
         return mod, None
-    return mutator.builder_.get(), {"bf16_checks_in_fp32": count}
+    return mutator.builder_.get(), dict(sorted(counts.items()))

@@ -10,7 +10,7 @@ Stages (all inside ``with target:``):
 2. integer matmuls (``int8-dynamic``) and QDQ convolutions (``int8``) with constant int8 weights
    -> AVX-512 VNNI kernels (``targets.tvm_int8``) where the target has VNNI; the report
    (``int8_vnni``) says which and why not;
-   bf16 NaN / Inf tests (Clip bounds) read an fp32 copy, which TIR needs (``targets.tvm_bf16``);
+   bf16 graphs: NaN / Inf tests on an fp32 copy, matmuls accumulating in fp32 (``targets.tvm_bf16``);
 3. the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
 4. tuned schedules (optional): MetaSchedule records from the shared tuning store, searched
    first for workloads it lacks (``targets.tvm_tuning``), applied where they beat the default;
@@ -119,7 +119,7 @@ def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: T
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
-    from targets.tvm_bf16 import widen_bf16_checks
+    from targets.tvm_bf16 import rewrite_bf16
     from targets.tvm_schedules import apply_default_schedules
 
     with target:
@@ -128,12 +128,13 @@ def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: T
             mod = relax.transform.FastMathTransform()(mod)
         # Before NHWC: QDQ convolutions become VNNI kernels that are channels-last themselves.
         mod, int8 = _integer_ops(mod, target)
+        # Before any FoldConstant: folding a bf16 isnan compiles it, which TIR cannot.
+        mod, bf16 = rewrite_bf16(mod)  # TIR lacks bf16 isnan / isinf and in-place bf16 matmul sums
         if conv_nhwc:
             # NHWC activations + HWIO weights put output channels last: the tiled rule then
             # vectorizes over them (16 lanes for widths 32-256) with contiguous weight loads,
             # where NCHW would vectorize over output width (7-56, scalar at 7).
             mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
-        mod, bf16 = widen_bf16_checks(mod)  # TIR isnan / isinf have no bf16: test an fp32 copy
         mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
         tuned = None
         if tuning is not None:
