@@ -47,7 +47,7 @@ class TvmOptions:
     cc: str = ""
     #: MetaSchedule trials in total (0: no search, default schedules only); see targets.tvm_tuning.
     tune_trials: int = 0
-    #: Wall-clock cap on the search in minutes (0: none); alone it allows up to MINUTES_ONLY_TRIALS.
+    #: Wall-clock cap on the search in minutes (0: none); alone, only the clock ends the search.
     tune_minutes: float = 0.0
     #: Tuning store directory; empty: ``<--cache-dir>/tvm-tuning``, or nothing kept without a cache dir.
     tuning_db: str = ""
@@ -63,8 +63,6 @@ class TvmOptions:
         return self.tune_trials > 0 or self.tune_minutes > 0
 
 
-#: The trial cap when only ``tune_minutes`` is given: the clock ends the search first.
-MINUTES_ONLY_TRIALS = 100_000
 #: The tuning store's folder inside the build cache directory.
 TUNING_DIR = "tvm-tuning"
 
@@ -217,7 +215,7 @@ def _tune_settings(options: TvmOptions, work_dir: Path) -> Any:
     from targets.tvm_tuning import TuneSettings
 
     return TuneSettings(
-        trials=options.tune_trials or MINUTES_ONLY_TRIALS,
+        trials=options.tune_trials,  # 0 with tune_minutes: the clock only (TuneSettings)
         minutes=options.tune_minutes,
         work_dir=work_dir,
         store_dir=Path(options.tuning_db) if options.tuning_db else None,

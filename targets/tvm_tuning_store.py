@@ -5,9 +5,11 @@ so a schedule tuned for one CPU would be served for another. Here each tuned wor
 ``<dir>/<key[:2]>/<key>.json``, keyed by the sha256 of (the workload's structural hash, the full
 target dict with kind / mcpu / mtriple / num-cores, the TVM version): two models sharing a matmul
 shape share its entry, a different CPU or core count or TVM does not. An entry holds the workload,
-its best records and the time the default (search-free) schedule takes on the same runner, so the
-pipeline uses a tuned schedule only where it beats the default. Writes merge under a lock and land
-with ``os.replace``; an entry whose JSON or checksum fails is removed and reported, never served.
+its best records, the time the default (search-free) schedule takes on the same runner (so the
+pipeline uses a tuned schedule only where it beats the default) and the trials the workload has been
+searched with, so a later build asking for more searches it again. Writes merge under a lock (the
+best records of both, never a worse best) and land with ``os.replace`` of a complete temporary
+file; an entry whose JSON or checksum fails is removed and reported, never served.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ SCHEMA_VERSION = 1
 DEFAULT_FAILED = -1.0
 #: Records kept per workload: the best few, so a merge of two tuning runs keeps both winners.
 TOP_K = 3
+#: The trials assumed spent on an entry written before trials were recorded (``Entry.trials`` None),
+#: when deciding whether a build's budget is larger. The real count is unknown, and 0 would re-tune
+#: every such entry on the first build after the upgrade even at the budget that made it. The old
+#: search gave a task one batch of ``min(64, trials // tasks)`` before sharing the rest by gradient,
+#: so 64 (also MetaSchedule's stock batch) is the most one batch gave: a request above 64 per
+#: workload is clearly more search than such an entry is known to have had, one at or below may not be.
+LEGACY_TRIALS = 64
 
 
 def _sha(value: Any) -> str:
@@ -59,6 +68,12 @@ class Entry:
     #: The default schedule's run seconds on the same runner; None: not timed yet; DEFAULT_FAILED.
     default_secs: float | None
     key_fields: Mapping[str, Any]
+    #: The per-workload trial budget searched so far (over all builds); None: unknown (old entry).
+    trials: int | None = None
+
+    def covers(self, budget: int) -> bool:
+        """Whether a search of ``budget`` trials per workload has nothing to add to this entry."""
+        return budget <= (LEGACY_TRIALS if self.trials is None else self.trials)
 
     @property
     def beats_default(self) -> bool:
@@ -75,6 +90,8 @@ class Entry:
             "run_secs": list(self.run_secs),
             "default_secs": self.default_secs,
         }
+        if self.trials is not None:  # absent, an old entry keeps its checksum and old readers read it
+            body["trials"] = self.trials
         return {**body, "sha256": _sha(body)}
 
     @staticmethod
@@ -89,6 +106,7 @@ class Entry:
             run_secs=tuple(float(s) for s in data["run_secs"]),
             default_secs=None if data["default_secs"] is None else float(data["default_secs"]),
             key_fields=dict(data["key_fields"]),
+            trials=None if data.get("trials") is None else int(data["trials"]),
         )
 
 
@@ -127,6 +145,8 @@ class TuningStore:
             try:
                 with os.fdopen(fd, "w") as f:
                     json.dump(merged.to_json(), f, sort_keys=True)
+                    f.flush()
+                    os.fsync(f.fileno())  # the rename must not land before the bytes do
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -140,14 +160,20 @@ def _merge(old: Entry, new: Entry) -> Entry:
     seen: set[str] = set()
     kept = []
     for secs, record in pairs:
-        text = json.dumps(record, sort_keys=True)
+        # One schedule (TVM's record is [trace, run_secs, ...]) measured by two runs: keep its faster time.
+        text = json.dumps(record[0] if isinstance(record, list) and record else record, sort_keys=True)
         if text not in seen:
             seen.add(text)
             kept.append((secs, record))
     kept = kept[:TOP_K]
     default = new.default_secs if new.default_secs is not None else old.default_secs
+    known = [t for t in (old.trials, new.trials) if t is not None]
     return dataclasses.replace(
-        new, records=tuple(r for _, r in kept), run_secs=tuple(s for s, _ in kept), default_secs=default
+        new,
+        records=tuple(r for _, r in kept),
+        run_secs=tuple(s for s, _ in kept),
+        default_secs=default,
+        trials=max(known) if known else None,
     )
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -154,3 +156,125 @@ def test_tuned_build_matches_untuned_and_rebuilds_from_the_store(tmp_path: Path)
     assert second["database_digest"] == report["database_digest"]
     np.testing.assert_array_equal(rebuilt, tuned)
     assert seconds < 60
+
+
+# Re-tuning with a bigger budget: real MetaSchedule on one 64->48 Linear (one task), a few trials.
+# One store is tuned once per module (2 trials); each test works on its own copy of it.
+
+
+def _linear_case() -> tuple[Any, Any, np.ndarray, np.ndarray]:
+    from tvm.relax.frontend.torch import from_exported_program
+
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(64, 48).eval(), torch.randn(4, 64)
+    mod = from_exported_program(torch.export.export(model, (x,)), keep_params_as_input=False)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})
+    with torch.no_grad():
+        return mod, target, x.numpy(), model(x).numpy()
+
+
+_CASE: dict[str, Any] = {}
+
+
+def _tuned_build(store: Path, trials: int, work: Path) -> dict[str, Any]:
+    """A real compile of the Linear with tuning against ``store``; its output checked against torch."""
+    from tvm import relax
+
+    from targets.tvm_pipeline import compile_relax
+    from targets.tvm_tuning import TuneSettings
+
+    if not _CASE:
+        _CASE["mod"], _CASE["target"], _CASE["x"], _CASE["y"] = _linear_case()
+    # pytest's log capture leaves unnamed handlers on MetaSchedule's logger, and TVM's logger set-up
+    # lists that logger's handlers by name: a second search in one process would fail on None.
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    for handler in [h for h in ms_logger.handlers if h.get_name() is None]:
+        ms_logger.removeHandler(handler)
+    work.mkdir(parents=True, exist_ok=True)
+    settings = TuneSettings(trials=trials, work_dir=work, store_dir=store)
+    executable, info = compile_relax(_CASE["mod"], _CASE["target"], fast_math=False, tuning=settings)
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(_CASE["x"]))
+    y = (out[0] if isinstance(out, tvm.ir.Array | list | tuple) else out).numpy()
+    np.testing.assert_allclose(y, _CASE["y"], rtol=1e-4, atol=1e-5)
+    report: dict[str, Any] = info["schedules"]["tuning"]
+    return report
+
+
+def _only_entry(store: Path) -> Entry:
+    (path,) = store.rglob("*.json")
+    return Entry.from_json(json.loads(path.read_text()))
+
+
+@pytest.fixture(scope="module")
+def tuned_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    store = tmp_path_factory.mktemp("tuned") / "store"
+    report = _tuned_build(store, 2, store.parent / "work")
+    assert (report["tasks"], report["tuned"], report["retuned"], report["reused"]) == (1, 1, 0, 0)
+    assert _only_entry(store).trials == 2
+    return store
+
+
+def _copy(store: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(store, tmp_path / "store"))
+
+
+def test_same_or_smaller_budget_reuses(tuned_store: Path, tmp_path: Path) -> None:
+    store = _copy(tuned_store, tmp_path)
+    before = _only_entry(store)
+    for trials in (2, 1):
+        report = _tuned_build(store, trials, tmp_path / f"w{trials}")
+        assert (report["reused"], report["retuned"], report["tuned"], report["trials"]) == (1, 0, 0, 0)
+    assert _only_entry(store) == before
+
+
+def test_bigger_budget_retunes_from_the_records_and_records_the_trials(tuned_store: Path, tmp_path: Path) -> None:
+    store = _copy(tuned_store, tmp_path)
+    before = _only_entry(store)
+    report = _tuned_build(store, 4, tmp_path / "w")
+    assert (report["retuned"], report["reused"], report["tuned"], report["trials_per_task"]) == (1, 0, 0, 4)
+    assert report["trials"] == 2  # continued: the 2 trials the entry lacked, not 4 afresh
+    after = _only_entry(store)
+    assert after.trials == 4 and after.run_secs[0] <= before.run_secs[0]
+    again = _tuned_build(store, 4, tmp_path / "w2")
+    assert (again["reused"], again["retuned"], again["trials"]) == (1, 0, 0)
+
+
+def test_retune_that_finds_nothing_better_keeps_the_old_record(tuned_store: Path, tmp_path: Path) -> None:
+    store = _copy(tuned_store, tmp_path)
+    old = _only_entry(store)
+    # The stored best made unbeatable (1 ps), checksum and all: no new candidate can replace it.
+    best = dataclasses.replace(old, run_secs=(1e-12, *old.run_secs[1:]))
+    store_obj = TuningStore(store)
+    store_obj.path(old.key).write_text(json.dumps(best.to_json()))
+    report = _tuned_build(store, 4, tmp_path / "w")
+    assert report["retuned"] == 1 and report["retuned_faster"] == 0 and report["trials"] > 0
+    after = _only_entry(store)
+    assert after.trials == 4
+    assert (after.run_secs[0], after.records[0]) == (1e-12, old.records[0])
+
+
+def test_old_format_entry_counts_as_legacy_trials(tuned_store: Path, tmp_path: Path) -> None:
+    from targets.tvm_tuning import TuneSettings, _still_needed
+    from targets.tvm_tuning_store import LEGACY_TRIALS
+
+    store = _copy(tuned_store, tmp_path)
+    legacy = dataclasses.replace(_only_entry(store), trials=None)
+    data = legacy.to_json()
+    assert "trials" not in data  # what the previous version wrote, checksum included
+    TuningStore(store).path(legacy.key).write_text(json.dumps(data))
+    assert _only_entry(store).trials is None
+    # Unknown, not 0: a small request (here 4 trials for the one task) re-uses it as it is.
+    report = _tuned_build(store, 4, tmp_path / "w")
+    assert (report["reused"], report["retuned"], report["trials"]) == (1, 0, 0)
+    assert _only_entry(store) == legacy
+    # Above LEGACY_TRIALS it is searched again, for the whole budget: its count is not known.
+    found, work = {legacy.key: legacy}, tmp_path / "w"
+    assert _still_needed([legacy.key], found, TuneSettings(trials=LEGACY_TRIALS, work_dir=work)) == {}
+    more = TuneSettings(trials=LEGACY_TRIALS + 1, work_dir=work)
+    assert _still_needed([legacy.key], found, more) == {legacy.key: LEGACY_TRIALS + 1}
+    # Merging a re-tune into it records the known count.
+    merged = TuningStore(store).merge(dataclasses.replace(legacy, trials=LEGACY_TRIALS + 1))
+    assert merged.trials == LEGACY_TRIALS + 1 and merged.run_secs == legacy.run_secs
