@@ -42,12 +42,12 @@ from targets.tvm_tuning_store import DEFAULT_FAILED, TOP_K, Entry, TuningStore, 
 class TuneSettings:
     """One tuning run: a total trial budget, an optional wall-clock cap, where results are kept."""
 
+    #: 0 with ``minutes``: only the clock ends the search (up to ``MINUTES_ONLY_TRIALS`` per task), and
+    #: entries already in the store are re-used as they are: there is no trial budget to compare.
     trials: int
     work_dir: Path
     #: The shared store; None keeps results in ``work_dir`` only (gone after the build).
     store_dir: Path | None = None
-    #: With ``trials`` 0 only the clock ends the search (up to ``MINUTES_ONLY_TRIALS`` per task), and
-    #: entries already in the store are re-used as they are: there is no trial budget to compare.
     minutes: float = 0.0
     seed: int = 0
 
@@ -255,7 +255,7 @@ def tunable_tasks(mod: Any, target: Any) -> tuple[list[Any], list[str]]:
     from tvm.s_tir.analysis import estimate_tir_flops
 
     tasks = [t for t in ms.relax_integration.extract_tasks(mod, target) if _tunable(t.dispatched[0]["main"])]
-    # Heaviest first: with a budget too small for every task, the costly ones get it.
+    # Heaviest first: the task scheduler starts with them, so a clock that runs out cuts the light ones.
     tasks.sort(key=lambda t: -float(estimate_tir_flops(t.dispatched[0])) * t.weight)
     fields = target_fields(target)
     return tasks, [workload_key(tvm_ffi.structural_hash(t.dispatched[0]), fields, tvm.__version__) for t in tasks]
@@ -278,8 +278,23 @@ def _still_needed(keys: list[str], found: dict[str, Entry], settings: TuneSettin
     return todo
 
 
+@dataclasses.dataclass(frozen=True)
+class _Measure:
+    """What times candidates in this build, and the default schedule of a task on it."""
+
+    target: Any
+    builder_runner: tuple[Any, Any]
+
+    def default_secs(self, task: Any) -> float:
+        return _default_secs(task.dispatched[0], self.target, *self.builder_runner)
+
+
 def _run_searches(
-    pending: list[tuple[Any, str, int]], found: dict[str, Entry], store: TuningStore, settings: TuneSettings, ctx: Any
+    pending: list[tuple[Any, str, int]],
+    found: dict[str, Entry],
+    store: TuningStore,
+    settings: TuneSettings,
+    ctx: _Measure,
 ) -> tuple[dict[str, Entry], int, int]:
     """Search ``pending`` (task, key, trials), one MetaSchedule run per distinct trial count, and
     merge each result into the store; the merged entries by key, trials run and failed."""
@@ -306,15 +321,6 @@ def _run_searches(
             if entry is not None:
                 done[key] = store.merge(entry)
     return done, trials, failed
-
-
-@dataclasses.dataclass(frozen=True)
-class _Measure:
-    target: Any
-    builder_runner: tuple[Any, Any]
-
-    def default_secs(self, task: Any) -> float:
-        return _default_secs(task.dispatched[0], self.target, *self.builder_runner)
 
 
 def tune_module(mod: Any, target: Any, settings: TuneSettings) -> tuple[Any, dict[str, Any]]:
