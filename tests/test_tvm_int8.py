@@ -155,3 +155,18 @@ def test_static_int8_convolutions_run_on_vnni_and_track_onnxruntime(tmp_path: Pa
     expected = ort.InferenceSession(str(on_ort.path / "model.onnx")).run(None, {"image": x})[0]
     # Both compute in integers; requantizing rounds an odd element by one step differently.
     assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 0.02
+
+
+@needs_vnni
+@pytest.mark.slow
+def test_minilm_tvm_int8_recipe_keeps_quality_with_every_projection_on_vnni(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import EXAMPLES, ROOT
+
+    monkeypatch.chdir(ROOT)  # the recipe names its calibration callables relative to the repository root
+    result = quick_build(str(EXAMPLES / "minilm.py"), tmp_path, recipe=EXAMPLES / "minilm_int8_tvm.toml")
+    report = result.manifest.target["info"]["pipeline"]["schedules"]["int8_vnni"]
+    assert report["by_op"] == {"matmul": 36} and report["skipped"] == {}
+    held_out = next(p for p in result.manifest.passes if p["name"] == "int8-dynamic")["stats"]["eval"]
+    assert held_out["mean"] >= 0.995 and held_out["min"] >= 0.99
