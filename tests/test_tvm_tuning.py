@@ -279,3 +279,16 @@ def test_old_format_entry_counts_as_legacy_trials(tuned_store: Path, tmp_path: P
     # Merging a re-tune into it records the known count.
     merged = TuningStore(store).merge(dataclasses.replace(legacy, trials=LEGACY_TRIALS + 1))
     assert merged.trials == LEGACY_TRIALS + 1 and merged.run_secs == legacy.run_secs
+
+
+def test_per_task_budget_and_minutes_only_reuse(tmp_path: Path) -> None:
+    from targets.tvm_tuning import MINUTES_ONLY_TRIALS, TuneSettings, _still_needed
+
+    searched, fresh = dataclasses.replace(_entry("aa" * 32, [1e-6]), trials=4), "bb" * 32
+    keys, found = [searched.key, fresh], {searched.key: searched}
+    # 10 trials over 2 tasks: 5 each, counted over both though one is stored; 1 more for the stored one.
+    assert _still_needed(keys, found, TuneSettings(trials=10, work_dir=tmp_path)) == {searched.key: 1, fresh: 5}
+    assert _still_needed(keys, found, TuneSettings(trials=8, work_dir=tmp_path)) == {fresh: 4}
+    # Minutes alone: no trial budget to compare, so the stored entry is re-used; the new one runs on the clock.
+    clock = TuneSettings(trials=0, minutes=1.0, work_dir=tmp_path)
+    assert _still_needed(keys, found, clock) == {fresh: MINUTES_ONLY_TRIALS}
