@@ -5,12 +5,12 @@ executable and a report of what the pipeline did (recorded in the manifest).
 
 Stages (all inside ``with target:``):
 
+0. bf16 graphs: NaN / Inf tests, matmul sums and transcendentals on fp32 (``targets.tvm_bf16``);
 1. fast math (optional): ``exp`` / ``erf`` / ``tanh`` / softmax / GELU -> TVM's fast
    polynomial versions (~5e-6 max abs error), so vectorized loops do not call scalar libm;
 2. integer matmuls (``int8-dynamic``) and QDQ convolutions (``int8``) with constant int8 weights
    -> AVX-512 VNNI kernels (``targets.tvm_int8``) where the target has VNNI; the report
    (``int8_vnni``) says which and why not;
-   bf16 graphs: NaN / Inf tests on an fp32 copy, matmuls accumulating in fp32 (``targets.tvm_bf16``);
 3. the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
 4. tuned schedules (optional): MetaSchedule records from the shared tuning store, searched
    first for workloads it lacks (``targets.tvm_tuning``), applied where they beat the default;
@@ -123,13 +123,13 @@ def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: T
     from targets.tvm_schedules import apply_default_schedules
 
     with target:
+        # First: fast math below is fp32-only, and a FoldConstant of a bf16 isnan would compile it.
+        mod, bf16 = rewrite_bf16(mod)  # what TIR lacks for bf16: isnan, in-place sums, fast erf / exp
         if fast_math:
             mod = _fast_gelu_pass()(mod)
             mod = relax.transform.FastMathTransform()(mod)
         # Before NHWC: QDQ convolutions become VNNI kernels that are channels-last themselves.
         mod, int8 = _integer_ops(mod, target)
-        # Before any FoldConstant: folding a bf16 isnan compiles it, which TIR cannot.
-        mod, bf16 = rewrite_bf16(mod)  # TIR lacks bf16 isnan / isinf and in-place bf16 matmul sums
         if conv_nhwc:
             # NHWC activations + HWIO weights put output channels last: the tiled rule then
             # vectorizes over them (16 lanes for widths 32-256) with contiguous weight loads,
