@@ -11,6 +11,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from targets.tvm_schedules.rule import CpuRule
+
 VECTOR = 16
 #: Below this many elements a parallel loop costs more than it saves.
 PARALLEL_MIN = 4096
@@ -37,19 +39,11 @@ def schedule_spatial_block(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) 
         sch.parallel(outer)
 
 
-class Injective(dl.ScheduleRule):
+class Injective(CpuRule):
     """Fuse + parallel + vectorize for functions made only of spatial blocks."""
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        try:
-            return self._apply(func)
-        except Exception:  # a schedule primitive refused: leave the function unscheduled
-            return None
-
     @staticmethod
-    def _apply(func: tirx.PrimFunc) -> s_tir.Schedule | None:
+    def _apply(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
         infos = dl.normalize_prim_func(sch)
         if not infos or not all(b.is_injective() for b in infos):

@@ -26,6 +26,7 @@ from tvm.target import Target
 from tvm.tirx.analysis import undefined_vars
 
 from targets.tvm_schedules.injective import schedule_spatial_block
+from targets.tvm_schedules.rule import CpuRule
 
 TILE_I = 8
 TILE_J = 32
@@ -119,18 +120,11 @@ def _has_if_then_else(block: tirx.SBlock) -> bool:
     return "if_then_else" in str(block.body)
 
 
-class TiledMatmul(dl.ScheduleRule):
+class TiledMatmul(CpuRule):
     """8x32 register tile with a local accumulator and a fused epilogue."""
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        try:
-            return self._apply(func, _tile_j(target))
-        except Exception:  # a schedule primitive refused: leave the function to the next rule
-            return None
-
-    def _apply(self, func: tirx.PrimFunc, tile_j: int) -> s_tir.Schedule | None:
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        tile_j = _tile_j(target)
         sch = s_tir.Schedule(func)
         infos = dl.normalize_prim_func(sch)
         if infos is None:

@@ -14,25 +14,18 @@ from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
 from targets.tvm_schedules.injective import PARALLEL_MIN, schedule_spatial_block
+from targets.tvm_schedules.rule import CpuRule
 
 VECTOR = 16
 #: Largest window (product of the reduction extents) treated as pooling; 7x7 = 49.
 MAX_WINDOW = 64
 
 
-class WindowReduction(dl.ScheduleRule):
+class WindowReduction(CpuRule):
     """One reduction block over a small 2-D+ window, spatial axes first, a vectorizable innermost one."""
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        try:
-            return self._apply(func)
-        except Exception:  # a schedule primitive refused: leave the function to the next rule
-            return None
-
     @staticmethod
-    def _apply(func: tirx.PrimFunc) -> s_tir.Schedule | None:
+    def _apply(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
         infos = dl.normalize_prim_func(sch)
         if infos is None:

@@ -15,6 +15,7 @@ from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
 from targets.tvm_schedules.injective import PARALLEL_MIN
+from targets.tvm_schedules.rule import CpuRule
 
 VECTOR = 16
 
@@ -23,19 +24,11 @@ def _leading_spatial(kinds: str) -> int:
     return len(kinds) - len(kinds.lstrip("S"))
 
 
-class RowReduction(dl.ScheduleRule):
+class RowReduction(CpuRule):
     """Parallel rows, rfactor-ed vector reductions, vectorized element-wise blocks."""
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        try:
-            return self._apply(func)
-        except Exception:  # a schedule primitive refused: leave the function to the next rule
-            return None
-
     @staticmethod
-    def _apply(func: tirx.PrimFunc) -> s_tir.Schedule | None:
+    def _apply(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
         infos = dl.normalize_prim_func(sch)
         if infos is None or len(infos) < 2 or not infos[-1].is_injective():
@@ -116,7 +109,7 @@ def _vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> Non
 LANES = 4 * VECTOR
 
 
-class FullReduction(dl.ScheduleRule):
+class FullReduction(CpuRule):
     """A reduction of a whole tensor to a scalar (``max(x)`` / ``min(x)`` of dynamic quantization).
 
     DLight's rules want a spatial axis to parallelize; with none, the reduction stayed one scalar
@@ -124,16 +117,8 @@ class FullReduction(dl.ScheduleRule):
     ``rfactor``-ed into 16 vector lanes, reduced to the scalar at the end; one core streams it.
     """
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        try:
-            return self._apply(func)
-        except Exception:  # a schedule primitive refused: leave the function to the next rule
-            return None
-
     @staticmethod
-    def _apply(func: tirx.PrimFunc) -> s_tir.Schedule | None:
+    def _apply(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
         infos = dl.normalize_prim_func(sch)
         if infos is None or len(infos) != 1 or "R" not in infos[0].dom_kind():

@@ -14,7 +14,15 @@ from typing import Any
 import numpy as np
 from tvm import s_tir, te
 
-from targets.tvm_schedules.vnni_dense import GROUP, INTRIN, LANES, TILE_M, TILE_N_VECTORS, _largest_divisor, _register
+from targets.tvm_schedules.vnni_dense import (
+    GROUP,
+    LANES,
+    TILE_M,
+    TILE_N_VECTORS,
+    finish_tile,
+    largest_divisor,
+    register_intrinsic,
+)
 
 
 def pack_weight(w: np.ndarray, channels: int) -> np.ndarray:
@@ -30,7 +38,7 @@ def conv2d_u8s8(
     n: int, h: int, w: int, c: int, o: int, kh: int, kw: int, strides: tuple[int, int], out_hw: tuple[int, int]
 ) -> Any:
     """The scheduled PrimFunc ``(x u8[n,h,w,c] (padded), w_packed, za u8[], colsum i32[o]) -> i32[n,oh,ow,o]``."""
-    _register()
+    register_intrinsic()
     oh, ow = out_hw
     sh, sw = strides
     x = te.placeholder((n, h, w, c), "uint8", name="x")
@@ -51,18 +59,8 @@ def conv2d_u8s8(
     b, y, xx, j, ry_l, rx_l, rc_l = sch.get_loops(block)
     jv, jl = sch.split(j, [None, LANES])
     co, ci = sch.split(rc_l, [None, GROUP])
-    xo, xi = sch.split(xx, [None, _largest_divisor(ow, TILE_M)])
-    jo, ji = sch.split(jv, [None, _largest_divisor(o // LANES, TILE_N_VECTORS)])
+    xo, xi = sch.split(xx, [None, largest_divisor(ow, TILE_M)])
+    jo, ji = sch.split(jv, [None, largest_divisor(o // LANES, TILE_N_VECTORS)])
     sch.reorder(jo, b, y, xo, ry_l, rx_l, co, xi, ji, jl, ci)
-    tile = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_inline(sch.get_sblock(out.op.name))
-    outer = sch.fuse(jo, b, y, xo)
-    sch.parallel(outer)
-    sch.reverse_compute_at(tile, outer)
-    init = sch.decompose_reduction(block, ry_l)
-    sch.tensorize(jl, INTRIN)
-    sch.unroll(xi)
-    sch.unroll(ji)
-    sch.vectorize(sch.get_loops(init)[-1])
-    sch.vectorize(sch.split(sch.get_loops(tile)[-1], [None, LANES])[1])
-    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    epilogue = sch.get_sblock(out.op.name)
+    return finish_tile(sch, block, epilogue, parallel=[jo, b, y, xo], reduction=ry_l, lanes=jl, tile=[xi, ji])

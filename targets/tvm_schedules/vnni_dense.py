@@ -68,7 +68,7 @@ def _dot_16x4_vnni(
         )
 
 
-def _register() -> None:
+def register_intrinsic() -> None:
     try:
         TensorIntrin.get(INTRIN)
     except Exception:  # not registered yet in this process
@@ -92,13 +92,13 @@ def pack_weight(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(k // GROUP, GROUP, n // LANES, LANES).transpose(2, 0, 3, 1))
 
 
-def _largest_divisor(n: int, limit: int) -> int:
+def largest_divisor(n: int, limit: int) -> int:
     return next(d for d in range(min(n, limit), 0, -1) if n % d == 0)
 
 
 def dense_u8s8(m: int, k: int, n: int) -> Any:
     """The scheduled PrimFunc ``(a u8[m,k], w_packed s8, za u8[], colsum i32[n]) -> i32[m,n]``."""
-    _register()
+    register_intrinsic()
     a = te.placeholder((m, k), "uint8", name="a")
     w = te.placeholder((n // LANES, k // GROUP, LANES, GROUP), "int8", name="w_packed")
     za = te.placeholder((), "uint8", name="za")
@@ -117,19 +117,30 @@ def dense_u8s8(m: int, k: int, n: int) -> Any:
     i, j, kk = sch.get_loops(block)
     jv, jl = sch.split(j, [None, LANES])
     ko, ki = sch.split(kk, [None, GROUP])
-    io, ii = sch.split(i, [None, _largest_divisor(m, TILE_M)])
-    jo, ji = sch.split(jv, [None, _largest_divisor(n // LANES, TILE_N_VECTORS)])
+    io, ii = sch.split(i, [None, largest_divisor(m, TILE_M)])
+    jo, ji = sch.split(jv, [None, largest_divisor(n // LANES, TILE_N_VECTORS)])
     # j tiles outside i tiles: the weight panel stays in cache while the rows stream past.
     sch.reorder(jo, io, ko, ii, ji, jl, ki)
-    tile = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_inline(sch.get_sblock("out"))
-    outer = sch.fuse(jo, io)
+    return finish_tile(sch, block, sch.get_sblock("out"), parallel=[jo, io], reduction=ko, lanes=jl, tile=[ii, ji])
+
+
+def finish_tile(
+    sch: s_tir.Schedule, block: Any, epilogue: Any, *, parallel: list[Any], reduction: Any, lanes: Any, tile: list[Any]
+) -> Any:
+    """The steps every VNNI kernel shares once its loops are ordered ``parallel.., reduction.., tile.., lanes``.
+
+    The accumulator tile goes to a local buffer whose write-back carries ``epilogue`` (the
+    zero-point correction); the 16 x 4 lanes become one ``vpdpbusd``; the tile loops unroll.
+    """
+    writeback = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_inline(epilogue)
+    outer = sch.fuse(*parallel)
     sch.parallel(outer)
-    sch.reverse_compute_at(tile, outer)
-    init = sch.decompose_reduction(block, ko)
-    sch.tensorize(jl, INTRIN)
-    sch.unroll(ii)
-    sch.unroll(ji)
+    sch.reverse_compute_at(writeback, outer)
+    init = sch.decompose_reduction(block, reduction)
+    sch.tensorize(lanes, INTRIN)
+    for loop in tile:
+        sch.unroll(loop)
     sch.vectorize(sch.get_loops(init)[-1])
-    sch.vectorize(sch.split(sch.get_loops(tile)[-1], [None, LANES])[1])
+    sch.vectorize(sch.split(sch.get_loops(writeback)[-1], [None, LANES])[1])
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
