@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from targets.tvm_relax import op_name, rewrite_functions
+
 _CHECKS = frozenset({"relax.isnan", "relax.isinf", "relax.isfinite"})
 _TRANSCENDENTAL = frozenset(
     {"relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.softmax", "relax.erf", "relax.exp", "relax.tanh"}
@@ -53,7 +55,7 @@ def rewrite_bf16(mod: Any) -> tuple[Any, dict[str, int] | None]:
     class _Mutator(PyExprMutator):  # type: ignore[misc]
         def visit_call_(self, call: Any) -> Any:
             call = super().visit_call_(call)
-            op = getattr(call.op, "name", "")
+            op = op_name(call)
             if op in _CHECKS and _dtype(call.args[0]) == BF16:
                 counts["checks_in_fp32"] += 1
                 wide = self.builder_.emit(relax.op.astype(call.args[0], "float32"))
@@ -68,10 +70,7 @@ def rewrite_bf16(mod: Any) -> tuple[Any, dict[str, int] | None]:
                 return relax.op.astype(self.builder_.emit(relax.Call(call.op, [wide], call.attrs)), BF16)
             return call
 
-    mutator = _Mutator(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    rewritten = rewrite_functions(_Mutator, mod)
     if not counts:
         return mod, None
-    return mutator.builder_.get(), dict(sorted(counts.items()))
+    return rewritten, dict(sorted(counts.items()))

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-
-def _op(expr: Any) -> str:
-    from tvm import relax
-
-    return str(expr.op.name) if isinstance(expr, relax.Call) and hasattr(expr.op, "name") else ""
+from targets.tvm_relax import op_name, relax_functions, rewrite_functions
 
 
 def _static_shape(expr: Any) -> list[int] | None:
@@ -34,19 +31,13 @@ def _static_shape(expr: Any) -> list[int] | None:
         return None
 
 
-def _relax_functions(mod: Any) -> list[Any]:
-    from tvm import relax
-
-    return [func for _, func in mod.functions_items() if isinstance(func, relax.Function)]
-
-
-def _is_qdq_conv(call: Any, bindings: Any) -> bool:
-    from tvm import relax
-
-    def bound(arg: Any) -> Any:
-        return bindings.get(arg, arg) if isinstance(arg, relax.Var) else arg
-
-    return _op(call) == "relax.nn.conv2d" and all(_op(bound(arg)) == "relax.dequantize" for arg in call.args[:2])
+def candidate(call: Any, bound: Callable[[Any], Any]) -> str:
+    """``"matmul"`` / ``"conv2d"`` for a call the rewrite looks at (``bound`` resolves a var), else ``""``."""
+    if op_name(call) == "relax.matmul" and str(getattr(call.ty, "dtype", "")) == "int32":
+        return "matmul"
+    if op_name(call) == "relax.nn.conv2d" and all(op_name(bound(arg)) == "relax.dequantize" for arg in call.args[:2]):
+        return "conv2d"
+    return ""
 
 
 def count_integer_ops(mod: Any) -> int:
@@ -54,22 +45,20 @@ def count_integer_ops(mod: Any) -> int:
     from tvm import relax
 
     count = 0
-    for func in _relax_functions(mod):
+    for _, func in relax_functions(mod):
         bindings = relax.analysis.get_var2val(func)
 
         def visit(expr: Any, bindings: Any = bindings) -> None:
             nonlocal count
-            if _op(expr) == "relax.matmul" and str(getattr(expr.ty, "dtype", "")) == "int32":
-                count += 1
-            elif _is_qdq_conv(expr, bindings):
-                count += 1
+            count += bool(candidate(expr, lambda v: bindings.get(v, v)))
 
         relax.analysis.post_order_visit(func, visit)
     return count
 
 
-def rewrite_integer_ops(mod: Any) -> tuple[Any, dict[str, Any]]:
-    """Rewrite every matching integer matmul and QDQ convolution of ``mod``; report what happened."""
+def rewrite_integer_ops(mod: Any) -> tuple[Any, dict[str, Any] | None]:
+    """Rewrite every matching integer matmul and QDQ convolution of ``mod``; what happened, or
+    ``None`` (nothing to report) for a graph with neither."""
     import tvm
     from tvm import relax
     from tvm.relax import PyExprMutator, expr_functor
@@ -93,13 +82,13 @@ def rewrite_integer_ops(mod: Any) -> tuple[Any, dict[str, Any]]:
             """``(a_u8, za)`` from ``astype(a) - astype(za)`` or ``astype(a)``, else why not."""
             expr = self._bound(lhs)
             za: Any = None
-            if _op(expr) == "relax.subtract":
+            if op_name(expr) == "relax.subtract":
                 za_expr = self._bound(expr.args[1])
-                if _op(za_expr) != "relax.astype" or _static_shape(za_expr.args[0]) != []:
+                if op_name(za_expr) != "relax.astype" or _static_shape(za_expr.args[0]) != []:
                     return "activation zero point is not a scalar"
                 za = za_expr.args[0]
                 expr = self._bound(expr.args[0])
-            if _op(expr) != "relax.astype":
+            if op_name(expr) != "relax.astype":
                 return "activation is not a widened integer tensor"
             a = expr.args[0]
             if str(a.ty.dtype) != "uint8" or (za is not None and str(za.ty.dtype) != "uint8"):
@@ -109,15 +98,15 @@ def rewrite_integer_ops(mod: Any) -> tuple[Any, dict[str, Any]]:
         def _weight(self, rhs: Any) -> np.ndarray | str:
             """The int8 weight as numpy when it is a constant with zero zero points, else why not."""
             expr = self._bound(rhs)
-            if _op(expr) == "relax.subtract":
+            if op_name(expr) == "relax.subtract":
                 zp = self._bound(expr.args[1])
-                while _op(zp) in ("relax.astype", "relax.expand_dims"):
+                while op_name(zp) in ("relax.astype", "relax.expand_dims"):
                     zp = self._bound(zp.args[0])
                 zero = constant(zp)
                 if zero is None or np.any(zero != 0):
                     return "weight zero point is not a constant zero"
                 expr = self._bound(expr.args[0])
-            w = constant(self._bound(expr.args[0])) if _op(expr) == "relax.astype" else None
+            w = constant(self._bound(expr.args[0])) if op_name(expr) == "relax.astype" else None
             if w is None:
                 return "weight is not a constant"
             if w.dtype != np.int8 or w.ndim != 2:
@@ -163,8 +152,9 @@ def rewrite_integer_ops(mod: Any) -> tuple[Any, dict[str, Any]]:
             weight, sw, zw = (constant(self._bound(e)) for e in w.args)
             x_shape, w_shape = _static_shape(q), _static_shape(w)
             why = ""
-            if str(q.ty.dtype) != "uint8" or constant(s) is None or constant(z) is None:
-                why = "convolution input is not uint8 with a constant scale and zero point"
+            scale, zero = constant(s), constant(z)
+            if str(q.ty.dtype) != "uint8" or scale is None or zero is None or scale.size != 1 or zero.size != 1:
+                why = "convolution input is not uint8 with one constant scale and zero point"
             elif weight is None or sw is None or zw is None or weight.dtype != np.int8 or np.any(zw != 0):
                 why = "convolution weight is not a constant symmetric int8 tensor"
             elif x_shape is None or w_shape is None:
@@ -174,7 +164,8 @@ def rewrite_integer_ops(mod: Any) -> tuple[Any, dict[str, Any]]:
                 skipped[shape] += 1
                 return call
             assert weight is not None and sw is not None
-            zero_point = relax.const(np.asarray(constant(z)).reshape(()).astype(np.uint8))
+            assert scale is not None and zero is not None
+            zero_point = relax.const(zero.reshape(()).astype(np.uint8))
             pad = functools.partial(conv.pad_channels_last, shape=shape)
             padded = self.builder_.emit(self.builder_.call_te(pad, q, zero_point, primfunc_name_hint="pad_nhwc"))
             oh, ow = shape.out_hw
@@ -194,26 +185,17 @@ def rewrite_integer_ops(mod: Any) -> tuple[Any, dict[str, Any]]:
                     relax.TensorType([shape.n, oh, ow, shape.o], "int32"),
                 )
             )
-            scale = (np.float32(constant(s)) * np.broadcast_to(sw, (shape.o,))).astype(np.float32)
-            nhwc = self.builder_.emit(relax.op.multiply(relax.op.astype(out, "float32"), relax.const(scale)))
+            per_channel = (np.float32(scale.reshape(())) * np.broadcast_to(sw, (shape.o,))).astype(np.float32)
+            nhwc = self.builder_.emit(relax.op.multiply(relax.op.astype(out, "float32"), relax.const(per_channel)))
             rewritten["conv2d"] += 1
             return relax.op.permute_dims(nhwc, [0, 3, 1, 2])
 
         def visit_call_(self, call: Any) -> Any:
             call = super().visit_call_(call)
-            if _op(call) == "relax.matmul" and str(call.ty.dtype) == "int32":
-                return self._matmul(call)
-            if _op(call) == "relax.nn.conv2d" and all(
-                _op(self._bound(arg)) == "relax.dequantize" for arg in call.args[:2]
-            ):
-                return self._conv(call)
-            return call
+            kind = candidate(call, self._bound)
+            return self._matmul(call) if kind == "matmul" else self._conv(call) if kind == "conv2d" else call
 
-    mutator = _Mutator(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    # The int32 widening of each rewritten weight is dead now; drop it before legalization.
-    mod = relax.transform.DeadCodeElimination()(mutator.builder_.get())
+    # The int32 widening of each rewritten weight is dead afterwards; drop it before legalization.
+    mod = relax.transform.DeadCodeElimination()(rewrite_functions(_Mutator, mod))
     report = {"rewritten": sum(rewritten.values()), "by_op": dict(rewritten), "kernels": len(kernels)}
-    return mod, {**report, "skipped": dict(skipped)}
+    return mod, {**report, "skipped": dict(skipped)} if rewritten or skipped else None

@@ -31,11 +31,8 @@ class ConvShape:
 
     @property
     def out_hw(self) -> tuple[int, int]:
-        top, left, bottom, right = self.padding
-        return (
-            (self.h + top + bottom - self.kh) // self.strides[0] + 1,
-            (self.w + left + right - self.kw) // self.strides[1] + 1,
-        )
+        hp, wp = self.padded_hw
+        return (hp - self.kh) // self.strides[0] + 1, (wp - self.kw) // self.strides[1] + 1
 
     @property
     def channels(self) -> int:
@@ -69,11 +66,10 @@ def pad_channels_last(q: Any, zero_point: Any, shape: ConvShape) -> Any:
     """TE: uint8 ``[N, C, H, W]`` -> ``[N, H + pads, W + pads, C']``; the padding is the zero point."""
     from tvm import te, tirx
 
-    top, left, bottom, right = shape.padding
-    hp, wp = shape.h + top + bottom, shape.w + left + right
+    top, left = shape.padding[:2]
 
     def value(n: Any, y: Any, x: Any, c: Any) -> Any:
         inside = tirx.all(c < shape.c, y >= top, y < top + shape.h, x >= left, x < left + shape.w)
         return tirx.if_then_else(inside, q[n, tirx.min(c, shape.c - 1), y - top, x - left], zero_point[()])
 
-    return te.compute((shape.n, hp, wp, shape.channels), value, name="pad_channels_last")
+    return te.compute((shape.n, *shape.padded_hw, shape.channels), value, name="pad_channels_last")

@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from targets.tvm_relax import any_call, op_name, rewrite_functions
+
 if TYPE_CHECKING:
     from targets.tvm_tuning import TuneSettings
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 def _fast_gelu_pass() -> Any:
     """``relax.nn.gelu`` -> ``0.5 x (1 + fast_erf(x / sqrt 2))`` (FastMathTransform misses GELU)."""
     import tvm
-    from tvm import relax, topi
+    from tvm import topi
     from tvm.relax import PyExprMutator, expr_functor
 
     def gelu(x: Any) -> Any:
@@ -43,36 +45,19 @@ def _fast_gelu_pass() -> Any:
     class _Mutator(PyExprMutator):  # type: ignore[misc]
         def visit_call_(self, call: Any) -> Any:
             call = super().visit_call_(call)
-            op = getattr(call.op, "name", "")
-            if op == "relax.nn.gelu" and str(getattr(call.args[0].ty, "dtype", "")) == "float32":
+            if op_name(call) == "relax.nn.gelu" and str(getattr(call.args[0].ty, "dtype", "")) == "float32":
                 return self.builder_.call_te(gelu, call.args[0], primfunc_name_hint="fast_gelu")
             return call
 
     @tvm.transform.module_pass(opt_level=0, name="FastGelu")
     def _pass(mod: Any, _ctx: Any) -> Any:
-        mutator = _Mutator(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return mutator.builder_.get()
+        return rewrite_functions(_Mutator, mod)
 
     return _pass
 
 
 def _has_conv2d(mod: Any) -> bool:
-    from tvm import relax
-
-    found = False
-
-    def visit(expr: Any) -> None:
-        nonlocal found
-        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.nn.conv2d":
-            found = True
-
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return found
+    return any_call(mod, lambda e: op_name(e) == "relax.nn.conv2d")
 
 
 def _integer_ops(mod: Any, target: Any) -> tuple[Any, dict[str, Any] | None]:
@@ -81,12 +66,12 @@ def _integer_ops(mod: Any, target: Any) -> tuple[Any, dict[str, Any] | None]:
 
     from targets.tvm_int8 import count_integer_ops, rewrite_integer_ops
 
+    if target_has_features("avx512vnni", target):
+        return rewrite_integer_ops(mod)
     found = count_integer_ops(mod)
     if not found:
         return mod, None
-    if not target_has_features("avx512vnni", target):
-        return mod, {"rewritten": 0, "skipped": {f"target {target.attrs['mcpu']} has no avx512vnni": found}}
-    return rewrite_integer_ops(mod)
+    return mod, {"rewritten": 0, "skipped": {f"target {target.attrs['mcpu']} has no avx512vnni": found}}
 
 
 def compile_relax(
