@@ -17,25 +17,18 @@ build asks for does not depend on what the store holds. An entry searched with l
 (the evolutionary search starts its population from a workload's best records), and the store
 keeps the better records of both; the report counts tasks tuned fresh, re-tuned and re-used.
 
-Candidates are built in this process: the stock ``LocalBuilder`` starts a fresh worker for every
-batch, and each worker spends ~30 s importing TVM's tensor intrinsics (measured on a 2-core host:
-40 s to build two tiny kernels), which also made its 30 s timeout kill most builds. They still
-run in a separate process (``LocalRunner``), so a crashing candidate cannot take the build down.
-The cost model is xgboost (``pip install xgboost-cpu``: plain ``xgboost`` pulls ~470 MB of NVIDIA
-libraries).
+How candidates are built, timed and searched on a small host: ``targets.tvm_tuning_search``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from compiler.errors import CompileError
-from targets.tvm_tuning_store import DEFAULT_FAILED, TOP_K, Entry, TuningStore, digest, target_fields, workload_key
+from targets import tvm_tuning_search as run
+from targets.tvm_tuning_store import TOP_K, Entry, TuningStore, digest, target_fields, workload_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,180 +64,24 @@ def _tunable(func: Any) -> bool:
     return infos is None or any(not b.is_injective() for b in infos)
 
 
-def _budget_callback(deadline: float | None) -> Any:
-    """Counts trials (per task too); past ``deadline`` (monotonic seconds) it ends every task still tuning."""
-    from tvm.ir.utils import derived_object
-    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
-
-    @derived_object
-    class _Budget(PyMeasureCallback):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.trials = 0
-            self.failed = 0
-            self.per_task: dict[int, int] = {}
-            #: Tasks the clock ended before their budget: their count, not the budget, is what they had.
-            self.clock_stopped: set[int] = set()
-
-        def apply(self, scheduler: Any, task_id: int, candidates: Any, builds: Any, runs: Any) -> None:
-            self.trials += len(runs)
-            self.per_task[task_id] = self.per_task.get(task_id, 0) + len(runs)
-            self.failed += sum(1 for b, r in zip(builds, runs, strict=True) if b.error_msg or r.error_msg)
-            if deadline is not None and time.monotonic() > deadline:
-                for i, record in enumerate(scheduler.tasks_):
-                    if not record.is_terminated:
-                        self.clock_stopped.add(i)
-                        scheduler.terminate_task(i)
-
-    return _Budget()
-
-
-def _in_process_builder() -> Any:
-    from tvm.ir.utils import derived_object
-    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
-    from tvm.s_tir.meta_schedule.builder.local_builder import default_build, default_export
-
-    @derived_object
-    class _Builder(PyBuilder):  # type: ignore[misc]
-        def build(self, build_inputs: list[Any]) -> list[Any]:
-            results = []
-            for item in build_inputs:
-                try:
-                    results.append(BuilderResult(default_export(default_build(item.mod, item.target, None)), None))
-                except Exception as e:  # an invalid candidate: the search records it as failed
-                    results.append(BuilderResult(None, f"build failed: {e}"))
-            return results
-
-    return _Builder()
-
-
-def _builder_runner() -> tuple[Any, Any]:
-    from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner
-
-    builder = _in_process_builder()
-    runner = LocalRunner(timeout_sec=60, evaluator_config=EvaluatorConfig(number=3, repeat=3, min_repeat_ms=40))
-    return builder, runner
-
-
-def _import_tensor_intrinsics() -> None:
-    """Import TVM's tensor intrinsics (every TuneContext does) without a minute of ``inspect``.
-
-    Each of their ~500 TVMScript functions calls ``inspect.stack()``, which looks up the module of
-    every frame; the frozen importlib frames of the import have no file, so each lookup scans all
-    of ``sys.modules`` (measured: 39 s with only TVM loaded, 110-130 s inside a build with torch
-    loaded). Naming those frames' modules in ``inspect``'s own cache makes it ~10 s.
-    """
-    import inspect
-
-    for name in ("importlib._bootstrap", "importlib._bootstrap_external"):
-        inspect.modulesbyfile.setdefault(f"<frozen {name}>", name)
-    import tvm.s_tir.tensor_intrin  # noqa: F401
-
-
-def _search(
-    tasks: list[Any],
-    seeds: list[Entry | None],
-    per_task: int,
-    deadline: float | None,
-    settings: TuneSettings,
-    builder_runner: tuple[Any, Any],
-) -> tuple[Any, Any]:
-    """MetaSchedule's evolutionary search, ``per_task`` trials for each task, from a database
-    seeded with ``seeds`` (the store's entry of each task, where it has one); the database and counter."""
-    from tvm.s_tir import meta_schedule as ms
-
-    try:
-        import xgboost  # noqa: F401
-    except ImportError as e:
-        raise CompileError(
-            f"tvm tuning needs the xgboost cost model ({e}): pip install xgboost-cpu, or build with tune_trials=0"
-        ) from e
-    _import_tensor_intrinsics()
-    counter = _budget_callback(deadline)
-    # Small batches spread a small budget over every task; the stock 64 gives it all to the first.
-    per_iter = max(2, min(64, per_task))
-    # The stock population (512, evolved 4 times per batch) costs ~1 min of search per batch on a
-    # 2-core host, more than building and timing the batch: scale it with the batch instead.
-    population = max(64, min(512, 16 * per_iter))
-    strategy = ms.search_strategy.EvolutionarySearch(
-        population_size=population, init_min_unmeasured=min(50, population // 4)
-    )
-    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-        tasks, work_dir=str(settings.work_dir), strategy=strategy, seed=settings.seed
-    )
-    database = _apply_database([e for e in seeds if e is not None])
-    builder, runner = builder_runner
-    ms.tune.tune_tasks(
-        tasks=contexts,
-        task_weights=weights,
-        work_dir=str(settings.work_dir),
-        max_trials_global=per_task * len(tasks),
-        max_trials_per_task=per_task,
-        num_trials_per_iter=per_iter,
-        builder=builder,
-        runner=runner,
-        database=database,
-        measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), counter],
-    )
-    return database, counter
-
-
-def _seconds(run_secs: Any) -> float:
-    return float(statistics.median(float(s) for s in run_secs))
-
-
-def _default_secs(task_mod: Any, target: Any, builder: Any, runner: Any) -> float:
-    """The default rules' schedule of one task, timed like a candidate: what tuning must beat.
-
-    ``DEFAULT_FAILED`` where it does not build or run, so it is not retried on every build."""
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
-    from targets.tvm_schedules import apply_default_schedules
-
-    # On a copy: the default rules' pass has been seen to schedule the task's own module in place,
-    # which the search (and the workload the store keeps) must never see.
-    with target:
-        scheduled, _ = apply_default_schedules(tvm.ir.load_json(tvm.ir.save_json(task_mod)))
-    (built,) = builder.build([ms.builder.BuilderInput(scheduled, target)])
-    if built.error_msg:
-        return DEFAULT_FAILED
-    try:
-        args = ms.arg_info.ArgInfo.from_prim_func(scheduled["main"])
-        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cpu", args)])
-        result = future.result()
-    finally:
-        shutil.rmtree(Path(built.artifact_path).parent, ignore_errors=True)
-    return DEFAULT_FAILED if result.error_msg else _seconds(result.run_secs)
-
-
 def _entry_of(task: Any, key: str, database: Any, trials: int, default_secs: float | None) -> Entry | None:
     """The entry of one searched task from its best measured records (seeded ones too); None: none ran."""
     import tvm
 
     workload = database.commit_workload(task.dispatched[0])
-    records = sorted((r for r in database.get_top_k(workload, TOP_K) if r.run_secs), key=lambda r: _seconds(r.run_secs))
+    measured = (r for r in database.get_top_k(workload, TOP_K) if r.run_secs)
+    records = sorted(measured, key=lambda r: run.seconds(r.run_secs))
     if not records:
         return None
     return Entry(
         key=key,
         workload=workload.as_json(),
         records=tuple(r.as_json() for r in records),
-        run_secs=tuple(_seconds(r.run_secs) for r in records),
+        run_secs=tuple(run.seconds(r.run_secs) for r in records),
         default_secs=default_secs,
         key_fields={"target": target_fields(task.target), "tvm": tvm.__version__},
         trials=trials,
     )
-
-
-def _apply_database(entries: list[Entry]) -> Any:
-    from tvm.s_tir import meta_schedule as ms
-
-    database = ms.database.MemoryDatabase()
-    for entry in entries:
-        workload = database.commit_workload(ms.database.Workload.from_json(entry.workload).mod)
-        for record in entry.records:
-            database.commit_tuning_record(ms.database.TuningRecord.from_json(record, workload))
-    return database
 
 
 def tunable_tasks(mod: Any, target: Any) -> tuple[list[Any], list[str]]:
@@ -286,7 +123,7 @@ class _Measure:
     builder_runner: tuple[Any, Any]
 
     def default_secs(self, task: Any) -> float:
-        return _default_secs(task.dispatched[0], self.target, *self.builder_runner)
+        return run.default_secs(task.dispatched[0], self.target, *self.builder_runner)
 
 
 def _run_searches(
@@ -306,7 +143,10 @@ def _run_searches(
             break
         group = [(t, k) for t, k, n in pending if n == need]
         seeds = [found.get(k) for _, k in group]
-        database, counter = _search([t for t, _ in group], seeds, need, deadline, settings, ctx.builder_runner)
+        tasks = [t for t, _ in group]
+        database, counter = run.search(
+            tasks, seeds, need, deadline, settings.work_dir, settings.seed, ctx.builder_runner
+        )
         trials, failed = trials + counter.trials, failed + counter.failed
         for i, ((task, key), old) in enumerate(zip(group, seeds, strict=True)):
             spent = counter.per_task.get(i, 0)
@@ -336,7 +176,7 @@ def tune_module(mod: Any, target: Any, settings: TuneSettings) -> tuple[Any, dic
     done: dict[str, Entry] = {}
     trials = failed = 0
     if todo or untimed:
-        ctx = _Measure(target, _builder_runner())
+        ctx = _Measure(target, run.builder_runner())
         for task, key in untimed:
             timed = ctx.default_secs(task)
             found[key] = store.merge(dataclasses.replace(found[key], records=(), run_secs=(), default_secs=timed))
@@ -364,7 +204,7 @@ def tune_module(mod: Any, target: Any, settings: TuneSettings) -> tuple[Any, dic
         "minutes_budget": settings.minutes,
         "tuning_seconds": round(time.perf_counter() - started, 2),
     }
-    return _apply_database(used), report
+    return run.entries_database(used), report
 
 
 def apply_tuned(mod: Any, database: Any) -> tuple[Any, int]:
