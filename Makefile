@@ -40,8 +40,8 @@ device-check: $(BIN)/.installed
 	$(BIN)/pytest -q -rs -m gpu tests/test_device_e2e.py tests/test_tensorrt_target.py
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check compiler passes targets artifacts tests examples tools
-	$(BIN)/ruff format --check compiler passes targets artifacts tests examples tools
+	$(BIN)/ruff check aotforge tests examples tools
+	$(BIN)/ruff format --check aotforge tests examples tools
 	$(BIN)/mypy
 
 clean:

@@ -9,9 +9,9 @@ from typing import Any
 import onnx
 import pytest
 
-from compiler.benchmark import BenchOptions
-from compiler.builder import BuildResult, build
-from targets import get_target
+from aotforge.compiler.benchmark import BenchOptions
+from aotforge.compiler.builder import BuildResult, build
+from aotforge.targets import get_target
 
 warnings.filterwarnings("ignore")
 

@@ -8,7 +8,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from passes.manager import check_model
+from aotforge.passes.manager import check_model
 
 
 def _init(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> onnx.TensorProto:

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from artifacts import build_cache
-from artifacts.manifest import MANIFEST
+from aotforge.artifacts import build_cache
+from aotforge.artifacts.manifest import MANIFEST
 from tests.conftest import EXAMPLES, quick_build
 
 MODEL = str(EXAMPLES / "mini_resnet.py")

@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from artifacts import build_cache, build_cache_direct
-from artifacts.manifest import MANIFEST
-from compiler import read_tracker
-from compiler.build_direct import build_cached
-from compiler.builder import build
-from compiler.options import BuildOptions
+from aotforge.artifacts import build_cache, build_cache_direct
+from aotforge.artifacts.manifest import MANIFEST
+from aotforge.compiler import read_tracker
+from aotforge.compiler.build_direct import build_cached
+from aotforge.compiler.builder import build
+from aotforge.compiler.options import BuildOptions
 
 #: Light options. ``passes`` is given, as the CLI always does (its default comes from ``passes``).
 OPTIONS: dict[str, Any] = {"target": "onnxruntime", "passes": ("O1",), "bench": False, "validation_samples": 1}
@@ -72,7 +72,7 @@ def test_cli_direct_hit_serves_the_same_artifact_without_importing_torch(tmp_pat
     first = _build(model, tmp_path / "a", cache, validation_samples=3)
     assert first["build"]["cache"]["hit"] is False
     assert "direct entry stored" in first["build"]["cache"]["direct"]
-    command = [sys.executable, "-X", "importtime", "-m", "compiler.cli", "compile", str(model)]
+    command = [sys.executable, "-X", "importtime", "-m", "aotforge", "compile", str(model)]
     command += ["--target", "onnxruntime", "--no-bench", "--out", str(tmp_path / "b"), "--cache-dir", str(cache)]
     run = subprocess.run(command, capture_output=True, text=True, cwd=os.getcwd(), check=True)
     assert "cache: hit (direct)" in run.stderr

@@ -10,13 +10,13 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from artifacts.hashing import require_intact
-from artifacts.manifest import read_manifest
-from compiler.builder import build
-from compiler.bundle import BUNDLE_JSON, VALIDATION_NPZ, finish, read_bundle
-from compiler.cli import main
-from compiler.errors import ArtifactError, OptionsError, TargetUnavailableError
-from targets import get_target
+from aotforge.artifacts.hashing import require_intact
+from aotforge.artifacts.manifest import read_manifest
+from aotforge.compiler.builder import build
+from aotforge.compiler.bundle import BUNDLE_JSON, VALIDATION_NPZ, finish, read_bundle
+from aotforge.compiler.cli import main
+from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError
+from aotforge.targets import get_target
 
 MODEL = "examples/mini_resnet.py"
 TRT_MISSING = not get_target("tensorrt").probe().available
@@ -153,7 +153,7 @@ def test_prepare_only_keeps_the_int8_qdq_the_pass_wrote(tmp_path: Path) -> None:
 
 
 def test_prepare_only_refuses_qdq_tensorrt_cannot_build(tmp_path: Path) -> None:
-    from compiler.errors import UnsupportedModelError
+    from aotforge.core.errors import UnsupportedModelError
 
     with pytest.raises(UnsupportedModelError, match="int8.activations=int8"):
         build(

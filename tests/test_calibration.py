@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compiler.calibration import load_calibration
-from compiler.errors import OptionsError
-from passes.manager import run_passes
-from passes.quantize_static import QuantizeStaticParams, QuantizeStaticPass
+from aotforge.core.calibration import load_calibration
+from aotforge.core.errors import OptionsError
+from aotforge.passes.manager import run_passes
+from aotforge.passes.quantize_static import QuantizeStaticParams, QuantizeStaticPass
 from tests.pass_models import feeds_for, mlp, rel_l2, run
 
 ONE = {"x": (2, np.dtype(np.float32))}

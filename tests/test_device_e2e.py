@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.hashing import require_intact
-from artifacts.manifest import read_manifest
-from compiler.bundle import finish
-from compiler.spec import DimRange
-from targets import get_target
+from aotforge.artifacts.hashing import require_intact
+from aotforge.artifacts.manifest import read_manifest
+from aotforge.compiler.bundle import finish
+from aotforge.core.spec import DimRange
+from aotforge.targets import get_target
 from tests.conftest import EXAMPLES, quick_build
 
 MODELS = {

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import artifacts
-from compiler.numerics import compare
-from compiler.sample_inputs import make_inputs
-from compiler.spec import DimRange
+import aotforge
+from aotforge.compiler.numerics import compare
+from aotforge.compiler.sample_inputs import make_inputs
+from aotforge.core.spec import DimRange
 from tests.conftest import EXAMPLES, FAST_BENCH, ONNX_LIGHT, quick_build
 
 TORCH_MODELS = {
@@ -58,7 +58,7 @@ def test_minilm_embeddings_match_torch_on_real_sentences(tmp_path: Path) -> None
     )
     inputs = {k: v.numpy() for k, v in minilm.tokenize(minilm.SENTENCES, seq=32).items()}
     # The artifact was built for batch 1 at opt; ONNX Runtime keeps dims symbolic, so batch 4 runs.
-    got = artifacts.load(result.path).run(inputs)["embedding"]
+    got = aotforge.load(result.path).run(inputs)["embedding"]
     with torch.no_grad():
         want = minilm.get_model()(**{k: torch.from_numpy(v) for k, v in inputs.items()}).numpy()
     cosine = np.sum(got * want, axis=1)
@@ -90,7 +90,7 @@ def test_artifact_layout_and_model_card(tmp_path: Path) -> None:
 
 
 def _reload_and_compare(path: Path) -> None:
-    loaded = artifacts.load(path)
+    loaded = aotforge.load(path)
     x = make_inputs(loaded.io, loaded.io.bound_sizes(), seed=7, count=1)[0]
-    first, again = loaded.run(x), artifacts.load(path).run(x)
+    first, again = loaded.run(x), aotforge.load(path).run(x)
     assert all(m.max_abs == 0.0 for m in compare(first, again).values())

@@ -13,9 +13,9 @@ from onnx import TensorProto, helper
 from tests.conftest import EXAMPLES, ONNX_LIGHT
 
 
-def aotforge(*args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "compiler.cli", *args], capture_output=True, text=True, timeout=600, check=False
+        [sys.executable, "-m", "aotforge", *args], capture_output=True, text=True, timeout=600, check=False
     )
 
 
@@ -72,7 +72,7 @@ def _write(path: Path, data: bytes) -> Path:
 def test_user_error_is_one_line_and_leaves_nothing(case: str, tmp_path: Path) -> None:
     args, expected = CASES[case]
     out = tmp_path / "out"
-    proc = aotforge("compile", *args(tmp_path), "--out", str(out), "--no-bench")
+    proc = run_cli("compile", *args(tmp_path), "--out", str(out), "--no-bench")
     assert proc.returncode == 2, proc.stderr
     assert expected in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -82,7 +82,7 @@ def test_user_error_is_one_line_and_leaves_nothing(case: str, tmp_path: Path) ->
 
 def test_validation_failure_leaves_no_artifact(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = aotforge(
+    proc = run_cli(
         "compile",
         str(EXAMPLES / "mini_resnet.py"),
         "--target",
@@ -99,5 +99,5 @@ def test_validation_failure_leaves_no_artifact(tmp_path: Path) -> None:
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
-    proc = aotforge("--debug", "compile", "/nonexistent/model.onnx")
+    proc = run_cli("--debug", "compile", "/nonexistent/model.onnx")
     assert proc.returncode != 0 and "Traceback" in proc.stderr

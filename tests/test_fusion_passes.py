@@ -6,15 +6,15 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from compiler.errors import UnsupportedModelError
-from compiler.spec import IOSpec, TensorSpec
-from passes import PRESETS, make_pass
-from passes.fuse_conv_batchnorm import FuseConvBatchNormPass
-from passes.fuse_patterns import FuseOrtPass, FusePatternsPass, contrib_domains, op_histogram
-from passes.manager import run_passes
-from targets.base import BuildContext
-from targets.ort_target import OrtOptions, OrtTarget
-from targets.tvm_target import TvmOptions, TvmTarget
+from aotforge.core.errors import UnsupportedModelError
+from aotforge.core.spec import IOSpec, TensorSpec
+from aotforge.passes import PRESETS, contrib_op_passes, make_pass
+from aotforge.passes.fuse_conv_batchnorm import FuseConvBatchNormPass
+from aotforge.passes.fuse_patterns import FuseOrtPass, FusePatternsPass, contrib_domains, op_histogram
+from aotforge.passes.manager import run_passes
+from aotforge.targets.base import BuildContext
+from aotforge.targets.ort_target import OrtOptions, OrtTarget
+from aotforge.targets.tvm_target import TvmOptions, TvmTarget
 from tests.pass_models import conv_bn, decomposed_layer_norm, elementwise, feeds_for, mlp, run
 
 CASES = [
@@ -73,7 +73,11 @@ def test_fuse_ort_emits_contrib_ops_and_o2_does_not() -> None:
 
 
 def _ctx(passes: tuple[str, ...]) -> BuildContext:
-    return BuildContext(io=IOSpec(inputs=(TensorSpec("x", "float32", (2, 8, 16)),), outputs=()), passes=passes)
+    return BuildContext(
+        io=IOSpec(inputs=(TensorSpec("x", "float32", (2, 8, 16)),), outputs=()),
+        passes=passes,
+        contrib_passes=contrib_op_passes(passes),
+    )
 
 
 def test_tvm_refuses_contrib_ops_by_name_at_planning() -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-import artifacts
-from artifacts.manifest import MANIFEST
-from compiler.errors import HostMismatchError
+import aotforge
+from aotforge.artifacts.manifest import MANIFEST
+from aotforge.core.errors import HostMismatchError
 from tests.conftest import CPU_TARGETS, EXAMPLES, quick_build
 
 
@@ -39,18 +39,18 @@ def _needs_tvm(built: dict[str, Path]) -> Path:
 def test_tvm_other_os_is_refused(built: dict[str, Path], tmp_path: Path) -> None:
     path = _edited(_needs_tvm(built), tmp_path / "a", lambda m: m["target"]["info"]["platform"].update(system="Darwin"))
     with pytest.raises(HostMismatchError, match=r"built with tvm for Darwin/x86_64, this host is Linux/.*: rebuild"):
-        artifacts.load(path)
+        aotforge.load(path)
 
 
 def test_tvm_other_version_is_refused(built: dict[str, Path], tmp_path: Path) -> None:
     path = _edited(_needs_tvm(built), tmp_path / "a", lambda m: m["toolchain"].update(tvm="0.19.0"))
     with pytest.raises(HostMismatchError, match=r"built with tvm 0.19.0 .* this host has tvm 0\.27.*apache-tvm 0\.19"):
-        artifacts.load(path)
+        aotforge.load(path)
 
 
 def test_tvm_cpu_features_this_host_lacks_are_refused(built: dict[str, Path], tmp_path: Path) -> None:
-    from targets.tvm_host import _cpuinfo_flags, _norm, isa_features
-    from targets.tvm_target import host_cpu
+    from aotforge.targets.tvm_host import _cpuinfo_flags, _norm, isa_features
+    from aotforge.targets.tvm_target import host_cpu
 
     src = _needs_tvm(built)
     triple = json.loads((src / MANIFEST).read_text())["target"]["info"]["target"]["mtriple"]
@@ -67,13 +67,13 @@ def test_tvm_cpu_features_this_host_lacks_are_refused(built: dict[str, Path], tm
         m["target"]["info"]["cpu_features"] = features
 
     with pytest.raises(HostMismatchError, match=rf"for mcpu {cpu}, this host has a .* lacking .*: rebuild it here"):
-        artifacts.load(_edited(src, tmp_path / "a", edit))
+        aotforge.load(_edited(src, tmp_path / "a", edit))
 
 
 def test_ort_newer_onnxruntime_is_refused(built: dict[str, Path], tmp_path: Path) -> None:
     path = _edited(built["onnxruntime"], tmp_path / "a", lambda m: m["toolchain"].update(onnxruntime="99.1.0"))
     with pytest.raises(HostMismatchError, match=r"built with onnxruntime 99.1.0 for opset \d+, this host has"):
-        artifacts.load(path)
+        aotforge.load(path)
 
 
 def test_ort_missing_provider_is_refused(built: dict[str, Path], tmp_path: Path) -> None:
@@ -81,4 +81,4 @@ def test_ort_missing_provider_is_refused(built: dict[str, Path], tmp_path: Path)
         m["target"]["options"]["providers"] = ["FancyExecutionProvider"]
 
     with pytest.raises(HostMismatchError, match="FancyExecutionProvider, this host's onnxruntime has only"):
-        artifacts.load(_edited(built["onnxruntime"], tmp_path / "a", edit))
+        aotforge.load(_edited(built["onnxruntime"], tmp_path / "a", edit))

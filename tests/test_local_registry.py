@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import artifacts
-from artifacts.local_registry import LocalRegistry, artifact_digest
-from compiler.errors import ArtifactError
+import aotforge
+from aotforge.artifacts.local_registry import LocalRegistry, artifact_digest
+from aotforge.core.errors import ArtifactError
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def two_artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
     return a, b
 
 
-def _inputs(loaded: artifacts.LoadedArtifact) -> dict[str, np.ndarray]:
+def _inputs(loaded: aotforge.LoadedArtifact) -> dict[str, np.ndarray]:
     return {
         s.name: np.zeros([d if isinstance(d, int) else 1 for d in s.shape], dtype=s.dtype) for s in loaded.io.inputs
     }
@@ -44,8 +44,8 @@ def test_push_pull_round_trip_runs(two_artifacts: tuple[Path, Path], tmp_path: P
     name, version = reg.push(a)
     assert (name, version) == ("mini_resnet", 1)
     dest = reg.pull(f"{name}:{version}", tmp_path / "pulled")
-    loaded = artifacts.load(dest)
-    original = artifacts.load(a)
+    loaded = aotforge.load(dest)
+    original = aotforge.load(a)
     got, want = loaded.run(_inputs(loaded)), original.run(_inputs(original))
     assert sorted(got) == sorted(want)
     for k in want:
@@ -61,15 +61,15 @@ def test_load_by_alias_from_a_registry(
     reg.push(a)
     _, v2 = reg.push(b)
     reg.set_alias("mini_resnet", "prod", v2)
-    loaded = artifacts.load("mini_resnet@prod", registry=tmp_path / "reg")
+    loaded = aotforge.load("mini_resnet@prod", registry=tmp_path / "reg")
     assert loaded.manifest.build.get("copied") is True  # the aliased version, not the latest push by chance
-    again = artifacts.load("mini_resnet@prod", registry=str(tmp_path / "reg"))  # served from the pull cache
+    again = aotforge.load("mini_resnet@prod", registry=str(tmp_path / "reg"))  # served from the pull cache
     assert again.path == loaded.path
     np.testing.assert_array_equal(
-        next(iter(loaded.run(_inputs(loaded)).values())), next(iter(artifacts.load(a).run(_inputs(loaded)).values()))
+        next(iter(loaded.run(_inputs(loaded)).values())), next(iter(aotforge.load(a).run(_inputs(loaded)).values()))
     )
     with pytest.raises(ArtifactError, match="nope"):
-        artifacts.load("mini_resnet@nope", registry=tmp_path / "reg")
+        aotforge.load("mini_resnet@nope", registry=tmp_path / "reg")
 
 
 def test_push_is_idempotent(two_artifacts: tuple[Path, Path], tmp_path: Path) -> None:
@@ -148,7 +148,7 @@ def test_concurrent_pushes_give_one_version_per_digest(two_artifacts: tuple[Path
 
 
 def test_cli_push_list_alias_pull_pack(two_artifacts: tuple[Path, Path], tmp_path: Path) -> None:
-    from compiler.cli import main
+    from aotforge.compiler.cli import main
 
     a, _ = two_artifacts
     reg = str(tmp_path / "reg")
@@ -181,7 +181,7 @@ def _with_manifest(src: Path, dest: Path, **changes: object) -> Path:
 
 
 def test_promotion_moves_alias_when_gates_hold(two_artifacts: tuple[Path, Path], tmp_path: Path) -> None:
-    from artifacts.promotion import Gates, promote
+    from aotforge.artifacts.promotion import Gates, promote
 
     a = _with_manifest(two_artifacts[0], tmp_path / "benched", benchmark={"p50_ms": 0.8, "p99_ms": 1.1})
     reg = LocalRegistry(tmp_path / "reg")
@@ -194,8 +194,8 @@ def test_promotion_moves_alias_when_gates_hold(two_artifacts: tuple[Path, Path],
 
 
 def test_promotion_refusal_names_each_failed_gate(two_artifacts: tuple[Path, Path], tmp_path: Path) -> None:
-    from artifacts.promotion import Gates, promote
-    from compiler.errors import PromotionRefusedError
+    from aotforge.artifacts.promotion import Gates, promote
+    from aotforge.core.errors import PromotionRefusedError
 
     a, _ = two_artifacts
     manifest = json.loads((a / "manifest.json").read_text())
@@ -218,7 +218,7 @@ def test_promotion_refusal_names_each_failed_gate(two_artifacts: tuple[Path, Pat
 
 
 def test_cli_promote_refuses_with_nonzero_exit(two_artifacts: tuple[Path, Path], tmp_path: Path) -> None:
-    from compiler.cli import main
+    from aotforge.compiler.cli import main
 
     a, _ = two_artifacts
     reg = str(tmp_path / "reg")

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from artifacts.hashing import require_intact
-from artifacts.manifest import read_manifest
-from artifacts.mlflow_registry import MlflowRegistry
-from artifacts.promotion import Gates, promote
-from compiler.errors import PromotionRefusedError, RegistryError
+from aotforge.artifacts.hashing import require_intact
+from aotforge.artifacts.manifest import read_manifest
+from aotforge.artifacts.mlflow_registry import MlflowRegistry
+from aotforge.artifacts.promotion import Gates, promote
+from aotforge.core.errors import PromotionRefusedError, RegistryError
 
 
 def _free_port() -> int:
@@ -86,7 +86,7 @@ def test_promotion_and_pull_by_alias(mlflow_url: str, built: Path, tmp_path: Pat
 
 
 def test_cli_against_server_and_down_server(mlflow_url: str, built: Path, tmp_path: Path) -> None:
-    from compiler.cli import main
+    from aotforge.compiler.cli import main
 
     runner = CliRunner()
     r = runner.invoke(main, ["push", str(built), "--registry", mlflow_url])

@@ -19,11 +19,12 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.errors import InputSpecError, OptionsError, TargetUnavailableError, UnsupportedModelError
-from compiler.spec import DimRange, IOSpec, TensorSpec
-from targets import get_target, neuron_sdk
-from targets.base import BuildContext, options_from_dict
-from targets.neuron_target import (
+from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError, UnsupportedModelError
+from aotforge.core.options import options_from_dict
+from aotforge.core.spec import DimRange, IOSpec, TensorSpec
+from aotforge.targets import get_target, neuron_sdk
+from aotforge.targets.base import BuildContext
+from aotforge.targets.neuron_target import (
     Bucket,
     InstanceFamily,
     NeuronOptions,

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from artifacts import LoadedArtifact
-from artifacts.hashing import sha256_file
-from artifacts.packing import pack, unpack
-from compiler.errors import ArtifactError
+import aotforge
+from aotforge.artifacts import LoadedArtifact
+from aotforge.artifacts.hashing import sha256_file
+from aotforge.artifacts.packing import pack, unpack
+from aotforge.core.errors import ArtifactError
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +49,9 @@ def test_pack_ignores_file_metadata(artifact: Path, tmp_path: Path) -> None:
 
 
 def test_unpack_round_trip_loads(artifact: Path, tmp_path: Path) -> None:
-    import artifacts
 
     dest = unpack(pack(artifact, tmp_path / "a.tar.gz"), tmp_path / "unpacked")
-    loaded = artifacts.load(dest)
+    loaded = aotforge.load(dest)
     assert loaded.run(example_inputs(loaded))
 
 
@@ -118,13 +118,12 @@ def test_unpack_detects_tampered_tarball(artifact: Path, tmp_path: Path) -> None
 
 
 def test_tamper_after_unpack_is_caught_by_load(artifact: Path, tmp_path: Path) -> None:
-    import artifacts
 
     dest = unpack(pack(artifact, tmp_path / "a.tar.gz"), tmp_path / "unpacked")
     target = dest / "session.json"
     target.write_bytes(target.read_bytes() + b" ")
     with pytest.raises(ArtifactError, match="session.json"):
-        artifacts.load(dest)
+        aotforge.load(dest)
 
 
 def test_unpack_refuses_existing_dest(artifact: Path, tmp_path: Path) -> None:

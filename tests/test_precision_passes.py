@@ -7,9 +7,9 @@ import onnx_ir as ir
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from passes import make_pass
-from passes.convert_precision import ConvertPrecisionParams, ConvertToBFloat16Pass, ConvertToFloat16Pass
-from passes.manager import run_passes
+from aotforge.passes import make_pass
+from aotforge.passes.convert_precision import ConvertPrecisionParams, ConvertToBFloat16Pass, ConvertToFloat16Pass
+from aotforge.passes.manager import run_passes
 from tests.pass_models import elementwise, feeds_for, mlp, rel_l2, run
 
 

@@ -8,13 +8,13 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from compiler.errors import OptionsError, PassFailedError
-from passes import make_pass
-from passes import quantize_prepare as prep
-from passes.manager import run_passes
-from passes.ort_quantization import op_counts
-from passes.quantize_dynamic import QuantizeDynamicParams, QuantizeDynamicPass
-from passes.quantize_static import QuantizeStaticParams, QuantizeStaticPass
+from aotforge.core.errors import OptionsError, PassFailedError
+from aotforge.passes import make_pass
+from aotforge.passes import quantize_prepare as prep
+from aotforge.passes.manager import run_passes
+from aotforge.passes.ort_quantization import op_counts
+from aotforge.passes.quantize_dynamic import QuantizeDynamicParams, QuantizeDynamicPass
+from aotforge.passes.quantize_static import QuantizeStaticParams, QuantizeStaticPass
 from tests import quant_models
 from tests.pass_models import cnn, elementwise, feeds_for, mlp, rel_l2, run
 from tests.quant_models import outlier_inputs, outlier_mlp

@@ -8,11 +8,11 @@ from pathlib import Path
 import onnx_ir as ir
 import pytest
 
-from compiler.errors import OptionsError
-from compiler.options import BuildOptions
-from compiler.recipe import int8_shortcuts, load_recipe, recipe_options
+from aotforge.compiler.options import BuildOptions
+from aotforge.compiler.recipe import int8_shortcuts, load_recipe, recipe_options
+from aotforge.core.errors import OptionsError
 from tests.pass_models import mlp
-from tests.test_errors import aotforge
+from tests.test_errors import run_cli
 
 GOOD = """
 passes = ["O2", "int8"]
@@ -88,12 +88,12 @@ def test_cli_flags_override_the_recipe(tmp_path: Path) -> None:
     recipe = _write(
         tmp_path, 'passes = ["fuse", "int8"]\ntarget = "tvm"\ntolerance = 0.2\n[pass_options.int8]\nsamples = 4\n'
     )
-    proc = aotforge(
+    proc = run_cli(
         "compile", str(model), "--recipe", str(recipe), "--target", "onnxruntime", "--no-bench",
         "--pass-opt", "int8.method=percentile", "--accuracy-budget", "0.9", "--out", str(tmp_path / "out"),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    from artifacts.manifest import read_manifest
+    from aotforge.artifacts.manifest import read_manifest
 
     manifest = read_manifest(Path(proc.stdout.strip().splitlines()[-1]))
     passes = {p["name"]: p for p in manifest.passes}
@@ -105,6 +105,6 @@ def test_cli_flags_override_the_recipe(tmp_path: Path) -> None:
 def test_cli_unknown_recipe_key_is_one_line(tmp_path: Path) -> None:
     model = tmp_path / "mlp.onnx"
     ir.save(mlp(), model)
-    proc = aotforge("compile", str(model), "--recipe", str(_write(tmp_path, "speed = 3\n")))
+    proc = run_cli("compile", str(model), "--recipe", str(_write(tmp_path, "speed = 3\n")))
     assert proc.returncode != 0 and "unknown key(s) speed" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

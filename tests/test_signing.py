@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-import artifacts
-from artifacts.hashing import SIGNATURE, sha256_file
-from artifacts.manifest import MANIFEST
-from artifacts.signing import keygen, sign, verified_manifest
-from compiler.errors import ArtifactError, SignatureError
+import aotforge
+from aotforge.artifacts.hashing import SIGNATURE, sha256_file
+from aotforge.artifacts.manifest import MANIFEST
+from aotforge.artifacts.signing import keygen, sign, verified_manifest
+from aotforge.core.errors import ArtifactError, SignatureError
 from tests.conftest import CPU_TARGETS, EXAMPLES, quick_build
-from tests.test_errors import aotforge
+from tests.test_errors import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_keygen_private_key_is_owner_only(keys: tuple[Path, Path]) -> None:
 def test_signed_artifact_verifies_and_loads(signed: Path, keys: tuple[Path, Path]) -> None:
     manifest = verified_manifest(signed, keys[1])
     assert SIGNATURE not in manifest.files and (signed / SIGNATURE).is_file()
-    assert artifacts.load(signed, public_key=keys[1]).manifest.name == manifest.name
+    assert aotforge.load(signed, public_key=keys[1]).manifest.name == manifest.name
 
 
 def _every_file(path: Path) -> list[str]:
@@ -60,8 +60,8 @@ def test_one_flipped_byte_in_any_file_is_refused(
     (copy / name).write_bytes(bytes(data))
     shown = MANIFEST if name == SIGNATURE else name  # a bad signature is reported against the manifest it covers
     with pytest.raises(ArtifactError, match=rf"{SIGNATURE}|{shown}"):
-        artifacts.load(copy, public_key=keys[1])
-    proc = aotforge("verify", str(copy), "--public-key", str(keys[1]))
+        aotforge.load(copy, public_key=keys[1])
+    proc = run_cli("verify", str(copy), "--public-key", str(keys[1]))
     assert proc.returncode != 0 and name.split(".")[0] in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
@@ -74,7 +74,7 @@ def test_rehashed_tamper_is_caught_by_the_signature(signed: Path, keys: tuple[Pa
     (copy / MANIFEST).write_text(json.dumps(data, sort_keys=True, indent=2) + "\n")
     verified_manifest(copy)  # hashes alone are fooled ...
     with pytest.raises(SignatureError, match="does not match its signature"):
-        artifacts.load(copy, public_key=keys[1])  # ... the signature is not
+        aotforge.load(copy, public_key=keys[1])  # ... the signature is not
 
 
 def test_unsigned_or_wrong_key_is_refused(signed: Path, keys: tuple[Path, Path], tmp_path: Path) -> None:
@@ -82,7 +82,7 @@ def test_unsigned_or_wrong_key_is_refused(signed: Path, keys: tuple[Path, Path],
     shutil.copytree(signed, copy)
     (copy / SIGNATURE).unlink()
     with pytest.raises(SignatureError, match="is not signed"):
-        artifacts.load(copy, public_key=keys[1])
+        aotforge.load(copy, public_key=keys[1])
     _, other = keygen(tmp_path / "other")
     with pytest.raises(SignatureError, match="not by the given public key"):
-        artifacts.load(signed, public_key=other)
+        aotforge.load(signed, public_key=other)

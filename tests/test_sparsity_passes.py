@@ -6,10 +6,10 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from passes import make_pass
-from passes.manager import run_passes
-from passes.prune_magnitude import PruneMagnitudePass
-from passes.prune_structured import PruneStructuredPass, prune_2_4
+from aotforge.passes import make_pass
+from aotforge.passes.manager import run_passes
+from aotforge.passes.prune_magnitude import PruneMagnitudePass
+from aotforge.passes.prune_structured import PruneStructuredPass, prune_2_4
 from tests.pass_models import cnn, elementwise, feeds_for, mlp, rel_l2, run
 
 

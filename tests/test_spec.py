@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.errors import InputSpecError, OptionsError
-from compiler.options import BuildOptions
-from compiler.spec import DimRange, IOSpec, TensorSpec, check_dims_used, parse_value_range
-from targets.base import options_from_dict
-from targets.tvm_target import TvmOptions
+from aotforge.compiler.options import BuildOptions
+from aotforge.core.errors import InputSpecError, OptionsError
+from aotforge.core.options import options_from_dict
+from aotforge.core.spec import DimRange, IOSpec, TensorSpec, check_dims_used, parse_value_range
+from aotforge.targets.tvm_target import TvmOptions
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_value_range_and_options_from_dict() -> None:
 def test_generated_masks_always_attend_to_the_first_token() -> None:
     import numpy as np
 
-    from compiler.sample_inputs import make_inputs
+    from aotforge.compiler.sample_inputs import make_inputs
 
     io = IOSpec((TensorSpec("attention_mask", "int64", (64, 1)), TensorSpec("ids", "int64", (64, 3))), ())
     (x,) = make_inputs(io, {}, seed=0, count=1)

@@ -14,11 +14,12 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.errors import ArtifactError, InputSpecError, OptionsError, TargetUnavailableError
-from compiler.spec import DimRange, IOSpec, TensorSpec
-from targets import get_target
-from targets.base import BuildContext, options_from_dict
-from targets.tensorrt_target import (
+from aotforge.core.errors import ArtifactError, InputSpecError, OptionsError, TargetUnavailableError
+from aotforge.core.options import options_from_dict
+from aotforge.core.spec import DimRange, IOSpec, TensorSpec
+from aotforge.targets import get_target
+from aotforge.targets.base import BuildContext
+from aotforge.targets.tensorrt_target import (
     HardwareCompat,
     TensorRTOptions,
     TensorRTTarget,
@@ -31,7 +32,7 @@ from targets.tensorrt_target import (
     plan_profiles,
     prepare_onnx,
 )
-from targets.trt_sdk import summarize_layers
+from aotforge.targets.trt_sdk import summarize_layers
 
 IMAGE = IOSpec(
     inputs=(TensorSpec("x", "float32", ("batch", 3, 8, 8)),),
@@ -258,7 +259,7 @@ def test_timing_cache_lives_in_the_build_cache_per_version_and_gpu(tmp_path: Pat
 
 
 def test_qdq_tensorrt_cannot_build_is_refused_by_node() -> None:
-    from compiler.errors import UnsupportedModelError
+    from aotforge.core.errors import UnsupportedModelError
 
     check_qdq(_qdq_fp16_model())  # signed int8, zero point 0: what TensorRT builds
     model = _qdq_fp16_model()

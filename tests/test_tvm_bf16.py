@@ -15,8 +15,8 @@ tvm = pytest.importorskip("tvm")
 
 from tvm import relax  # noqa: E402
 
-from targets.tvm_bf16 import rewrite_bf16  # noqa: E402
-from targets.tvm_target import TvmOptions, target_dict  # noqa: E402
+from aotforge.targets.tvm_bf16 import rewrite_bf16  # noqa: E402
+from aotforge.targets.tvm_target import TvmOptions, target_dict  # noqa: E402
 from tests.conftest import quick_build  # noqa: E402
 
 HIDDEN, HEADS, FFN, VOCAB = 32, 2, 64, 16
@@ -119,7 +119,7 @@ def _encoder(path: Path, seq: int) -> Path:
 
 @pytest.mark.parametrize("seq", [8, 1])
 def test_bf16_encoder_builds_on_tvm_and_matches_fp32(tmp_path: Path, seq: int) -> None:
-    from artifacts import load
+    from aotforge.artifacts import load
 
     model = _encoder(tmp_path / "encoder.onnx", seq)
     result = quick_build(str(model), tmp_path / "out", target="tvm", passes=("bf16",), tolerance=0.03)

@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("tvm")
 
-from artifacts.loader import load  # noqa: E402
-from compiler.builder import build  # noqa: E402
+from aotforge.artifacts.loader import load  # noqa: E402
+from aotforge.compiler.builder import build  # noqa: E402
 
 MODEL = """
 import torch

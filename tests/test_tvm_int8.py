@@ -16,8 +16,8 @@ tvm = pytest.importorskip("tvm")
 
 from tvm.target.codegen import target_has_features  # noqa: E402
 
-from targets.tvm_schedules import vnni_dense  # noqa: E402
-from targets.tvm_target import TvmOptions, target_dict  # noqa: E402
+from aotforge.targets.tvm_schedules import vnni_dense  # noqa: E402
+from aotforge.targets.tvm_target import TvmOptions, target_dict  # noqa: E402
 from tests.conftest import quick_build  # noqa: E402
 
 
@@ -88,7 +88,7 @@ def _run_both(tmp_path: Path, **target_options: Any) -> tuple[Any, Any, np.ndarr
 
 @needs_vnni
 def test_int8_dynamic_matmuls_run_on_vnni_and_match_onnxruntime(tmp_path: Path) -> None:
-    from artifacts import load
+    from aotforge.artifacts import load
 
     on_tvm, on_ort, x = _run_both(tmp_path)
     report = on_tvm.manifest.target["info"]["pipeline"]["schedules"]["int8_vnni"]
@@ -102,7 +102,7 @@ def test_int8_dynamic_matmuls_run_on_vnni_and_match_onnxruntime(tmp_path: Path) 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="cross-builds for an x86-64 CPU without VNNI")
 def test_a_target_without_vnni_keeps_the_generic_integer_matmul(tmp_path: Path) -> None:
-    from artifacts import load
+    from aotforge.artifacts import load
 
     on_tvm, on_ort, x = _run_both(tmp_path, mcpu="x86-64-v3")
     report = on_tvm.manifest.target["info"]["pipeline"]["schedules"]["int8_vnni"]
@@ -117,7 +117,7 @@ def test_a_target_without_vnni_keeps_the_generic_integer_matmul(tmp_path: Path) 
 def test_vnni_conv2d_is_exact(c: int, o: int, k: int, stride: int, pad: int) -> None:
     import torch
 
-    from targets.tvm_schedules import vnni_conv
+    from aotforge.targets.tvm_schedules import vnni_conv
 
     rng = np.random.default_rng(c + o + k)
     h = w = 10
@@ -141,7 +141,7 @@ def test_vnni_conv2d_is_exact(c: int, o: int, k: int, stride: int, pad: int) -> 
 
 @needs_vnni
 def test_static_int8_convolutions_run_on_vnni_and_track_onnxruntime(tmp_path: Path) -> None:
-    from artifacts import load
+    from aotforge.artifacts import load
     from tests.conftest import EXAMPLES
 
     common = {"passes": ("O1", "int8"), "tolerance": 0.3, "validation_samples": 1}

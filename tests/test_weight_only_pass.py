@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from compiler.errors import OptionsError, PassFailedError, UnsupportedModelError
-from passes import make_pass
-from passes.manager import run_passes
-from passes.ort_quantization import op_counts
+from aotforge.core.errors import OptionsError, PassFailedError, UnsupportedModelError
+from aotforge.passes import make_pass
+from aotforge.passes.manager import run_passes
+from aotforge.passes.ort_quantization import op_counts
 from tests.pass_models import elementwise, feeds_for, mlp, rel_l2, run
 
 
@@ -49,7 +49,7 @@ def test_weight_only_parameters_are_validated() -> None:
 
 
 def test_tvm_refuses_weight_only_at_planning_by_name(tmp_path: Path) -> None:
-    from compiler.builder import build
+    from aotforge.compiler.builder import build
 
     with pytest.raises(UnsupportedModelError, match="weight-only"):
         build("examples/mini_resnet.py", target="tvm", passes=("O1", "weight-only"), out=tmp_path, bench=False)

@@ -67,7 +67,7 @@ def _last_line(text: str) -> str:
 
 def compile_variant(model: Model, args: list[str], out: Path, trials: int) -> tuple[Path | None, float, str]:
     filled = [a.format(int8=model.int8, trials=trials, tuning_db=out.parent.parent / "tvm-tuning") for a in args]
-    cmd = [sys.executable, "-m", "compiler.cli", "compile", model.file, *model.args, *filled, "--no-bench"]
+    cmd = [sys.executable, "-m", "aotforge", "compile", model.file, *model.args, *filled, "--no-bench"]
     started = time.perf_counter()
     proc = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, env=_env(), cwd=ROOT)
     seconds = time.perf_counter() - started

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from artifacts.manifest import read_manifest
-from compiler.benchmark import BenchOptions, benchmark
-from compiler.sample_inputs import make_inputs
-from compiler.source import Arrays
-from compiler.spec import IOSpec
+from aotforge.artifacts.manifest import read_manifest
+from aotforge.compiler.benchmark import BenchOptions, benchmark
+from aotforge.compiler.sample_inputs import make_inputs
+from aotforge.compiler.source import Arrays
+from aotforge.core.spec import IOSpec
 
 THREADS = 2
 
@@ -35,7 +35,7 @@ def inputs_of(artifact: Path) -> tuple[IOSpec, dict[str, int], Arrays]:
 
 
 def artifact_runner(artifact: Path, _model: str | None) -> tuple[Callable[[Arrays], Any], float]:
-    from artifacts.loader import load
+    from aotforge.artifacts.loader import load
 
     return load(artifact).run, 0.0
 
@@ -76,7 +76,7 @@ def tvm_untuned_runner(artifact: Path, _model: str | None) -> tuple[Callable[[Ar
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
-    from targets.tvm_target import TvmOptions, _static_proto, target_dict
+    from aotforge.targets.tvm_target import TvmOptions, _static_proto, target_dict
 
     io, sizes, _ = inputs_of(artifact)
     shapes = {s.name: list(s.bind(sizes)) for s in io.inputs}

@@ -44,7 +44,7 @@ def session(path: Path):
 
 
 def time_one(path: Path, size: int, runs: int) -> float:
-    from compiler.benchmark import BenchOptions, benchmark
+    from aotforge.compiler.benchmark import BenchOptions, benchmark
 
     sess = session(path)
     feed = {sess.get_inputs()[0].name: images(1, 7, size)[0]}
@@ -77,7 +77,7 @@ def main() -> None:
     if args.time:
         print(json.dumps({"ms": time_one(args.time, args.size, args.runs)}))
         return
-    from compiler.builder import build
+    from aotforge.compiler.builder import build
 
     calib = args.work / "calibration"
     shutil.rmtree(args.work, ignore_errors=True)

@@ -60,7 +60,7 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
 
 def build_all(work: Path) -> dict[str, Path]:
     """Each variant's model.ort.onnx; the int8 pass's manifest stats are printed as they come."""
-    from compiler.builder import build
+    from aotforge.compiler.builder import build
 
     out = work / "artifacts"
     shutil.rmtree(out, ignore_errors=True)
@@ -99,7 +99,7 @@ def embeddings(path: Path, feeds: list[dict]) -> np.ndarray:
 
 def time_one(path: Path, feed_file: Path, runs: int) -> float:
     feed = dict(np.load(feed_file))  # saved by main: the worker imports neither torch nor transformers
-    from compiler.benchmark import BenchOptions, benchmark
+    from aotforge.compiler.benchmark import BenchOptions, benchmark
 
     sess = session(path)
     options = BenchOptions(warmup=10, min_runs=runs, max_runs=runs, max_seconds=float("inf"))

@@ -36,7 +36,7 @@ def inputs(model: str, count: int) -> list[dict[str, np.ndarray]]:
 
 def compile_one(model: str, target: str, passes: str, out: Path, timeout: int) -> tuple[Path | None, str]:
     name = f"{model}-{target}-{passes.replace(',', '-')}"
-    cmd = [sys.executable, "-m", "compiler.cli", "compile", MODELS[model], "--target", target, "--passes", passes]
+    cmd = [sys.executable, "-m", "aotforge", "compile", MODELS[model], "--target", target, "--passes", passes]
     cmd += ["--tolerance", "10", "--no-bench", "-o", str(out), "--name", name]
     if model == "minilm":  # sentences padded to 128; tvm binds a dim to its opt size (1 if undeclared)
         cmd += ["--dynamic", "seq=16:128:128"]  # opt 128: what tvm compiles for
@@ -51,7 +51,7 @@ def compile_one(model: str, target: str, passes: str, out: Path, timeout: int) -
 
 
 def outputs(path: Path, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
-    from artifacts.loader import load
+    from aotforge.artifacts.loader import load
 
     runner = load(path)
     return np.concatenate([np.asarray(next(iter(runner.run(f).values())), np.float64) for f in feeds])

@@ -1,0 +1,104 @@
+"""Load an artifact anywhere its target runs: verify every file first, then hand over a runner."""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aotforge.artifacts.manifest import Manifest
+from aotforge.artifacts.signing import verified_manifest
+from aotforge.core.errors import HostMismatchError, InputSpecError
+from aotforge.core.spec import IOSpec
+from aotforge.targets import get_target
+from aotforge.targets.base import Runner, Target
+
+Arrays = dict[str, np.ndarray]
+
+
+class LoadedArtifact:
+    """A verified artifact and its target's runner. ``run`` checks input names and dtypes first."""
+
+    def __init__(self, path: Path, manifest: Manifest, runner: Runner) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.io = IOSpec.from_dict(manifest.io)
+        self._runner = runner
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> Arrays:
+        expected = [s.name for s in self.io.inputs]
+        if sorted(inputs) != sorted(expected):
+            raise InputSpecError(
+                f"inputs {sorted(inputs)} do not match the artifact's {expected}: pass exactly those names"
+            )
+        ordered = {}
+        for spec in self.io.inputs:
+            value = np.asarray(inputs[spec.name])
+            if value.dtype != np.dtype(spec.dtype):
+                raise InputSpecError(f"input {spec.name!r} is {value.dtype}, the artifact expects {spec.dtype}")
+            ordered[spec.name] = value
+        return self._runner.run(ordered)
+
+
+def load(path: str | Path, public_key: str | Path | None = None, *, registry: Any = None) -> LoadedArtifact:
+    """Verify the artifact at ``path`` and load it for its target.
+
+    With ``registry`` (a local directory, an ``http(s)://`` MLflow URI or a registry object),
+    ``path`` is a reference, ``NAME:VERSION`` or ``NAME@ALIAS``, pulled (and hash-checked) into
+    ``$AOTFORGE_PULL_CACHE`` (default ``~/.cache/aotforge/pulled``) once per registry digest.
+    Before anything is deserialized or dlopened: the signature when ``public_key`` is given (an
+    unsigned artifact is then refused), every file's sha256, and this host against the toolchain
+    and host the manifest says it was built with and for.
+    """
+    path = pull_cached(str(path), registry) if registry is not None else Path(path)
+    manifest = verified_manifest(path, public_key)
+    target = get_target(manifest.target["name"])
+    check_host(manifest, target)
+    runner = target.load(path, {"target": manifest.target, "io": manifest.io})
+    return LoadedArtifact(path, manifest, runner)
+
+
+def check_host(manifest: Manifest, target: Target) -> None:
+    """Refuse, before the target loads anything, an artifact built for another OS/arch or toolchain.
+
+    The generic part reads ``target.info.platform`` (recorded by targets whose files are native
+    code); the target's own ``check_host`` (where it has one) checks versions and CPU features.
+    """
+    built = manifest.target.get("info", {}).get("platform")
+    if built:
+        here = {"system": platform.system(), "machine": platform.machine()}
+        if (built.get("system"), built.get("machine")) != (here["system"], here["machine"]):
+            raise HostMismatchError(
+                f"{manifest.name} v{manifest.version} was built with {manifest.target['name']} for "
+                f"{built.get('system')}/{built.get('machine')}, this host is {here['system']}/{here['machine']}: "
+                f"rebuild it on or for this host, or run it on a {built.get('system')}/{built.get('machine')} host"
+            )
+    own = getattr(target, "check_host", None)
+    if own is not None:
+        own(manifest)
+
+
+def pull_cached(ref: str, registry: Any) -> Path:
+    """The artifact ``ref`` from ``registry``, pulled once per digest; a concurrent pull of it is harmless."""
+    from aotforge.artifacts.registry import open_registry
+
+    reg = open_registry(registry)
+    entry = reg.resolve(ref)
+    cache = Path(os.environ.get("AOTFORGE_PULL_CACHE", "~/.cache/aotforge/pulled")).expanduser()
+    final = cache / entry.digest
+    if final.is_dir():
+        return final  # load() re-verifies every hash before using it
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="pull-", dir=cache) as tmp:
+        pulled = reg.pull(entry.ref, Path(tmp) / "artifact")
+        try:
+            os.rename(pulled, final)
+        except OSError:
+            if not final.is_dir():  # lost a race to another pull of the same digest otherwise
+                raise
+    return final

@@ -1,0 +1,67 @@
+"""The artifact manifest: a frozen, schema-versioned record written as sorted-key JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from aotforge.core.errors import ArtifactError
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """Everything DESIGN.md lists. ``build`` holds the only fields that differ between identical builds."""
+
+    name: str
+    version: int
+    target: dict[str, Any]
+    toolchain: dict[str, str]
+    source: dict[str, Any]
+    ir: dict[str, Any]
+    passes: list[dict[str, Any]]
+    io: dict[str, Any]
+    validation: dict[str, Any]
+    benchmark: dict[str, Any] | None
+    files: dict[str, str]
+    build: dict[str, Any]
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=2) + "\n"
+
+    def reproducible_part(self) -> dict[str, Any]:
+        """The manifest without ``build`` (timestamps, host, durations)."""
+        data = dataclasses.asdict(self)
+        data.pop("build")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ArtifactError(
+                f"manifest schema_version {data.get('schema_version')!r} is not {SCHEMA_VERSION}: "
+                "this aotforge cannot read it; rebuild the artifact or use a matching aotforge"
+            )
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - fields
+        missing = fields - set(data)
+        if unknown or missing:
+            raise ArtifactError(f"manifest has unknown keys {sorted(unknown)} / lacks {sorted(missing)}: it is corrupt")
+        return cls(**data)
+
+
+def read_manifest(artifact_dir: Path) -> Manifest:
+    path = artifact_dir / MANIFEST
+    if not path.is_file():
+        raise ArtifactError(f"{artifact_dir} is not an aotforge artifact: it has no {MANIFEST}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"{path} is not readable JSON ({e}): the artifact is corrupt, rebuild it") from e
+    return Manifest.from_dict(data)

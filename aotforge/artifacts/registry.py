@@ -1,0 +1,28 @@
+"""Registry selection by URL: one function, ``open_registry``, for every door (CLI, Makefile, Python)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aotforge.artifacts.local_registry import LocalRegistry, Registry, RegistryEntry, parse_ref
+from aotforge.core.errors import RegistryError
+
+__all__ = ["DEFAULT_REGISTRY", "Registry", "RegistryEntry", "open_registry", "parse_ref"]
+
+DEFAULT_REGISTRY = Path("~/.aotforge/registry")
+
+
+def open_registry(url: str | Path | Registry | None = None) -> Registry:
+    """A local directory path (the default ``~/.aotforge/registry``), or an ``http(s)://`` MLflow tracking URI."""
+    if url is None:
+        return LocalRegistry(DEFAULT_REGISTRY.expanduser())
+    if not isinstance(url, (str, Path)):
+        return url  # already a registry object
+    text = str(url)
+    if text.startswith(("http://", "https://")):
+        from aotforge.artifacts.mlflow_registry import MlflowRegistry
+
+        return MlflowRegistry(text)
+    if "://" in text:
+        raise RegistryError(f"{text!r}: unsupported registry URL; give a local directory or an http(s):// MLflow URI")
+    return LocalRegistry(Path(text).expanduser())

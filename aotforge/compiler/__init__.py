@@ -1,0 +1,1 @@
+"""Frontends, build options, the build line, validation, benchmark and the CLI (``aotforge.build`` is the API)."""

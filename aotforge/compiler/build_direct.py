@@ -1,0 +1,251 @@
+"""The build cache's direct mode: serve a rebuild from the cache without running the frontend.
+
+This module must stay light: a direct hit imports neither torch, onnx, onnxruntime nor tvm, so it
+only reads files, hashes bytes and asks ``importlib.metadata``-style questions of the filesystem.
+
+The direct key covers what decides the IR-level key before the frontend runs: the model file
+(path and bytes) and the working directory, every build option but where the artifact goes
+(``out``, ``name``, ``version``, ``cache_dir``), aotforge's own source, the installed
+distributions (name, version and install time of each ``*.dist-info`` in site-packages, which
+stand in for every file read from there: torch, transformers, onnx, tvm, model weight packages),
+the Python version and the host CPU (which the targets' probes report). The files the build
+read are checked against its entry (``artifacts.build_cache_direct``).
+
+Out of scope, as in ccache: environment variables, the clock, random state and files whose
+existence (not content) the model tests. A model file that depends on them should not be
+built with ``--cache-dir``, or should read them from a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import platform
+import socket
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aotforge.artifacts import build_cache, build_cache_direct
+from aotforge.artifacts.hashing import sha256_file
+from aotforge.artifacts.manifest import Manifest
+from aotforge.artifacts.store import artifact_path, finalize, next_version, staging_dir
+from aotforge.compiler.options import BuildOptions
+from aotforge.compiler.read_tracker import Reads, tracked
+from aotforge.core.errors import InputSpecError
+
+Progress = Callable[[str], None]
+MODEL_FILE = "model.onnx"
+#: Options that decide where the artifact goes, not what it holds.
+_UNKEYED = ("out", "name", "version", "cache_dir")
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResult:
+    path: Path
+    #: For a ``prepare_only`` build, ``path`` is a bundle and this the manifest draft (validation pending).
+    manifest: Manifest
+
+
+@dataclasses.dataclass
+class DirectPlan:
+    """The direct key of this build (None when direct mode does not apply) and what direct mode found."""
+
+    key: str | None
+    reason: str
+    #: sha256 of each part of the key, stored with the entry so that a miss can name what changed.
+    components: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def plan(model: Any, opts: BuildOptions) -> DirectPlan:
+    if opts.cache_dir is None:
+        return DirectPlan(None, "no --cache-dir")
+    if not isinstance(model, (str, Path)) or Path(model).suffix not in (".py", ".onnx"):
+        return DirectPlan(None, "direct mode needs a .py or .onnx model file")
+    if opts.prepare_only or opts.dump_ir is not None:
+        return DirectPlan(None, "direct mode is off for --prepare-only and --dump-ir")
+    path = Path(model)
+    if not path.is_file():
+        return DirectPlan(None, f"{path} is not a file")
+    options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in _UNKEYED}
+    toolchain = toolchain_fingerprint()
+    parts = {
+        "source": [str(path.resolve()), sha256_file(path)],
+        "cwd": os.getcwd(),
+        "options": options,
+        "python": [toolchain["python"], toolchain["executable"]],
+        "distributions": toolchain["distributions"],
+        "aotforge_source": toolchain["aotforge_source"],
+        "host": host_fingerprint(),
+    }
+    components = {name: _digest([build_cache_direct.SCHEMA_VERSION, value]) for name, value in parts.items()}
+    return DirectPlan(_digest(sorted(components.items())), "", components)
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def serve(direct: DirectPlan, opts: BuildOptions, say: Progress) -> BuildResult | None:
+    """The artifact from the cache on a direct hit; None (and ``direct.reason`` says why) otherwise."""
+    started = time.perf_counter()
+    assert direct.key is not None and opts.cache_dir is not None
+    entry, direct.reason = build_cache_direct.lookup(opts.cache_dir, direct.key, direct.components)
+    if entry is None:
+        return None
+    template = dict(entry.manifest)
+    name = opts.name or str(template.get("name") or "")
+    if not name:
+        direct.reason = "direct entry names no artifact"
+        return None
+    version = opts.version or next_version(opts.out, name)
+    final = artifact_path(opts.out, name, version, opts.target)
+    if final.exists():
+        raise InputSpecError(f"{final} already exists: give another --version or leave it out to get the next one")
+    with staging_dir(opts.out) as stage:
+        hit = build_cache.lookup(opts.cache_dir, entry.key, stage)
+        if hit is None or MODEL_FILE not in hit.files:
+            direct.reason = f"IR-level entry {entry.key[:12]} is missing or corrupt"
+            return None
+        cache = {
+            "hit": True,
+            "direct": True,
+            "key": entry.key,
+            "direct_key": direct.key,
+            # Same files as the build that stored the entry, so its validation and benchmark stand.
+            "reused": f"validation and benchmark of the build at {entry.built_at}",
+        }
+        build = {
+            "seconds": round(time.perf_counter() - started, 2),
+            "host": socket.gethostname(),
+            "machine": platform.machine(),
+            "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "cache": cache,
+        }
+        try:
+            manifest = Manifest(**{**template, "name": name, "version": version, "files": {}, "build": build})
+        except TypeError:  # written by an aotforge with other manifest fields
+            direct.reason = "direct entry's manifest has other fields than this aotforge's"
+            return None
+        direct.reason = "hit"
+        say(f"cache hit (direct) {entry.key[:12]}: skipping the frontend, passes and {opts.target} compile")
+        manifest = finalize(stage, manifest, final)
+    return BuildResult(final, manifest)
+
+
+def remember(
+    direct: DirectPlan, reads: Reads, key: str, manifest: Manifest, source_name: str, opts: BuildOptions
+) -> None:
+    """After a full build (before ``finalize``), store its direct entry; one that read an unhashable file gets none."""
+    assert direct.key is not None and opts.cache_dir is not None
+    if MODEL_FILE not in build_cache.entry_files(opts.cache_dir, key):
+        direct.reason = f"{direct.reason}; IR-level entry {key[:12]} predates direct mode (no {MODEL_FILE})"
+        return
+    skip = (str(opts.out), str(opts.cache_dir))  # the build's own outputs, not its inputs
+    try:
+        files = [build_cache_direct.record_file(p, reads.files[p]) for p in tracked(reads.files, skip=skip)]
+    except build_cache_direct.NotCacheable as e:
+        direct.reason = f"{direct.reason}; not direct-cacheable: {e}"
+        return
+    listings = {}
+    for directory in tracked(reads.listings, skip=skip):
+        digest = build_cache_direct.listing_digest(directory)
+        if digest is None:
+            direct.reason = f"{direct.reason}; not direct-cacheable: directory {directory} was listed but is gone"
+            return
+        listings[directory] = digest
+    template = manifest.reproducible_part()
+    for field in ("version", "files"):
+        template.pop(field)
+    template["name"] = source_name
+    built_at = str(manifest.build.get("created_at", ""))
+    build_cache_direct.store(opts.cache_dir, direct.key, direct.components, files, listings, key, template, built_at)
+    direct.reason = f"{direct.reason}; direct entry stored ({len(files)} files tracked)"
+
+
+def toolchain_fingerprint() -> dict[str, Any]:
+    """Python, aotforge's source, and every installed distribution, without importing any of them."""
+    dists: dict[str, int] = {}
+    paths = sysconfig.get_paths()
+    for site in sorted({paths["purelib"], paths["platlib"]}):
+        try:
+            with os.scandir(site) as it:
+                for e in it:
+                    if e.name.endswith((".dist-info", ".egg-info")):
+                        # A reinstall of the same version writes a new dist-info: a miss, never a stale hit.
+                        dists[e.name] = e.stat().st_mtime_ns
+        except OSError:
+            continue
+    return {
+        "python": sys.version,
+        # The interpreter, not the name it was started by (python, python3, a console script's shebang).
+        "executable": [os.path.realpath(sys.executable), sys.prefix],
+        "distributions": dists,
+        "aotforge_source": aotforge_source_digest(),
+    }
+
+
+def aotforge_source_digest() -> str:
+    """sha256 over aotforge's own modules: an edited pass or frontend must miss, and the version never changes."""
+    package = Path(__file__).resolve().parents[1]  # the aotforge package, in a checkout or site-packages
+    digest = hashlib.sha256()
+    for file in sorted(package.rglob("*")):
+        if file.suffix in (".py", ".j2") and "__pycache__" not in file.parts:
+            digest.update(file.relative_to(package.parent).as_posix().encode() + b"\0")
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def host_fingerprint() -> dict[str, Any]:
+    """The host facts the targets' probes report (CPU model and ISA flags, GPUs) without importing them."""
+    cpu: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            field, _, value = line.partition(":")
+            field = field.strip()
+            if not field and cpu:
+                break  # the first processor's block describes the host's CPU model
+            if field in ("vendor_id", "model name", "flags", "cpu family", "model"):
+                cpu[field] = value.strip()
+    except OSError:
+        pass
+    try:
+        gpu = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        gpu = ""
+    return {
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "nvidia": gpu,
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def build_cached(
+    model: Any, opts: BuildOptions, progress: Progress | None = None, *, direct: bool = True
+) -> BuildResult:
+    """The CLI's entry: a direct hit without importing the build path, else the full ``build``.
+
+    ``direct=False`` skips the direct lookup (the IR-level key is then computed and explained);
+    the build still refreshes its direct entry.
+    """
+    say = progress or (lambda _msg: None)
+    planned = plan(model, opts)
+    if planned.key is not None and not direct:
+        planned.reason = "lookup skipped (--explain-cache)"
+    elif planned.key is not None:
+        served = serve(planned, opts, say)
+        if served is not None:
+            return served
+    from aotforge.compiler.builder import build_resolved
+
+    return build_resolved(model, opts, progress=say, direct=planned)

@@ -1,0 +1,296 @@
+"""Remote builds: ``compile --prepare-only`` writes a build bundle, ``finish`` completes it on the device host.
+
+A bundle is a directory holding everything the target compile needs and nothing that must be
+trusted blindly: the IR after passes, the options, the input spec, the target's build plan (e.g.
+TensorRT's optimization profiles), the validation inputs with the source model's outputs on them
+(so the device host validates against the source without having it), a manifest draft, a format
+version and the sha256 of every file. ``finish`` re-checks all of that before any compile work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from aotforge.artifacts.hashing import hash_tree, sha256_file
+from aotforge.artifacts.manifest import Manifest
+from aotforge.artifacts.store import artifact_path, finalize, next_version, staging_dir
+from aotforge.compiler.benchmark import BenchOptions, benchmark
+from aotforge.compiler.numerics import compare_many
+from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError, ValidationFailedError
+from aotforge.core.options import options_from_dict
+from aotforge.core.spec import IOSpec
+from aotforge.passes import contrib_op_passes
+from aotforge.targets import get_target
+from aotforge.targets.base import Arrays, BuildContext
+
+BUNDLE_FORMAT = 1
+BUNDLE_JSON = "bundle.json"
+VALIDATION_NPZ = "validation.npz"
+#: Targets whose compile needs only the ONNX IR; neuron compiles from the torch program instead.
+_NEEDS_TORCH_PROGRAM = ("neuron",)
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleDraft:
+    """What ``build`` hands over when it stops before the target compile."""
+
+    model: ir.Model
+    io: IOSpec
+    name: str
+    version: int | None
+    target: str
+    target_options: Any
+    passes: tuple[str, ...]
+    source: Mapping[str, Any]
+    pass_entries: Sequence[Mapping[str, Any]]
+    validation: Mapping[str, Any]
+    bench: Mapping[str, Any] | None
+    samples: Sequence[Arrays]
+    reference: Callable[[Arrays], Arrays]
+
+
+def bundle_path(out: Path, name: str, target: str) -> Path:
+    return out / "bundles" / f"{name}.{target}.bundle"
+
+
+def write_bundle(draft: BundleDraft, out: Path, toolchain: Mapping[str, str]) -> Path:
+    """Write the bundle atomically (staged beside its final place, then renamed) and return its path."""
+    if draft.target in _NEEDS_TORCH_PROGRAM:
+        raise OptionsError(
+            f"--prepare-only for {draft.target}: neuronx-cc compiles from the torch program, which a bundle cannot "
+            "carry without pickling it; run the build on the Inf2/Trn host instead"
+        )
+    final = bundle_path(out, draft.name, draft.target)
+    if final.exists():
+        raise ArtifactError(f"{final} already exists: remove it or give another --name")
+    target = get_target(draft.target)
+    with staging_dir(out) as stage:
+        ir.save(draft.model, stage / "model.onnx")
+        arrays, index = _validation_arrays(draft.samples, draft.reference)
+        np.savez(stage / VALIDATION_NPZ, **arrays)  # type: ignore[arg-type]
+        plan = getattr(target, "bundle_plan", None)
+        ctx = BuildContext(
+            io=draft.io,
+            passes=draft.passes,
+            source_format=str(draft.source["format"]),
+            contrib_passes=contrib_op_passes(draft.passes),
+        )
+        body = {
+            "format_version": BUNDLE_FORMAT,
+            "target": draft.target,
+            "target_options": _jsonable(dataclasses.asdict(draft.target_options)),
+            "plan": plan(draft.model, draft.target_options, ctx) if plan else None,
+            "io": draft.io.to_dict(),
+            "passes": list(draft.passes),
+            "validation_index": index,
+            "manifest_draft": {
+                "name": draft.name,
+                "version": draft.version,
+                "source": dict(draft.source),
+                "passes": [dict(p) for p in draft.pass_entries],
+                "validation": dict(draft.validation),
+                "toolchain_prepared": dict(toolchain),
+                "ir_opset": draft.model.opset_imports.get("", 0),
+            },
+            "bench": dict(draft.bench) if draft.bench is not None else None,
+            "prepared": {"host": socket.gethostname(), "machine": platform.machine()},
+            "files": hash_tree(stage),
+        }
+        (stage / BUNDLE_JSON).write_text(_dump({**body, "bundle_sha256": _digest(body)}))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(stage, final)
+    return final
+
+
+def read_bundle(path: Path) -> dict[str, Any]:
+    """The bundle's description after checking its format version, its own digest and every file's hash."""
+    meta = path / BUNDLE_JSON
+    if not meta.is_file():
+        raise ArtifactError(
+            f"{path} is not a build bundle (no {BUNDLE_JSON}): give a directory written by --prepare-only"
+        )
+    try:
+        data = json.loads(meta.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ArtifactError(f"{meta} is not valid JSON ({e}): prepare the bundle again") from e
+    if data.get("format_version") != BUNDLE_FORMAT:
+        raise ArtifactError(
+            f"{path} has bundle format {data.get('format_version')!r}, this aotforge reads {BUNDLE_FORMAT}: "
+            "prepare it again with this aotforge version"
+        )
+    claimed = data.pop("bundle_sha256", None)
+    if claimed != _digest(data):
+        raise ArtifactError(f"{meta} was modified after it was written (digest mismatch): prepare the bundle again")
+    actual = hash_tree(path)
+    actual.pop(BUNDLE_JSON, None)
+    expected = data["files"]
+    bad = sorted(n for n in set(expected) | set(actual) if expected.get(n) != actual.get(n))
+    if bad:
+        raise ArtifactError(
+            f"{path}: {', '.join(bad)} missing, added or changed since the bundle was prepared: prepare it again"
+        )
+    return dict(data)
+
+
+def finish(
+    path: Path,
+    out: Path,
+    *,
+    target_name: str | None = None,
+    bench: bool | None = None,
+    cache_dir: Path | None = None,
+) -> Any:
+    """Compile, validate, benchmark and store a bundle's artifact exactly as ``build`` would."""
+    from aotforge.compiler.builder import BuildResult, toolchain_versions
+
+    started = time.perf_counter()
+    data = read_bundle(path)
+    name = target_name or data["target"]
+    target = get_target(name)
+    probe = target.probe()
+    if not probe.available:
+        raise TargetUnavailableError(f"cannot finish {path} for {name} on this host: {probe.reason}")
+    # Options of the prepared target do not apply to another one (e.g. finishing on onnxruntime).
+    opts_data = data["target_options"] if name == data["target"] else {}
+    target_opts = options_from_dict(target.options_type, opts_data, what=name)
+    draft = data["manifest_draft"]
+    io = IOSpec.from_dict(data["io"])
+    model = ir.load(path / "model.onnx")
+    passes = tuple(data["passes"])
+    ctx = BuildContext(
+        io=io, passes=passes, source_format=draft["source"]["format"], contrib_passes=contrib_op_passes(passes)
+    )
+    target.plan(model, target_opts, ctx)
+    _check_plan(target, model, target_opts, ctx, data)
+    samples, references = _load_validation(path, data["validation_index"])
+    version = draft["version"] or next_version(out, draft["name"])
+    final = artifact_path(out, draft["name"], version, name)
+    if final.exists():
+        raise ArtifactError(f"{final} already exists: remove it, or prepare the bundle with another --version")
+    with staging_dir(out) as stage:
+        for rel in data["files"]:
+            if rel != VALIDATION_NPZ:  # the IR and its external data, byte for byte
+                shutil.copy2(path / rel, stage / rel)
+        # Like build(): a target's timing cache (tensorrt) lives in the cache dir when one is given.
+        in_cache = getattr(target, "with_cache_dir", None) if cache_dir is not None else None
+        compiled = target.compile(model, in_cache(target_opts, cache_dir) if in_cache else target_opts, ctx, stage)
+        target_record = {"name": name, "options": dataclasses.asdict(target_opts), "info": dict(compiled.target_info)}
+        runner = target.load(stage, {"target": target_record, "io": io.to_dict()})
+        validation = _validate(runner.run, samples, references, draft["validation"], draft["name"], name)
+        bench_rec = _bench(runner.run, samples[0], data["bench"], bench, draft["validation"]["bound_dims"])
+        manifest = Manifest(
+            name=draft["name"],
+            version=version,
+            target=target_record,
+            toolchain={**toolchain_versions(), **compiled.toolchain},
+            source=draft["source"],
+            ir={"sha256": sha256_file(stage / "model.onnx"), "opset": draft["ir_opset"]},
+            passes=draft["passes"],
+            io=io.to_dict(),
+            validation=validation,
+            benchmark=bench_rec,
+            files={},
+            build={
+                "seconds": round(time.perf_counter() - started, 2),
+                "host": socket.gethostname(),
+                "machine": platform.machine(),
+                "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]},
+            },
+        )
+        manifest = finalize(stage, manifest, final)
+    return BuildResult(final, manifest)
+
+
+def _check_plan(target: Any, model: ir.Model, opts: Any, ctx: BuildContext, data: Mapping[str, Any]) -> None:
+    # The plan is recomputed from the same inputs; a difference means this aotforge plans otherwise.
+    plan = getattr(target, "bundle_plan", None)
+    if plan is not None and data["target"] == target.name and plan(model, opts, ctx) != data["plan"]:
+        raise ArtifactError(
+            f"the {target.name} build plan in the bundle differs from what this aotforge plans for it: "
+            "prepare the bundle with the same aotforge version as the device host"
+        )
+
+
+def _validation_arrays(samples: Sequence[Arrays], reference: Callable[[Arrays], Arrays]) -> tuple[dict, list]:
+    arrays: dict[str, np.ndarray] = {}
+    index = []
+    for i, sample in enumerate(samples):
+        outputs = reference(sample)
+        entry: dict[str, dict[str, str]] = {"inputs": {}, "outputs": {}}
+        for kind, values in (("inputs", sample), ("outputs", outputs)):
+            for j, (tensor, value) in enumerate(values.items()):
+                key = f"s{i}_{kind}_{j}"  # npz keys are file names: never the tensor's own name
+                arrays[key] = np.asarray(value)
+                entry[kind][tensor] = key
+        index.append(entry)
+    return arrays, index
+
+
+def _load_validation(path: Path, index: Sequence[Mapping[str, Any]]) -> tuple[list[Arrays], list[Arrays]]:
+    with np.load(path / VALIDATION_NPZ, allow_pickle=False) as data:
+        samples = [{t: data[k] for t, k in e["inputs"].items()} for e in index]
+        refs = [{t: data[k] for t, k in e["outputs"].items()} for e in index]
+    return samples, refs
+
+
+def _validate(
+    run: Callable[[Arrays], Arrays],
+    samples: list[Arrays],
+    refs: list[Arrays],
+    plan: Mapping[str, Any],
+    model: str,
+    target: str,
+) -> dict[str, Any]:
+    from aotforge.compiler.builder import _validation_message
+
+    lookup = {id(s): r for s, r in zip(samples, refs, strict=True)}
+    metrics = compare_many(lambda x: lookup[id(x)], run, samples)
+    tolerance = float(plan["tolerance"])
+    if not all(m.rel_l2 <= tolerance for m in metrics.values()):
+        raise ValidationFailedError(_validation_message(model, target, metrics, tolerance))
+    return {
+        **plan,
+        "reference": f"{plan['reference']} (outputs stored in the bundle)",
+        "metrics": {n: dataclasses.asdict(m) for n, m in metrics.items()},
+        "passed": True,
+    }
+
+
+def _bench(
+    run: Callable[[Arrays], Arrays],
+    sample: Arrays,
+    prepared: Mapping[str, Any] | None,
+    override: bool | None,
+    sizes: Mapping[str, int],
+) -> dict[str, Any] | None:
+    if override is False or (override is None and prepared is None):
+        return None
+    options = BenchOptions(**prepared) if prepared else BenchOptions()
+    return dataclasses.asdict(benchmark(run, sample, options, batch=int(sizes.get("batch", 1))))
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _dump(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, sort_keys=True, indent=2) + "\n"
+
+
+def _digest(data: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()

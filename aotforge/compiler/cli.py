@@ -1,0 +1,329 @@
+"""The ``aotforge`` command line: a thin layer over ``compiler.build`` and ``artifacts``."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from aotforge.core.errors import AotforgeError, InputSpecError
+from aotforge.core.spec import DimRange, parse_value_range
+
+
+class DimRangeParam(click.ParamType):
+    name = "NAME=MIN:MAX"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> DimRange:
+        if isinstance(value, DimRange):
+            return value
+        try:
+            return DimRange.parse(value)
+        except AotforgeError as e:
+            self.fail(str(e), param, ctx)
+
+
+class KeyValueParam(click.ParamType):
+    name = "KEY=VALUE"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, str]:
+        key, sep, val = str(value).partition("=")
+        if not sep or not key:
+            self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
+        return key.strip(), val.strip()
+
+
+def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """One line on stderr and a non-zero exit for user errors; the traceback only with --debug."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except AotforgeError as e:
+            if click.get_current_context().find_root().params.get("debug"):
+                raise
+            click.echo(f"error: {e}", err=True)
+            sys.exit(e.exit_code)
+
+    return wrapper
+
+
+@click.group()
+@click.option("--debug", is_flag=True, help="Show full tracebacks.")
+def main(debug: bool) -> None:
+    """aotforge: compile a model ahead of time into a validated, benchmarked artifact."""
+    if not debug:
+        # The exporters' deprecation chatter buries our one-line messages; --debug keeps it.
+        warnings.filterwarnings("ignore")
+        logging.getLogger("torch").setLevel(logging.ERROR)
+
+
+@main.command()
+@click.argument("model")
+@click.option("--target", "-t", default="tvm", show_default=True, help="tvm, onnxruntime, tensorrt or neuron.")
+@click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("out"), show_default=True)
+@click.option("--name", help="Artifact name (default: the model file's stem).")
+@click.option("--version", type=click.IntRange(min=1), help="Artifact version (default: next free one).")
+@click.option("--passes", default="O1", show_default=True, help="Comma list of passes and presets (O0, O1, O2).")
+@click.option(
+    "--dynamic", multiple=True, type=DimRangeParam(), help="Dynamic dim range, e.g. batch=1:32 or batch=1:8:32."
+)
+@click.option("--input-range", multiple=True, help="Value range of an input, e.g. input_ids=0:30522.")
+@click.option("--target-opt", multiple=True, type=KeyValueParam(), help="Target option, e.g. mcpu=skylake-avx512.")
+@click.option("--tune-trials", type=click.IntRange(min=0), default=0, help="tvm: MetaSchedule trials (0: no tuning).")
+@click.option("--tune-minutes", type=click.FloatRange(min=0), default=0.0, help="tvm: stop tuning after this long.")
+@click.option("--pass-opt", multiple=True, type=KeyValueParam(), help="Pass parameter, e.g. int8.method=percentile.")
+@click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Max relative L2 error per output.")
+@click.option("--no-bench", is_flag=True, help="Skip the benchmark.")
+@click.option("--bench-seconds", type=float, default=10.0, show_default=True, help="Benchmark time budget.")
+@click.option("--dump-ir", type=click.Path(path_type=Path), help="Write the IR after each pass into this directory.")
+@click.option(
+    "--cache-dir", type=click.Path(path_type=Path), help="Build cache directory: reuse compiles of identical input."
+)
+@click.option(
+    "--explain-cache",
+    is_flag=True,
+    help="Skip the cache's direct mode and say why the IR-level cache hit or missed (needs --cache-dir).",
+)
+@click.option("--prepare-only", is_flag=True, help="Write a build bundle for `aotforge finish` on the device host.")
+@click.option("--calibration", help="int8 calibration data: a directory of .npy/.npz files, or module.py:function.")
+@click.option("--accuracy-budget", type=click.FloatRange(0, 1, min_open=True), help="Least mean cosine vs fp32 (int8).")
+@click.option("--recipe", type=click.Path(path_type=Path), help="TOML recipe of passes and options; flags override it.")
+@click.option("--sign-key", type=click.Path(path_type=Path), help="Sign the artifact with this ed25519 private key.")
+@click.option("--push", "push_to", help="Then push it to this registry (a directory or an http(s):// MLflow URI).")
+@user_errors
+def compile(model: str, **kw: Any) -> None:
+    """Compile MODEL (.onnx file, .py model file or module) into an artifact; prints its path last."""
+    from rich.console import Console
+
+    # Only light modules here: a direct cache hit must not import torch, onnx or the targets.
+    from aotforge.compiler.benchmark import BenchOptions
+    from aotforge.compiler.build_direct import build_cached
+    from aotforge.compiler.options import BuildOptions
+
+    options = BuildOptions.from_dict(
+        {
+            "target": kw["target"],
+            "out": kw["out"],
+            "name": kw["name"],
+            "version": kw["version"],
+            "passes": tuple(p.strip() for p in kw["passes"].split(",") if p.strip()),
+            "dynamic": kw["dynamic"],
+            "input_ranges": dict(parse_value_range(r) for r in kw["input_range"]),
+            "target_options": {**dict(kw["target_opt"]), **_tuning_options(kw)},
+            "pass_params": _pass_params(kw["pass_opt"]),
+            "tolerance": kw["tolerance"],
+            "bench": not kw["no_bench"],
+            "bench_options": BenchOptions(max_seconds=kw["bench_seconds"]),
+            "dump_ir": kw["dump_ir"],
+            "cache_dir": kw["cache_dir"],
+            "prepare_only": kw["prepare_only"],
+            "calibration": kw["calibration"],
+            "accuracy_budget": kw["accuracy_budget"],
+        }
+    )
+    if kw["recipe"]:
+        options = _with_recipe(kw["recipe"], options, click.get_current_context())
+    if kw["explain_cache"] and options.cache_dir is None:
+        raise click.BadParameter("--explain-cache needs --cache-dir", param_hint="--explain-cache")
+    console = Console(stderr=True)
+    with console.status("building") as status:
+        result = build_cached(model, options, progress=status.update, direct=not kw["explain_cache"])
+    if options.prepare_only:
+        console.print(
+            f"bundle for {options.target} written; finish it with: aotforge finish {result.path}",
+            markup=False,
+            soft_wrap=True,
+        )
+        click.echo(str(result.path))
+        return
+    m = result.manifest
+    console.print(_summary(m.__dict__), markup=False, highlight=False)
+    if "cache" in m.build:
+        console.print(_cache_line(m.build["cache"]), markup=False, highlight=False, soft_wrap=True)
+    if kw["sign_key"]:
+        from aotforge.artifacts.signing import sign
+
+        sign(result.path, kw["sign_key"])
+        console.print(f"signed: {result.path / 'manifest.sig'}", markup=False, soft_wrap=True)
+    if kw["push_to"]:
+        from aotforge.artifacts.registry import open_registry
+
+        ref_name, ref_version = open_registry(kw["push_to"]).push(result.path)
+        console.print(f"pushed to {kw['push_to']} as {ref_name}:{ref_version}", markup=False, soft_wrap=True)
+    click.echo(str(result.path))
+
+
+def _tuning_options(kw: dict[str, Any]) -> dict[str, str]:
+    """``--tune-trials`` / ``--tune-minutes`` are spellings of the tvm target options of those names."""
+    return {k: str(kw[k]) for k in ("tune_trials", "tune_minutes") if kw[k]}
+
+
+#: BuildOptions field -> the compile flag that sets it, for fields a recipe can hold.
+_RECIPE_FLAGS = {
+    "target": "target",
+    "passes": "passes",
+    "pass_params": "pass_opt",
+    "target_options": "target_opt",
+    "tolerance": "tolerance",
+    "dynamic": "dynamic",
+    "input_ranges": "input_range",
+    "name": "name",
+    "calibration": "calibration",
+    "accuracy_budget": "accuracy_budget",
+}
+
+
+def _with_recipe(path: Path, options: Any, ctx: click.Context) -> Any:
+    """The recipe's values, replaced by flags given on the command line (option tables merged)."""
+    from click.core import ParameterSource
+
+    from aotforge.compiler.options import BuildOptions
+    from aotforge.compiler.recipe import load_recipe
+
+    values = {**load_recipe(path)}
+    for field, flag in _RECIPE_FLAGS.items():
+        flags = (flag, "tune_trials", "tune_minutes") if field == "target_options" else (flag,)
+        if all(ctx.get_parameter_source(f) in (ParameterSource.DEFAULT, None) for f in flags):
+            continue
+        given = getattr(options, field)
+        if field == "pass_params":
+            merged = {k: dict(v) for k, v in values.get(field, {}).items()}
+            for name, params in given.items():
+                merged.setdefault(name, {}).update(params)
+            given = merged
+        elif field == "target_options":
+            given = {**values.get(field, {}), **given}
+        values[field] = given
+    rest = {f: getattr(options, f) for f in ("out", "version", "bench", "bench_options", "dump_ir", "cache_dir")}
+    return BuildOptions.from_dict({**values, **rest, "prepare_only": options.prepare_only})
+
+
+@main.command()
+def targets() -> None:
+    """List targets and whether this host can use them."""
+    from aotforge.targets import TARGETS, get_target
+
+    for name in TARGETS:
+        probe = get_target(name).probe()
+        state = "available" if probe.available else f"unavailable: {probe.reason}"
+        if not probe.available and probe.compiles:
+            state = f"compile only: {probe.reason}"
+        click.echo(f"{name:12s} {state}")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
+@user_errors
+def inspect(artifact: Path, as_json: bool) -> None:
+    """Summarise an artifact's manifest."""
+    from aotforge.artifacts.manifest import read_manifest
+
+    manifest = read_manifest(artifact)
+    click.echo(manifest.to_json() if as_json else _summary(manifest.__dict__))
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--public-key", type=click.Path(path_type=Path), help="Also check manifest.sig with this public key.")
+@user_errors
+def verify(artifact: Path, public_key: Path | None) -> None:
+    """Check ARTIFACT's signature (with --public-key) and re-hash every file; non-zero exit on any mismatch."""
+    from aotforge.artifacts.signing import is_signed, verified_manifest
+
+    manifest = verified_manifest(artifact, public_key)
+    signed = "signed (give --public-key to check), " if is_signed(artifact) else ""
+    signed = "signature ok, " if public_key else signed
+    click.echo(f"ok: {signed}{len(manifest.files)} files match the manifest")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option(
+    "--inputs", "inputs_path", required=True, type=click.Path(path_type=Path), help=".npz with one array per input."
+)
+@click.option("--save", type=click.Path(path_type=Path), help="Write outputs to this .npz instead of printing.")
+@user_errors
+def run(artifact: Path, inputs_path: Path, save: Path | None) -> None:
+    """Run ARTIFACT on the arrays in an .npz file."""
+    from aotforge.artifacts import load
+
+    try:
+        with np.load(inputs_path, allow_pickle=False) as data:
+            inputs = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise InputSpecError(f"cannot read inputs {inputs_path} ({e}): give an .npz written by numpy.savez") from e
+    outputs = load(artifact).run(inputs)
+    if save:
+        np.savez(save, **outputs)  # type: ignore[arg-type]
+        click.echo(str(save))
+        return
+    for name, value in outputs.items():
+        click.echo(f"{name}: {value.dtype}{list(value.shape)}")
+        click.echo(np.array2string(value, threshold=20, precision=5))
+
+
+def _pass_params(pairs: tuple[tuple[str, str], ...]) -> dict[str, dict[str, str]]:
+    """``int8.method=percentile`` -> ``{"int8": {"method": "percentile"}}``."""
+    params: dict[str, dict[str, str]] = {}
+    for key, value in pairs:
+        name, dot, field = key.partition(".")
+        if not dot or not field:
+            raise click.BadParameter(f"{key!r} is not PASS.KEY, e.g. int8.method", param_hint="--pass-opt")
+        params.setdefault(name, {})[field] = value
+    return params
+
+
+def _cache_line(cache: dict[str, Any]) -> str:
+    key = str(cache.get("key", ""))[:12]
+    if cache.get("direct") is True:
+        return f"  cache: hit (direct) {key}; {cache.get('reused', '')}"
+    line = f"  cache: {'hit' if cache.get('hit') else 'miss'} {key}"
+    if not cache.get("hit"):
+        line += f" ({cache.get('explain', '')})"
+    return line + (f"; direct mode: {cache['direct']}" if cache.get("direct") else "")
+
+
+def _summary(m: dict[str, Any]) -> str:
+    lines = [
+        f"{m['name']} v{m['version']} for {m['target']['name']}",
+        f"  source: {m['source']['format']} {m['source']['sha256'][:12]}",
+    ]
+    lines.append("  passes: " + (", ".join(p["name"] for p in m["passes"]) or "none"))
+    v = m["validation"]
+    worst = max((x["rel_l2"] for x in v.get("metrics", {}).values()), default=0.0)
+    lines.append(
+        f"  validation: {'passed' if v.get('passed') else 'failed'} "
+        f"(worst rel L2 {worst:.3g}, tolerance {v.get('tolerance')})"
+    )
+    b = m["benchmark"]
+    lines.append(
+        f"  latency: p50 {b['p50_ms']} ms, p99 {b['p99_ms']} ms over {b['runs']} runs"
+        if b
+        else "  latency: not benchmarked"
+    )
+    lines.append(f"  files: {', '.join(sorted(m['files']))}")
+    return "\n".join(lines)
+
+
+from aotforge.compiler.cli_registry import register_registry_commands  # noqa: E402
+
+register_registry_commands(main)
+from aotforge.compiler.cli_integrity import register_integrity_commands  # noqa: E402
+
+register_integrity_commands(main)
+from aotforge.compiler.cli_bundle import register_bundle_commands  # noqa: E402
+
+register_bundle_commands(main)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The ONNX frontend: load by path (external data and >2 GB models work), check, infer shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as common
+
+from aotforge.artifacts.hashing import sha256_file
+from aotforge.compiler.source import Arrays, SourceModel, numpy_dtype, spec_shape, vocab_ranges
+from aotforge.core.errors import ModelLoadError, UnsupportedModelError, describe
+from aotforge.core.spec import IOSpec, TensorSpec
+
+
+def load_onnx(path: Path, ranges: Mapping[str, tuple[float, float]] | None = None) -> SourceModel:
+    """Load ``path`` as the IR; refuse missing, non-ONNX or truncated files with a clear message."""
+    if not path.is_file():
+        raise ModelLoadError(f"model file {path} does not exist: check the path")
+    try:
+        # By path, so the checker follows external data and is not bound by protobuf's 2 GB limit.
+        onnx.checker.check_model(str(path))
+    except Exception as e:
+        raise ModelLoadError(
+            f"{path} is not a valid ONNX model ({describe(e)}): re-export it, or check the file is complete"
+        ) from e
+    model = ir.load(path)
+    # Old exporters list weights as graph inputs; as inputs they could be overridden, which
+    # stops folding and would make them required once folding removes their initializer.
+    model = common.RemoveInitializersFromInputsPass()(model).model
+    model.ir_version = max(model.ir_version, 4)  # IR < 4 requires initializers to be inputs
+    model = common.ShapeInferencePass()(model).model
+    io = _io_spec(model, ranges or {})
+    reference = _ort_reference(path)
+    return SourceModel(ir=model, io=io, name=path.stem, format="onnx", sha256=sha256_file(path), reference=reference)
+
+
+def _io_spec(model: ir.Model, ranges: Mapping[str, tuple[float, float]]) -> IOSpec:
+    found = vocab_ranges(model)
+    inputs = []
+    for value in model.graph.inputs:
+        name = str(value.name)
+        dtype = numpy_dtype(value.dtype) if value.dtype is not None else "float32"
+        shape = _name_unknown_dims(name, spec_shape(value.shape))
+        inputs.append(TensorSpec(name, dtype, shape, ranges.get(name, found.get(name))))
+    outputs = [
+        TensorSpec(str(v.name), numpy_dtype(v.dtype) if v.dtype is not None else "float32", spec_shape(v.shape))
+        for v in model.graph.outputs
+    ]
+    return IOSpec(tuple(inputs), tuple(outputs))
+
+
+def _name_unknown_dims(name: str, shape: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    # Dims with no name get one, so --dynamic can bind them and the manifest can show them.
+    return tuple(f"{name}_dim{i}" if d == "unk" else d for i, d in enumerate(shape))
+
+
+def _ort_reference(path: Path) -> Callable[[Arrays], Arrays]:
+    from aotforge.targets.ort_target import reference_session
+
+    try:
+        session = reference_session(str(path))
+    except Exception as e:  # ORT raises untyped errors for ops it does not implement
+        raise UnsupportedModelError(
+            f"onnxruntime, the reference for ONNX sources, cannot run {path.name} ({describe(e)}): "
+            "replace the unsupported op or export the model with standard ONNX ops"
+        ) from e
+    names = [o.name for o in session.get_outputs()]
+
+    def run(inputs: Arrays) -> Arrays:
+        values = session.run(names, inputs)
+        return {n: np.asarray(v) for n, v in zip(names, values, strict=True)}
+
+    return run

@@ -1,0 +1,84 @@
+"""Build options: one frozen dataclass, filled from Python, the CLI or a recipe through ``from_dict``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from aotforge.compiler.benchmark import BenchOptions
+from aotforge.core.errors import OptionsError
+from aotforge.core.spec import DimRange
+
+#: Where artifacts go when no ``--out`` is given.
+DEFAULT_OUT = Path("out")
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+    target: str = "tvm"
+    passes: tuple[str, ...] = dataclasses.field(default_factory=lambda: (_default_preset(),))
+    pass_params: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    target_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    dynamic: tuple[DimRange, ...] = ()
+    input_ranges: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    name: str | None = None
+    version: int | None = None
+    out: Path = DEFAULT_OUT
+    #: Largest relative L2 error allowed per output against the source model.
+    tolerance: float = 1e-4
+    validation_samples: int = 3
+    seed: int = 0
+    bench: bool = True
+    bench_options: BenchOptions = BenchOptions()
+    dump_ir: Path | None = None
+    #: Directory of the build cache (``artifacts.build_cache``); None builds without one.
+    cache_dir: Path | None = None
+    #: Stop after the passes and write a build bundle for ``aotforge finish`` on the device host.
+    prepare_only: bool = False
+    #: int8 calibration data: a directory of .npy/.npz files or ``module.py:function`` (``compiler.calibration``).
+    calibration: str | None = None
+    #: Accuracy budget: the least mean output cosine vs fp32 the int8 pass must keep (its ``min_cosine``).
+    accuracy_budget: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BuildOptions:
+        """Options from loose values; unknown keys are rejected by name."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise OptionsError(f"unknown build option(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
+        values = dict(data)
+        if "passes" in values:
+            values["passes"] = tuple(values["passes"])
+        if "dynamic" in values:
+            values["dynamic"] = tuple(_dim_range(d) for d in values["dynamic"])
+        for key in ("out", "dump_ir", "cache_dir"):
+            if values.get(key) is not None:
+                values[key] = Path(values[key])
+        if "bench_options" in values and isinstance(values["bench_options"], Mapping):
+            values["bench_options"] = BenchOptions(**values["bench_options"])
+        options = cls(**values)
+        if options.tolerance <= 0:
+            raise OptionsError(f"tolerance must be > 0, got {options.tolerance}")
+        if options.accuracy_budget is not None and not 0 < options.accuracy_budget <= 1:
+            raise OptionsError(f"accuracy_budget is a cosine in (0, 1], got {options.accuracy_budget}")
+        if options.version is not None and options.version < 1:
+            raise OptionsError(f"version must be a positive integer, got {options.version}")
+        return options
+
+
+def _default_preset() -> str:
+    # Imported on use: ``passes`` pulls in onnx_ir (~0.8 s), which a direct cache hit never needs.
+    from aotforge.passes import DEFAULT_PRESET
+
+    return DEFAULT_PRESET
+
+
+def _dim_range(value: Any) -> DimRange:
+    if isinstance(value, DimRange):
+        return value
+    if isinstance(value, Mapping):
+        return DimRange(**value)
+    return DimRange.parse(str(value))

@@ -1,0 +1,246 @@
+"""Dynamic INT8 quantization through ONNX Runtime: int8 weights, activations quantized at run time.
+
+Suits MatMul-heavy models (transformers). Graphs that are already quantized (QAT QDQ pairs, an
+earlier INT8 pass) pass through untouched.
+
+With calibration data (``calibration_dir``: a directory or ``module.py:function``) the pass can
+also smooth activation outliers (``smooth_alpha``, see passes/quantize_prepare.py), verify the
+padding mask so fused Attention becomes QAttention, and hold an accuracy budget: the mean and
+least per-sample output cosine vs fp32 on the calibration inputs; below it, the nodes whose
+exclusion alone helps most stay float, one at a time, up to ``max_exclusions``. ``eval_dir``
+names held-out inputs that only measure (and gate) the result, so the figure it records was not
+tuned on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import onnx_ir.passes
+from onnxruntime.quantization import QuantType, quantize_dynamic
+
+from aotforge.core.errors import OptionsError, PassFailedError
+from aotforge.passes import quantize_prepare as prep
+from aotforge.passes.base import GraphPass
+from aotforge.passes.ort_quantization import QUANTIZED_OPS, op_counts, quantize_through_files
+from aotforge.passes.quantization_debug import Feeds, copy_model, sample_cosines
+
+#: What ORT's dynamic quantizer can turn into integer ops.
+_QUANTIZABLE = frozenset({"MatMul", "Gemm", "Conv", "Attention", "LSTM", "Gather", "EmbedLayerNormalization"})
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizeDynamicParams:
+    #: One scale per output channel of each weight: much closer to fp32 on transformers.
+    per_channel: bool = True
+    #: 7-bit weights, for CPUs without VNNI where u8s8 products can saturate.
+    reduce_range: bool = False
+    #: Op types to quantize; empty means ONNX Runtime's default set.
+    op_types: tuple[str, ...] = ("MatMul", "Gemm")
+    #: Node names or fnmatch patterns (``node_MatMul_9*``) to keep float; each must match a node.
+    nodes_to_exclude: tuple[str, ...] = ()
+    #: Weight shapes to keep float, e.g. ``1536x384``: stable across exports, unlike node names.
+    exclude_weight_shapes: tuple[str, ...] = ()
+    #: Make com.microsoft Attention quantizable to QAttention (fold its weight, mask_index).
+    qattention: bool = True
+    #: Undo the SkipLayerNormalization fusion (ORT's CPU kernel for it is slow; see quantize_prepare).
+    split_skip_layer_norm: bool = False
+    #: SmoothQuant migration strength in (0, 1); 0 turns smoothing off. Needs calibration_dir.
+    smooth_alpha: float = 0.0
+    #: Smooth only nodes whose peak input channel exceeds this many times the median channel's peak.
+    smooth_min_ratio: float = 0.0
+    #: Calibration inputs (directory of .npz/.npy or ``module.py:function``) and how many to read.
+    calibration_dir: str = ""
+    samples: int = 32
+    #: Held-out inputs, measured and gated only; and how many to read.
+    eval_dir: str = ""
+    eval_samples: int = 64
+    #: Budget: least mean / least per-sample output cosine vs fp32; 0 turns either off.
+    min_cosine: float = 0.0
+    min_sample_cosine: float = 0.0
+    max_exclusions: int = 4
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.smooth_alpha < 1:
+            raise OptionsError(f"pass int8-dynamic: smooth_alpha is in [0, 1), got {self.smooth_alpha}")
+        if self.smooth_alpha and not self.calibration_dir:
+            raise OptionsError("pass int8-dynamic: smooth_alpha needs calibration_dir (activation ranges)")
+        if (self.min_cosine or self.min_sample_cosine) and not self.calibration_dir:
+            raise OptionsError("pass int8-dynamic: min_cosine / min_sample_cosine need calibration_dir to measure on")
+        for shape in self.exclude_weight_shapes:
+            _parse_shape(shape)
+
+
+class QuantizeDynamicPass(GraphPass):
+    name = "int8-dynamic"
+    Params = QuantizeDynamicParams
+    changes_numerics = True
+
+    def call(self, model: ir.Model) -> onnx_ir.passes.PassResult:
+        p = self.params
+        wanted = set(p.op_types) or _QUANTIZABLE
+        candidates = [n for n in model.graph if n.op_type in wanted]
+        if op_counts(model) or not candidates:
+            reason = "already quantized" if op_counts(model) else "no node to quantize"
+            self.stats = {"nodes_quantized": 0, "skipped": reason}
+            return onnx_ir.passes.PassResult(model, modified=False)
+        excluded = resolve_exclusions(candidates, p.nodes_to_exclude, p.exclude_weight_shapes)
+        if len(excluded) == len(candidates):
+            split = prep.split_skip_layer_norm(model) if p.split_skip_layer_norm else 0
+            self.stats = {"nodes_quantized": 0, "skipped": "every candidate excluded", "excluded": excluded}
+            self.stats.update({"skip_layer_norm_split": split} if p.split_skip_layer_norm else {})
+            return onnx_ir.passes.PassResult(model, modified=split > 0)
+        calibration = _load(model, p.calibration_dir, p.samples)
+        held_out = _load(model, p.eval_dir, p.eval_samples)
+        fp32 = copy_model(model) if calibration or held_out else None
+        self.stats = {"candidates": len(candidates), "calibration_samples": len(calibration)}
+        if p.qattention and "Attention" in wanted:
+            self.stats["attention"] = {
+                "weights_folded": prep.fold_attention_weights(model),
+                "qkv_sizes_dropped": prep.drop_equal_qkv_sizes(model),
+                "mask_index": len(prep.bias_to_mask_index(model, calibration[:4])),
+            }
+        # ORT's quantizer would drop an attention_bias (QAttention has no such input): those stay float.
+        biased = [str(n.name) for n in model.graph if n.op_type == "Attention" and _has_attention_bias(n)]
+        if biased and "Attention" in wanted:
+            self.stats["float_attention_bias"] = biased
+            excluded.extend(b for b in biased if b not in excluded)
+        if p.split_skip_layer_norm:
+            self.stats["skip_layer_norm_split"] = prep.split_skip_layer_norm(model)
+        if p.smooth_alpha:
+            smoothed = prep.smooth(model, calibration, p.smooth_alpha, p.smooth_min_ratio, excluded)
+            self.stats["smoothed"] = {"alpha": p.smooth_alpha, "nodes": len(smoothed), "names": smoothed}
+        prepared = copy_model(model) if p.min_cosine or p.min_sample_cosine else None
+        self._quantize(model, excluded)
+        if prepared is not None and fp32 is not None:
+            self.stats["accuracy_budget"] = self._meet_budget(model, prepared, fp32, calibration, excluded)
+        if held_out and fp32 is not None:
+            self.stats["eval"] = self._gate(fp32, model, held_out)
+        ops = op_counts(model, QUANTIZED_OPS - {"DynamicQuantizeLinear"})
+        self.stats.update(nodes_quantized=sum(ops.values()), ops=ops, excluded=excluded)
+        return onnx_ir.passes.PassResult(model, modified=True)
+
+    def _quantize(self, model: ir.Model, exclude: list[str], source: ir.Model | None = None) -> None:
+        p = self.params
+
+        def quantize(src: Path, dst: Path) -> None:
+            quantize_dynamic(
+                src,
+                dst,
+                op_types_to_quantize=list(p.op_types) or None,
+                per_channel=p.per_channel,
+                reduce_range=p.reduce_range,
+                weight_type=QuantType.QInt8,
+                nodes_to_exclude=exclude,
+            )
+
+        quantize_through_files(model, quantize, source)
+
+    def _meet_budget(
+        self, model: ir.Model, prepared: ir.Model, fp32: ir.Model, feeds: list[Feeds], excluded: list[str]
+    ) -> dict:
+        """Keep float the node whose exclusion alone raises the cosine most, until the budget holds."""
+        p = self.params
+        cos = first = sample_cosines(fp32, model, feeds)
+        added: list[str] = []
+        while not self._holds(cos) and len(added) < p.max_exclusions:
+            gains = []
+            for node in _quantized(model, prepared, [*excluded, *added]):
+                trial = copy_model(prepared)
+                self._quantize(trial, [*excluded, *added, node], prepared)
+                gains.append((float(np.mean(sample_cosines(fp32, trial, feeds[:16]))), node))
+            if not gains:
+                break
+            added.append(max(gains)[1])
+            self._quantize(model, [*excluded, *added], prepared)
+            cos = sample_cosines(fp32, model, feeds)
+        excluded.extend(added)
+        record = {"min_cosine": p.min_cosine, "min_sample_cosine": p.min_sample_cosine, "exclusions": added}
+        record.update(before=_summary(first), after=_summary(cos), samples=len(feeds))
+        if not self._holds(cos):
+            raise PassFailedError(
+                f"pass int8-dynamic: calibration cosine vs fp32 {_summary(cos)} is below the budget (mean "
+                f"{p.min_cosine}, min {p.min_sample_cosine}) after keeping {added} float; raise max_exclusions, "
+                "set smooth_alpha, or lower the budget"
+            )
+        return record
+
+    def _gate(self, fp32: ir.Model, model: ir.Model, held_out: list[Feeds]) -> dict:
+        cos = sample_cosines(fp32, model, held_out)
+        record = {**_summary(cos), "samples": len(held_out), "source": self.params.eval_dir}
+        if not self._holds(cos):
+            raise PassFailedError(
+                f"pass int8-dynamic: held-out cosine vs fp32 {_summary(cos)} on {self.params.eval_dir} is below the "
+                f"budget (mean {self.params.min_cosine}, min {self.params.min_sample_cosine}); the calibration "
+                "inputs do not represent these: calibrate on data like them, or exclude more nodes"
+            )
+        return record
+
+    def _holds(self, cos: list[float]) -> bool:
+        return float(np.mean(cos)) >= self.params.min_cosine and min(cos) >= self.params.min_sample_cosine
+
+
+def resolve_exclusions(candidates: list[ir.Node], patterns: tuple[str, ...], shapes: tuple[str, ...]) -> list[str]:
+    """Names of the candidate nodes matched by a name pattern or a weight shape; each one must match."""
+    names = [str(n.name) for n in candidates]
+    out: list[str] = []
+    for pattern in patterns:
+        hit = fnmatch.filter(names, pattern)
+        if not hit:
+            shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+            raise OptionsError(
+                f"pass int8-dynamic: nodes_to_exclude {pattern!r} matches no quantizable node (they are {shown}); "
+                "names change with the exporter: use a pattern or exclude_weight_shapes"
+            )
+        out.extend(hit)
+    for text in shapes:
+        shape = _parse_shape(text)
+        hit = [str(n.name) for n in candidates if _weight_shape(n) == shape]
+        if not hit:
+            raise OptionsError(
+                f"pass int8-dynamic: exclude_weight_shapes {text!r} matches no quantizable node's weight"
+            )
+        out.extend(hit)
+    return list(dict.fromkeys(out))
+
+
+def _has_attention_bias(node: ir.Node) -> bool:
+    return len(node.inputs) > 5 and node.inputs[5] is not None
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in text.lower().split("x"))
+    except ValueError:
+        raise OptionsError(f"pass int8-dynamic: weight shape {text!r} is not like 1536x384") from None
+
+
+def _weight_shape(node: ir.Node) -> tuple[int, ...] | None:
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    if weight is None:
+        return None
+    concat = weight.producer()  # fused Attention's packed QKV weight may still be a Concat
+    if weight.const_value is None and concat is not None and concat.op_type == "Concat":
+        return None
+    return tuple(weight.shape.numpy()) if weight.shape is not None and weight.shape.is_static() else None
+
+
+def _quantized(model: ir.Model, prepared: ir.Model, excluded: list[str]) -> list[str]:
+    """Names of prepared-graph candidates the quantized graph no longer holds in float."""
+    wanted = {n.op_type for n in prepared.graph if n.op_type in _QUANTIZABLE}
+    still = {str(n.name) for n in model.graph if n.op_type in wanted}
+    return [str(n.name) for n in prepared.graph if n.op_type in wanted and n.name not in still | set(excluded)]
+
+
+def _summary(cos: list[float]) -> dict[str, float]:
+    return {"mean": round(float(np.mean(cos)), 6), "min": round(float(np.min(cos)), 6)}
+
+
+def _load(model: ir.Model, source: str, limit: int) -> list[Feeds]:
+    from aotforge.passes.quantize_static import load_samples
+
+    return load_samples(model, source, limit) if source else []

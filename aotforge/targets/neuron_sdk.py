@@ -1,0 +1,125 @@
+"""Every call into torch-neuronx / neuronx-cc, kept in one thin module.
+
+``torch_neuronx`` is imported only inside functions: PyPI's ``torch-neuronx`` is a placeholder
+that raises on import, and the real SDK exists only on hosts with AWS's Neuron repository.
+The sparsity-mask carry-over uses plain torch and runs (and is tested) anywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import importlib
+import importlib.metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from aotforge.core.errors import CompileError, UnsupportedModelError
+from aotforge.targets.base import ProbeResult
+
+_PACKAGES = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc"}
+
+
+def probe() -> ProbeResult:
+    """What is missing to compile (the two packages) and to run (a Neuron device); never raises."""
+    missing, details = [], {}
+    for dist, module in _PACKAGES.items():
+        try:
+            importlib.import_module(module)
+            details[dist] = importlib.metadata.version(dist)
+        except Exception as e:  # noqa: BLE001 - PyPI's placeholders raise "WRONG PACKAGE" on import
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            missing.append(f"python package {dist!r} ({type(e).__name__}: {first[:120]})")
+    devices = sorted(glob.glob("/dev/neuron[0-9]*"))
+    if devices:
+        details["devices"] = str(len(devices))
+    if missing:
+        hint = "install the Neuron SDK from AWS's Neuron pip repository (pip.repos.neuron.amazonaws.com)"
+        reason = "neuron needs, and this host lacks: " + "; ".join(missing)
+        if not devices:
+            reason += "; a Neuron device (no /dev/neuron*: run on an inf2 / trn1 / trn2 instance)"
+        return ProbeResult(False, f"{reason}: {hint}", can_compile=False, details=details)
+    if not devices:
+        reason = "neuron can compile here but not run: no Neuron device (no /dev/neuron*); run on inf2 / trn1 / trn2"
+        return ProbeResult(False, reason, can_compile=True, details=details)
+    return ProbeResult(True, details=details)
+
+
+def versions() -> dict[str, str]:
+    return {dist: importlib.metadata.version(dist) for dist in _PACKAGES}
+
+
+def module_of(program: Any) -> Any:
+    """A private copy of the program's module: masks and tracing must not touch the reference."""
+    module = program.module() if hasattr(program, "module") else program
+    return copy.deepcopy(module).eval()
+
+
+def carry_sparsity_masks(module: Any, model: ir.Model) -> list[str]:
+    """Zero the torch weights that the sparsity pass zeroed in the IR, matched by name and shape.
+
+    The passes run on the ONNX IR, but Neuron compiles the torch program: without this the
+    Neuron build would silently be dense. Returns the parameter names that received a mask.
+    """
+    import torch
+
+    zeros = _zero_masks(model)
+    masked = []
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            mask = zeros.get(name)
+            if mask is not None and tuple(mask.shape) == tuple(param.shape) and mask.any():
+                param.masked_fill_(torch.from_numpy(mask), 0)
+                masked.append(name)
+    if not masked:
+        raise UnsupportedModelError(
+            "neuron: a sparsity pass ran but no weight of the torch program matches a sparsified ONNX initializer "
+            "by name and shape, so the masks cannot be carried over; drop the sparsity pass for this target"
+        )
+    return sorted(masked)
+
+
+def _zero_masks(model: ir.Model) -> dict[str, np.ndarray]:
+    masks = {}
+    for name, value in model.graph.initializers.items():
+        if value.const_value is not None:
+            array = value.const_value.numpy()
+            if array.dtype.kind == "f":
+                masks[str(name)] = array == 0
+    return masks
+
+
+def trace_to_file(module: Any, examples: list[np.ndarray], args: list[str], workdir: Path, out: Path) -> None:
+    """Compile one bucket with neuronx-cc and save it as TorchScript into the artifact."""
+    import torch
+    import torch_neuronx
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    tensors = tuple(torch.from_numpy(a) for a in examples)
+    try:
+        traced = torch_neuronx.trace(module, tensors, compiler_args=args, compiler_workdir=str(workdir))
+    except Exception as e:  # neuronx-cc reports failures as generic RuntimeErrors
+        raise CompileError(
+            f"neuronx-cc failed for shapes {[a.shape for a in examples]}: {str(e).strip().splitlines()[-1:]}; "
+            f"its logs are under {workdir}"
+        ) from e
+    torch.jit.save(traced, str(out))
+
+
+def load_traced(path: Path) -> Any:
+    import torch
+    import torch_neuronx  # noqa: F401 - registers the Neuron ops TorchScript needs to load the graph
+
+    return torch.jit.load(str(path))
+
+
+def call(graph: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    import torch
+
+    with torch.no_grad():
+        result = graph(*(torch.from_numpy(np.ascontiguousarray(a)) for a in inputs))
+    values = result if isinstance(result, tuple | list) else (result,)
+    return [v.detach().cpu().numpy() for v in values]

@@ -1,0 +1,274 @@
+"""The ``neuron`` target: the torch program through torch-neuronx / neuronx-cc for Inf2 / Trn.
+
+neuronx-cc has no ONNX frontend, so this target compiles the ``torch.export`` program the
+frontend keeps for torch sources and carries the passes over explicitly: sparsity masks onto
+the same weights by parameter name, precision as ``--auto-cast``; INT8 QDQ is refused. Neuron
+graphs are static, so each dynamic dim becomes a declared set of sizes and every combination
+(a *bucket*) is one compiled graph; the runner routes each call to the smallest bucket that fits.
+All SDK calls live in :mod:`targets.neuron_sdk`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError, UnsupportedModelError
+from aotforge.core.spec import DEFAULT_DIM_SIZE, IOSpec
+from aotforge.targets import neuron_sdk
+from aotforge.targets.base import Arrays, BuildContext, CompileResult, ProbeResult
+
+#: Precision passes and the ``--auto-cast-type`` each maps to.
+_PRECISION = {"fp16": "fp16", "bf16": "bf16"}
+
+
+class InstanceFamily(enum.StrEnum):
+    INF2 = "inf2"
+    TRN1 = "trn1"
+    TRN2 = "trn2"
+
+
+@dataclasses.dataclass(frozen=True)
+class NeuronOptions:
+    """neuronx-cc settings and the static shapes to compile."""
+
+    target: InstanceFamily = InstanceFamily.INF2
+    #: neuronx-cc ``--optlevel``: 1 compiles fastest, 3 optimizes most.
+    optlevel: int = 2
+    #: sizes per dynamic dim, e.g. ``seq=32/64/128``; an unlisted dim gets its opt and max.
+    buckets: tuple[str, ...] = ()
+    #: dims the model tolerates zero padding on (batch; seq when an attention mask masks it).
+    pad_dims: tuple[str, ...] = ()
+    max_buckets: int = 16
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "target", InstanceFamily(self.target))
+        except ValueError:
+            valid = ", ".join(f.value for f in InstanceFamily)
+            raise OptionsError(f"neuron target {self.target!r} is unknown; use one of {valid}") from None
+        if self.optlevel not in (1, 2, 3):
+            raise OptionsError(f"neuron optlevel must be 1, 2 or 3, got {self.optlevel}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """One static shape set: a size for every named dim."""
+
+    sizes: tuple[tuple[str, int], ...]
+
+    @property
+    def key(self) -> str:
+        return "-".join(f"{name}{size}" for name, size in self.sizes) or "static"
+
+    @property
+    def file(self) -> str:
+        return f"model.{self.key}.neuron.pt"
+
+    def shapes(self, io: IOSpec) -> dict[str, tuple[int, ...]]:
+        return {spec.name: spec.bind(dict(self.sizes)) for spec in io.inputs}
+
+    def volume(self) -> int:
+        return int(np.prod([s for _, s in self.sizes])) if self.sizes else 1
+
+
+def refuse_passes(passes: tuple[str, ...]) -> None:
+    """INT8 QDQ has no Neuron path; running it and shipping fp32 would be a silent lie."""
+    for name in passes:
+        if name.startswith("int8") or "qdq" in name or name.startswith("quant"):
+            raise UnsupportedModelError(
+                f"neuron cannot honour pass {name!r}: neuronx-cc has no INT8 QDQ path; drop it, or use "
+                "--passes fp16 / bf16 (auto-cast) for a reduced-precision Neuron build"
+            )
+    precision = [p for p in passes if p in _PRECISION]
+    if len(precision) > 1:
+        raise UnsupportedModelError(f"neuron: passes {', '.join(precision)} conflict; keep one precision pass")
+
+
+def compiler_args(options: NeuronOptions, passes: tuple[str, ...]) -> list[str]:
+    """neuronx-cc flags. ``--auto-cast none`` without a precision pass: the compiler's default
+    casts matmuls to bf16, which would change numerics no pass recorded."""
+    args = ["--target", options.target.value, "--optlevel", str(options.optlevel)]
+    cast = next((_PRECISION[p] for p in passes if p in _PRECISION), None)
+    args += ["--auto-cast", "all", "--auto-cast-type", cast] if cast else ["--auto-cast", "none"]
+    return args
+
+
+def _declared_sizes(options: NeuronOptions, io: IOSpec) -> dict[str, list[int]]:
+    declared: dict[str, list[int]] = {}
+    for text in options.buckets:
+        name, sep, values = text.partition("=")
+        try:
+            sizes = sorted({int(v) for v in values.split("/")}) if sep else []
+        except ValueError:
+            sizes = []
+        if not sizes or name not in io.symbolic_dims():
+            raise OptionsError(
+                f"neuron bucket {text!r} must read dim=size/size/..., e.g. seq=32/64/128, for a dim of the model "
+                f"({', '.join(io.symbolic_dims()) or 'it has none'})"
+            )
+        declared[name] = sizes
+    return declared
+
+
+def plan_buckets(io: IOSpec, options: NeuronOptions) -> tuple[Bucket, ...]:
+    """Every combination of per-dim sizes; each dim's largest size must cover its declared max."""
+    declared = _declared_sizes(options, io)
+    per_dim = []
+    for name in io.symbolic_dims():
+        rng = io.dim(name)
+        lo, hi = (rng.min, rng.max) if rng else (DEFAULT_DIM_SIZE, DEFAULT_DIM_SIZE)
+        sizes = declared.get(name) or sorted({rng.opt, rng.max} if rng else {DEFAULT_DIM_SIZE})
+        if sizes[0] < lo or sizes[-1] != hi:
+            raise InputSpecError(
+                f"neuron buckets for dim {name!r} are {sizes} but its range is {lo}..{hi}: sizes must lie in the "
+                f"range and the largest must be {hi}, or inputs up to the max could not run"
+            )
+        per_dim.append([(name, s) for s in sizes])
+    buckets = tuple(Bucket(tuple(combo)) for combo in itertools.product(*per_dim))
+    if len(buckets) > options.max_buckets:
+        raise OptionsError(
+            f"neuron would compile {len(buckets)} buckets (more than max_buckets={options.max_buckets}): "
+            "declare fewer sizes with --target-opt buckets=dim=a/b, or raise max_buckets"
+        )
+    return buckets
+
+
+def actual_sizes(io: IOSpec, inputs: Arrays) -> dict[str, int]:
+    """The size each named dim takes in this call; inputs must agree and fixed dims must match."""
+    sizes: dict[str, int] = {}
+    for spec in io.inputs:
+        if spec.name not in inputs:
+            raise InputSpecError(f"neuron model needs input {spec.name!r}; got {', '.join(inputs)}")
+        shape = inputs[spec.name].shape
+        if len(shape) != len(spec.shape):
+            raise InputSpecError(f"neuron input {spec.name!r} has rank {len(shape)}, the model takes {len(spec.shape)}")
+        for dim, got in zip(spec.shape, shape, strict=True):
+            want = sizes.setdefault(dim, got) if isinstance(dim, str) else dim
+            if got != want:
+                raise InputSpecError(f"neuron input {spec.name!r} has shape {shape}, expected {list(spec.shape)}")
+    return sizes
+
+
+def route(buckets: tuple[Bucket, ...], sizes: Mapping[str, int], pad_dims: tuple[str, ...]) -> Bucket:
+    """The smallest bucket that holds ``sizes``, padding only dims the model allows padding on."""
+
+    def fits(bucket: Bucket) -> bool:
+        return all(s == sizes[n] or (s > sizes[n] and n in pad_dims) for n, s in bucket.sizes)
+
+    candidates = [b for b in buckets if fits(b)]
+    if not candidates:
+        have = ", ".join(b.key for b in buckets)
+        raise InputSpecError(
+            f"neuron: no compiled bucket fits {dict(sizes)} (buckets: {have}; paddable dims: "
+            f"{', '.join(pad_dims) or 'none'}): add a bucket of that size, or allow padding with pad_dims"
+        )
+    return min(candidates, key=Bucket.volume)
+
+
+def pad_inputs(io: IOSpec, inputs: Arrays, bucket: Bucket) -> list[np.ndarray]:
+    """Inputs in model order, zero-padded at the end of each named dim up to the bucket size."""
+    target = dict(bucket.sizes)
+    padded = []
+    for spec in io.inputs:
+        array = inputs[spec.name]
+        widths = [(0, target[d] - n if isinstance(d, str) else 0) for d, n in zip(spec.shape, array.shape, strict=True)]
+        padded.append(np.pad(array, widths) if any(w for _, w in widths) else array)
+    return padded
+
+
+def unpad_outputs(io: IOSpec, outputs: list[np.ndarray], sizes: Mapping[str, int]) -> Arrays:
+    """Cut padded rows back off every output dim named like an input dim."""
+    result = {}
+    for spec, array in zip(io.outputs, outputs, strict=True):
+        index = tuple(slice(0, sizes[d]) if isinstance(d, str) and d in sizes else slice(None) for d in spec.shape)
+        result[spec.name] = array[index] if len(index) == array.ndim else array
+    return result
+
+
+class NeuronTarget:
+    name = "neuron"
+    options_type = NeuronOptions
+
+    def probe(self) -> ProbeResult:
+        return neuron_sdk.probe()
+
+    def plan(self, model: ir.Model, options: NeuronOptions, ctx: BuildContext) -> None:
+        if ctx.torch_program is None:
+            raise UnsupportedModelError(
+                f"neuron compiles torch programs only (neuronx-cc has no ONNX frontend) and this source is "
+                f"{ctx.source_format}: build from the PyTorch module, or pick tensorrt / tvm / onnxruntime"
+            )
+        refuse_passes(ctx.passes)
+        plan_buckets(ctx.io, options)
+
+    def compile(self, model: ir.Model, options: NeuronOptions, ctx: BuildContext, workdir: Path) -> CompileResult:
+        self.plan(model, options, ctx)
+        probe = neuron_sdk.probe()
+        if not probe.compiles:
+            raise TargetUnavailableError(probe.reason)
+        module = neuron_sdk.module_of(ctx.torch_program)
+        masked = neuron_sdk.carry_sparsity_masks(module, model) if _sparsity_ran(ctx.passes) else []
+        args = compiler_args(options, ctx.passes)
+        buckets = plan_buckets(ctx.io, options)
+        for bucket in buckets:
+            examples = _example_inputs(ctx.io, bucket)
+            neuron_sdk.trace_to_file(module, examples, args, workdir / "neuronx-cc" / bucket.key, workdir / bucket.file)
+        versions = neuron_sdk.versions()
+        info = {
+            "instance_family": options.target.value,
+            "compiler_args": args,
+            "buckets": [{"key": b.key, "sizes": [list(s) for s in b.sizes], "file": b.file} for b in buckets],
+            "pad_dims": list(options.pad_dims),
+            "sparsity_masked_params": masked,
+            **{k.replace("-", "_") + "_version": v for k, v in versions.items()},
+        }
+        return CompileResult(files=tuple(b.file for b in buckets), target_info=info, toolchain=versions)
+
+    def load(self, artifact_dir: Path, manifest: Mapping[str, Any]) -> NeuronRunner:
+        probe = neuron_sdk.probe()
+        if not probe.available:
+            raise TargetUnavailableError(probe.reason)
+        info = manifest["target"]["info"]
+        io = IOSpec.from_dict(manifest["io"])
+        buckets = {_bucket(b["sizes"]): artifact_dir / b["file"] for b in info["buckets"]}
+        return NeuronRunner(io, buckets, tuple(info.get("pad_dims", ())))
+
+
+class NeuronRunner:
+    """One loaded graph per bucket; each call goes to the smallest bucket its shapes fit."""
+
+    def __init__(self, io: IOSpec, files: Mapping[Bucket, Path], pad_dims: tuple[str, ...]) -> None:
+        self.io, self.pad_dims = io, pad_dims
+        # Load every bucket now: a serving host must not pay a load on its first odd-sized request.
+        self.graphs = {bucket: neuron_sdk.load_traced(path) for bucket, path in files.items()}
+
+    def run(self, inputs: Arrays) -> Arrays:
+        sizes = actual_sizes(self.io, inputs)
+        bucket = route(tuple(self.graphs), sizes, self.pad_dims)
+        outputs = neuron_sdk.call(self.graphs[bucket], pad_inputs(self.io, inputs, bucket))
+        return unpad_outputs(self.io, outputs, sizes)
+
+
+def _sparsity_ran(passes: tuple[str, ...]) -> bool:
+    return any(p.startswith(("sparsity", "prune")) for p in passes)
+
+
+def _example_inputs(io: IOSpec, bucket: Bucket) -> list[np.ndarray]:
+    shapes = bucket.shapes(io)
+    # Integer inputs (token ids) take their range's low end so embedding lookups stay in bounds.
+    return [
+        np.full(shapes[s.name], s.value_range[0] if s.value_range else 0, dtype=np.dtype(s.dtype)) for s in io.inputs
+    ]
+
+
+def _bucket(pairs: list[list[Any]]) -> Bucket:
+    # Pairs, not a dict: the manifest is written with sorted keys and dim order must survive.
+    return Bucket(tuple((str(n), int(s)) for n, s in pairs))

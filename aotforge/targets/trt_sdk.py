@@ -1,0 +1,250 @@
+"""Every call into the ``tensorrt`` Python API, kept in one thin module (TensorRT 10 and 11).
+
+Nothing here runs without TensorRT and a GPU; :mod:`targets.tensorrt_target` decides what to
+build and checks compatibility before anything in this module is called. Device buffers are
+torch CUDA tensors: the thinnest way to own GPU memory from Python that a serving host with a
+CUDA torch already has.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import dataclasses
+import json
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from aotforge.core.errors import ArtifactError, CompileError, InputSpecError
+from aotforge.targets.base import ProbeResult
+
+if TYPE_CHECKING:
+    from aotforge.targets.tensorrt_target import TrtBuildPlan
+
+_HW_LEVELS = {
+    "none": "NONE",
+    "ampere_plus": "AMPERE_PLUS",
+    "same_compute_capability": "SAME_COMPUTE_CAPABILITY",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineBuild:
+    engine: bytes
+    timing_cache: bytes
+    layers_json: str
+    version: str
+
+
+def version() -> str:
+    import tensorrt as trt
+
+    return str(trt.__version__)
+
+
+def query_gpu() -> dict[str, str] | None:
+    """Name and compute capability of GPU 0 from nvidia-smi, or None without a working driver."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.strip().splitlines()[0] if out.strip() else ""
+    name, _, cc = first.rpartition(",")
+    return {"name": name.strip(), "compute_capability": cc.strip()} if name else None
+
+
+def probe_host() -> ProbeResult:
+    """Each missing piece by name; never raises, so ``aotforge targets`` can always list it."""
+    missing, details = [], {}
+    try:
+        import tensorrt
+
+        details["version"] = str(tensorrt.__version__)
+    except Exception as e:  # noqa: BLE001 - bindings raise ImportError/OSError without libnvinfer; probe never raises
+        missing.append(f"python package 'tensorrt' ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    # A working import has loaded libnvinfer already (pip wheels keep it off the linker path,
+    # so find_library would miss it); only look for it to say why the import failed.
+    if missing and not any(ctypes.util.find_library(n) for n in ("nvinfer", "nvinfer_11", "nvinfer_10")):
+        missing.append("libnvinfer (TensorRT's library, from NVIDIA's apt/pip index or a TensorRT container)")
+    gpu = query_gpu()
+    if gpu:
+        details.update(gpu_name=gpu["name"], compute_capability=gpu["compute_capability"])
+    elif Path("/proc/driver/nvidia/version").exists():
+        missing.append("a working GPU: the NVIDIA driver is loaded but nvidia-smi reports no device")
+    else:
+        missing.append("an NVIDIA GPU and driver (no nvidia-smi, no /proc/driver/nvidia)")
+    if missing:
+        reason = "tensorrt needs, and this host lacks: " + "; ".join(missing)
+        return ProbeResult(False, reason, can_compile=False, details=details)
+    return ProbeResult(True, details=details)
+
+
+def _logger() -> Any:
+    import tensorrt as trt
+
+    return trt.Logger(trt.Logger.WARNING)
+
+
+def build_engine(onnx_path: Path, plan: TrtBuildPlan, timing_cache: bytes) -> EngineBuild:
+    """Parse the ONNX file, configure the builder from ``plan`` and serialize the engine."""
+    import tensorrt as trt
+
+    logger = _logger()
+    builder = trt.Builder(logger)
+    network = builder.create_network(_network_flags())
+    parser = trt.OnnxParser(network, logger)
+    # parse_from_file resolves external-data weights relative to the model file.
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i).desc()) for i in range(parser.num_errors))
+        raise CompileError(f"tensorrt's ONNX parser rejected the IR: {errors}; simplify or replace those ops")
+    config = _builder_config(builder, plan)
+    # A cache from another device is refused (returns False): start a fresh one instead.
+    if not config.set_timing_cache(config.create_timing_cache(timing_cache), ignore_mismatch=False):
+        config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise CompileError("tensorrt failed to build the engine (see its log above): check the workspace_mb limit")
+    engine_bytes = bytes(serialized)
+    return EngineBuild(
+        engine=engine_bytes,
+        timing_cache=bytes(config.get_timing_cache().serialize()),
+        layers_json=_inspect(engine_bytes, logger),
+        version=str(trt.__version__),
+    )
+
+
+def _network_flags() -> int:
+    import tensorrt as trt
+
+    # TensorRT 10 needs STRONGLY_TYPED to honour the IR's fp16 / Q/DQ types; 11 is always
+    # strongly typed and may not have the flag any more.
+    flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    return 0 if flag is None else 1 << int(flag)
+
+
+def _builder_config(builder: Any, plan: TrtBuildPlan) -> Any:
+    import tensorrt as trt
+
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, plan.workspace_bytes)
+    config.builder_optimization_level = plan.optimization_level
+    config.hardware_compatibility_level = getattr(
+        trt.HardwareCompatibilityLevel, _HW_LEVELS[plan.hardware_compatibility]
+    )
+    # DETAILED keeps per-layer tactic and type names for the engine inspector report.
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    for name in plan.flags:
+        config.set_flag(getattr(trt.BuilderFlag, name))
+    profile = builder.create_optimization_profile()
+    for p in plan.profiles:
+        profile.set_shape(p.input, p.min, p.opt, p.max)
+    config.add_optimization_profile(profile)
+    return config
+
+
+def _inspect(engine_bytes: bytes, logger: Any) -> str:
+    import tensorrt as trt
+
+    runtime = trt.Runtime(logger)
+    runtime.engine_host_code_allowed = True  # our own engine, just built
+    engine = runtime.deserialize_cuda_engine(engine_bytes)
+    inspector = engine.create_engine_inspector()
+    return str(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+
+
+def summarize_layers(layers_json: str, *, sparse_requested: bool) -> dict[str, Any]:
+    """Per-layer precision and sparse-tactic use from the inspector's JSON (TensorRT 10 or 11 keys)."""
+    layers = json.loads(layers_json).get("Layers", []) if layers_json else []
+    per_layer, precisions, sparse = [], Counter[str](), []
+    for layer in layers:
+        if not isinstance(layer, dict):  # inspector falls back to bare names without DETAILED
+            continue
+        types = sorted({t for out in layer.get("Outputs", []) for t in _datatypes(out)})
+        tactic = str(layer.get("TacticName", ""))
+        precisions.update(types)
+        if "sparse" in tactic.lower():  # NVIDIA's sparse kernels carry "sparse" in their names
+            sparse.append(str(layer.get("Name", "")))
+        per_layer.append({"name": layer.get("Name", ""), "type": layer.get("LayerType", ""), "outputs": types})
+    report: dict[str, Any] = {
+        "layer_count": len(per_layer),
+        "precisions": dict(sorted(precisions.items())),
+        "sparse_layers": sparse,
+        "per_layer": per_layer,
+    }
+    if sparse_requested and not sparse:
+        report["note"] = "2:4 sparsity was requested but TensorRT picked no sparse tactic: the build gained nothing"
+    return report
+
+
+def _datatypes(tensor: Any) -> list[str]:
+    if not isinstance(tensor, dict):
+        return []
+    if "Format/Datatype" in tensor:  # TensorRT 10: "Row major linear FP16 format" and the like
+        return [str(tensor["Format/Datatype"]).split(" format")[0].split()[-1]]
+    return [str(tensor[k]) for k in ("Datatype", "DataType") if k in tensor]
+
+
+class TrtRunner:
+    """A deserialized engine and one execution context; named numpy in, named numpy out."""
+
+    def __init__(self, engine_bytes: bytes, *, allow_host_code: bool) -> None:
+        import tensorrt as trt
+
+        self._trt = trt
+        runtime = trt.Runtime(_logger())
+        # Version-compatible engines embed a lean runtime (host code): loaded only from a
+        # verified artifact, which the loader checks by hash before calling us.
+        runtime.engine_host_code_allowed = allow_host_code
+        self.engine = runtime.deserialize_cuda_engine(engine_bytes)
+        if self.engine is None:
+            raise ArtifactError("tensorrt could not deserialize the engine (see its log): rebuild it on this host")
+        self.context = self.engine.create_execution_context()
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.outputs = [n for n in names if n not in self.inputs]
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        keep = []  # device tensors must outlive the enqueue
+        for name in self.inputs:
+            if name not in inputs:
+                raise InputSpecError(f"tensorrt engine needs input {name!r}; got {', '.join(inputs)}")
+            array = np.ascontiguousarray(inputs[name], dtype=self._nptype(name))
+            tensor = torch.from_numpy(array).cuda()
+            if not self.context.set_input_shape(name, tuple(array.shape)):
+                raise InputSpecError(
+                    f"tensorrt input {name!r} shape {array.shape} is outside the engine's profile: rebuild with a "
+                    "wider --dynamic range"
+                )
+            self.context.set_tensor_address(name, tensor.data_ptr())
+            keep.append(tensor)
+        outs = {}
+        for name in self.outputs:
+            shape = tuple(self.context.get_tensor_shape(name))
+            if any(d < 0 for d in shape):
+                raise InputSpecError(f"tensorrt output {name!r} has a data-dependent shape {shape}: not supported")
+            torch_dtype = torch.from_numpy(np.empty(0, dtype=self._nptype(name))).dtype
+            outs[name] = torch.empty(shape, dtype=torch_dtype, device="cuda")
+            self.context.set_tensor_address(name, outs[name].data_ptr())
+        stream = torch.cuda.current_stream()
+        if not self.context.execute_async_v3(stream.cuda_stream):
+            raise InputSpecError("tensorrt refused the inputs (shapes outside the engine's profile?)")
+        stream.synchronize()
+        return {name: t.cpu().numpy() for name, t in outs.items()}
+
+    def _nptype(self, name: str) -> Any:
+        return self._trt.nptype(self.engine.get_tensor_dtype(name))

@@ -1,0 +1,78 @@
+"""Can this host run a tvm ``lib.so``? Its tvm runtime version and its CPU's instruction set.
+
+A lib.so compiled for an ``mcpu`` with extensions this CPU lacks dies with SIGILL on the first
+kernel that uses one; a lib.so from another tvm major.minor may not match the runtime's ABI.
+Both are refused before the library is opened.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from aotforge.core.errors import HostMismatchError
+
+#: LLVM features that are instruction-set extensions code may use. LLVM's per-CPU feature lists also
+#: hold tuning flags (``fast-*``, ``slow-*``, ``false-deps-*`` ...) that a host need not "have".
+_ISA = re.compile(
+    r"^(sse|ssse|avx|amx|fma|f16c|bmi|popcnt|lzcnt|movbe|aes|pclmul|vpclmulqdq|gfni|vaes|sha|adx"
+    r"|neon|sve|sme|dotprod|i8mm|bf16|fullfp16|fp16fml)"
+)
+
+
+def isa_features(target: Mapping[str, Any]) -> list[str]:
+    """The instruction-set extensions LLVM enables for a ``{"kind": "llvm", "mcpu", "mtriple"}`` target."""
+    import tvm
+    from tvm.target import codegen
+
+    t = tvm.target.Target({"kind": "llvm", "mcpu": target["mcpu"], "mtriple": target["mtriple"]})
+    return sorted(str(f) for f in codegen.llvm_get_cpu_features(t) if _ISA.match(str(f)))
+
+
+def _cpuinfo_flags() -> set[str]:
+    """The kernel's CPU flags, normalised like LLVM names without ``-_.``; empty where there is no /proc."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return {_norm(f) for f in value.split()}
+    return set()
+
+
+def _norm(feature: str) -> str:
+    return re.sub(r"[-_.]", "", feature.lower())
+
+
+def _major_minor(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+
+
+def check_tvm_host(manifest: Any) -> None:
+    """Raise :class:`HostMismatchError` when this host cannot run ``manifest``'s lib.so."""
+    import tvm
+
+    from aotforge.targets.tvm_target import host_cpu
+
+    built = manifest.target["info"]["target"]
+    name = f"{manifest.name} v{manifest.version}"
+    built_tvm = str(manifest.toolchain.get("tvm", ""))
+    if built_tvm and _major_minor(built_tvm) != _major_minor(tvm.__version__):
+        raise HostMismatchError(
+            f"{name} was built with tvm {built_tvm} for {built['mcpu']}, this host has tvm {tvm.__version__}: "
+            f"rebuild it here, or install apache-tvm {'.'.join(map(str, _major_minor(built_tvm)))}.*"
+        )
+    required = manifest.target["info"].get("cpu_features") or isa_features(built)
+    here = host_cpu()
+    have = {_norm(f) for f in isa_features({"mcpu": here, "mtriple": built["mtriple"]})} | _cpuinfo_flags()
+    missing = [f for f in required if _norm(f) not in have]
+    if missing:
+        raise HostMismatchError(
+            f"{name} was built with tvm {built_tvm or '?'} for mcpu {built['mcpu']}, this host has a {here} "
+            f"lacking {', '.join(missing)}: rebuild it here (or with --target-opt mcpu={here}), "
+            "or run it on a CPU with those features"
+        )

@@ -1,0 +1,241 @@
+"""Register-tiled CPU schedule for matmul / dense / batch-matmul / direct convolution.
+
+One rule covers every PrimFunc whose single reduction block is a sum of products
+(``C[...] += A[...] * B[...]``) with the reduction iterators after the spatial ones:
+
+- the last spatial axis ``j`` is the vector axis, tiled by up to 32 (2 x 16 lanes; 48 with AVX-512);
+- ``i`` is the innermost spatial axis of the operand that does not depend on ``j`` (the
+  "broadcast" operand: ``A`` of a matmul, the weights of a convolution), tiled by up to 8;
+- outer spatial loops and the tile loops (j tiles outside i tiles) are fused and run in parallel;
+- the accumulator tile lives in a ``local`` buffer, its write-back carries the fused
+  elementwise epilogue (bias, residual add, activation);
+- tile sizes are divisors of the extents, so no tail predicate ever reaches a vector loop
+  (an ``N`` with no divisor among the vector widths gets narrower vectors, down to scalars).
+
+Producers that would put ``if_then_else`` into the inner loop (padding) stay separate loop
+nests and get an injective schedule. Anything else the rule cannot handle returns ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.target import Target
+from tvm.tirx.analysis import undefined_vars
+
+from aotforge.targets.tvm_schedules.injective import schedule_spatial_block
+from aotforge.targets.tvm_schedules.rule import CpuRule
+
+TILE_I = 8
+TILE_J = 32
+# 32 vector registers (AVX-512) hold an 8 x 48 accumulator tile plus its operands; 16 do not.
+TILE_J_AVX512 = 48
+VECTOR = 16
+K_BLOCK = 256
+ACC_BLOCK_BYTES = 64 * 1024
+MIN_PARALLEL_CHUNKS = 8
+
+
+def _largest_divisor(n: int, limit: int, step: int = 1) -> int:
+    """The largest multiple of ``step`` that divides ``n`` and is at most ``limit`` (0 if none)."""
+    for d in range(limit - limit % step, 0, -step):
+        if n % d == 0:
+            return d
+    return 0
+
+
+def _vector_width(n: int) -> int:
+    for v in (VECTOR, 8, 4, 2):
+        if n % v == 0:
+            return v
+    return 1
+
+
+def _split_k(sch: s_tir.Schedule, outer: list[Any], r_loops: list[Any], m: int, tj: int) -> bool:
+    """Whether to block a single long reduction loop (the i-tile loop is ``outer[-1]``).
+
+    Only when the k blocks divide evenly, the m x tj accumulator block stays small (it lives
+    on the stack) and the loops left to parallelize still give every core several chunks.
+    """
+    if len(r_loops) != 1 or len(outer) < 2 or m * tj * 4 > ACC_BLOCK_BYTES:
+        return False
+    k = int(sch.get(r_loops[0]).extent)
+    parallel = 1
+    for loop in outer[:-1]:
+        parallel *= int(sch.get(loop).extent)
+    return k > K_BLOCK and k % K_BLOCK == 0 and parallel >= MIN_PARALLEL_CHUNKS
+
+
+def _tile_j(target: Target) -> int:
+    """The j tile for ``target`` (BERT-base's 768-wide dense layers: +15% at 48 with AVX-512)."""
+    from tvm.target.codegen import target_has_features
+
+    try:
+        return TILE_J_AVX512 if target_has_features("avx512f", target) else TILE_J
+    except Exception:  # not an LLVM target TVM can query
+        return TILE_J
+
+
+def _strip_cast(e: Any) -> Any:
+    while isinstance(e, tirx.Cast):
+        e = e.value
+    return e
+
+
+def _same_buffer(a: Any, b: Any) -> bool:
+    return bool(a.same_as(b) or (getattr(a, "name", None) is not None and getattr(a, "name", None) == b.name))
+
+
+def _source(e: Any) -> Any:
+    """The buffer of a load or region (TVM 0.27: ``ir.TensorLoad`` / ``ir.TensorRegion`` with ``source``)."""
+    return getattr(e, "buffer", None) or getattr(e, "source", None)
+
+
+def _loads_from(e: Any, buffer: Any) -> bool:
+    src = _source(e)
+    return src is not None and hasattr(e, "indices") and _same_buffer(src, buffer)
+
+
+def _is_sum_of_products(block: tirx.SBlock) -> bool:
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or block.init is None:
+        return False
+    value = store.value
+    if not isinstance(value, tirx.Add):
+        return False
+    for acc, term in ((value.a, value.b), (value.b, value.a)):
+        if _loads_from(acc, store.buffer):
+            return isinstance(_strip_cast(term), tirx.Mul)
+    return False
+
+
+def _vars_in(region: Any) -> list[Any]:
+    return [v for rng in region.region for v in undefined_vars(rng.min)]
+
+
+def _has_if_then_else(block: tirx.SBlock) -> bool:
+    # TVM 0.27's Python API has no TIR expression visitor; the printed body is enough here.
+    return "if_then_else" in str(block.body)
+
+
+class TiledMatmul(CpuRule):
+    """8x32 register tile with a local accumulator and a fused epilogue."""
+
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        tile_j = _tile_j(target)
+        sch = s_tir.Schedule(func)
+        infos = dl.normalize_prim_func(sch)
+        if infos is None:
+            return None
+        reductions = [k for k, b in enumerate(infos) if not b.is_injective()]
+        if len(reductions) != 1:
+            return None
+        at = reductions[0]
+        red_info = infos[at]
+        kinds = red_info.dom_kind()
+        n_s = len(kinds) - len(kinds.lstrip("S"))
+        if n_s == 0 or set(kinds[n_s:]) != {"R"}:
+            return None
+        if any(not isinstance(d, int | tirx.IntImm) for d in red_info.dom()):
+            return None  # static shapes only
+        red = red_info.block_rv
+        block = sch.get(red)
+        if not _is_sum_of_products(block) or len(block.reads) < 2:
+            return None
+        spatial = red_info.iters[:n_s]
+        j = n_s - 1
+        # i: the innermost spatial iterator of an operand that does not depend on j.
+        i = -1
+        operands = [r for r in block.reads if not _same_buffer(_source(r), _source(block.writes[0]))]
+        for region in operands:
+            used = _vars_in(region)
+            if any(v.same_as(spatial[j].var) for v in used):
+                continue
+            for k in range(j - 1, -1, -1):
+                if any(v.same_as(spatial[k].var) for v in used):
+                    i = max(i, k)
+                    break
+        if i < 0 and j > 0:
+            i = j - 1
+        m = int(spatial[i].dom) if i >= 0 else 1  # type: ignore[arg-type]
+        n = int(spatial[j].dom)  # type: ignore[arg-type]
+        if n * m < 4:
+            return None  # nothing to tile: let GEMV / Reduction take it
+
+        # Producers: inline when harmless, else keep them as their own (scheduled) loop nests.
+        separate = []
+        for info in infos[:at]:
+            b = info.block_rv
+            if _has_if_then_else(sch.get(b)):
+                separate.append(b)
+                continue
+            try:
+                sch.compute_inline(b)
+            except Exception:
+                separate.append(b)
+        # Epilogue: accumulate into a local tile; the write-back carries the elementwise ops.
+        # Intermediate epilogue blocks are inlined into their consumers first (a value used
+        # twice, as in GELU's x * erf(x), is then recomputed), so only the last one reads the
+        # accumulator and can be merged into the write-back.
+        writeback = sch.cache_write(red, 0, "local")
+        epilogue = [info.block_rv for info in infos[at + 1 :]]
+        for b in epilogue[:-1]:
+            try:
+                sch.compute_inline(b)
+            except Exception:
+                separate.append(b)
+        if epilogue:
+            try:
+                sch.reverse_compute_inline(epilogue[-1])
+            except Exception:
+                separate.append(epilogue[-1])
+
+        vec = _vector_width(n)
+        tj = _largest_divisor(n, max(tile_j, vec), vec) or vec
+        ti = _largest_divisor(m, TILE_I) if i >= 0 else 1
+        loops = sch.get_loops(red)
+        s_loops, r_loops = loops[:n_s], loops[n_s:]
+        jo, ji = sch.split(s_loops[j], [None, tj])
+        outer = [s_loops[k] for k in range(n_s) if k not in (i, j)]
+        if i >= 0:
+            io, ii = sch.split(s_loops[i], [None, ti])
+            # j tiles outside i tiles: one K x tj panel of the j-dependent operand (weights)
+            # stays in L2 while every i tile streams past it; i outside j re-streamed the whole
+            # weight matrix per i tile (MiniLM's 384x1536 FFN: 150 -> 270 GFLOP/s on 2 cores).
+            outer += [jo, io]
+            inner = [ii, ji]
+        else:
+            outer += [jo]
+            inner = [ji]
+        if i >= 0 and _split_k(sch, outer, r_loops, m, tj):
+            # k blocks outside i tiles: an i tile's A rows and the weight panel's k block stay
+            # in L1/L2; the accumulator becomes an m x tj local block (BERT-base's 768x3072 FFN:
+            # 130 -> 240 GFLOP/s on 2 cores).
+            ko, ki = sch.split(r_loops[0], [None, K_BLOCK])
+            sch.reorder(*outer[:-1], ko, outer[-1], ki, *inner)
+            fused = sch.fuse(*outer[:-1])
+            r_loops = [ko]
+        else:
+            sch.reorder(*outer, *r_loops, *inner)
+            fused = sch.fuse(*outer)
+        sch.parallel(fused)
+        sch.reverse_compute_at(writeback, fused)
+
+        jv_o, jv = sch.split(ji, [None, vec])
+        sch.vectorize(jv)
+        sch.unroll(jv_o)
+        if i >= 0:
+            sch.unroll(ii)
+        init = sch.decompose_reduction(red, r_loops[0])
+        init_loops = sch.get_loops(init)
+        sch.vectorize(sch.split(init_loops[-1], [None, vec])[1])
+
+        wb_loops = sch.get_loops(writeback)[1:]
+        wb_inner = sch.fuse(*wb_loops) if len(wb_loops) > 1 else wb_loops[0]
+        sch.vectorize(sch.split(wb_inner, [None, vec])[1])
+
+        for b in separate:
+            schedule_spatial_block(sch, b)
+        return sch

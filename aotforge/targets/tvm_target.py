@@ -1,0 +1,241 @@
+"""The ``tvm`` target: ONNX -> Relax -> a shared library for a CPU through LLVM.
+
+The host CPU is detected; ``mcpu`` / ``mtriple`` cross-compile for another CPU and are
+recorded. Shapes are bound to each dim's ``opt`` size by default because the CPU schedules
+need static shapes; ``dynamic=true`` keeps named dims symbolic. ``tune_trials`` / ``tune_minutes``
+turn on a MetaSchedule search (``targets.tvm_tuning``) whose results are kept in the build cache
+(``<--cache-dir>/tvm-tuning``) or in ``tuning_db``, and re-used by every later build there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from aotforge.core.errors import (
+    AotforgeError,
+    ArtifactError,
+    CompileError,
+    InputSpecError,
+    OptionsError,
+    UnsupportedModelError,
+    describe,
+)
+from aotforge.targets.base import Arrays, BuildContext, CompileResult, ProbeResult, refuse_contrib_ops
+
+LIBRARY = "lib.so"
+
+
+@dataclasses.dataclass(frozen=True)
+class TvmOptions:
+    """LLVM code generation settings. Empty strings mean: detect this host."""
+
+    mcpu: str = ""
+    mtriple: str = ""
+    num_cores: int = 0
+    fast_math: bool = True
+    dynamic: bool = False
+    #: C compiler for a cross build (e.g. ``aarch64-linux-gnu-gcc``); empty: the host's gcc.
+    cc: str = ""
+    #: MetaSchedule trials in total (0: no search, default schedules only); see targets.tvm_tuning.
+    tune_trials: int = 0
+    #: Wall-clock cap on the search in minutes (0: none); alone, only the clock ends the search.
+    tune_minutes: float = 0.0
+    #: Tuning store directory; empty: ``<--cache-dir>/tvm-tuning``, or nothing kept without a cache dir.
+    tuning_db: str = ""
+
+    def __post_init__(self) -> None:
+        if self.tune_trials < 0 or self.tune_minutes < 0:
+            raise OptionsError(
+                f"tvm: tune_trials ({self.tune_trials}) and tune_minutes ({self.tune_minutes}) must be >= 0 (0 = off)"
+            )
+
+    @property
+    def tuning(self) -> bool:
+        return self.tune_trials > 0 or self.tune_minutes > 0
+
+
+#: The tuning store's folder inside the build cache directory.
+TUNING_DIR = "tvm-tuning"
+
+
+class TvmTarget:
+    name = "tvm"
+    options_type = TvmOptions
+
+    def probe(self) -> ProbeResult:
+        try:
+            import tvm
+        except ImportError as e:
+            return ProbeResult(
+                False, f"python package 'apache-tvm' cannot be imported ({e}): pip install apache-tvm==0.27.0.post1"
+            )
+        return ProbeResult(True, details={"version": tvm.__version__, "host_cpu": host_cpu()})
+
+    def plan(self, model: ir.Model, options: TvmOptions, ctx: BuildContext) -> None:
+        # QDQ and bf16 both import through the Relax ONNX frontend (checked), so only contrib ops are refused.
+        refuse_contrib_ops("tvm", model, ctx)
+        arch = options.mtriple.split("-")[0]
+        if arch and arch != platform.machine() and not options.cc:
+            raise CompileError(
+                f"tvm: mtriple {options.mtriple!r} targets {arch} but this host is {platform.machine()}: "
+                "give a cross compiler with --target-opt cc=<arch>-linux-gnu-gcc"
+            )
+        if options.tuning:
+            _check_tunable(options)
+
+    def with_cache_dir(self, options: TvmOptions, cache_dir: Path) -> TvmOptions:
+        """Keep the tuning store in the build cache unless one was given (entries are keyed by target)."""
+        if not options.tuning or options.tuning_db:
+            return options
+        return dataclasses.replace(options, tuning_db=str(cache_dir / TUNING_DIR))
+
+    def compile(self, model: ir.Model, options: TvmOptions, ctx: BuildContext, workdir: Path) -> CompileResult:
+        import tvm
+        from tvm.relax.frontend.onnx import from_onnx
+
+        from aotforge.targets.tvm_host import isa_features
+        from aotforge.targets.tvm_pipeline import compile_relax
+
+        sizes = ctx.io.bound_sizes("opt")
+        shapes = {s.name: list(s.shape if options.dynamic else s.bind(sizes)) for s in ctx.io.inputs}
+        if options.dynamic:  # the importer wants one TIR variable per named dim, not its name
+            dims = {d: tvm.tirx.Var(d, "int64") for dims in shapes.values() for d in dims if isinstance(d, str)}
+            shapes = {k: [dims[d] if isinstance(d, str) else d for d in v] for k, v in shapes.items()}
+        dtypes = {s.name: s.dtype for s in ctx.io.inputs}
+        proto = ir.serde.serialize_model(model) if options.dynamic else _static_proto(model, shapes)
+        try:
+            mod = from_onnx(proto, shape_dict=shapes, dtype_dict=dtypes)
+        except Exception as e:  # the Relax ONNX importer raises bare errors for unsupported ops
+            raise UnsupportedModelError(
+                f"tvm cannot import the IR: {describe(e, last=True)}; try --target onnxruntime"
+            ) from e
+        target = tvm.target.Target(target_dict(options))
+        try:
+            with tempfile.TemporaryDirectory(prefix="aotforge-tune-") as tune_dir:
+                tuning = _tune_settings(options, Path(tune_dir))
+                executable, report = compile_relax(mod, target, fast_math=options.fast_math, tuning=tuning)
+            kwargs = {"cc": options.cc} if options.cc else {}
+            executable.export_library(str(workdir / LIBRARY), **kwargs)
+        except AotforgeError:
+            raise
+        except Exception as e:
+            raise CompileError(f"tvm failed to compile for {target_dict(options)}: {describe(e, last=True)}") from e
+        info = {
+            "device": "cpu",
+            "arch": target_dict(options)["mcpu"],
+            "target": target_dict(options),
+            "bound_shapes": {} if options.dynamic else sizes,
+            "pipeline": report,
+            # lib.so is native code for this OS and the triple's arch: the loader checks both.
+            "platform": {"system": platform.system(), "machine": target_dict(options)["mtriple"].split("-")[0]},
+            "cpu_features": isa_features(target_dict(options)),
+        }
+        return CompileResult(files=(LIBRARY,), target_info=info, toolchain={"tvm": tvm.__version__})
+
+    def load(self, artifact_dir: Path, manifest: Mapping[str, Any]) -> TvmRunner:
+        built = manifest["target"]["info"]["target"]
+        arch = built["mtriple"].split("-")[0]
+        if arch != platform.machine():
+            raise ArtifactError(
+                f"tvm artifact was built for {built['mtriple']}, this host is {platform.machine()}: "
+                "run it on a matching host or rebuild without mtriple"
+            )
+        return TvmRunner(artifact_dir / LIBRARY, [o["name"] for o in manifest["io"]["outputs"]])
+
+    def check_host(self, manifest: Any) -> None:
+        """Refuse a lib.so from another tvm major.minor, or compiled for CPU features this host lacks."""
+        from aotforge.targets.tvm_host import check_tvm_host
+
+        check_tvm_host(manifest)
+
+
+class TvmRunner:
+    """A Relax VM over the artifact's shared library."""
+
+    def __init__(self, library: Path, output_names: list[str]) -> None:
+        import tvm
+        from tvm import relax
+
+        self._tvm = tvm
+        self._vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
+        self.output_names = output_names
+
+    def run(self, inputs: Arrays) -> Arrays:
+        tensors = [self._tvm.runtime.tensor(np.ascontiguousarray(v)) for v in inputs.values()]
+        try:
+            result = self._vm["main"](*tensors)
+        except Exception as e:
+            raise InputSpecError(f"tvm artifact rejected the inputs: {describe(e, last=True)}") from e
+        values = [result] if hasattr(result, "numpy") else list(result)
+        return {n: v.numpy() for n, v in zip(self.output_names, values, strict=True)}
+
+
+def _static_proto(model: ir.Model, shapes: Mapping[str, list[Any]]) -> Any:
+    """The IR with input dims bound and shape arithmetic folded away.
+
+    The Relax ONNX importer mishandles ``Shape -> Gather -> Reshape`` chains on scalars; once
+    every shape is static, onnxscript's optimizer turns them into constants.
+    """
+    from onnxscript.optimizer import optimize_ir
+
+    static = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    for value in static.graph.inputs:
+        if value.name is not None and value.name in shapes:
+            value.shape = ir.Shape(shapes[value.name])
+    optimize_ir(static, onnx_shape_inference=True)
+    return ir.serde.serialize_model(static)
+
+
+def _check_tunable(options: TvmOptions) -> None:
+    """Tuning times candidates on this host, so it must be the CPU the artifact is for."""
+    if options.dynamic:
+        raise OptionsError("tvm: tune_trials/tune_minutes need static shapes: drop dynamic=true to tune")
+    here = host_cpu()
+    arch = options.mtriple.split("-")[0]
+    if (options.mcpu and options.mcpu != here) or (arch and arch != platform.machine()):
+        raise OptionsError(
+            f"tvm: tuning measures candidates on this host ({here}, {platform.machine()}), not on "
+            f"mcpu={options.mcpu or here} mtriple={options.mtriple or '(host)'}: tune on a host with that CPU, "
+            "or build without tune_trials"
+        )
+
+
+def _tune_settings(options: TvmOptions, work_dir: Path) -> Any:
+    if not options.tuning:
+        return None
+    from aotforge.targets.tvm_tuning import TuneSettings
+
+    return TuneSettings(
+        trials=options.tune_trials,  # 0 with tune_minutes: the clock only (TuneSettings)
+        minutes=options.tune_minutes,
+        work_dir=work_dir,
+        store_dir=Path(options.tuning_db) if options.tuning_db else None,
+    )
+
+
+def host_cpu() -> str:
+    import tvm
+
+    return str(tvm.get_global_func("target.llvm_get_system_cpu")())
+
+
+def target_dict(options: TvmOptions) -> dict[str, Any]:
+    """The dict form TVM 0.27 needs (its ``"llvm -mcpu=..."`` string form is rejected)."""
+    import tvm
+
+    host = tvm.target.Target.from_device("cpu")
+    return {
+        "kind": "llvm",
+        "mcpu": options.mcpu or host_cpu(),
+        "mtriple": options.mtriple or str(host.attrs["mtriple"]),
+        "num-cores": options.num_cores or (os.cpu_count() or 1),
+    }
