@@ -1,71 +1,17 @@
-"""The ``aotforge`` command line: a thin layer over ``compiler.build`` and ``artifacts``."""
+"""``aotforge compile``: flags (and a recipe) -> ``BuildOptions`` -> ``build_cached``; prints the artifact's path."""
 
 from __future__ import annotations
 
-import functools
-import logging
-import sys
-import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
 
-from aotforge.core.errors import AotforgeError, InputSpecError
-from aotforge.core.spec import DimRange, parse_value_range
-
-
-class DimRangeParam(click.ParamType):
-    name = "NAME=MIN:MAX"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> DimRange:
-        if isinstance(value, DimRange):
-            return value
-        try:
-            return DimRange.parse(value)
-        except AotforgeError as e:
-            self.fail(str(e), param, ctx)
+from aotforge.compiler.cli.common import DimRangeParam, KeyValueParam, manifest_summary, user_errors
+from aotforge.core.spec import parse_value_range
 
 
-class KeyValueParam(click.ParamType):
-    name = "KEY=VALUE"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, str]:
-        key, sep, val = str(value).partition("=")
-        if not sep or not key:
-            self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
-        return key.strip(), val.strip()
-
-
-def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """One line on stderr and a non-zero exit for user errors; the traceback only with --debug."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except AotforgeError as e:
-            if click.get_current_context().find_root().params.get("debug"):
-                raise
-            click.echo(f"error: {e}", err=True)
-            sys.exit(e.exit_code)
-
-    return wrapper
-
-
-@click.group()
-@click.option("--debug", is_flag=True, help="Show full tracebacks.")
-def main(debug: bool) -> None:
-    """aotforge: compile a model ahead of time into a validated, benchmarked artifact."""
-    if not debug:
-        # The exporters' deprecation chatter buries our one-line messages; --debug keeps it.
-        warnings.filterwarnings("ignore")
-        logging.getLogger("torch").setLevel(logging.ERROR)
-
-
-@main.command()
+@click.command()
 @click.argument("model")
 @click.option("--target", "-t", default="tvm", show_default=True, help="tvm, onnxruntime, tensorrt or neuron.")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("out"), show_default=True)
@@ -145,7 +91,7 @@ def compile(model: str, **kw: Any) -> None:
         click.echo(str(result.path))
         return
     m = result.manifest
-    console.print(_summary(m.__dict__), markup=False, highlight=False)
+    console.print(manifest_summary(m.__dict__), markup=False, highlight=False)
     if "cache" in m.build:
         console.print(_cache_line(m.build["cache"]), markup=False, highlight=False, soft_wrap=True)
     if kw["sign_key"]:
@@ -206,71 +152,6 @@ def _with_recipe(path: Path, options: Any, ctx: click.Context) -> Any:
     return BuildOptions.from_dict({**values, **rest, "prepare_only": options.prepare_only})
 
 
-@main.command()
-def targets() -> None:
-    """List targets and whether this host can use them."""
-    from aotforge.targets import TARGETS, get_target
-
-    for name in TARGETS:
-        probe = get_target(name).probe()
-        state = "available" if probe.available else f"unavailable: {probe.reason}"
-        if not probe.available and probe.compiles:
-            state = f"compile only: {probe.reason}"
-        click.echo(f"{name:12s} {state}")
-
-
-@main.command()
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
-@user_errors
-def inspect(artifact: Path, as_json: bool) -> None:
-    """Summarise an artifact's manifest."""
-    from aotforge.artifacts.manifest import read_manifest
-
-    manifest = read_manifest(artifact)
-    click.echo(manifest.to_json() if as_json else _summary(manifest.__dict__))
-
-
-@main.command()
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--public-key", type=click.Path(path_type=Path), help="Also check manifest.sig with this public key.")
-@user_errors
-def verify(artifact: Path, public_key: Path | None) -> None:
-    """Check ARTIFACT's signature (with --public-key) and re-hash every file; non-zero exit on any mismatch."""
-    from aotforge.artifacts.signing import is_signed, verified_manifest
-
-    manifest = verified_manifest(artifact, public_key)
-    signed = "signed (give --public-key to check), " if is_signed(artifact) else ""
-    signed = "signature ok, " if public_key else signed
-    click.echo(f"ok: {signed}{len(manifest.files)} files match the manifest")
-
-
-@main.command()
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.option(
-    "--inputs", "inputs_path", required=True, type=click.Path(path_type=Path), help=".npz with one array per input."
-)
-@click.option("--save", type=click.Path(path_type=Path), help="Write outputs to this .npz instead of printing.")
-@user_errors
-def run(artifact: Path, inputs_path: Path, save: Path | None) -> None:
-    """Run ARTIFACT on the arrays in an .npz file."""
-    from aotforge.artifacts import load
-
-    try:
-        with np.load(inputs_path, allow_pickle=False) as data:
-            inputs = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as e:
-        raise InputSpecError(f"cannot read inputs {inputs_path} ({e}): give an .npz written by numpy.savez") from e
-    outputs = load(artifact).run(inputs)
-    if save:
-        np.savez(save, **outputs)  # type: ignore[arg-type]
-        click.echo(str(save))
-        return
-    for name, value in outputs.items():
-        click.echo(f"{name}: {value.dtype}{list(value.shape)}")
-        click.echo(np.array2string(value, threshold=20, precision=5))
-
-
 def _pass_params(pairs: tuple[tuple[str, str], ...]) -> dict[str, dict[str, str]]:
     """``int8.method=percentile`` -> ``{"int8": {"method": "percentile"}}``."""
     params: dict[str, dict[str, str]] = {}
@@ -290,40 +171,3 @@ def _cache_line(cache: dict[str, Any]) -> str:
     if not cache.get("hit"):
         line += f" ({cache.get('explain', '')})"
     return line + (f"; direct mode: {cache['direct']}" if cache.get("direct") else "")
-
-
-def _summary(m: dict[str, Any]) -> str:
-    lines = [
-        f"{m['name']} v{m['version']} for {m['target']['name']}",
-        f"  source: {m['source']['format']} {m['source']['sha256'][:12]}",
-    ]
-    lines.append("  passes: " + (", ".join(p["name"] for p in m["passes"]) or "none"))
-    v = m["validation"]
-    worst = max((x["rel_l2"] for x in v.get("metrics", {}).values()), default=0.0)
-    lines.append(
-        f"  validation: {'passed' if v.get('passed') else 'failed'} "
-        f"(worst rel L2 {worst:.3g}, tolerance {v.get('tolerance')})"
-    )
-    b = m["benchmark"]
-    lines.append(
-        f"  latency: p50 {b['p50_ms']} ms, p99 {b['p99_ms']} ms over {b['runs']} runs"
-        if b
-        else "  latency: not benchmarked"
-    )
-    lines.append(f"  files: {', '.join(sorted(m['files']))}")
-    return "\n".join(lines)
-
-
-from aotforge.compiler.cli_registry import register_registry_commands  # noqa: E402
-
-register_registry_commands(main)
-from aotforge.compiler.cli_integrity import register_integrity_commands  # noqa: E402
-
-register_integrity_commands(main)
-from aotforge.compiler.cli_bundle import register_bundle_commands  # noqa: E402
-
-register_bundle_commands(main)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,63 @@
+"""``aotforge targets / inspect / run``: what this host can target, and what an artifact is and does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from aotforge.compiler.cli.common import manifest_summary, user_errors
+from aotforge.core.errors import InputSpecError
+
+
+@click.command()
+def targets() -> None:
+    """List targets and whether this host can use them."""
+    from aotforge.targets import TARGETS, get_target
+
+    for name in TARGETS:
+        probe = get_target(name).probe()
+        state = "available" if probe.available else f"unavailable: {probe.reason}"
+        if not probe.available and probe.compiles:
+            state = f"compile only: {probe.reason}"
+        click.echo(f"{name:12s} {state}")
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
+@user_errors
+def inspect(artifact: Path, as_json: bool) -> None:
+    """Summarise an artifact's manifest."""
+    from aotforge.artifacts.manifest import read_manifest
+
+    manifest = read_manifest(artifact)
+    click.echo(manifest.to_json() if as_json else manifest_summary(manifest.__dict__))
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option(
+    "--inputs", "inputs_path", required=True, type=click.Path(path_type=Path), help=".npz with one array per input."
+)
+@click.option("--save", type=click.Path(path_type=Path), help="Write outputs to this .npz instead of printing.")
+@user_errors
+def run(artifact: Path, inputs_path: Path, save: Path | None) -> None:
+    """Run ARTIFACT on the arrays in an .npz file."""
+    import numpy as np
+
+    from aotforge.artifacts import load
+
+    try:
+        with np.load(inputs_path, allow_pickle=False) as data:
+            inputs = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise InputSpecError(f"cannot read inputs {inputs_path} ({e}): give an .npz written by numpy.savez") from e
+    outputs = load(artifact).run(inputs)
+    if save:
+        np.savez(save, **outputs)  # type: ignore[arg-type]
+        click.echo(str(save))
+        return
+    for name, value in outputs.items():
+        click.echo(f"{name}: {value.dtype}{list(value.shape)}")
+        click.echo(np.array2string(value, threshold=20, precision=5))

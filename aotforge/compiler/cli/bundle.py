@@ -1,0 +1,27 @@
+"""``aotforge finish BUNDLE``: complete a ``compile --prepare-only`` bundle on the host with the device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from aotforge.compiler.cli.common import user_errors
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("out"), show_default=True)
+@click.option("--target", "-t", help="Finish for another target than the bundle's (its options are dropped).")
+@click.option("--no-bench", is_flag=True, help="Skip the benchmark even if the bundle asks for one.")
+@click.option("--cache-dir", type=click.Path(path_type=Path), help="Keep the target's timing cache here.")
+@user_errors
+def finish(bundle: Path, out: Path, target: str | None, no_bench: bool, cache_dir: Path | None) -> None:
+    """Check BUNDLE's hashes, compile it for its target, validate, benchmark and store the artifact."""
+    from aotforge.compiler.bundle import finish as finish_bundle
+
+    result = finish_bundle(bundle, out, target_name=target, bench=False if no_bench else None, cache_dir=cache_dir)
+    v = result.manifest.validation
+    worst = max((m["rel_l2"] for m in v["metrics"].values()), default=0.0)
+    click.echo(f"validation passed (worst rel L2 {worst:.3g}, tolerance {v['tolerance']})", err=True)
+    click.echo(str(result.path))

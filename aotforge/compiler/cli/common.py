@@ -1,0 +1,78 @@
+"""What every ``aotforge`` command shares: the user-error exit, click parameter types, manifest summaries."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from aotforge.core.errors import AotforgeError
+from aotforge.core.spec import DimRange
+
+
+class DimRangeParam(click.ParamType):
+    """``NAME=MIN:MAX`` (or ``NAME=MIN:OPT:MAX``), parsed by :meth:`DimRange.parse`."""
+
+    name = "NAME=MIN:MAX"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> DimRange:
+        if isinstance(value, DimRange):
+            return value
+        try:
+            return DimRange.parse(value)
+        except AotforgeError as e:
+            self.fail(str(e), param, ctx)
+
+
+class KeyValueParam(click.ParamType):
+    """``KEY=VALUE`` -> ``(key, value)``, both stripped."""
+
+    name = "KEY=VALUE"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, str]:
+        key, sep, val = str(value).partition("=")
+        if not sep or not key:
+            self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
+        return key.strip(), val.strip()
+
+
+def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """One line on stderr and a non-zero exit for user errors; the traceback only with --debug."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except AotforgeError as e:
+            if click.get_current_context().find_root().params.get("debug"):
+                raise
+            click.echo(f"error: {e}", err=True)
+            sys.exit(e.exit_code)
+
+    return wrapper
+
+
+def manifest_summary(m: dict[str, Any]) -> str:
+    """A few lines on a manifest (as a dict): what it is, its passes, validation, latency and files."""
+    lines = [
+        f"{m['name']} v{m['version']} for {m['target']['name']}",
+        f"  source: {m['source']['format']} {m['source']['sha256'][:12]}",
+    ]
+    lines.append("  passes: " + (", ".join(p["name"] for p in m["passes"]) or "none"))
+    v = m["validation"]
+    worst = max((x["rel_l2"] for x in v.get("metrics", {}).values()), default=0.0)
+    lines.append(
+        f"  validation: {'passed' if v.get('passed') else 'failed'} "
+        f"(worst rel L2 {worst:.3g}, tolerance {v.get('tolerance')})"
+    )
+    b = m["benchmark"]
+    lines.append(
+        f"  latency: p50 {b['p50_ms']} ms, p99 {b['p99_ms']} ms over {b['runs']} runs"
+        if b
+        else "  latency: not benchmarked"
+    )
+    lines.append(f"  files: {', '.join(sorted(m['files']))}")
+    return "\n".join(lines)

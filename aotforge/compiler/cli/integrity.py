@@ -1,0 +1,48 @@
+"""``aotforge keygen / sign / verify``: ed25519 keys, artifact signatures and the file-hash check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from aotforge.compiler.cli.common import user_errors
+
+
+@click.command()
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for the key pair.")
+@user_errors
+def keygen(out: Path) -> None:
+    """Write an ed25519 key pair: a private key PEM (mode 0600) and its public key PEM."""
+    from aotforge.artifacts.signing import keygen as make_keys
+
+    private, public = make_keys(out)
+    click.echo(f"private key: {private}")
+    click.echo(f"public key: {public}")
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--key", required=True, type=click.Path(path_type=Path), help="Private key PEM (aotforge keygen).")
+@user_errors
+def sign(artifact: Path, key: Path) -> None:
+    """Sign ARTIFACT's manifest (which holds every file's sha256): writes manifest.sig."""
+    from aotforge.artifacts.signing import sign as sign_artifact
+    from aotforge.artifacts.signing import verified_manifest
+
+    verified_manifest(artifact)  # never sign files that no longer match their manifest
+    click.echo(str(sign_artifact(artifact, key)))
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--public-key", type=click.Path(path_type=Path), help="Also check manifest.sig with this public key.")
+@user_errors
+def verify(artifact: Path, public_key: Path | None) -> None:
+    """Check ARTIFACT's signature (with --public-key) and re-hash every file; non-zero exit on any mismatch."""
+    from aotforge.artifacts.signing import is_signed, verified_manifest
+
+    manifest = verified_manifest(artifact, public_key)
+    signed = "signed (give --public-key to check), " if is_signed(artifact) else ""
+    signed = "signature ok, " if public_key else signed
+    click.echo(f"ok: {signed}{len(manifest.files)} files match the manifest")
