@@ -13,8 +13,8 @@ from aotforge.passes.fuse_conv_batchnorm import FuseConvBatchNormPass
 from aotforge.passes.fuse_patterns import FuseOrtPass, FusePatternsPass, contrib_domains, op_histogram
 from aotforge.passes.manager import run_passes
 from aotforge.targets.base import BuildContext
-from aotforge.targets.ort_target import OrtOptions, OrtTarget
-from aotforge.targets.tvm_target import TvmOptions, TvmTarget
+from aotforge.targets.onnxruntime import OrtOptions, OrtTarget
+from aotforge.targets.tvm.target import TvmOptions, TvmTarget
 from tests.pass_models import conv_bn, decomposed_layer_norm, elementwise, feeds_for, mlp, run
 
 CASES = [

@@ -49,8 +49,7 @@ def test_tvm_other_version_is_refused(built: dict[str, Path], tmp_path: Path) ->
 
 
 def test_tvm_cpu_features_this_host_lacks_are_refused(built: dict[str, Path], tmp_path: Path) -> None:
-    from aotforge.targets.tvm_host import _cpuinfo_flags, _norm, isa_features
-    from aotforge.targets.tvm_target import host_cpu
+    from aotforge.targets.tvm.host import _cpuinfo_flags, _norm, host_cpu, isa_features
 
     src = _needs_tvm(built)
     triple = json.loads((src / MANIFEST).read_text())["target"]["info"]["target"]["mtriple"]

@@ -22,9 +22,10 @@ from onnx import TensorProto, helper, numpy_helper
 from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError, UnsupportedModelError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
-from aotforge.targets import get_target, neuron_sdk
+from aotforge.targets import get_target
 from aotforge.targets.base import BuildContext
-from aotforge.targets.neuron_target import (
+from aotforge.targets.neuron import sdk as neuron_sdk
+from aotforge.targets.neuron.target import (
     Bucket,
     InstanceFamily,
     NeuronOptions,

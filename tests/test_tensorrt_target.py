@@ -19,7 +19,8 @@ from aotforge.core.options import options_from_dict
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
 from aotforge.targets import get_target
 from aotforge.targets.base import BuildContext
-from aotforge.targets.tensorrt_target import (
+from aotforge.targets.tensorrt.sdk import summarize_layers
+from aotforge.targets.tensorrt.target import (
     HardwareCompat,
     TensorRTOptions,
     TensorRTTarget,
@@ -32,7 +33,6 @@ from aotforge.targets.tensorrt_target import (
     plan_profiles,
     prepare_onnx,
 )
-from aotforge.targets.trt_sdk import summarize_layers
 
 IMAGE = IOSpec(
     inputs=(TensorSpec("x", "float32", ("batch", 3, 8, 8)),),

@@ -16,8 +16,8 @@ tvm = pytest.importorskip("tvm")
 
 from tvm.target.codegen import target_has_features  # noqa: E402
 
-from aotforge.targets.tvm_schedules import vnni_dense  # noqa: E402
-from aotforge.targets.tvm_target import TvmOptions, target_dict  # noqa: E402
+from aotforge.targets.tvm.kernels import vnni_dense  # noqa: E402
+from aotforge.targets.tvm.target import TvmOptions, target_dict  # noqa: E402
 from tests.conftest import quick_build  # noqa: E402
 
 
@@ -117,7 +117,7 @@ def test_a_target_without_vnni_keeps_the_generic_integer_matmul(tmp_path: Path) 
 def test_vnni_conv2d_is_exact(c: int, o: int, k: int, stride: int, pad: int) -> None:
     import torch
 
-    from aotforge.targets.tvm_schedules import vnni_conv
+    from aotforge.targets.tvm.kernels import vnni_conv
 
     rng = np.random.default_rng(c + o + k)
     h = w = 10

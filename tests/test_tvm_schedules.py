@@ -13,9 +13,9 @@ tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
 from tvm.relax.backend.cpu_generic import pipeline as cpu  # noqa: E402
 
-from aotforge.targets.tvm_pipeline import compile_relax  # noqa: E402
-from aotforge.targets.tvm_schedules import apply_default_schedules  # noqa: E402
-from aotforge.targets.tvm_schedules.injective import Injective  # noqa: E402
+from aotforge.targets.tvm.pipeline import compile_relax  # noqa: E402
+from aotforge.targets.tvm.schedules import apply_default_schedules  # noqa: E402
+from aotforge.targets.tvm.schedules.injective import Injective  # noqa: E402
 
 
 class _Mlp(torch.nn.Module):
@@ -171,7 +171,7 @@ def test_long_reductions_are_blocked_along_k_and_keep_numerics() -> None:
     """A BERT-style dense layer (K=512 > K_BLOCK) gets k blocks outside the i tiles."""
     from tvm import te
 
-    from aotforge.targets.tvm_schedules.matmul import K_BLOCK, TiledMatmul
+    from aotforge.targets.tvm.schedules.matmul import K_BLOCK, TiledMatmul
 
     m, k, n = 64, 512, 256
     a, w, bias = te.placeholder((1, m, k), name="A"), te.placeholder((k, n), name="W"), te.placeholder((n,), name="b")
@@ -199,7 +199,7 @@ def test_whole_tensor_reductions_are_vectorized_and_exact(shape: tuple[int, ...]
     """max(x) / min(x) of dynamic quantization: no spatial axis to parallelize over."""
     from tvm import te
 
-    from aotforge.targets.tvm_schedules.reduction import FullReduction
+    from aotforge.targets.tvm.schedules.reduction import FullReduction
 
     x = te.placeholder(shape, name="x")
     axes = [te.reduce_axis((0, d)) for d in shape]

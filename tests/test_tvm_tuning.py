@@ -18,9 +18,10 @@ tvm = pytest.importorskip("tvm")
 from aotforge.artifacts.manifest import MANIFEST  # noqa: E402
 from aotforge.core.errors import OptionsError  # noqa: E402
 from aotforge.core.options import options_from_dict  # noqa: E402
-from aotforge.targets.tvm_target import TUNING_DIR, TvmOptions, TvmTarget, host_cpu  # noqa: E402
-from aotforge.targets.tvm_tuning import tunable_tasks  # noqa: E402
-from aotforge.targets.tvm_tuning_store import DEFAULT_FAILED, Entry, TuningStore, digest, workload_key  # noqa: E402
+from aotforge.targets.tvm.host import host_cpu  # noqa: E402
+from aotforge.targets.tvm.target import TUNING_DIR, TvmOptions, TvmTarget  # noqa: E402
+from aotforge.targets.tvm.tuning.store import DEFAULT_FAILED, Entry, TuningStore, digest, workload_key  # noqa: E402
+from aotforge.targets.tvm.tuning.tune import tunable_tasks  # noqa: E402
 from tests.conftest import quick_build  # noqa: E402
 
 TARGET = {"kind": "llvm", "mcpu": "znver4", "mtriple": "x86_64-pc-linux-gnu", "num-cores": 2}
@@ -118,7 +119,7 @@ def test_options_validate_and_parse_from_the_cli_form(tmp_path: Path) -> None:
         TvmOptions(tune_trials=-1)
     assert TvmTarget().with_cache_dir(opts, tmp_path).tuning_db == str(tmp_path / TUNING_DIR)
     assert TvmTarget().with_cache_dir(TvmOptions(), tmp_path).tuning_db == ""
-    from aotforge.targets.tvm_target import _check_tunable
+    from aotforge.targets.tvm.target import _check_tunable
 
     with pytest.raises(OptionsError, match="static shapes"):
         _check_tunable(TvmOptions(tune_trials=8, dynamic=True))
@@ -181,8 +182,8 @@ def _tuned_build(store: Path, trials: int, work: Path) -> dict[str, Any]:
     """A real compile of the Linear with tuning against ``store``; its output checked against torch."""
     from tvm import relax
 
-    from aotforge.targets.tvm_pipeline import compile_relax
-    from aotforge.targets.tvm_tuning import TuneSettings
+    from aotforge.targets.tvm.pipeline import compile_relax
+    from aotforge.targets.tvm.tuning.tune import TuneSettings
 
     if not _CASE:
         _CASE["mod"], _CASE["target"], _CASE["x"], _CASE["y"] = _linear_case()
@@ -258,8 +259,8 @@ def test_retune_that_finds_nothing_better_keeps_the_old_record(tuned_store: Path
 
 
 def test_old_format_entry_counts_as_legacy_trials(tuned_store: Path, tmp_path: Path) -> None:
-    from aotforge.targets.tvm_tuning import TuneSettings, _still_needed
-    from aotforge.targets.tvm_tuning_store import LEGACY_TRIALS
+    from aotforge.targets.tvm.tuning.store import LEGACY_TRIALS
+    from aotforge.targets.tvm.tuning.tune import TuneSettings, _still_needed
 
     store = _copy(tuned_store, tmp_path)
     legacy = dataclasses.replace(_only_entry(store), trials=None)
@@ -282,7 +283,7 @@ def test_old_format_entry_counts_as_legacy_trials(tuned_store: Path, tmp_path: P
 
 
 def test_per_task_budget_and_minutes_only_reuse(tmp_path: Path) -> None:
-    from aotforge.targets.tvm_tuning import MINUTES_ONLY_TRIALS, TuneSettings, _still_needed
+    from aotforge.targets.tvm.tuning.tune import MINUTES_ONLY_TRIALS, TuneSettings, _still_needed
 
     searched, fresh = dataclasses.replace(_entry("aa" * 32, [1e-6]), trials=4), "bb" * 32
     keys, found = [searched.key, fresh], {searched.key: searched}

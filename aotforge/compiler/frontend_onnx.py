@@ -59,7 +59,7 @@ def _name_unknown_dims(name: str, shape: tuple[int | str, ...]) -> tuple[int | s
 
 
 def _ort_reference(path: Path) -> Callable[[Arrays], Arrays]:
-    from aotforge.targets.ort_target import reference_session
+    from aotforge.targets.onnxruntime import reference_session
 
     try:
         session = reference_session(str(path))

@@ -9,10 +9,10 @@ from aotforge.targets.base import BuildContext, CompileResult, ProbeResult, Runn
 
 #: Target name -> "module:Class". A table, not an import-time registry.
 TARGETS: dict[str, str] = {
-    "tvm": "aotforge.targets.tvm_target:TvmTarget",
-    "onnxruntime": "aotforge.targets.ort_target:OrtTarget",
-    "tensorrt": "aotforge.targets.tensorrt_target:TensorRTTarget",
-    "neuron": "aotforge.targets.neuron_target:NeuronTarget",
+    "tvm": "aotforge.targets.tvm.target:TvmTarget",
+    "onnxruntime": "aotforge.targets.onnxruntime:OrtTarget",
+    "tensorrt": "aotforge.targets.tensorrt.target:TensorRTTarget",
+    "neuron": "aotforge.targets.neuron.target:NeuronTarget",
 }
 
 

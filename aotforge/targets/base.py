@@ -1,7 +1,8 @@
 """The interface every target implements: probe, plan, compile, load.
 
-A target is one module (``targets/<name>_target.py``) with one class. It never imports its
-vendor SDK at module import time, so ``import aotforge.targets`` works on any host.
+A target is one class, in ``targets/<name>/target.py`` (or ``targets/<name>.py`` when one module
+is enough). It never imports its vendor SDK at module import time, so ``import aotforge.targets``
+works on any host.
 """
 
 from __future__ import annotations

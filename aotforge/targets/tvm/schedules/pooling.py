@@ -13,8 +13,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from aotforge.targets.tvm_schedules.injective import PARALLEL_MIN, schedule_spatial_block
-from aotforge.targets.tvm_schedules.rule import CpuRule
+from aotforge.targets.tvm.schedules.injective import PARALLEL_MIN, schedule_spatial_block
+from aotforge.targets.tvm.schedules.rule import CpuRule
 
 VECTOR = 16
 #: Largest window (product of the reduction extents) treated as pooling; 7x7 = 49.

@@ -5,7 +5,7 @@ frontend keeps for torch sources and carries the passes over explicitly: sparsit
 the same weights by parameter name, precision as ``--auto-cast``; INT8 QDQ is refused. Neuron
 graphs are static, so each dynamic dim becomes a declared set of sizes and every combination
 (a *bucket*) is one compiled graph; the runner routes each call to the smallest bucket that fits.
-All SDK calls live in :mod:`targets.neuron_sdk`.
+All SDK calls live in :mod:`targets.neuron.sdk`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import onnx_ir as ir
 
 from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError, UnsupportedModelError
 from aotforge.core.spec import DEFAULT_DIM_SIZE, IOSpec
-from aotforge.targets import neuron_sdk
 from aotforge.targets.base import Arrays, BuildContext, CompileResult, ProbeResult
+from aotforge.targets.neuron import sdk
 
 #: Precision passes and the ``--auto-cast-type`` each maps to.
 _PRECISION = {"fp16": "fp16", "bf16": "bf16"}
@@ -198,7 +198,7 @@ class NeuronTarget:
     options_type = NeuronOptions
 
     def probe(self) -> ProbeResult:
-        return neuron_sdk.probe()
+        return sdk.probe()
 
     def plan(self, model: ir.Model, options: NeuronOptions, ctx: BuildContext) -> None:
         if ctx.torch_program is None:
@@ -211,17 +211,17 @@ class NeuronTarget:
 
     def compile(self, model: ir.Model, options: NeuronOptions, ctx: BuildContext, workdir: Path) -> CompileResult:
         self.plan(model, options, ctx)
-        probe = neuron_sdk.probe()
+        probe = sdk.probe()
         if not probe.compiles:
             raise TargetUnavailableError(probe.reason)
-        module = neuron_sdk.module_of(ctx.torch_program)
-        masked = neuron_sdk.carry_sparsity_masks(module, model) if _sparsity_ran(ctx.passes) else []
+        module = sdk.module_of(ctx.torch_program)
+        masked = sdk.carry_sparsity_masks(module, model) if _sparsity_ran(ctx.passes) else []
         args = compiler_args(options, ctx.passes)
         buckets = plan_buckets(ctx.io, options)
         for bucket in buckets:
             examples = _example_inputs(ctx.io, bucket)
-            neuron_sdk.trace_to_file(module, examples, args, workdir / "neuronx-cc" / bucket.key, workdir / bucket.file)
-        versions = neuron_sdk.versions()
+            sdk.trace_to_file(module, examples, args, workdir / "neuronx-cc" / bucket.key, workdir / bucket.file)
+        versions = sdk.versions()
         info = {
             "instance_family": options.target.value,
             "compiler_args": args,
@@ -233,7 +233,7 @@ class NeuronTarget:
         return CompileResult(files=tuple(b.file for b in buckets), target_info=info, toolchain=versions)
 
     def load(self, artifact_dir: Path, manifest: Mapping[str, Any]) -> NeuronRunner:
-        probe = neuron_sdk.probe()
+        probe = sdk.probe()
         if not probe.available:
             raise TargetUnavailableError(probe.reason)
         info = manifest["target"]["info"]
@@ -248,12 +248,12 @@ class NeuronRunner:
     def __init__(self, io: IOSpec, files: Mapping[Bucket, Path], pad_dims: tuple[str, ...]) -> None:
         self.io, self.pad_dims = io, pad_dims
         # Load every bucket now: a serving host must not pay a load on its first odd-sized request.
-        self.graphs = {bucket: neuron_sdk.load_traced(path) for bucket, path in files.items()}
+        self.graphs = {bucket: sdk.load_traced(path) for bucket, path in files.items()}
 
     def run(self, inputs: Arrays) -> Arrays:
         sizes = actual_sizes(self.io, inputs)
         bucket = route(tuple(self.graphs), sizes, self.pad_dims)
-        outputs = neuron_sdk.call(self.graphs[bucket], pad_inputs(self.io, inputs, bucket))
+        outputs = sdk.call(self.graphs[bucket], pad_inputs(self.io, inputs, bucket))
         return unpad_outputs(self.io, outputs, sizes)
 
 

@@ -14,8 +14,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from aotforge.targets.tvm_schedules.injective import PARALLEL_MIN
-from aotforge.targets.tvm_schedules.rule import CpuRule
+from aotforge.targets.tvm.schedules.injective import PARALLEL_MIN
+from aotforge.targets.tvm.schedules.rule import CpuRule
 
 VECTOR = 16
 

@@ -4,7 +4,7 @@ The importer keeps ``conv2d(dequantize(q_u8, s, z), dequantize(w_s8, sw, 0))``: 
 convolution on values that are integers underneath. Here it is computed in integers, as ONNX
 Runtime's QLinearConv does: the uint8 activation goes channels-last and padded with the zero
 point ``z`` (which dequantizes to 0) in one pass that the quantize producing it fuses into,
-``targets.tvm_schedules.vnni_conv`` convolves it with the constant weight, and the int32
+``targets.tvm.kernels.vnni_conv`` convolves it with the constant weight, and the int32
 result is scaled back to float by ``s * sw`` per output channel and returned to NCHW.
 Channels are padded to a multiple of 4 with zero weights, so 3-channel stems qualify.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aotforge.targets.tvm_schedules import vnni_dense
+from aotforge.targets.tvm.kernels import vnni_dense
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 ``tune_module`` runs on the legalized, fused Relax module (before the default schedules), inside
 nothing: it extracts one task per PrimFunc that has a reduction (matmul, conv, pooling, softmax
 ...: injective ops gain little from search), looks each one up in the content-addressed store
-(``targets.tvm_tuning_store``) and searches the rest under a trial and a time budget. It returns
+(``targets.tvm.tuning.store``) and searches the rest under a trial and a time budget. It returns
 a MetaSchedule database holding only the entries whose best record beats the default schedule
 on the same runner; ``apply_tuned`` marks those PrimFuncs scheduled, and the default rules
 schedule everything else. (Measured on mini_resnet with 132 trials over 11 tasks, the default
@@ -17,7 +17,7 @@ build asks for does not depend on what the store holds. An entry searched with l
 (the evolutionary search starts its population from a workload's best records), and the store
 keeps the better records of both; the report counts tasks tuned fresh, re-tuned and re-used.
 
-How candidates are built, timed and searched on a small host: ``targets.tvm_tuning_search``.
+How candidates are built, timed and searched on a small host: ``targets.tvm.tuning.search``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aotforge.targets import tvm_tuning_search as run
-from aotforge.targets.tvm_tuning_store import TOP_K, Entry, TuningStore, digest, target_fields, workload_key
+from aotforge.targets.tvm.tuning import search as run
+from aotforge.targets.tvm.tuning.store import TOP_K, Entry, TuningStore, digest, target_fields, workload_key
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,8 +25,8 @@ from tvm.s_tir import dlight as dl
 from tvm.target import Target
 from tvm.tirx.analysis import undefined_vars
 
-from aotforge.targets.tvm_schedules.injective import schedule_spatial_block
-from aotforge.targets.tvm_schedules.rule import CpuRule
+from aotforge.targets.tvm.schedules.injective import schedule_spatial_block
+from aotforge.targets.tvm.schedules.rule import CpuRule
 
 TILE_I = 8
 TILE_J = 32

@@ -11,7 +11,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from aotforge.targets.tvm_schedules.rule import CpuRule
+from aotforge.targets.tvm.schedules.rule import CpuRule
 
 VECTOR = 16
 #: Below this many elements a parallel loop costs more than it saves.

@@ -13,10 +13,10 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from aotforge.targets.tvm_schedules.injective import Injective
-from aotforge.targets.tvm_schedules.matmul import TiledMatmul
-from aotforge.targets.tvm_schedules.pooling import WindowReduction
-from aotforge.targets.tvm_schedules.reduction import FullReduction, RowReduction
+from aotforge.targets.tvm.schedules.injective import Injective
+from aotforge.targets.tvm.schedules.matmul import TiledMatmul
+from aotforge.targets.tvm.schedules.pooling import WindowReduction
+from aotforge.targets.tvm.schedules.reduction import FullReduction, RowReduction
 
 RULE_ATTR = "aotforge.schedule_rule"
 

@@ -4,9 +4,9 @@ The ONNX importer turns ``MatMulInteger(a_u8, w_s8, za, wz)`` (what ``int8-dynam
 into ``matmul(astype(a, i32) - astype(za, i32), astype(w, i32) [- wz], out_dtype=i32)``: an
 int32 GEMM, slower than fp32. Where the weight is a constant with zero (or no) zero points
 and the activation is uint8 with a scalar zero point, the call becomes
-``targets.tvm_schedules.vnni_dense`` on the weight packed at compile time. Everything else
+``targets.tvm.kernels.vnni_dense`` on the weight packed at compile time. Everything else
 is left alone and counted, with the reason, in the report. QDQ convolutions (static ``int8``)
-go through ``targets.tvm_int8_conv``.
+go through ``targets.tvm.rewrites.int8_conv``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from aotforge.targets.tvm_relax import op_name, relax_functions, rewrite_functions
+from aotforge.targets.tvm.relax_util import op_name, relax_functions, rewrite_functions
 
 
 def _static_shape(expr: Any) -> list[int] | None:
@@ -63,8 +63,8 @@ def rewrite_integer_ops(mod: Any) -> tuple[Any, dict[str, Any] | None]:
     from tvm import relax
     from tvm.relax import PyExprMutator, expr_functor
 
-    from aotforge.targets import tvm_int8_conv as conv
-    from aotforge.targets.tvm_schedules import vnni_conv, vnni_dense
+    from aotforge.targets.tvm.kernels import vnni_conv, vnni_dense
+    from aotforge.targets.tvm.rewrites import int8_conv as conv
 
     skipped: Counter[str] = Counter()
     rewritten: Counter[str] = Counter()

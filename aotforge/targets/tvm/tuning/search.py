@@ -1,4 +1,4 @@
-"""Running MetaSchedule on a small host for ``targets.tvm_tuning``: building, timing, searching.
+"""Running MetaSchedule on a small host for ``targets.tvm.tuning.tune``: building, timing, searching.
 
 Candidates are built in this process: the stock ``LocalBuilder`` starts a fresh worker for every
 batch, and each worker spends ~30 s importing TVM's tensor intrinsics (measured on a 2-core host:
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aotforge.core.errors import CompileError
-from aotforge.targets.tvm_tuning_store import DEFAULT_FAILED, Entry
+from aotforge.targets.tvm.tuning.store import DEFAULT_FAILED, Entry
 
 
 def _budget_callback(deadline: float | None) -> Any:
@@ -149,7 +149,7 @@ def default_secs(task_mod: Any, target: Any, builder: Any, runner: Any) -> float
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from aotforge.targets.tvm_schedules import apply_default_schedules
+    from aotforge.targets.tvm.schedules import apply_default_schedules
 
     # On a copy: the default rules' pass has been seen to schedule the task's own module in place,
     # which the search (and the workload the store keeps) must never see.

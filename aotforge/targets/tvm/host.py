@@ -22,6 +22,13 @@ _ISA = re.compile(
 )
 
 
+def host_cpu() -> str:
+    """The LLVM name of this host's CPU (``"skylake-avx512"``), what ``mcpu`` defaults to."""
+    import tvm
+
+    return str(tvm.get_global_func("target.llvm_get_system_cpu")())
+
+
 def isa_features(target: Mapping[str, Any]) -> list[str]:
     """The instruction-set extensions LLVM enables for a ``{"kind": "llvm", "mcpu", "mtriple"}`` target."""
     import tvm
@@ -55,8 +62,6 @@ def _major_minor(version: str) -> tuple[int, ...]:
 def check_tvm_host(manifest: Any) -> None:
     """Raise :class:`HostMismatchError` when this host cannot run ``manifest``'s lib.so."""
     import tvm
-
-    from aotforge.targets.tvm_target import host_cpu
 
     built = manifest.target["info"]["target"]
     name = f"{manifest.name} v{manifest.version}"

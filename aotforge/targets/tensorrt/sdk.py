@@ -1,6 +1,6 @@
 """Every call into the ``tensorrt`` Python API, kept in one thin module (TensorRT 10 and 11).
 
-Nothing here runs without TensorRT and a GPU; :mod:`targets.tensorrt_target` decides what to
+Nothing here runs without TensorRT and a GPU; :mod:`targets.tensorrt.target` decides what to
 build and checks compatibility before anything in this module is called. Device buffers are
 torch CUDA tensors: the thinnest way to own GPU memory from Python that a serving host with a
 CUDA torch already has.
@@ -15,15 +15,13 @@ import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from aotforge.core.errors import ArtifactError, CompileError, InputSpecError
 from aotforge.targets.base import ProbeResult
-
-if TYPE_CHECKING:
-    from aotforge.targets.tensorrt_target import TrtBuildPlan
+from aotforge.targets.tensorrt.plan import TrtBuildPlan
 
 _HW_LEVELS = {
     "none": "NONE",

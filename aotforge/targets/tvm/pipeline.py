@@ -5,55 +5,28 @@ executable and a report of what the pipeline did (recorded in the manifest).
 
 Stages (all inside ``with target:``):
 
-0. bf16 graphs: NaN / Inf tests, matmul sums and transcendentals on fp32 (``targets.tvm_bf16``);
+0. bf16 graphs: NaN / Inf tests, matmul sums and transcendentals on fp32 (``targets.tvm.rewrites.bf16``);
 1. fast math (optional): ``exp`` / ``erf`` / ``tanh`` / softmax / GELU -> TVM's fast
    polynomial versions (~5e-6 max abs error), so vectorized loops do not call scalar libm;
 2. integer matmuls (``int8-dynamic``) and QDQ convolutions (``int8``) with constant int8 weights
-   -> AVX-512 VNNI kernels (``targets.tvm_int8``) where the target has VNNI; the report
+   -> AVX-512 VNNI kernels (``targets.tvm.rewrites.int8``) where the target has VNNI; the report
    (``int8_vnni``) says which and why not;
 3. the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
 4. tuned schedules (optional): MetaSchedule records from the shared tuning store, searched
-   first for workloads it lacks (``targets.tvm_tuning``), applied where they beat the default;
-5. default schedules without search (``targets.tvm_schedules``: GEMV, register-tiled
+   first for workloads it lacks (``targets.tvm.tuning.tune``), applied where they beat the default;
+5. default schedules without search (``targets.tvm.schedules``: GEMV, register-tiled
    matmul/conv, reductions, injective ops) for the rest; what no rule matched is reported;
 6. the CPU backend's dataflow lowering + finalization passes, then ``tvm.compile``.
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
-from aotforge.targets.tvm_relax import any_call, op_name, rewrite_functions
+from aotforge.targets.tvm.relax_util import any_call, op_name
 
 if TYPE_CHECKING:
-    from aotforge.targets.tvm_tuning import TuneSettings
-
-
-def _fast_gelu_pass() -> Any:
-    """``relax.nn.gelu`` -> ``0.5 x (1 + fast_erf(x / sqrt 2))`` (FastMathTransform misses GELU)."""
-    import tvm
-    from tvm import topi
-    from tvm.relax import PyExprMutator, expr_functor
-
-    def gelu(x: Any) -> Any:
-        half = tvm.tirx.const(0.5, x.dtype)
-        scaled = topi.multiply(x, tvm.tirx.const(1.0 / math.sqrt(2.0), x.dtype))
-        return topi.multiply(topi.multiply(x, half), topi.add(topi.fast_erf(scaled), tvm.tirx.const(1.0, x.dtype)))
-
-    @expr_functor.mutator
-    class _Mutator(PyExprMutator):  # type: ignore[misc]
-        def visit_call_(self, call: Any) -> Any:
-            call = super().visit_call_(call)
-            if op_name(call) == "relax.nn.gelu" and str(getattr(call.args[0].ty, "dtype", "")) == "float32":
-                return self.builder_.call_te(gelu, call.args[0], primfunc_name_hint="fast_gelu")
-            return call
-
-    @tvm.transform.module_pass(opt_level=0, name="FastGelu")
-    def _pass(mod: Any, _ctx: Any) -> Any:
-        return rewrite_functions(_Mutator, mod)
-
-    return _pass
+    from aotforge.targets.tvm.tuning.tune import TuneSettings
 
 
 def _has_conv2d(mod: Any) -> bool:
@@ -64,7 +37,7 @@ def _integer_ops(mod: Any, target: Any) -> tuple[Any, dict[str, Any] | None]:
     """The VNNI rewrite where it applies; ``None`` (nothing to report) for float-only graphs."""
     from tvm.target.codegen import target_has_features
 
-    from aotforge.targets.tvm_int8 import count_integer_ops, rewrite_integer_ops
+    from aotforge.targets.tvm.rewrites.int8 import count_integer_ops, rewrite_integer_ops
 
     if target_has_features("avx512vnni", target):
         return rewrite_integer_ops(mod)
@@ -104,14 +77,15 @@ def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: T
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
-    from aotforge.targets.tvm_bf16 import rewrite_bf16
-    from aotforge.targets.tvm_schedules import apply_default_schedules
+    from aotforge.targets.tvm.rewrites.bf16 import rewrite_bf16
+    from aotforge.targets.tvm.rewrites.fast_gelu import fast_gelu_pass
+    from aotforge.targets.tvm.schedules import apply_default_schedules
 
     with target:
         # First: fast math below is fp32-only, and a FoldConstant of a bf16 isnan would compile it.
         mod, bf16 = rewrite_bf16(mod)  # what TIR lacks for bf16: isnan, in-place sums, fast erf / exp
         if fast_math:
-            mod = _fast_gelu_pass()(mod)
+            mod = fast_gelu_pass()(mod)
             mod = relax.transform.FastMathTransform()(mod)
         # Before NHWC: QDQ convolutions become VNNI kernels that are channels-last themselves.
         mod, int8 = _integer_ops(mod, target)
@@ -123,7 +97,7 @@ def _build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: T
         mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
         tuned = None
         if tuning is not None:
-            from aotforge.targets.tvm_tuning import apply_tuned, tune_module
+            from aotforge.targets.tvm.tuning.tune import apply_tuned, tune_module
 
             database, tuned = tune_module(mod, target, tuning)
             mod, tuned["from_database"] = apply_tuned(mod, database)

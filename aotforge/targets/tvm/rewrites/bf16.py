@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from aotforge.targets.tvm_relax import op_name, rewrite_functions
+from aotforge.targets.tvm.relax_util import op_name, rewrite_functions
 
 _CHECKS = frozenset({"relax.isnan", "relax.isinf", "relax.isfinite"})
 _TRANSCENDENTAL = frozenset(

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from tvm import s_tir, te
 
-from aotforge.targets.tvm_schedules.vnni_dense import (
+from aotforge.targets.tvm.kernels.vnni_dense import (
     GROUP,
     LANES,
     TILE_M,

@@ -2,7 +2,7 @@
 
 Everything here is plain Python and runs on any host: options, optimization profiles from the
 input spec, builder flags from the passes that ran, the engine/host compatibility check and the
-probe. Every ``tensorrt`` call lives in :mod:`targets.trt_sdk`, imported only when building or
+probe. Every ``tensorrt`` call lives in :mod:`targets.tensorrt.sdk`, imported only when building or
 loading. Networks are built strongly typed (the only mode TensorRT 11 has), so precision comes
 from the IR the passes wrote (fp16 casts, explicit Q/DQ), never from builder flags.
 """
@@ -29,7 +29,8 @@ from aotforge.core.errors import (
 )
 from aotforge.core.spec import DEFAULT_DIM_SIZE, IOSpec
 from aotforge.targets.base import BuildContext, CompileResult, ProbeResult, Runner
-from aotforge.targets.trt_sdk import probe_host, query_gpu
+from aotforge.targets.tensorrt.plan import Profile, TrtBuildPlan
+from aotforge.targets.tensorrt.sdk import probe_host, query_gpu
 
 ENGINE_FILE = "model.engine"
 LAYER_REPORT = "layers.json"
@@ -71,30 +72,6 @@ class TensorRTOptions:
             )
         if self.workspace_mb <= 0:
             raise OptionsError(f"tensorrt workspace_mb must be positive, got {self.workspace_mb}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Profile:
-    """One input's shape range in the engine's single optimization profile."""
-
-    input: str
-    min: tuple[int, ...]
-    opt: tuple[int, ...]
-    max: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class TrtBuildPlan:
-    """Everything the builder is told, decided before any GPU work (and what a bundle carries)."""
-
-    profiles: tuple[Profile, ...]
-    flags: tuple[str, ...]
-    workspace_bytes: int
-    optimization_level: int
-    hardware_compatibility: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def plan_profiles(io: IOSpec) -> tuple[Profile, ...]:
@@ -245,16 +222,16 @@ class TensorRTTarget:
         return plan
 
     def compile(self, model: ir.Model, options: TensorRTOptions, ctx: BuildContext, workdir: Path) -> CompileResult:
-        from aotforge.targets import trt_sdk
+        from aotforge.targets.tensorrt import sdk
 
         self.plan(model, options, ctx)
         _require(probe_host())
         plan = build_plan(options, ctx)
         cache_path = Path(options.timing_cache) if options.timing_cache else None
         cache = cache_path.read_bytes() if cache_path and cache_path.exists() else b""
-        built = trt_sdk.build_engine(prepare_onnx(model, workdir), plan, cache)
+        built = sdk.build_engine(prepare_onnx(model, workdir), plan, cache)
         (workdir / ENGINE_FILE).write_bytes(built.engine)
-        report = trt_sdk.summarize_layers(built.layers_json, sparse_requested="SPARSE_WEIGHTS" in plan.flags)
+        report = sdk.summarize_layers(built.layers_json, sparse_requested="SPARSE_WEIGHTS" in plan.flags)
         (workdir / LAYER_REPORT).write_text(json.dumps(report, sort_keys=True, indent=2) + "\n")
         if cache_path:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
@@ -275,14 +252,14 @@ class TensorRTTarget:
         return CompileResult(files=(ENGINE_FILE, LAYER_REPORT), target_info=info, toolchain={"tensorrt": built.version})
 
     def load(self, artifact_dir: Path, manifest: Mapping[str, Any]) -> Runner:
-        from aotforge.targets import trt_sdk
+        from aotforge.targets.tensorrt import sdk
 
         _require(probe_host())
         info = manifest["target"]["info"]
         gpu = query_gpu() or {}
-        check_engine_compat(info, trt_sdk.version(), gpu.get("compute_capability", ""))
+        check_engine_compat(info, sdk.version(), gpu.get("compute_capability", ""))
         engine = (artifact_dir / ENGINE_FILE).read_bytes()
-        return trt_sdk.TrtRunner(engine, allow_host_code=bool(info.get("version_compatible")))
+        return sdk.TrtRunner(engine, allow_host_code=bool(info.get("version_compatible")))
 
 
 def check_engine_compat(built: Mapping[str, Any], host_version: str, host_cc: str) -> None:

@@ -3,7 +3,7 @@
 The host CPU is detected; ``mcpu`` / ``mtriple`` cross-compile for another CPU and are
 recorded. Shapes are bound to each dim's ``opt`` size by default because the CPU schedules
 need static shapes; ``dynamic=true`` keeps named dims symbolic. ``tune_trials`` / ``tune_minutes``
-turn on a MetaSchedule search (``targets.tvm_tuning``) whose results are kept in the build cache
+turn on a MetaSchedule search (``targets.tvm.tuning.tune``) whose results are kept in the build cache
 (``<--cache-dir>/tvm-tuning``) or in ``tuning_db``, and re-used by every later build there.
 """
 
@@ -30,6 +30,7 @@ from aotforge.core.errors import (
     describe,
 )
 from aotforge.targets.base import Arrays, BuildContext, CompileResult, ProbeResult, refuse_contrib_ops
+from aotforge.targets.tvm.host import check_tvm_host, host_cpu, isa_features
 
 LIBRARY = "lib.so"
 
@@ -45,7 +46,7 @@ class TvmOptions:
     dynamic: bool = False
     #: C compiler for a cross build (e.g. ``aarch64-linux-gnu-gcc``); empty: the host's gcc.
     cc: str = ""
-    #: MetaSchedule trials in total (0: no search, default schedules only); see targets.tvm_tuning.
+    #: MetaSchedule trials in total (0: no search, default schedules only); see targets.tvm.tuning.tune.
     tune_trials: int = 0
     #: Wall-clock cap on the search in minutes (0: none); alone, only the clock ends the search.
     tune_minutes: float = 0.0
@@ -102,8 +103,7 @@ class TvmTarget:
         import tvm
         from tvm.relax.frontend.onnx import from_onnx
 
-        from aotforge.targets.tvm_host import isa_features
-        from aotforge.targets.tvm_pipeline import compile_relax
+        from aotforge.targets.tvm.pipeline import compile_relax
 
         sizes = ctx.io.bound_sizes("opt")
         shapes = {s.name: list(s.shape if options.dynamic else s.bind(sizes)) for s in ctx.io.inputs}
@@ -153,8 +153,6 @@ class TvmTarget:
 
     def check_host(self, manifest: Any) -> None:
         """Refuse a lib.so from another tvm major.minor, or compiled for CPU features this host lacks."""
-        from aotforge.targets.tvm_host import check_tvm_host
-
         check_tvm_host(manifest)
 
 
@@ -212,7 +210,7 @@ def _check_tunable(options: TvmOptions) -> None:
 def _tune_settings(options: TvmOptions, work_dir: Path) -> Any:
     if not options.tuning:
         return None
-    from aotforge.targets.tvm_tuning import TuneSettings
+    from aotforge.targets.tvm.tuning.tune import TuneSettings
 
     return TuneSettings(
         trials=options.tune_trials,  # 0 with tune_minutes: the clock only (TuneSettings)
@@ -220,12 +218,6 @@ def _tune_settings(options: TvmOptions, work_dir: Path) -> Any:
         work_dir=work_dir,
         store_dir=Path(options.tuning_db) if options.tuning_db else None,
     )
-
-
-def host_cpu() -> str:
-    import tvm
-
-    return str(tvm.get_global_func("target.llvm_get_system_cpu")())
 
 
 def target_dict(options: TvmOptions) -> dict[str, Any]:

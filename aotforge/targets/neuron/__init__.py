@@ -1,0 +1,1 @@
+"""The ``neuron`` backend (AWS Inferentia / Trainium): ``target`` (plain Python), ``sdk`` (every torch-neuronx call)."""
