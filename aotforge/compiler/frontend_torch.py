@@ -15,7 +15,7 @@ import importlib
 import importlib.util
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 
 from aotforge.compiler.source import Arrays, SourceModel, numpy_dtype, spec_shape, vocab_ranges
+from aotforge.compiler.torch_binding import BoundInputs, bind_inputs, positional_module
+from aotforge.compiler.torch_binding import output_names as torch_output_names
 from aotforge.core.errors import InputSpecError, ModelLoadError, UnsupportedModelError, describe
 from aotforge.core.spec import DEFAULT_DIM_SIZE, DimRange, IOSpec, TensorSpec
 
@@ -55,7 +57,7 @@ def load_torch_file(ref: str, dims: tuple[DimRange, ...], ranges: Mapping[str, t
 
 def load_torch_module(
     model: Any,
-    example_inputs: Mapping[str, Any],
+    example_inputs: Mapping[str, Any] | Sequence[Any],
     *,
     name: str,
     dims: tuple[DimRange, ...] = (),
@@ -64,50 +66,46 @@ def load_torch_module(
     ranges: Mapping[str, tuple[float, float]] | None = None,
     source_bytes: bytes = b"",
 ) -> SourceModel:
-    """Export an ``nn.Module`` with named example inputs into the IR."""
+    """Export an ``nn.Module`` with example inputs (bound to ``forward`` by name) into the IR."""
     import torch
 
     model = model.eval()
+    bound = bind_inputs(model, example_inputs)
+    tensors = bound.tensors
     declared = {d.name: d for d in dims}
     axes = {k: dict(v) for k, v in (dynamic_axes or {}).items()}
-    _check_axes(axes, example_inputs)
+    _check_axes(axes, tensors)
     shapes = {
         arg: {
             axis: torch.export.Dim(dim, min=_range(declared, dim).min, max=_range(declared, dim).max)
-            for axis, dim in ax.items()
+            for axis, dim in axes.get(arg, {}).items()
         }
-        for arg, ax in axes.items()
+        or None
+        for arg in tensors
     }
-    args = tuple(example_inputs.values())
+    args = tuple(tensors.values())
+    # forward(*tensors): torch.export takes the shapes of a *args parameter under its name.
+    dynamic_shapes = {"tensors": tuple(shapes.values())} if axes else None
     try:
         with torch.no_grad():
-            program = torch.export.export(model, args, dynamic_shapes=shapes or None)
-            onnx_program = torch.onnx.export(
-                program,
-                args,
-                dynamo=True,
-                verbose=False,
-                input_names=list(example_inputs),
-                output_names=output_names or None,
-            )
+            program = torch.export.export(positional_module(model, bound), args, dynamic_shapes=dynamic_shapes)
+            onnx_program = torch.onnx.export(program, args, dynamo=True, verbose=False, input_names=list(tensors))
     except Exception as e:
         raise UnsupportedModelError(f"torch.export / ONNX export of {name} failed: {describe(e)}") from e
     if onnx_program is None:
         raise UnsupportedModelError(f"torch.onnx.export of {name} returned no program")
     ir_model = onnx_program.model
     _rename_symbols(ir_model, axes)
-    # The exporter may reuse an output's name for an internal value (e.g. "embedding" on a
-    # BERT Gather), which breaks SSA; rename the internal one, graph outputs keep theirs.
-    common.NameFixPass()(ir_model)
-    io = _io_spec(ir_model, example_inputs, ranges or {})
+    _name_outputs(ir_model, torch_output_names(program.call_spec.out_spec, output_names), name)
+    io = _io_spec(ir_model, tensors, ranges or {})
     return SourceModel(
         ir=ir_model,
         io=io,
         name=name,
         format="torch",
         sha256=_torch_sha256(model, source_bytes),
-        reference=_eager_reference(model, list(example_inputs), [o.name for o in io.outputs]),
-        example_inputs={k: v.detach().numpy() for k, v in example_inputs.items()},
+        reference=_eager_reference(model, bound, [o.name for o in io.outputs]),
+        example_inputs={k: v.detach().numpy() for k, v in tensors.items()},
         torch_program=program,
     )
 
@@ -165,13 +163,40 @@ def _example_range(tensor: Any) -> tuple[float, float] | None:
     return float(tensor.min()), float(tensor.max()) + 1.0
 
 
-def _eager_reference(model: Any, arg_names: list[str], output_names: list[str]) -> Any:
+def _name_outputs(model: ir.Model, names: list[str], model_name: str) -> None:
+    """Give the graph outputs the model's own names.
+
+    An output that is also an input, a constant or an earlier output gets its own Identity, so
+    each name is one value. The exporter may have used a wanted name for an internal value (e.g.
+    "embedding" for a BERT Gather); NameFixPass keeps the outputs' names and renames that one.
+    """
+    graph = model.graph
+    if len(names) != len(graph.outputs):
+        raise UnsupportedModelError(
+            f"{model_name} returns {len(names)} tensors but its ONNX export has {len(graph.outputs)} outputs: "
+            "return only tensors (a ModelOutput, dict, tuple or one tensor)"
+        )
+    claimed: set[int] = set()
+    for i, name in enumerate(names):
+        value = graph.outputs[i]
+        if id(value) in claimed or value.is_graph_input() or value.producer() is None:
+            node = ir.node("Identity", [value])
+            graph.append(node)
+            node.outputs[0].dtype, node.outputs[0].shape = value.dtype, value.shape
+            value = graph.outputs[i] = node.outputs[0]
+        claimed.add(id(value))
+        value.name = name
+    common.NameFixPass()(model)
+
+
+def _eager_reference(model: Any, bound: BoundInputs, output_names: list[str]) -> Any:
     import torch
     import torch.utils._pytree as pytree
 
     def run(inputs: Arrays) -> Arrays:
+        tensors = {n: torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in bound.tensors}
         with torch.no_grad():
-            out = model(*(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in arg_names))
+            out = bound.call(model, tensors)
         leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         return {n: t.detach().numpy() for n, t in zip(output_names, leaves, strict=True)}
 
