@@ -180,10 +180,9 @@ def _name_outputs(model: ir.Model, names: list[str], model_name: str) -> None:
     for i, name in enumerate(names):
         value = graph.outputs[i]
         if id(value) in claimed or value.is_graph_input() or value.producer() is None:
-            node = ir.node("Identity", [value])
-            graph.append(node)
-            node.outputs[0].dtype, node.outputs[0].shape = value.dtype, value.shape
-            value = graph.outputs[i] = node.outputs[0]
+            copy = ir.Value(type=value.type, shape=value.shape)
+            graph.append(ir.node("Identity", [value], outputs=[copy]))
+            value = graph.outputs[i] = copy
         claimed.add(id(value))
         value.name = name
     common.NameFixPass()(model)
