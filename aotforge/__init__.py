@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aotforge.artifacts.loader import LoadedArtifact, load
+    from aotforge.compiler.api import build
     from aotforge.compiler.build_result import BuildResult
-    from aotforge.compiler.builder import build
     from aotforge.compiler.options import BuildOptions
     from aotforge.core.errors import AotforgeError
 
@@ -28,7 +28,7 @@ __all__ = ["AotforgeError", "BuildOptions", "BuildResult", "LoadedArtifact", "bu
 
 #: Public name -> the module that defines it.
 _API = {
-    "build": "aotforge.compiler.builder",
+    "build": "aotforge.compiler.api",
     "BuildResult": "aotforge.compiler.build_result",
     "BuildOptions": "aotforge.compiler.options",
     "AotforgeError": "aotforge.core.errors",

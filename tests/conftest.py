@@ -9,8 +9,8 @@ from typing import Any
 import onnx
 import pytest
 
+from aotforge.compiler.api import BuildResult, build
 from aotforge.compiler.benchmark import BenchOptions
-from aotforge.compiler.builder import BuildResult, build
 from aotforge.targets import get_target
 
 warnings.filterwarnings("ignore")

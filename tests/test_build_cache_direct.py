@@ -14,8 +14,7 @@ import numpy as np
 from aotforge.artifacts import build_cache, build_cache_direct
 from aotforge.artifacts.manifest import MANIFEST
 from aotforge.compiler import read_tracker
-from aotforge.compiler.build_direct import build_cached
-from aotforge.compiler.builder import build
+from aotforge.compiler.api import build
 from aotforge.compiler.options import BuildOptions
 
 #: Light options. ``passes`` is given, as the CLI always does (its default comes from ``passes``).
@@ -161,7 +160,7 @@ def test_explain_skips_direct_and_an_unreadable_direct_entry_is_a_miss(tmp_path:
     model, cache = _model(tmp_path), tmp_path / "cache"
     first = _build(model, tmp_path / "a", cache)
     opts = BuildOptions.from_dict({**OPTIONS, "out": tmp_path / "b", "cache_dir": cache})
-    result = build_cached(str(model), opts, direct=False)
+    result = build(str(model), opts, direct_lookup=False)
     cache_record = result.manifest.build["cache"]
     assert cache_record["hit"] is True and cache_record["key"] == first["build"]["cache"]["key"]
     assert cache_record["direct"].startswith("lookup skipped")

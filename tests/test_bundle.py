@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from aotforge.artifacts.hashing import require_intact
 from aotforge.artifacts.manifest import read_manifest
-from aotforge.compiler.builder import build
+from aotforge.compiler.api import build
 from aotforge.compiler.bundle import BUNDLE_JSON, VALIDATION_NPZ, finish, read_bundle
 from aotforge.compiler.cli import main
 from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError
@@ -68,7 +68,7 @@ def test_finish_on_onnxruntime_compiles_validates_benchmarks_and_stores(fp16_bun
     result = finish(fp16_bundle, tmp_path, target_name="onnxruntime")
     m = read_manifest(result.path)
     require_intact(result.path, m)
-    assert m.target["name"] == "onnxruntime" and m.version == 1
+    assert m.target.name == "onnxruntime" and m.version == 1
     assert m.validation["passed"] and "stored in the bundle" in m.validation["reference"]
     assert 0 < m.validation["metrics"]["logits"]["rel_l2"] <= 1e-2  # fp16 changed numerics, within budget
     assert m.benchmark is not None and m.benchmark["runs"] >= 1

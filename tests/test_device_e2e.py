@@ -58,7 +58,7 @@ def test_tensorrt_builds_validates_and_benchmarks(model: str, passes: tuple[str,
         target_options={"timing_cache": str(tmp_path / "cache" / "timing.bin")},
     )
     _check(result.path, tolerance)
-    info = result.manifest.target["info"]
+    info = result.manifest.target.info
     assert info["tensorrt_version"] and info["gpu_name"] and info["compute_capability"]
     assert info["timing_cache_sha256"] and info["layers"]["layer_count"] > 0
     if "fp16" in passes:
@@ -72,7 +72,7 @@ def test_tensorrt_sparse_build_reports_sparse_tactics_or_says_it_gained_nothing(
     result = quick_build(
         str(EXAMPLES / file), tmp_path, target="tensorrt", passes=("O1", "sparsity24"), dynamic=dims, tolerance=1.0
     )
-    layers = result.manifest.target["info"]["layers"]
+    layers = result.manifest.target.info["layers"]
     assert layers["sparse_layers"] or "gained nothing" in layers["note"]
 
 
@@ -92,7 +92,7 @@ def test_tensorrt_bundle_round_trip_on_the_gpu(tmp_path: Path) -> None:
     )
     result = finish(prepared.path, tmp_path / "art", cache_dir=tmp_path / "cache")
     _check(result.path, 1e-2)
-    assert result.manifest.target["name"] == "tensorrt" and result.manifest.target["info"]["timing_cache_sha256"]
+    assert result.manifest.target.name == "tensorrt" and result.manifest.target.info["timing_cache_sha256"]
 
 
 @pytest.mark.neuron
@@ -111,5 +111,5 @@ def test_neuron_builds_validates_and_benchmarks(model: str, tmp_path: Path) -> N
         target_options={"pad_dims": "batch"},
     )
     _check(result.path, 1e-2)
-    info = result.manifest.target["info"]
+    info = result.manifest.target.info
     assert info["neuronx_cc_version"] and info["torch_neuronx_version"] and info["instance_family"]

@@ -22,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError, UnsupportedModelError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
+from aotforge.core.target_record import TargetRecord
 from aotforge.targets import get_target
 from aotforge.targets.base import BuildContext
 from aotforge.targets.neuron import sdk as neuron_sdk
@@ -206,7 +207,7 @@ def test_compile_and_load_call_shape_with_a_stand_in_for_torch_neuronx(
     assert result.files == ("model.batch2.neuron.pt", "model.batch8.neuron.pt")
     info = json.loads(json.dumps(result.target_info, sort_keys=True))  # as the manifest stores it
     assert info["sparsity_masked_params"] == ["fc.weight"] and info["instance_family"] == "inf2"
-    runner = target.load(tmp_path, {"target": {"info": info}, "io": ROWS.to_dict()})
+    runner = target.load(tmp_path, TargetRecord("neuron", info=info), ROWS)
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     masked = neuron_sdk.module_of(program)
     neuron_sdk.carry_sparsity_masks(masked, _sparse_ir())
@@ -223,7 +224,7 @@ def test_end_to_end_on_a_neuron_device(tmp_path: Path) -> None:
     ctx = BuildContext(io=ROWS, source_format="torch", torch_program=program)
     result = target.compile(_sparse_ir(), NeuronOptions(pad_dims=("batch",)), ctx, tmp_path)
     assert result.target_info["neuronx_cc_version"] and result.target_info["torch_neuronx_version"]
-    runner = target.load(tmp_path, {"target": {"info": dict(result.target_info)}, "io": ROWS.to_dict()})
+    runner = target.load(tmp_path, TargetRecord("neuron", info=dict(result.target_info)), ROWS)
     for batch in (1, 2, 5, 8):
         x = np.random.default_rng(batch).standard_normal((batch, 8)).astype(np.float32)
         expected = program.module()(torch.from_numpy(x)).detach().numpy()

@@ -97,7 +97,7 @@ def test_cli_flags_override_the_recipe(tmp_path: Path) -> None:
 
     manifest = read_manifest(Path(proc.stdout.strip().splitlines()[-1]))
     passes = {p["name"]: p for p in manifest.passes}
-    assert manifest.target["name"] == "onnxruntime"
+    assert manifest.target.name == "onnxruntime"
     assert passes["int8"]["params"]["method"] == "percentile" and passes["int8"]["params"]["samples"] == 4
     assert passes["int8"]["params"]["min_cosine"] == 0.9
 

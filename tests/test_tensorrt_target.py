@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from aotforge.core.errors import ArtifactError, InputSpecError, OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
+from aotforge.core.target_record import TargetRecord
 from aotforge.targets import get_target
 from aotforge.targets.base import BuildContext
 from aotforge.targets.tensorrt.sdk import summarize_layers
@@ -240,7 +241,7 @@ def test_end_to_end_engine_builds_loads_and_matches_ort(tmp_path: Path) -> None:
     model, ctx = _qdq_fp16_model(), BuildContext(io=IMAGE)
     result = target.compile(model, TensorRTOptions(timing_cache=str(tmp_path / "cache" / "timing.bin")), ctx, tmp_path)
     assert result.target_info["timing_cache_sha256"] and result.target_info["layers"]["layer_count"] > 0
-    runner = target.load(tmp_path, {"target": {"info": dict(result.target_info)}, "io": IMAGE.to_dict()})
+    runner = target.load(tmp_path, TargetRecord("tensorrt", info=dict(result.target_info)), IMAGE)
     for batch in (1, 4, 16):
         x = np.random.default_rng(batch).standard_normal((batch, 3, 8, 8)).astype(np.float32)
         np.testing.assert_allclose(runner.run({"x": x})["y"], _reference(model, x), rtol=2e-2, atol=2e-2)

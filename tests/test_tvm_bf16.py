@@ -124,7 +124,7 @@ def test_bf16_encoder_builds_on_tvm_and_matches_fp32(tmp_path: Path, seq: int) -
     model = _encoder(tmp_path / "encoder.onnx", seq)
     result = quick_build(str(model), tmp_path / "out", target="tvm", passes=("bf16",), tolerance=0.03)
     manifest = result.manifest
-    report = manifest.target["info"]["pipeline"]["schedules"]["bf16"]
+    report = manifest.target.info["pipeline"]["schedules"]["bf16"]
     assert report == {"checks_in_fp32": 2, "matmuls_fp32_accumulate": 7, "transcendentals_in_fp32": 1}
     bf16 = next(p for p in manifest.passes if p["name"] == "bf16")
     assert bf16["stats"]["kept_fp32"]["ReduceL2"] == 1  # a sum of squares in bf16 is a ~3% norm bias

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("tvm")
 
 from aotforge.artifacts.loader import load  # noqa: E402
-from aotforge.compiler.builder import build  # noqa: E402
+from aotforge.compiler.api import build  # noqa: E402
 
 MODEL = """
 import torch
@@ -65,5 +65,5 @@ def test_symbolic_batch_runs_for_several_sizes(tmp_path: Path) -> None:
         assert got.shape == (batch, 10)
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
     # Symbolic shapes: kernels no static rule can take stay listed, never silently dropped.
-    schedules = result.manifest.target["info"]["pipeline"]["schedules"]
+    schedules = result.manifest.target.info["pipeline"]["schedules"]
     assert schedules["unscheduled"] == len(schedules["unscheduled_funcs"])

@@ -91,7 +91,7 @@ def test_int8_dynamic_matmuls_run_on_vnni_and_match_onnxruntime(tmp_path: Path) 
     from aotforge.artifacts import load
 
     on_tvm, on_ort, x = _run_both(tmp_path)
-    report = on_tvm.manifest.target["info"]["pipeline"]["schedules"]["int8_vnni"]
+    report = on_tvm.manifest.target.info["pipeline"]["schedules"]["int8_vnni"]
     assert report["rewritten"] == 2 and report["kernels"] == 2
     assert report["skipped"] == {"N=10 is not a multiple of 16": 1}
     got = load(on_tvm.path).run({"x": x})
@@ -105,7 +105,7 @@ def test_a_target_without_vnni_keeps_the_generic_integer_matmul(tmp_path: Path) 
     from aotforge.artifacts import load
 
     on_tvm, on_ort, x = _run_both(tmp_path, mcpu="x86-64-v3")
-    report = on_tvm.manifest.target["info"]["pipeline"]["schedules"]["int8_vnni"]
+    report = on_tvm.manifest.target.info["pipeline"]["schedules"]["int8_vnni"]
     assert report == {"rewritten": 0, "skipped": {"target x86-64-v3 has no avx512vnni": 3}}
     got = load(on_tvm.path).run({"x": x})
     expected = ort.InferenceSession(str(on_ort.path / "model.onnx")).run(None, {"x": x})[0]
@@ -148,7 +148,7 @@ def test_static_int8_convolutions_run_on_vnni_and_track_onnxruntime(tmp_path: Pa
     model = str(EXAMPLES / "mini_resnet.py")
     on_tvm = quick_build(model, tmp_path / "tvm", target="tvm", **common)
     on_ort = quick_build(model, tmp_path / "ort", target="onnxruntime", **common)
-    report = on_tvm.manifest.target["info"]["pipeline"]["schedules"]["int8_vnni"]
+    report = on_tvm.manifest.target.info["pipeline"]["schedules"]["int8_vnni"]
     assert report["by_op"]["conv2d"] >= 7 and report["skipped"] == {}
     x = np.random.default_rng(2).standard_normal((1, 3, 32, 32)).astype(np.float32)
     got = next(iter(load(on_tvm.path).run({"image": x}).values()))
@@ -166,7 +166,7 @@ def test_minilm_tvm_int8_recipe_keeps_quality_with_every_projection_on_vnni(
 
     monkeypatch.chdir(ROOT)  # the recipe names its calibration callables relative to the repository root
     result = quick_build(str(EXAMPLES / "minilm.py"), tmp_path, recipe=EXAMPLES / "minilm_int8_tvm.toml")
-    report = result.manifest.target["info"]["pipeline"]["schedules"]["int8_vnni"]
+    report = result.manifest.target.info["pipeline"]["schedules"]["int8_vnni"]
     assert report["by_op"] == {"matmul": 36} and report["skipped"] == {}
     held_out = next(p for p in result.manifest.passes if p["name"] == "int8-dynamic")["stats"]["eval"]
     assert held_out["mean"] >= 0.995 and held_out["min"] >= 0.99

@@ -49,7 +49,7 @@ def test_weight_only_parameters_are_validated() -> None:
 
 
 def test_tvm_refuses_weight_only_at_planning_by_name(tmp_path: Path) -> None:
-    from aotforge.compiler.builder import build
+    from aotforge.compiler.api import build
 
     with pytest.raises(UnsupportedModelError, match="weight-only"):
         build("examples/mini_resnet.py", target="tvm", passes=("O1", "weight-only"), out=tmp_path, bench=False)

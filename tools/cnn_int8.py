@@ -77,7 +77,7 @@ def main() -> None:
     if args.time:
         print(json.dumps({"ms": time_one(args.time, args.size, args.runs)}))
         return
-    from aotforge.compiler.builder import build
+    from aotforge.compiler.api import build
 
     calib = args.work / "calibration"
     shutil.rmtree(args.work, ignore_errors=True)

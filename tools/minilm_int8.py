@@ -60,7 +60,7 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
 
 def build_all(work: Path) -> dict[str, Path]:
     """Each variant's model.ort.onnx; the int8 pass's manifest stats are printed as they come."""
-    from aotforge.compiler.builder import build
+    from aotforge.compiler.api import build
 
     out = work / "artifacts"
     shutil.rmtree(out, ignore_errors=True)

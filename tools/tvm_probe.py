@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def build(model: str, target: str, out: Path, target_options: dict[str, object], dynamic: list[str]) -> Path:
-    from aotforge.compiler.builder import build as aot_build
+    from aotforge.compiler.api import build as aot_build
 
     options = {"intra_op_threads": THREADS} if target == "onnxruntime" else target_options
     result = aot_build(model, target=target, out=out / target, bench=False, target_options=options, dynamic=dynamic)

@@ -57,9 +57,9 @@ def load(path: str | Path, public_key: str | Path | None = None, *, registry: An
     """
     path = pull_cached(str(path), registry) if registry is not None else Path(path)
     manifest = verified_manifest(path, public_key)
-    target = get_target(manifest.target["name"])
+    target = get_target(manifest.target.name)
     check_host(manifest, target)
-    runner = target.load(path, {"target": manifest.target, "io": manifest.io})
+    runner = target.load(path, manifest.target, IOSpec.from_dict(manifest.io))
     return LoadedArtifact(path, manifest, runner)
 
 
@@ -67,20 +67,18 @@ def check_host(manifest: Manifest, target: Target) -> None:
     """Refuse, before the target loads anything, an artifact built for another OS/arch or toolchain.
 
     The generic part reads ``target.info.platform`` (recorded by targets whose files are native
-    code); the target's own ``check_host`` (where it has one) checks versions and CPU features.
+    code); the target's own ``check_host`` checks versions and CPU features.
     """
-    built = manifest.target.get("info", {}).get("platform")
+    built = manifest.target.info.get("platform")
     if built:
         here = {"system": platform.system(), "machine": platform.machine()}
         if (built.get("system"), built.get("machine")) != (here["system"], here["machine"]):
             raise HostMismatchError(
-                f"{manifest.name} v{manifest.version} was built with {manifest.target['name']} for "
+                f"{manifest.name} v{manifest.version} was built with {manifest.target.name} for "
                 f"{built.get('system')}/{built.get('machine')}, this host is {here['system']}/{here['machine']}: "
                 f"rebuild it on or for this host, or run it on a {built.get('system')}/{built.get('machine')} host"
             )
-    own = getattr(target, "check_host", None)
-    if own is not None:
-        own(manifest)
+    target.check_host(manifest)
 
 
 def pull_cached(ref: str, registry: Any) -> Path:

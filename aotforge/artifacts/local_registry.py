@@ -162,7 +162,7 @@ class LocalRegistry:
                 version = int(top) + 1
                 db.execute(
                     "INSERT INTO artifacts VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (manifest.name, version, digest, blob_sha, manifest.target["name"], manifest.version, time.time()),
+                    (manifest.name, version, digest, blob_sha, manifest.target.name, manifest.version, time.time()),
                 )
                 return manifest.name, version
         except sqlite3.Error as e:

@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from aotforge.core.errors import ArtifactError
+from aotforge.core.target_record import TargetRecord
 
+#: 1 since the first artifact. The JSON of ``target`` ({name, options, info}) did not change when
+#: it became a typed :class:`TargetRecord`, so artifacts built before still load.
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 
@@ -20,7 +23,7 @@ class Manifest:
 
     name: str
     version: int
-    target: dict[str, Any]
+    target: TargetRecord
     toolchain: dict[str, str]
     source: dict[str, Any]
     ir: dict[str, Any]
@@ -32,8 +35,12 @@ class Manifest:
     build: dict[str, Any]
     schema_version: int = SCHEMA_VERSION
 
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as plain JSON values (the target record included)."""
+        return dataclasses.asdict(self)
+
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=2) + "\n"
+        return json.dumps(self.to_dict(), sort_keys=True, indent=2) + "\n"
 
     def reproducible_part(self) -> dict[str, Any]:
         """The manifest without ``build`` (timestamps, host, durations)."""
@@ -53,7 +60,7 @@ class Manifest:
         missing = fields - set(data)
         if unknown or missing:
             raise ArtifactError(f"manifest has unknown keys {sorted(unknown)} / lacks {sorted(missing)}: it is corrupt")
-        return cls(**data)
+        return cls(**{**data, "target": TargetRecord.from_dict(data["target"])})
 
 
 def read_manifest(artifact_dir: Path) -> Manifest:

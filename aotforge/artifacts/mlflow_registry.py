@@ -78,7 +78,7 @@ class MlflowRegistry:
         bench, validation = manifest.benchmark or {}, manifest.validation or {}
         tags = {
             "digest": digest,
-            "target": str(manifest.target.get("name")),
+            "target": str(manifest.target.name),
             "toolchain": json.dumps(getattr(manifest, "toolchain", {}), sort_keys=True),
             "validation_passed": str(validation.get("passed")),
             "validation_metrics": json.dumps(validation.get("metrics", {}), sort_keys=True),

@@ -17,6 +17,8 @@ from aotforge.artifacts.manifest import MANIFEST, Manifest
 from aotforge.core.errors import ArtifactError
 
 MODEL_CARD = "MODEL_CARD.md"
+#: The IR the target compiled, in every artifact (and every build cache entry).
+MODEL_FILE = "model.onnx"
 _STAGING_PREFIX = ".staging-"
 
 
@@ -53,7 +55,7 @@ def finalize(stage: Path, manifest: Manifest, final: Path) -> Manifest:
         os.rename(stage, final)
     except OSError as e:
         raise ArtifactError(
-            f"{final} already exists: version {manifest.version} of {manifest.name} for {manifest.target['name']} "
+            f"{final} already exists: version {manifest.version} of {manifest.name} for {manifest.target.name} "
             "was built before; give another --version or leave it out to get the next one"
         ) from e
     return manifest

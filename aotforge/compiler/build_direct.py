@@ -19,12 +19,10 @@ built with ``--cache-dir``, or should read them from a file.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 import json
 import os
 import platform
-import socket
 import sys
 import sysconfig
 import time
@@ -35,22 +33,16 @@ from typing import Any
 from aotforge.artifacts import build_cache, build_cache_direct
 from aotforge.artifacts.hashing import sha256_file
 from aotforge.artifacts.manifest import Manifest
-from aotforge.artifacts.store import artifact_path, finalize, next_version, staging_dir
+from aotforge.artifacts.store import MODEL_FILE, staging_dir
+from aotforge.compiler.build_result import BuildResult
+from aotforge.compiler.build_tail import build_record, place_artifact, store_artifact
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.read_tracker import Reads, tracked
-from aotforge.core.errors import InputSpecError
+from aotforge.core.errors import ArtifactError
 
 Progress = Callable[[str], None]
-MODEL_FILE = "model.onnx"
 #: Options that decide where the artifact goes, not what it holds.
 _UNKEYED = ("out", "name", "version", "cache_dir")
-
-
-@dataclasses.dataclass(frozen=True)
-class BuildResult:
-    path: Path
-    #: For a ``prepare_only`` build, ``path`` is a bundle and this the manifest draft (validation pending).
-    manifest: Manifest
 
 
 @dataclasses.dataclass
@@ -105,10 +97,7 @@ def serve(direct: DirectPlan, opts: BuildOptions, say: Progress) -> BuildResult 
     if not name:
         direct.reason = "direct entry names no artifact"
         return None
-    version = opts.version or next_version(opts.out, name)
-    final = artifact_path(opts.out, name, version, opts.target)
-    if final.exists():
-        raise InputSpecError(f"{final} already exists: give another --version or leave it out to get the next one")
+    place = place_artifact(opts.out, name, opts.version, opts.target)
     with staging_dir(opts.out) as stage:
         hit = build_cache.lookup(opts.cache_dir, entry.key, stage)
         if hit is None or MODEL_FILE not in hit.files:
@@ -122,22 +111,23 @@ def serve(direct: DirectPlan, opts: BuildOptions, say: Progress) -> BuildResult 
             # Same files as the build that stored the entry, so its validation and benchmark stand.
             "reused": f"validation and benchmark of the build at {entry.built_at}",
         }
-        build = {
-            "seconds": round(time.perf_counter() - started, 2),
-            "host": socket.gethostname(),
-            "machine": platform.machine(),
-            "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "cache": cache,
-        }
         try:
-            manifest = Manifest(**{**template, "name": name, "version": version, "files": {}, "build": build})
-        except TypeError:  # written by an aotforge with other manifest fields
+            manifest = Manifest.from_dict(
+                {
+                    **template,
+                    "name": name,
+                    "version": place.version,
+                    "files": {},
+                    "build": build_record(started, cache=cache),
+                }
+            )
+        except ArtifactError:  # written by an aotforge with other manifest fields
             direct.reason = "direct entry's manifest has other fields than this aotforge's"
             return None
         direct.reason = "hit"
         say(f"cache hit (direct) {entry.key[:12]}: skipping the frontend, passes and {opts.target} compile")
-        manifest = finalize(stage, manifest, final)
-    return BuildResult(final, manifest)
+        manifest = store_artifact(stage, manifest, place)
+    return BuildResult(place.final, manifest)
 
 
 def remember(
@@ -228,24 +218,3 @@ def host_fingerprint() -> dict[str, Any]:
         "nvidia": gpu,
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
-
-
-def build_cached(
-    model: Any, opts: BuildOptions, progress: Progress | None = None, *, direct: bool = True
-) -> BuildResult:
-    """The CLI's entry: a direct hit without importing the build path, else the full ``build``.
-
-    ``direct=False`` skips the direct lookup (the IR-level key is then computed and explained);
-    the build still refreshes its direct entry.
-    """
-    say = progress or (lambda _msg: None)
-    planned = plan(model, opts)
-    if planned.key is not None and not direct:
-        planned.reason = "lookup skipped (--explain-cache)"
-    elif planned.key is not None:
-        served = serve(planned, opts, say)
-        if served is not None:
-            return served
-    from aotforge.compiler.builder import build_resolved
-
-    return build_resolved(model, opts, progress=say, direct=planned)

@@ -10,7 +10,6 @@ version and the sha256 of every file. ``finish`` re-checks all of that before an
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 import json
 import os
@@ -20,22 +19,30 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
 
 from aotforge.artifacts.hashing import hash_tree, sha256_file
 from aotforge.artifacts.manifest import Manifest
-from aotforge.artifacts.store import artifact_path, finalize, next_version, staging_dir
-from aotforge.compiler.benchmark import BenchOptions, benchmark
-from aotforge.compiler.numerics import compare_many
-from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError, ValidationFailedError
+from aotforge.artifacts.store import staging_dir
+from aotforge.compiler.benchmark import BenchOptions
+from aotforge.compiler.build_result import BuildResult
+from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact
+from aotforge.compiler.options import BuildOptions
+from aotforge.compiler.toolchain import toolchain_versions
+from aotforge.compiler.validation import validation_plan
+from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import IOSpec
+from aotforge.core.target_record import TargetRecord
 from aotforge.passes import contrib_op_passes
 from aotforge.targets import get_target
-from aotforge.targets.base import Arrays, BuildContext
+from aotforge.targets.base import Arrays, BuildContext, Target
+
+if TYPE_CHECKING:
+    from aotforge.compiler.builder import PlannedBuild
 
 BUNDLE_FORMAT = 1
 BUNDLE_JSON = "bundle.json"
@@ -82,7 +89,6 @@ def write_bundle(draft: BundleDraft, out: Path, toolchain: Mapping[str, str]) ->
         ir.save(draft.model, stage / "model.onnx")
         arrays, index = _validation_arrays(draft.samples, draft.reference)
         np.savez(stage / VALIDATION_NPZ, **arrays)  # type: ignore[arg-type]
-        plan = getattr(target, "bundle_plan", None)
         ctx = BuildContext(
             io=draft.io,
             passes=draft.passes,
@@ -93,7 +99,7 @@ def write_bundle(draft: BundleDraft, out: Path, toolchain: Mapping[str, str]) ->
             "format_version": BUNDLE_FORMAT,
             "target": draft.target,
             "target_options": _jsonable(dataclasses.asdict(draft.target_options)),
-            "plan": plan(draft.model, draft.target_options, ctx) if plan else None,
+            "plan": target.bundle_plan(draft.model, draft.target_options, ctx),
             "io": draft.io.to_dict(),
             "passes": list(draft.passes),
             "validation_index": index,
@@ -146,6 +152,43 @@ def read_bundle(path: Path) -> dict[str, Any]:
     return dict(data)
 
 
+def prepare_bundle(planned: PlannedBuild, opts: BuildOptions, name: str) -> BuildResult:
+    """Write a build bundle for ``aotforge finish`` instead of compiling here; the result holds its draft."""
+    source = planned.source
+    validation = validation_plan(source.format, opts.tolerance, opts.validation_samples, opts.seed, planned.sizes)
+    draft = BundleDraft(
+        model=source.ir,
+        io=planned.ctx.io,
+        name=name,
+        version=opts.version,
+        target=opts.target,
+        target_options=planned.target_options,
+        passes=planned.ctx.passes,
+        source={"format": source.format, "sha256": source.sha256},
+        pass_entries=planned.pass_entries,
+        validation=validation,
+        bench=dataclasses.asdict(opts.bench_options) if opts.bench else None,
+        samples=planned.samples,
+        reference=source.reference,
+    )
+    path = write_bundle(draft, opts.out, toolchain_versions())
+    manifest = Manifest(
+        name=name,
+        version=opts.version or 0,
+        target=TargetRecord(opts.target, dataclasses.asdict(planned.target_options)),
+        toolchain=toolchain_versions(),
+        source=dict(draft.source),
+        ir={"sha256": sha256_file(path / "model.onnx"), "opset": source.ir.opset_imports.get("", 0)},
+        passes=[dict(p) for p in draft.pass_entries],
+        io=planned.ctx.io.to_dict(),
+        validation={**validation, "passed": False, "pending": "aotforge finish"},
+        benchmark=None,
+        files={},
+        build={"bundle": str(path)},
+    )
+    return BuildResult(path, manifest)
+
+
 def finish(
     path: Path,
     out: Path,
@@ -153,10 +196,9 @@ def finish(
     target_name: str | None = None,
     bench: bool | None = None,
     cache_dir: Path | None = None,
-) -> Any:
-    """Compile, validate, benchmark and store a bundle's artifact exactly as ``build`` would."""
-    from aotforge.compiler.builder import BuildResult, toolchain_versions
-
+    progress: Callable[[str], None] | None = None,
+) -> BuildResult:
+    """Compile, validate, benchmark and store a bundle's artifact through the same tail as ``build``."""
     started = time.perf_counter()
     data = read_bundle(path)
     name = target_name or data["target"]
@@ -177,49 +219,39 @@ def finish(
     target.plan(model, target_opts, ctx)
     _check_plan(target, model, target_opts, ctx, data)
     samples, references = _load_validation(path, data["validation_index"])
-    version = draft["version"] or next_version(out, draft["name"])
-    final = artifact_path(out, draft["name"], version, name)
-    if final.exists():
-        raise ArtifactError(f"{final} already exists: remove it, or prepare the bundle with another --version")
+    lookup = {id(s): r for s, r in zip(samples, references, strict=True)}
+    place = place_artifact(out, draft["name"], draft["version"], name)
     with staging_dir(out) as stage:
         for rel in data["files"]:
             if rel != VALIDATION_NPZ:  # the IR and its external data, byte for byte
                 shutil.copy2(path / rel, stage / rel)
-        # Like build(): a target's timing cache (tensorrt) lives in the cache dir when one is given.
-        in_cache = getattr(target, "with_cache_dir", None) if cache_dir is not None else None
-        compiled = target.compile(model, in_cache(target_opts, cache_dir) if in_cache else target_opts, ctx, stage)
-        target_record = {"name": name, "options": dataclasses.asdict(target_opts), "info": dict(compiled.target_info)}
-        runner = target.load(stage, {"target": target_record, "io": io.to_dict()})
-        validation = _validate(runner.run, samples, references, draft["validation"], draft["name"], name)
-        bench_rec = _bench(runner.run, samples[0], data["bench"], bench, draft["validation"]["bound_dims"])
-        manifest = Manifest(
-            name=draft["name"],
-            version=version,
-            target=target_record,
-            toolchain={**toolchain_versions(), **compiled.toolchain},
-            source=draft["source"],
-            ir={"sha256": sha256_file(stage / "model.onnx"), "opset": draft["ir_opset"]},
-            passes=draft["passes"],
-            io=io.to_dict(),
-            validation=validation,
-            benchmark=bench_rec,
-            files={},
-            build={
-                "seconds": round(time.perf_counter() - started, 2),
-                "host": socket.gethostname(),
-                "machine": platform.machine(),
-                "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]},
+        job = TailJob(
+            place=place,
+            model=model,
+            target=target,
+            target_options=target_opts,
+            ctx=ctx,
+            samples=samples,
+            reference=lambda x: lookup[id(x)],
+            validation={
+                **draft["validation"],
+                "reference": f"{draft['validation']['reference']} (outputs stored in the bundle)",
             },
+            bench=_bench_options(data["bench"], bench),
+            batch=int(draft["validation"]["bound_dims"].get("batch", 1)),
+            source=draft["source"],
+            passes=draft["passes"],
+            toolchain=key_toolchain(name, probe),
+            cache_dir=cache_dir,
+            build_extra={"bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]}},
         )
-        manifest = finalize(stage, manifest, final)
-    return BuildResult(final, manifest)
+        manifest = compile_and_store(job, stage, started, progress or (lambda _msg: None))
+    return BuildResult(place.final, manifest)
 
 
-def _check_plan(target: Any, model: ir.Model, opts: Any, ctx: BuildContext, data: Mapping[str, Any]) -> None:
+def _check_plan(target: Target, model: ir.Model, opts: Any, ctx: BuildContext, data: Mapping[str, Any]) -> None:
     # The plan is recomputed from the same inputs; a difference means this aotforge plans otherwise.
-    plan = getattr(target, "bundle_plan", None)
-    if plan is not None and data["target"] == target.name and plan(model, opts, ctx) != data["plan"]:
+    if data["target"] == target.name and target.bundle_plan(model, opts, ctx) != data["plan"]:
         raise ArtifactError(
             f"the {target.name} build plan in the bundle differs from what this aotforge plans for it: "
             "prepare the bundle with the same aotforge version as the device host"
@@ -248,40 +280,11 @@ def _load_validation(path: Path, index: Sequence[Mapping[str, Any]]) -> tuple[li
     return samples, refs
 
 
-def _validate(
-    run: Callable[[Arrays], Arrays],
-    samples: list[Arrays],
-    refs: list[Arrays],
-    plan: Mapping[str, Any],
-    model: str,
-    target: str,
-) -> dict[str, Any]:
-    from aotforge.compiler.builder import _validation_message
-
-    lookup = {id(s): r for s, r in zip(samples, refs, strict=True)}
-    metrics = compare_many(lambda x: lookup[id(x)], run, samples)
-    tolerance = float(plan["tolerance"])
-    if not all(m.rel_l2 <= tolerance for m in metrics.values()):
-        raise ValidationFailedError(_validation_message(model, target, metrics, tolerance))
-    return {
-        **plan,
-        "reference": f"{plan['reference']} (outputs stored in the bundle)",
-        "metrics": {n: dataclasses.asdict(m) for n, m in metrics.items()},
-        "passed": True,
-    }
-
-
-def _bench(
-    run: Callable[[Arrays], Arrays],
-    sample: Arrays,
-    prepared: Mapping[str, Any] | None,
-    override: bool | None,
-    sizes: Mapping[str, int],
-) -> dict[str, Any] | None:
+def _bench_options(prepared: Mapping[str, Any] | None, override: bool | None) -> BenchOptions | None:
+    """The bundle's benchmark settings, unless ``finish --no-bench`` (or ``--bench`` adds the default)."""
     if override is False or (override is None and prepared is None):
         return None
-    options = BenchOptions(**prepared) if prepared else BenchOptions()
-    return dataclasses.asdict(benchmark(run, sample, options, batch=int(sizes.get("batch", 1))))
+    return BenchOptions(**prepared) if prepared else BenchOptions()
 
 
 def _jsonable(value: Any) -> Any:

@@ -1,8 +1,9 @@
-"""The interface every target implements: probe, plan, compile, load.
+"""The contract every target implements: probe, plan, compile, load, and the optional hooks.
 
-A target is one class, in ``targets/<name>/target.py`` (or ``targets/<name>.py`` when one module
-is enough). It never imports its vendor SDK at module import time, so ``import aotforge.targets``
-works on any host.
+A target is one folder (``targets/<name>/``, or one module for a small one) with one class that
+subclasses :class:`Target`. It never imports its vendor SDK at module import time, so
+``import aotforge.targets`` works on any host. ``tests/test_target_contract.py`` holds every
+target to this contract.
 """
 
 from __future__ import annotations
@@ -10,16 +11,28 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
-
-__all__ = ["Arrays", "BuildContext", "CompileResult", "ProbeResult", "Runner", "Target", "options_from_dict"]
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
-import onnx_ir as ir
 
 from aotforge.core.errors import UnsupportedModelError
-from aotforge.core.options import options_from_dict
 from aotforge.core.spec import IOSpec
+from aotforge.core.target_record import TargetRecord
+
+if TYPE_CHECKING:  # onnx_ir costs ~0.8 s to import; a direct cache hit reaches this contract without it
+    import onnx_ir as ir
+
+__all__ = [
+    "Arrays",
+    "BuiltArtifact",
+    "BuildContext",
+    "CompileResult",
+    "ProbeResult",
+    "Runner",
+    "Target",
+    "TargetRecord",
+    "refuse_contrib_ops",
+]
 
 Arrays = dict[str, np.ndarray]
 
@@ -66,20 +79,57 @@ class Runner(Protocol):
     def run(self, inputs: Arrays) -> Arrays: ...
 
 
-class Target(Protocol):
-    """One deployment backend."""
+class BuiltArtifact(Protocol):
+    """What ``check_host`` may read of an artifact's manifest (``artifacts.manifest.Manifest`` is one)."""
 
-    name: str
-    options_type: type
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def target(self) -> TargetRecord: ...
+    @property
+    def toolchain(self) -> dict[str, str]: ...
+    @property
+    def ir(self) -> dict[str, Any]: ...
 
-    def probe(self) -> ProbeResult: ...
+
+class Target:
+    """One deployment backend. Subclasses set ``name`` / ``options_type`` and implement the four
+    required methods; every optional hook has a default that does nothing special."""
+
+    name: ClassVar[str]
+    #: The frozen dataclass of this target's options (``--target-opt key=value``).
+    options_type: ClassVar[type]
+    #: Pass parameter defaults this target needs (TensorRT: signed symmetric Q/DQ); the user's win.
+    pass_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+
+    def probe(self) -> ProbeResult:
+        """Whether this host can compile / run for the target, and if not exactly why."""
+        raise NotImplementedError
 
     def plan(self, model: ir.Model, options: Any, ctx: BuildContext) -> None:
         """Refuse, before any compile work, what this target cannot honour."""
+        raise NotImplementedError
 
-    def compile(self, model: ir.Model, options: Any, ctx: BuildContext, workdir: Path) -> CompileResult: ...
+    def compile(self, model: ir.Model, options: Any, ctx: BuildContext, workdir: Path) -> CompileResult:
+        """Write the target's files into ``workdir`` (which holds the IR as ``model.onnx``)."""
+        raise NotImplementedError
 
-    def load(self, artifact_dir: Path, manifest: Mapping[str, Any]) -> Runner: ...
+    def load(self, artifact_dir: Path, record: TargetRecord, io: IOSpec) -> Runner:
+        """A runner over the artifact's files; ``record`` is what ``compile`` reported, in the manifest."""
+        raise NotImplementedError
+
+    def with_cache_dir(self, options: Any, cache_dir: Path) -> Any:
+        """``options`` with the target's own caches (timing, tuning) placed under the build cache."""
+        return options
+
+    def bundle_plan(self, model: ir.Model, options: Any, ctx: BuildContext) -> dict[str, Any] | None:
+        """What a build bundle records of this target's plan, re-checked when the bundle is finished."""
+        return None
+
+    def check_host(self, artifact: BuiltArtifact) -> None:
+        """Refuse, before loading anything, an artifact this host's toolchain or CPU cannot run."""
 
 
 def refuse_contrib_ops(target: str, model: ir.Model, ctx: BuildContext) -> None:

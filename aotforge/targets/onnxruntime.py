@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,8 @@ from aotforge.core.errors import (
     UnsupportedModelError,
     describe,
 )
-from aotforge.targets.base import Arrays, BuildContext, CompileResult, ProbeResult
+from aotforge.core.spec import IOSpec
+from aotforge.targets.base import Arrays, BuildContext, BuiltArtifact, CompileResult, ProbeResult, Target, TargetRecord
 
 OPTIMIZED_MODEL = "model.ort.onnx"
 SESSION_FILE = "session.json"
@@ -44,7 +44,7 @@ class OrtOptions:
     intra_op_threads: int = 0
 
 
-class OrtTarget:
+class OrtTarget(Target):
     name = "onnxruntime"
     options_type = OrtOptions
 
@@ -104,12 +104,12 @@ class OrtTarget:
             toolchain={"onnxruntime": ort.__version__},
         )
 
-    def load(self, artifact_dir: Path, manifest: Mapping[str, Any]) -> OrtRunner:
+    def load(self, artifact_dir: Path, record: TargetRecord, io: IOSpec) -> OrtRunner:
         settings = json.loads((artifact_dir / SESSION_FILE).read_text())
         settings["providers"] = tuple(settings["providers"])
         return OrtRunner(artifact_dir / OPTIMIZED_MODEL, OrtOptions(**settings))
 
-    def check_host(self, manifest: Any) -> None:
+    def check_host(self, manifest: BuiltArtifact) -> None:
         """Refuse an artifact from a newer onnxruntime or for execution providers this one lacks.
 
         The optimized model may hold ops or an opset only the newer onnxruntime has."""
@@ -121,7 +121,7 @@ class OrtTarget:
                 f"{name} was built with onnxruntime {built} for opset {manifest.ir.get('opset')}, this host has "
                 f"onnxruntime {ort.__version__}: pip install 'onnxruntime>={built}', or rebuild it here"
             )
-        wanted = list(manifest.target.get("options", {}).get("providers", ()))
+        wanted = list(manifest.target.options.get("providers", ()))
         missing = [p for p in wanted if p not in ort.get_available_providers()]
         if missing:
             raise HostMismatchError(

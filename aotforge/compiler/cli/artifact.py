@@ -32,7 +32,7 @@ def inspect(artifact: Path, as_json: bool) -> None:
     from aotforge.artifacts.manifest import read_manifest
 
     manifest = read_manifest(artifact)
-    click.echo(manifest.to_json() if as_json else manifest_summary(manifest.__dict__))
+    click.echo(manifest.to_json() if as_json else manifest_summary(manifest.to_dict()))
 
 
 @click.command()

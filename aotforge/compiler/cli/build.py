@@ -49,9 +49,10 @@ def compile(model: str, **kw: Any) -> None:
     """Compile MODEL (.onnx file, .py model file or module) into an artifact; prints its path last."""
     from rich.console import Console
 
+    from aotforge.compiler.api import build
+
     # Only light modules here: a direct cache hit must not import torch, onnx or the targets.
     from aotforge.compiler.benchmark import BenchOptions
-    from aotforge.compiler.build_direct import build_cached
     from aotforge.compiler.options import BuildOptions
 
     options = BuildOptions.from_dict(
@@ -81,7 +82,7 @@ def compile(model: str, **kw: Any) -> None:
         raise click.BadParameter("--explain-cache needs --cache-dir", param_hint="--explain-cache")
     console = Console(stderr=True)
     with console.status("building") as status:
-        result = build_cached(model, options, progress=status.update, direct=not kw["explain_cache"])
+        result = build(model, options, progress=status.update, direct_lookup=not kw["explain_cache"])
     if options.prepare_only:
         console.print(
             f"bundle for {options.target} written; finish it with: aotforge finish {result.path}",
@@ -91,7 +92,7 @@ def compile(model: str, **kw: Any) -> None:
         click.echo(str(result.path))
         return
     m = result.manifest
-    console.print(manifest_summary(m.__dict__), markup=False, highlight=False)
+    console.print(manifest_summary(m.to_dict()), markup=False, highlight=False)
     if "cache" in m.build:
         console.print(_cache_line(m.build["cache"]), markup=False, highlight=False, soft_wrap=True)
     if kw["sign_key"]:

@@ -22,7 +22,7 @@ import onnx_ir as ir
 
 from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError, UnsupportedModelError
 from aotforge.core.spec import DEFAULT_DIM_SIZE, IOSpec
-from aotforge.targets.base import Arrays, BuildContext, CompileResult, ProbeResult
+from aotforge.targets.base import Arrays, BuildContext, CompileResult, ProbeResult, Target, TargetRecord
 from aotforge.targets.neuron import sdk
 
 #: Precision passes and the ``--auto-cast-type`` each maps to.
@@ -193,7 +193,7 @@ def unpad_outputs(io: IOSpec, outputs: list[np.ndarray], sizes: Mapping[str, int
     return result
 
 
-class NeuronTarget:
+class NeuronTarget(Target):
     name = "neuron"
     options_type = NeuronOptions
 
@@ -232,12 +232,11 @@ class NeuronTarget:
         }
         return CompileResult(files=tuple(b.file for b in buckets), target_info=info, toolchain=versions)
 
-    def load(self, artifact_dir: Path, manifest: Mapping[str, Any]) -> NeuronRunner:
+    def load(self, artifact_dir: Path, record: TargetRecord, io: IOSpec) -> NeuronRunner:
         probe = sdk.probe()
         if not probe.available:
             raise TargetUnavailableError(probe.reason)
-        info = manifest["target"]["info"]
-        io = IOSpec.from_dict(manifest["io"])
+        info = record.info
         buckets = {_bucket(b["sizes"]): artifact_dir / b["file"] for b in info["buckets"]}
         return NeuronRunner(io, buckets, tuple(info.get("pad_dims", ())))
 

@@ -28,7 +28,7 @@ from aotforge.core.errors import (
     UnsupportedModelError,
 )
 from aotforge.core.spec import DEFAULT_DIM_SIZE, IOSpec
-from aotforge.targets.base import BuildContext, CompileResult, ProbeResult, Runner
+from aotforge.targets.base import BuildContext, CompileResult, ProbeResult, Runner, Target, TargetRecord
 from aotforge.targets.tensorrt.plan import Profile, TrtBuildPlan
 from aotforge.targets.tensorrt.sdk import probe_host, query_gpu
 
@@ -193,7 +193,7 @@ def prepare_onnx(model: ir.Model, workdir: Path) -> Path:
     return path
 
 
-class TensorRTTarget:
+class TensorRTTarget(Target):
     name = "tensorrt"
     options_type = TensorRTOptions
     pass_defaults = PASS_DEFAULTS
@@ -251,11 +251,11 @@ class TensorRTTarget:
         }
         return CompileResult(files=(ENGINE_FILE, LAYER_REPORT), target_info=info, toolchain={"tensorrt": built.version})
 
-    def load(self, artifact_dir: Path, manifest: Mapping[str, Any]) -> Runner:
+    def load(self, artifact_dir: Path, record: TargetRecord, io: IOSpec) -> Runner:
         from aotforge.targets.tensorrt import sdk
 
         _require(probe_host())
-        info = manifest["target"]["info"]
+        info = record.info
         gpu = query_gpu() or {}
         check_engine_compat(info, sdk.version(), gpu.get("compute_capability", ""))
         engine = (artifact_dir / ENGINE_FILE).read_bytes()

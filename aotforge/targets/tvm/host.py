@@ -63,7 +63,7 @@ def check_tvm_host(manifest: Any) -> None:
     """Raise :class:`HostMismatchError` when this host cannot run ``manifest``'s lib.so."""
     import tvm
 
-    built = manifest.target["info"]["target"]
+    built = manifest.target.info["target"]
     name = f"{manifest.name} v{manifest.version}"
     built_tvm = str(manifest.toolchain.get("tvm", ""))
     if built_tvm and _major_minor(built_tvm) != _major_minor(tvm.__version__):
@@ -71,7 +71,7 @@ def check_tvm_host(manifest: Any) -> None:
             f"{name} was built with tvm {built_tvm} for {built['mcpu']}, this host has tvm {tvm.__version__}: "
             f"rebuild it here, or install apache-tvm {'.'.join(map(str, _major_minor(built_tvm)))}.*"
         )
-    required = manifest.target["info"].get("cpu_features") or isa_features(built)
+    required = manifest.target.info.get("cpu_features") or isa_features(built)
     here = host_cpu()
     have = {_norm(f) for f in isa_features({"mcpu": here, "mtriple": built["mtriple"]})} | _cpuinfo_flags()
     missing = [f for f in required if _norm(f) not in have]

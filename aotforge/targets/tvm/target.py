@@ -29,7 +29,17 @@ from aotforge.core.errors import (
     UnsupportedModelError,
     describe,
 )
-from aotforge.targets.base import Arrays, BuildContext, CompileResult, ProbeResult, refuse_contrib_ops
+from aotforge.core.spec import IOSpec
+from aotforge.targets.base import (
+    Arrays,
+    BuildContext,
+    BuiltArtifact,
+    CompileResult,
+    ProbeResult,
+    Target,
+    TargetRecord,
+    refuse_contrib_ops,
+)
 from aotforge.targets.tvm.host import check_tvm_host, host_cpu, isa_features
 
 LIBRARY = "lib.so"
@@ -68,7 +78,7 @@ class TvmOptions:
 TUNING_DIR = "tvm-tuning"
 
 
-class TvmTarget:
+class TvmTarget(Target):
     name = "tvm"
     options_type = TvmOptions
 
@@ -141,19 +151,19 @@ class TvmTarget:
         }
         return CompileResult(files=(LIBRARY,), target_info=info, toolchain={"tvm": tvm.__version__})
 
-    def load(self, artifact_dir: Path, manifest: Mapping[str, Any]) -> TvmRunner:
-        built = manifest["target"]["info"]["target"]
+    def load(self, artifact_dir: Path, record: TargetRecord, io: IOSpec) -> TvmRunner:
+        built = record.info["target"]
         arch = built["mtriple"].split("-")[0]
         if arch != platform.machine():
             raise ArtifactError(
                 f"tvm artifact was built for {built['mtriple']}, this host is {platform.machine()}: "
                 "run it on a matching host or rebuild without mtriple"
             )
-        return TvmRunner(artifact_dir / LIBRARY, [o["name"] for o in manifest["io"]["outputs"]])
+        return TvmRunner(artifact_dir / LIBRARY, [o.name for o in io.outputs])
 
-    def check_host(self, manifest: Any) -> None:
+    def check_host(self, artifact: BuiltArtifact) -> None:
         """Refuse a lib.so from another tvm major.minor, or compiled for CPU features this host lacks."""
-        check_tvm_host(manifest)
+        check_tvm_host(artifact)
 
 
 class TvmRunner:

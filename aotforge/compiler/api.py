@@ -1,0 +1,68 @@
+"""``build()``: the Python API and the CLI's entry into a build.
+
+Light on purpose: a direct cache hit (``compiler.build_direct``) is served from here without
+importing torch, onnx or any target; only a miss imports the build line (``compiler.builder``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from aotforge.compiler import build_direct
+from aotforge.compiler.build_result import BuildResult
+from aotforge.compiler.options import BuildOptions
+from aotforge.compiler.recipe import load_recipe
+
+Progress = Callable[[str], None]
+
+__all__ = ["BuildResult", "build", "resolve_options"]
+
+
+def build(
+    model: Any,
+    options: BuildOptions | None = None,
+    *,
+    example_inputs: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+    recipe: Path | str | None = None,
+    direct_lookup: bool = True,
+    **overrides: Any,
+) -> BuildResult:
+    """Compile ``model`` (a ``.onnx`` / ``.py`` path, a module name, or an ``nn.Module`` with
+    ``example_inputs``) for ``options.target`` and write one artifact directory.
+
+    Keyword ``overrides`` are :class:`BuildOptions` fields: ``build(m, target="onnxruntime")``.
+    A ``recipe`` TOML (``compiler.recipe``) gives defaults that ``options`` fields differing from
+    the defaults, and ``overrides``, replace. ``direct_lookup=False`` skips the direct cache
+    lookup (the IR-level key is then computed and explained); the build still refreshes its entry.
+    """
+    opts = resolve_options(options, recipe, overrides)
+    say = progress or (lambda _msg: None)
+    if example_inputs is not None:
+        direct = build_direct.DirectPlan(None, "an nn.Module, not a file")
+    else:
+        direct = build_direct.plan(model, opts)
+    if direct.key is not None and not direct_lookup:
+        direct.reason = "lookup skipped (--explain-cache)"
+    elif direct.key is not None:
+        served = build_direct.serve(direct, opts, say)
+        if served is not None:
+            return served
+    from aotforge.compiler.builder import build_resolved  # the full build line: torch, onnx, the target
+
+    return build_resolved(model, opts, example_inputs=example_inputs, progress=say, direct=direct)
+
+
+def resolve_options(
+    options: BuildOptions | None, recipe: Path | str | None, overrides: Mapping[str, Any]
+) -> BuildOptions:
+    """``options`` over the recipe's values (only fields that differ from the defaults), then ``overrides``."""
+    given = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)} if options else {}
+    if recipe is not None:
+        defaults = BuildOptions()
+        given = {k: v for k, v in given.items() if v != getattr(defaults, k)}
+        given = {**load_recipe(recipe), **given}
+    return BuildOptions.from_dict({**given, **overrides})

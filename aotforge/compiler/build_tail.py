@@ -1,0 +1,145 @@
+"""The one tail of every build: compile (through the cache) -> load -> validate -> benchmark -> manifest -> store.
+
+``build`` (``compiler.builder``) and ``finish`` (``compiler.bundle``) both end in
+:func:`compile_and_store`; a direct cache hit (``compiler.build_direct``) has nothing to compile
+and ends in :func:`store_artifact` like they do. This module stays light (no onnx, no target
+imported at module level): the direct hit goes through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import platform
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aotforge.artifacts.hashing import sha256_file
+from aotforge.artifacts.manifest import Manifest
+from aotforge.artifacts.store import MODEL_FILE, artifact_path, finalize, next_version
+from aotforge.compiler.benchmark import BenchOptions, benchmark
+from aotforge.compiler.compile_cache import compile_cached
+from aotforge.compiler.source import Arrays
+from aotforge.compiler.toolchain import toolchain_versions
+from aotforge.compiler.validation import validate
+from aotforge.core.errors import InputSpecError
+from aotforge.core.target_record import TargetRecord
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from aotforge.targets.base import BuildContext, ProbeResult, Target
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArtifactPlace:
+    """Where an artifact will be stored: its name, its version and the directory it becomes."""
+
+    name: str
+    version: int
+    final: Path
+
+
+def place_artifact(out: Path, name: str, version: int | None, target: str) -> ArtifactPlace:
+    """The next version (or the one asked for) of ``name`` under ``out``; an existing one is refused."""
+    version = version or next_version(out, name)
+    final = artifact_path(out, name, version, target)
+    if final.exists():
+        raise InputSpecError(f"{final} already exists: give another --version or leave it out to get the next one")
+    return ArtifactPlace(name, version, final)
+
+
+def build_record(started: float, **extra: Any) -> dict[str, Any]:
+    """The manifest's ``build`` section: the only fields that differ between identical builds."""
+    return {
+        "seconds": round(time.perf_counter() - started, 2),
+        "host": socket.gethostname(),
+        "machine": platform.machine(),
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        **extra,
+    }
+
+
+def store_artifact(stage: Path, manifest: Manifest, place: ArtifactPlace) -> Manifest:
+    """Name, version, model card, file hashes and the atomic rename into place."""
+    manifest = dataclasses.replace(manifest, name=place.name, version=place.version)
+    return finalize(stage, manifest, place.final)
+
+
+def key_toolchain(target: str, probe: ProbeResult) -> dict[str, str]:
+    """The toolchain as the cache key records it: the target compiler's version is known only after
+    compiling, so its probe details (version, host CPU ...) stand in for it."""
+    return {**toolchain_versions(), **{f"{target}.{k}": str(v) for k, v in probe.details.items()}}
+
+
+@dataclasses.dataclass(frozen=True)
+class TailJob:
+    """Everything the tail needs, whichever way the build got here (a build, or a bundle being finished)."""
+
+    place: ArtifactPlace
+    model: ir.Model
+    target: Target
+    target_options: Any
+    ctx: BuildContext
+    #: Validation inputs and what the source model computes on them.
+    samples: Sequence[Arrays]
+    reference: Callable[[Arrays], Arrays]
+    #: The manifest's validation record so far (``compiler.validation.validation_plan``).
+    validation: Mapping[str, Any]
+    bench: BenchOptions | None
+    batch: int
+    source: Mapping[str, Any]
+    passes: Sequence[Mapping[str, Any]]
+    toolchain: Mapping[str, str]
+    cache_dir: Path | None = None
+    #: Extra fields of the manifest's ``build`` section (pass durations, the bundle it came from).
+    build_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def compile_and_store(
+    job: TailJob,
+    stage: Path,
+    started: float,
+    say: Progress,
+    before_store: Callable[[Manifest, dict[str, Any]], None] | None = None,
+) -> Manifest:
+    """Compile ``job.model`` into ``stage`` (which holds the IR as ``model.onnx``) and store the artifact.
+
+    ``before_store(manifest, cache_record)`` runs once the manifest is complete, before the rename:
+    the direct cache records its entry there (and notes the outcome in the cache record).
+    """
+    compiled, cache = compile_cached(
+        job.target, job.model, job.target_options, job.ctx, stage, job.cache_dir, job.toolchain, job.passes, say
+    )
+    record = TargetRecord(job.target.name, dataclasses.asdict(job.target_options), dict(compiled.target_info))
+    runner = job.target.load(stage, record, job.ctx.io)
+    say("validating against the source model")
+    validation = validate(
+        job.reference, runner.run, job.samples, job.validation, model=job.place.name, target=job.target.name
+    )
+    bench = None
+    if job.bench is not None:
+        say("benchmarking")
+        bench = dataclasses.asdict(benchmark(runner.run, job.samples[0], job.bench, batch=job.batch))
+    manifest = Manifest(
+        name=job.place.name,
+        version=job.place.version,
+        target=record,
+        toolchain={**toolchain_versions(), **compiled.toolchain},
+        source=dict(job.source),
+        ir={"sha256": sha256_file(stage / MODEL_FILE), "opset": job.model.opset_imports.get("", 0)},
+        passes=[dict(p) for p in job.passes],
+        io=job.ctx.io.to_dict(),
+        validation=validation,
+        benchmark=bench,
+        files={},
+        build=build_record(started, **job.build_extra, **({"cache": cache} if cache is not None else {})),
+    )
+    if before_store is not None and cache is not None:
+        before_store(manifest, cache)
+    return store_artifact(stage, manifest, job.place)

@@ -1,0 +1,61 @@
+"""Validation of a compiled artifact against the source model: the plan recorded, the check, the message."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from aotforge.compiler.numerics import OutputMetrics, compare_many
+from aotforge.compiler.source import Arrays
+from aotforge.core.errors import ValidationFailedError
+
+#: Below this cosine an output no longer resembles the source's: a tolerance is not the fix.
+BROKEN_COSINE = 0.9
+
+
+def validation_plan(
+    source_format: str, tolerance: float, samples: int, seed: int, bound_dims: Mapping[str, int]
+) -> dict[str, Any]:
+    """What the manifest records of how the artifact is validated, before any metric exists."""
+    return {
+        "reference": "torch eager" if source_format == "torch" else "onnxruntime on the unmodified ONNX",
+        "metric": "rel_l2",
+        "tolerance": tolerance,
+        "samples": samples,
+        "seed": seed,
+        "bound_dims": dict(bound_dims),
+    }
+
+
+def validate(
+    reference: Callable[[Arrays], Arrays],
+    run: Callable[[Arrays], Arrays],
+    samples: Sequence[Arrays],
+    plan: Mapping[str, Any],
+    *,
+    model: str,
+    target: str,
+) -> dict[str, Any]:
+    """Compare ``run`` with ``reference`` on ``samples``; the manifest's validation record, or a failure."""
+    metrics = compare_many(reference, run, list(samples))
+    tolerance = float(plan["tolerance"])
+    if not all(m.rel_l2 <= tolerance for m in metrics.values()):
+        raise ValidationFailedError(failure_message(model, target, metrics, tolerance))
+    return {**plan, "metrics": {n: dataclasses.asdict(m) for n, m in metrics.items()}, "passed": True}
+
+
+def failure_message(model: str, target: str, metrics: Mapping[str, OutputMetrics], tolerance: float) -> str:
+    bad = {n: m for n, m in metrics.items() if not m.rel_l2 <= tolerance}
+    shown = "; ".join(
+        f"{n}: rel L2 {m.rel_l2:.3g}, max abs {m.max_abs:.3g}, cosine {m.cosine:.6f}" for n, m in bad.items()
+    )
+    head = f"{model} on {target} does not match the source model ({shown}; tolerance rel L2 {tolerance:g})"
+    if any(not m.cosine >= BROKEN_COSINE for m in bad.values()):
+        # A cosine this low is a broken model, not a precision loss: never invite a looser tolerance.
+        return (
+            f"{head}: an output's cosine is under {BROKEN_COSINE}, so a pass or the target breaks the model; "
+            "drop the pass that changes numerics (or give int8 an --accuracy-budget and calibration data), "
+            "or report the target bug"
+        )
+    return f"{head}: drop the pass that changes numerics, or raise --tolerance if this error is acceptable"
