@@ -36,11 +36,7 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
 
 #: Circles known to be there, each with who is removing it. Its test is xfail(strict): when the circle
 #: goes, that test fails as XPASS, and the entry is to be deleted here.
-KNOWN_CIRCLES: dict[str, frozenset[str]] = {
-    "the build tail (builder, build_direct, bundle, compile_cache) is being rewritten as one tail": frozenset(
-        f"aotforge.compiler.{name}" for name in ("builder", "build_direct", "bundle", "compile_cache")
-    ),
-}
+KNOWN_CIRCLES: dict[str, frozenset[str]] = {}
 
 
 def _within(module: str, package: str) -> bool:

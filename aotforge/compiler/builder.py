@@ -19,45 +19,29 @@ from aotforge.artifacts.store import MODEL_FILE, staging_dir
 from aotforge.compiler import read_tracker
 from aotforge.compiler.build_direct import DirectPlan
 from aotforge.compiler.build_direct import remember as remember_direct
+from aotforge.compiler.build_plan import PlannedBuild
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact
+from aotforge.compiler.bundle import prepare_bundle
 from aotforge.compiler.frontend_onnx import load_onnx
 from aotforge.compiler.frontend_torch import load_torch_file, load_torch_module
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.recipe import int8_shortcuts
 from aotforge.compiler.sample_inputs import make_inputs
-from aotforge.compiler.source import Arrays, SourceModel
+from aotforge.compiler.source import SourceModel
 from aotforge.compiler.validation import validation_plan
 from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import check_dims_used
 from aotforge.passes import contrib_op_passes, expand, make_pass
 from aotforge.passes.base import GraphPass
-from aotforge.passes.manager import PassRecord, run_passes
+from aotforge.passes.manager import run_passes
 from aotforge.targets import get_target
-from aotforge.targets.base import BuildContext, ProbeResult, Target
+from aotforge.targets.base import BuildContext, Target
 
 Progress = Callable[[str], None]
 
 __all__ = ["PlannedBuild", "build_resolved", "plan_and_transform"]
-
-
-@dataclasses.dataclass(frozen=True)
-class PlannedBuild:
-    """A build after planning and passes: everything the tail (or a bundle) needs."""
-
-    source: SourceModel
-    target: Target
-    probe: ProbeResult
-    target_options: Any
-    ctx: BuildContext
-    samples: list[Arrays]
-    sizes: Mapping[str, int]
-    records: list[PassRecord]
-
-    @property
-    def pass_entries(self) -> list[dict[str, Any]]:
-        return [pass_entry(r) for r in self.records]
 
 
 def build_resolved(
@@ -77,8 +61,6 @@ def build_resolved(
         planned = plan_and_transform(model, opts, example_inputs, say)
     name = opts.name or planned.source.name
     if opts.prepare_only:
-        from aotforge.compiler.bundle import prepare_bundle
-
         return prepare_bundle(planned, opts, name)
     # Placed before the compile: an existing version costs the user no compile time.
     place = place_artifact(opts.out, name, opts.version, opts.target)
@@ -162,13 +144,6 @@ def _passes(opts: BuildOptions, target: Target) -> tuple[tuple[str, ...], list[G
         if pass_name in pass_names:
             pass_params[pass_name] = {**defaults, **pass_params.get(pass_name, {})}
     return pass_names, [make_pass(n, pass_params.get(n)) for n in pass_names]
-
-
-def pass_entry(record: PassRecord) -> dict[str, Any]:
-    # Durations differ between identical builds, so they live in the manifest's build section.
-    entry = dataclasses.asdict(record)
-    entry.pop("seconds")
-    return entry
 
 
 def _load(model: Any, opts: BuildOptions, example_inputs: Mapping[str, Any] | None) -> SourceModel:

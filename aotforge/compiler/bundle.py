@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -28,6 +28,7 @@ from aotforge.artifacts.hashing import hash_tree, sha256_file
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.store import staging_dir
 from aotforge.compiler.benchmark import BenchOptions
+from aotforge.compiler.build_plan import PlannedBuild
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact
 from aotforge.compiler.options import BuildOptions
@@ -40,9 +41,6 @@ from aotforge.core.target_record import TargetRecord
 from aotforge.passes import contrib_op_passes
 from aotforge.targets import get_target
 from aotforge.targets.base import Arrays, BuildContext, Target
-
-if TYPE_CHECKING:
-    from aotforge.compiler.builder import PlannedBuild
 
 BUNDLE_FORMAT = 1
 BUNDLE_JSON = "bundle.json"
