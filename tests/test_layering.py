@@ -34,10 +34,6 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("aotforge.artifacts", ("aotforge.passes", "aotforge.compiler"), "artifacts never import passes or the builder"),
 )
 
-#: Circles known to be there, each with who is removing it. Its test is xfail(strict): when the circle
-#: goes, that test fails as XPASS, and the entry is to be deleted here.
-KNOWN_CIRCLES: dict[str, frozenset[str]] = {}
-
 
 def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
@@ -51,17 +47,8 @@ def _where(edge: Edge) -> str:
 
 
 def test_no_import_circle_between_files() -> None:
-    known = list(KNOWN_CIRCLES.values())
-    new = [c for c in circles(GRAPH) if not any(set(c) <= k for k in known)]
-    assert not new, "import circles:\n" + "\n".join(describe_circle(GRAPH, c) for c in new)
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=name)) for name in KNOWN_CIRCLES]
-)
-def test_known_circle_is_gone(name: str) -> None:
-    still = [c for c in circles(GRAPH) if set(c) & KNOWN_CIRCLES[name]]
-    assert not still, "\n".join(describe_circle(GRAPH, c) for c in still)
+    found = circles(GRAPH)
+    assert not found, "import circles:\n" + "\n".join(describe_circle(GRAPH, c) for c in found)
 
 
 @pytest.mark.parametrize(("layer", "forbidden", "why"), RULES, ids=[rule[0] for rule in RULES])
