@@ -27,6 +27,8 @@ def options_from_dict(cls: type, data: Mapping[str, Any], *, what: str) -> Any:
 
 
 def _coerce(value: Any, default: Any, what: str) -> Any:
+    if isinstance(value, list) and isinstance(default, tuple):
+        return tuple(value)  # options read back from JSON (a bundle, a manifest) compare equal to the originals
     if not isinstance(value, str) or isinstance(default, str) or default is None:
         return value
     try:

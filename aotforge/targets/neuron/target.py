@@ -22,7 +22,15 @@ import onnx_ir as ir
 
 from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError, UnsupportedModelError
 from aotforge.core.spec import DEFAULT_DIM_SIZE, IOSpec
-from aotforge.targets.base import Arrays, BuildContext, CompileResult, ProbeResult, Target, TargetRecord
+from aotforge.targets.base import (
+    Arrays,
+    BuildContext,
+    CompileResult,
+    ProbeResult,
+    Target,
+    TargetRecord,
+    refuse_contrib_ops,
+)
 from aotforge.targets.neuron import sdk
 
 #: Precision passes and the ``--auto-cast-type`` each maps to.
@@ -206,6 +214,8 @@ class NeuronTarget(Target):
                 f"neuron compiles torch programs only (neuronx-cc has no ONNX frontend) and this source is "
                 f"{ctx.source_format}: build from the PyTorch module, or pick tensorrt / tvm / onnxruntime"
             )
+        # neuronx-cc compiles the torch program: an IR pass emitting ORT contrib ops would be dropped silently.
+        refuse_contrib_ops("neuron", model, ctx)
         refuse_passes(ctx.passes)
         plan_buckets(ctx.io, options)
 

@@ -28,7 +28,15 @@ from aotforge.core.errors import (
     UnsupportedModelError,
 )
 from aotforge.core.spec import DEFAULT_DIM_SIZE, IOSpec
-from aotforge.targets.base import BuildContext, CompileResult, ProbeResult, Runner, Target, TargetRecord
+from aotforge.targets.base import (
+    BuildContext,
+    CompileResult,
+    ProbeResult,
+    Runner,
+    Target,
+    TargetRecord,
+    refuse_contrib_ops,
+)
 from aotforge.targets.tensorrt.plan import Profile, TrtBuildPlan
 from aotforge.targets.tensorrt.sdk import probe_host, query_gpu
 
@@ -202,6 +210,8 @@ class TensorRTTarget(Target):
         return probe_host()
 
     def plan(self, model: ir.Model, options: TensorRTOptions, ctx: BuildContext) -> None:
+        # TensorRT's ONNX parser has no com.microsoft ops (fuse-ort, weight-only's MatMulNBits).
+        refuse_contrib_ops("tensorrt", model, ctx)
         check_graph_inputs(model, ctx.io)
         build_plan(options, ctx)
 

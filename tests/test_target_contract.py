@@ -1,0 +1,150 @@
+"""Every target holds to the contract in ``aotforge.targets.base``: one test, parametrized over all four.
+
+What runs without the device runs for every target (probe, options, plan and its refusals,
+the optional hooks); compile -> load -> run runs where ``probe()`` says the target is available.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from aotforge.core.errors import AotforgeError, OptionsError, UnsupportedModelError
+from aotforge.core.options import options_from_dict
+from aotforge.core.spec import DimRange, IOSpec, TensorSpec
+from aotforge.core.target_record import TargetRecord
+from aotforge.targets import TARGETS, get_target
+from aotforge.targets.base import BuildContext, ProbeResult, Target
+
+ROWS = IOSpec(
+    inputs=(TensorSpec("x", "float32", ("batch", 8)),),
+    outputs=(TensorSpec("y", "float32", ("batch", 4)),),
+    dims=(DimRange("batch", 1, 2, 4),),
+)
+
+
+def _linear_onnx() -> ir.Model:
+    """y = relu(x @ W + b): small, standard ONNX, with a named dynamic batch."""
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("w", TensorProto.FLOAT, (8, 4), rng.standard_normal((8, 4)).astype(np.float32).ravel())
+    b = helper.make_tensor("b", TensorProto.FLOAT, (4,), rng.standard_normal(4).astype(np.float32))
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("Add", ["h", "b"], ["z"]),
+            helper.make_node("Relu", ["z"], ["y"]),
+        ],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[w, b],
+    )
+    return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def _torch_program() -> Any:
+    """What the torch frontend hands neuron: an exported program of the same shape of model."""
+    module = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    return torch.export.export(module, (torch.zeros(2, 8),))
+
+
+def _ctx(name: str, passes: tuple[str, ...] = (), contrib: tuple[str, ...] = ()) -> BuildContext:
+    torch_program = _torch_program() if name == "neuron" else None
+    source = "torch" if torch_program is not None else "onnx"
+    return BuildContext(
+        io=ROWS, passes=passes, source_format=source, torch_program=torch_program, contrib_passes=contrib
+    )
+
+
+@pytest.fixture(params=sorted(TARGETS))
+def target(request: pytest.FixtureRequest) -> Target:
+    return get_target(str(request.param))
+
+
+def test_target_is_named_as_in_the_table_and_subclasses_the_contract(target: Target) -> None:
+    assert isinstance(target, Target) and TARGETS[target.name].endswith(type(target).__name__)
+    assert dataclasses.is_dataclass(target.options_type) and target.options_type.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def test_probe_says_why_when_unavailable(target: Target) -> None:
+    probe = target.probe()
+    assert isinstance(probe, ProbeResult)
+    if not probe.available:  # a sentence saying what is missing, not a bare "no"
+        assert len(probe.reason.split()) >= 4, probe.reason
+
+
+def test_options_default_and_round_trip_through_json(target: Target) -> None:
+    """The CLI, recipes and bundles all parse options through options_from_dict: defaults build,
+    and a JSON round trip (a bundle's target_options) gives back equal options."""
+    options = options_from_dict(target.options_type, {}, what=target.name)
+    again = options_from_dict(
+        target.options_type, json.loads(json.dumps(dataclasses.asdict(options))), what=target.name
+    )
+    assert again == options
+
+
+def test_unknown_option_is_refused_naming_the_valid_ones(target: Target) -> None:
+    with pytest.raises(OptionsError, match=rf"unknown {target.name} option\(s\) no_such_knob; valid: "):
+        options_from_dict(target.options_type, {"no_such_knob": "1"}, what=target.name)
+
+
+def test_plan_accepts_a_plain_model(target: Target) -> None:
+    options = options_from_dict(target.options_type, {}, what=target.name)
+    target.plan(_linear_onnx(), options, _ctx(target.name))
+
+
+@pytest.mark.parametrize("emitting", ["fuse-ort", "weight-only"])
+def test_plan_refuses_contrib_op_passes_except_onnxruntime(target: Target, emitting: str) -> None:
+    options = options_from_dict(target.options_type, {}, what=target.name)
+    ctx = _ctx(target.name, passes=(emitting,), contrib=(emitting,))
+    if target.name == "onnxruntime":
+        target.plan(_linear_onnx(), options, ctx)  # the one runtime that has those contrib ops
+        return
+    with pytest.raises(UnsupportedModelError, match=rf"{target.name} cannot honour pass '{emitting}'"):
+        target.plan(_linear_onnx(), options, ctx)
+
+
+def test_every_refusal_is_an_aotforge_error(target: Target) -> None:
+    """A value of the wrong type, from the CLI, is one clear error (never a ValueError traceback)."""
+    fields = [f for f in dataclasses.fields(target.options_type) if isinstance(f.default, bool | int | float)]
+    if not fields:
+        pytest.skip(f"{target.name} has no numeric or boolean option")
+    with pytest.raises(AotforgeError, match=rf"{target.name} option {fields[0].name} expects"):
+        options_from_dict(target.options_type, {fields[0].name: "not-a-number"}, what=target.name)
+
+
+def test_optional_hooks_have_working_defaults(target: Target, tmp_path: Path) -> None:
+    options = options_from_dict(target.options_type, {}, what=target.name)
+    if target.name != "tensorrt" or target.probe().available:  # tensorrt names its cache after the GPU it probes
+        assert isinstance(target.with_cache_dir(options, tmp_path), target.options_type)
+    assert all(isinstance(v, dict) for v in target.pass_defaults.values())
+    if target.name != "tensorrt":  # tensorrt's plan checks Q/DQ placement: tests/test_tensorrt_target.py
+        plan = target.bundle_plan(_linear_onnx(), options, _ctx(target.name))
+        assert plan is None or json.loads(json.dumps(plan)) == plan
+
+
+def test_compile_load_run_matches_the_source(target: Target, tmp_path: Path) -> None:
+    if not target.probe().available:
+        pytest.skip(f"{target.name} is not available here: {target.probe().reason}")
+    if target.name == "neuron":
+        pytest.skip("neuron compiles torch programs: tests/test_neuron_target.py runs it on an Inf2/Trn host")
+    model, options = _linear_onnx(), options_from_dict(target.options_type, {}, what=target.name)
+    ctx = _ctx(target.name)
+    target.plan(model, options, ctx)
+    ir.save(model, tmp_path / "model.onnx")
+    compiled = target.compile(model, options, ctx, tmp_path)
+    assert compiled.files and all((tmp_path / f).is_file() for f in compiled.files)
+    record = TargetRecord(target.name, dataclasses.asdict(options), dict(compiled.target_info))
+    runner = target.load(tmp_path, TargetRecord.from_dict(json.loads(json.dumps(dataclasses.asdict(record)))), ROWS)
+    x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    want = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(runner.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
