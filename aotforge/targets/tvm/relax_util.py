@@ -5,12 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+BF16 = "bfloat16"
+
 
 def op_name(expr: Any) -> str:
     """``"relax.matmul"`` for a call of that op; ``""`` for anything else."""
     from tvm import relax
 
     return str(expr.op.name) if isinstance(expr, relax.Call) and hasattr(expr.op, "name") else ""
+
+
+def dtype_of(expr: Any) -> str:
+    """The element type of a tensor-typed expression (``"bfloat16"``); ``""`` for anything else."""
+    return str(getattr(expr.ty, "dtype", ""))
 
 
 def relax_functions(mod: Any) -> list[tuple[Any, Any]]:
@@ -41,3 +50,21 @@ def any_call(mod: Any, matches: Callable[[Any], bool]) -> bool:
     for _, func in relax_functions(mod):
         relax.analysis.post_order_visit(func, visit)
     return found
+
+
+def static_shape(expr: Any) -> list[int] | None:
+    """The dims of a tensor-typed expression; ``None`` when it has a symbolic dim or no shape."""
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None:
+        return None
+    try:
+        return [int(d) for d in shape]
+    except TypeError:  # a symbolic dim
+        return None
+
+
+def constant_value(expr: Any) -> np.ndarray | None:
+    """A Relax constant's value as numpy; ``None`` for anything that is not a constant."""
+    import tvm
+
+    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None

@@ -1,34 +1,44 @@
-"""Fast GELU for the ``tvm`` target's fast-math stage: TVM's ``FastMathTransform`` misses GELU."""
+"""Fast GELU for the ``tvm`` target's fast-math stage: TVM's ``FastMathTransform`` misses GELU.
+
+``relax.nn.gelu`` on fp32 -> ``0.5 x (1 + fast_erf(x / sqrt 2))``: TVM's vectorized erf
+polynomial (~5e-6 max abs error) instead of a scalar libm call per element.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
-from aotforge.targets.tvm.relax_util import op_name, rewrite_functions
+from aotforge.targets.tvm.relax_util import dtype_of, op_name
+from aotforge.targets.tvm.rewrites.rule import Rewriter, Rule, apply_rules
+
+
+def _gelu_te(x: Any) -> Any:
+    import tvm
+    from tvm import topi
+
+    half = tvm.tirx.const(0.5, x.dtype)
+    scaled = topi.multiply(x, tvm.tirx.const(1.0 / math.sqrt(2.0), x.dtype))
+    return topi.multiply(topi.multiply(x, half), topi.add(topi.fast_erf(scaled), tvm.tirx.const(1.0, x.dtype)))
+
+
+class FastGelu(Rule):
+    name = "fast_gelu"
+
+    def matches(self, call: Any, bound: Callable[[Any], Any]) -> bool:
+        return op_name(call) == "relax.nn.gelu" and dtype_of(call.args[0]) == "float32"
+
+    def rewrite(self, call: Any, value: Any, rw: Rewriter) -> Any:
+        return rw.builder_.call_te(_gelu_te, call.args[0], primfunc_name_hint="fast_gelu")
 
 
 def fast_gelu_pass() -> Any:
-    """``relax.nn.gelu`` -> ``0.5 x (1 + fast_erf(x / sqrt 2))`` (FastMathTransform misses GELU)."""
+    """The rule as a module pass, to sit in a ``tvm.transform.Sequential`` next to ``FastMathTransform``."""
     import tvm
-    from tvm import topi
-    from tvm.relax import PyExprMutator, expr_functor
-
-    def gelu(x: Any) -> Any:
-        half = tvm.tirx.const(0.5, x.dtype)
-        scaled = topi.multiply(x, tvm.tirx.const(1.0 / math.sqrt(2.0), x.dtype))
-        return topi.multiply(topi.multiply(x, half), topi.add(topi.fast_erf(scaled), tvm.tirx.const(1.0, x.dtype)))
-
-    @expr_functor.mutator
-    class _Mutator(PyExprMutator):  # type: ignore[misc]
-        def visit_call_(self, call: Any) -> Any:
-            call = super().visit_call_(call)
-            if op_name(call) == "relax.nn.gelu" and str(getattr(call.args[0].ty, "dtype", "")) == "float32":
-                return self.builder_.call_te(gelu, call.args[0], primfunc_name_hint="fast_gelu")
-            return call
 
     @tvm.transform.module_pass(opt_level=0, name="FastGelu")
     def _pass(mod: Any, _ctx: Any) -> Any:
-        return rewrite_functions(_Mutator, mod)
+        return apply_rules(mod, [FastGelu()])[0]
 
     return _pass

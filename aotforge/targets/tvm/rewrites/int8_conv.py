@@ -11,10 +11,16 @@ Channels are padded to a multiple of 4 with zero weights, so 3-channel stems qua
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aotforge.targets.tvm.kernels import vnni_dense
+import numpy as np
+
+from aotforge.targets.tvm.kernels import vnni_conv, vnni_dense
+from aotforge.targets.tvm.relax_util import constant_value, op_name, static_shape
+from aotforge.targets.tvm.rewrites.rule import MatchResult, Rewriter, Rule
 
 
 @dataclass(frozen=True)
@@ -73,3 +79,71 @@ def pad_channels_last(q: Any, zero_point: Any, shape: ConvShape) -> Any:
         return tirx.if_then_else(inside, q[n, tirx.min(c, shape.c - 1), y - top, x - left], zero_point[()])
 
     return te.compute((shape.n, *shape.padded_hw, shape.channels), value, name="pad_channels_last")
+
+
+@dataclass(frozen=True)
+class ConvMatch:
+    """The uint8 input ``q`` with its scalar ``scale`` / ``zero``, the int8 weight and its per-channel scale."""
+
+    q: Any
+    scale: np.ndarray
+    zero: np.ndarray
+    weight: np.ndarray
+    weight_scale: np.ndarray
+    shape: ConvShape
+
+
+class QdqConvToVnni(Rule):
+    name = "conv2d"
+
+    def matches(self, call: Any, bound: Callable[[Any], Any]) -> bool:
+        return op_name(call) == "relax.nn.conv2d" and all(
+            op_name(bound(a)) == "relax.dequantize" for a in call.args[:2]
+        )
+
+    def check(self, call: Any, rw: Rewriter) -> MatchResult[Any]:
+        x, w = rw.bound(call.args[0]), rw.bound(call.args[1])
+        q, s, z = x.args
+        weight, sw, zw = (constant_value(rw.bound(e)) for e in w.args)
+        scale, zero = constant_value(s), constant_value(z)
+        if str(q.ty.dtype) != "uint8" or scale is None or zero is None or scale.size != 1 or zero.size != 1:
+            return MatchResult.fail("convolution input is not uint8 with one constant scale and zero point")
+        if weight is None or sw is None or zw is None or weight.dtype != np.int8 or np.any(zw != 0):
+            return MatchResult.fail("convolution weight is not a constant symmetric int8 tensor")
+        x_shape, w_shape = static_shape(q), static_shape(w)
+        if x_shape is None or w_shape is None:
+            return MatchResult.fail("convolution shape is symbolic")
+        shape = conv_shape(call, x_shape, w_shape)
+        if isinstance(shape, str):
+            return MatchResult.fail(shape)
+        return MatchResult(ConvMatch(q, scale, zero, weight, sw, shape))
+
+    def rewrite(self, call: Any, match: ConvMatch, rw: Rewriter) -> Any:
+        """Pad channels-last, convolve in int32, scale per output channel to float, back to NCHW."""
+        from tvm import relax
+
+        shape = match.shape
+        zero_point = relax.const(match.zero.reshape(()).astype(np.uint8))
+        pad = functools.partial(pad_channels_last, shape=shape)
+        padded = rw.builder_.emit(rw.builder_.call_te(pad, match.q, zero_point, primfunc_name_hint="pad_nhwc"))
+        out = rw.builder_.emit(_conv_call(rw, shape, padded, zero_point, match.weight))
+        per_channel = np.float32(match.scale.reshape(())) * np.broadcast_to(match.weight_scale, (shape.o,))
+        scaled = relax.op.multiply(relax.op.astype(out, "float32"), relax.const(per_channel.astype(np.float32)))
+        return relax.op.permute_dims(rw.builder_.emit(scaled), [0, 3, 1, 2])
+
+
+def _conv_call(rw: Rewriter, shape: ConvShape, padded: Any, zero_point: Any, weight: np.ndarray) -> Any:
+    """The ``call_tir`` of the VNNI convolution kernel for ``shape`` (added once per shape)."""
+    from tvm import relax
+
+    oh, ow = shape.out_hw
+    key = (*shape.padded_hw, shape.channels, shape.o, shape.kh, shape.kw, *shape.strides, shape.n)
+    kernel = rw.add_kernel(
+        "vnni_conv2d_" + "x".join(str(v) for v in key),
+        lambda: vnni_conv.conv2d_u8s8(
+            shape.n, *shape.padded_hw, shape.channels, shape.o, shape.kh, shape.kw, shape.strides, (oh, ow)
+        ),
+    )
+    colsum = weight.astype(np.int32).sum(axis=(1, 2, 3), dtype=np.int32)
+    args = [padded, relax.const(vnni_conv.pack_weight(weight, shape.channels)), zero_point, relax.const(colsum)]
+    return relax.call_tir(kernel, args, relax.TensorType([shape.n, oh, ow, shape.o], "int32"))

@@ -1,0 +1,105 @@
+"""The named steps the ``tvm`` pipeline (``pipeline.py``) lists in its phases.
+
+A :class:`Step` runs on a Relax module inside ``with target:`` and may return a report, which
+the pipeline files in the manifest under the step's name. Each step says here why it sits where
+the pipeline puts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aotforge.targets.tvm.tuning.tune import TuneSettings
+
+Report = dict[str, Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    #: the key its report goes under (``pipeline.schedules.<name>``)
+    name: str
+    run: Callable[[Any, Any], tuple[Any, Report]]
+
+
+def run_steps(mod: Any, target: Any, steps: list[Step]) -> tuple[Any, dict[str, Any]]:
+    """``mod`` through ``steps`` in order; the reports of those that returned one, by name."""
+    reports: dict[str, Any] = {}
+    for step in steps:
+        mod, report = step.run(mod, target)
+        if report is not None:
+            reports[step.name] = report
+    return mod, reports
+
+
+def _bf16(mod: Any, _target: Any) -> tuple[Any, Report]:
+    """What TIR lacks for bf16: isnan, in-place sums, fast erf / exp (``rewrites/bf16.py``)."""
+    from aotforge.targets.tvm.rewrites.bf16 import rewrite_bf16
+
+    return rewrite_bf16(mod)
+
+
+def _fast_math(mod: Any, _target: Any) -> tuple[Any, Report]:
+    """``exp`` / ``erf`` / ``tanh`` / softmax / GELU -> TVM's fast polynomial versions (~5e-6 max abs
+    error), so vectorized loops do not call scalar libm (``FastMathTransform`` misses GELU)."""
+    from tvm import relax
+
+    from aotforge.targets.tvm.rewrites.fast_gelu import fast_gelu_pass
+
+    mod = fast_gelu_pass()(mod)
+    return relax.transform.FastMathTransform()(mod), None
+
+
+def _int8_vnni(mod: Any, target: Any) -> tuple[Any, Report]:
+    """Integer matmuls and QDQ convolutions -> AVX-512 VNNI kernels (``rewrites/int8.py``)."""
+    from aotforge.targets.tvm.rewrites.int8 import integer_ops_on_vnni
+
+    return integer_ops_on_vnni(mod, target)
+
+
+def _nhwc(mod: Any, _target: Any) -> tuple[Any, Report]:
+    """NHWC activations + HWIO weights put output channels last: the tiled rule then vectorizes
+    over them (16 lanes for widths 32-256) with contiguous weight loads, where NCHW would
+    vectorize over output width (7-56, scalar at 7)."""
+    from tvm import relax
+
+    return relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod), None
+
+
+def _legalize(mod: Any, target: Any) -> tuple[Any, Report]:
+    """The CPU backend's library dispatch, legalization and fusion passes (``cpu_generic``)."""
+    import tvm
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    return tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod), None
+
+
+def _tuned(mod: Any, target: Any, settings: TuneSettings) -> tuple[Any, Report]:
+    """MetaSchedule records from the shared store (searched first for what it lacks), where they beat the default."""
+    from aotforge.targets.tvm.tuning.tune import apply_tuned, tune_module
+
+    database, report = tune_module(mod, target, settings)
+    mod, report["from_database"] = apply_tuned(mod, database)
+    return mod, report
+
+
+def _default_schedules(mod: Any, _target: Any) -> tuple[Any, Report]:
+    """Search-free rules (GEMV, register-tiled matmul/conv, reductions, injective) for every PrimFunc left."""
+    from aotforge.targets.tvm.schedules import apply_default_schedules
+
+    return apply_default_schedules(mod)
+
+
+BF16 = Step("bf16", _bf16)
+FAST_MATH = Step("fast_math", _fast_math)
+INT8_VNNI = Step("int8_vnni", _int8_vnni)
+NHWC = Step("conv_nhwc", _nhwc)
+LEGALIZE = Step("legalize", _legalize)
+DEFAULT_SCHEDULES = Step("default_schedules", _default_schedules)
+
+
+def tuned(settings: TuneSettings) -> Step:
+    return Step("tuning", functools.partial(_tuned, settings=settings))
