@@ -14,7 +14,8 @@ from aotforge.passes.fuse_patterns import FuseOrtPass, FusePatternsPass, contrib
 from aotforge.passes.manager import run_passes
 from aotforge.targets.base import BuildContext
 from aotforge.targets.onnxruntime import OrtOptions, OrtTarget
-from aotforge.targets.tvm.target import TvmOptions, TvmTarget
+from aotforge.targets.tvm.options import TvmOptions
+from aotforge.targets.tvm.target import TvmTarget
 from tests.pass_models import conv_bn, decomposed_layer_norm, elementwise, feeds_for, mlp, run
 
 CASES = [

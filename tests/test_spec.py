@@ -8,7 +8,7 @@ from aotforge.compiler.options import BuildOptions
 from aotforge.core.errors import InputSpecError, OptionsError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec, check_dims_used, parse_value_range
-from aotforge.targets.tvm.target import TvmOptions
+from aotforge.targets.tvm.options import TvmOptions
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ tvm = pytest.importorskip("tvm")
 
 from tvm import relax  # noqa: E402
 
+from aotforge.targets.tvm.options import TvmOptions, target_dict  # noqa: E402
 from aotforge.targets.tvm.rewrites.bf16 import rewrite_bf16  # noqa: E402
-from aotforge.targets.tvm.target import TvmOptions, target_dict  # noqa: E402
 from tests.conftest import quick_build  # noqa: E402
 
 HIDDEN, HEADS, FFN, VOCAB = 32, 2, 64, 16

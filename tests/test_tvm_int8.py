@@ -17,7 +17,7 @@ tvm = pytest.importorskip("tvm")
 from tvm.target.codegen import target_has_features  # noqa: E402
 
 from aotforge.targets.tvm.kernels import vnni_dense  # noqa: E402
-from aotforge.targets.tvm.target import TvmOptions, target_dict  # noqa: E402
+from aotforge.targets.tvm.options import TvmOptions, target_dict  # noqa: E402
 from tests.conftest import quick_build  # noqa: E402
 
 
@@ -170,3 +170,88 @@ def test_minilm_tvm_int8_recipe_keeps_quality_with_every_projection_on_vnni(
     assert report["by_op"] == {"matmul": 36} and report["skipped"] == {}
     held_out = next(p for p in result.manifest.passes if p["name"] == "int8-dynamic")["stats"]["eval"]
     assert held_out["mean"] >= 0.995 and held_out["min"] >= 0.99
+
+
+def _matmul_integer(*, a_type: int = TensorProto.UINT8, weight_zero: int = 0, weight_const: bool = True) -> Any:
+    """``MatMulInteger(a, w, za, wz)`` as ``int8-dynamic`` emits it, through the Relax ONNX importer."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.integers(-128, 128, (64, 32), dtype=np.int8), "w")
+    zeros = [
+        numpy_helper.from_array(np.array(7, np.uint8 if a_type == TensorProto.UINT8 else np.int8), "za"),
+        numpy_helper.from_array(np.array(weight_zero, np.int8), "wz"),
+    ]
+    inputs = [helper.make_tensor_value_info("a", a_type, [4, 64])]
+    if not weight_const:
+        inputs.append(helper.make_tensor_value_info("w", TensorProto.INT8, [64, 32]))
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w", "za", "wz"], ["y"])],
+        "matmul_integer",
+        inputs,
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [4, 32])],
+        zeros + ([w] if weight_const else []),
+    )
+    return from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
+
+
+@pytest.mark.parametrize(
+    ("graph", "skipped"),
+    [
+        ({}, {}),
+        ({"a_type": TensorProto.INT8}, {"activation is not uint8": 1}),
+        ({"weight_zero": 3}, {"weight zero point is not a constant zero": 1}),
+        ({"weight_const": False}, {"weight is not a constant": 1}),
+    ],
+)
+def test_integer_matmul_rule_rewrites_or_reports_why_not(graph: dict[str, Any], skipped: dict[str, int]) -> None:
+    from aotforge.targets.tvm.rewrites.int8 import count_integer_ops, rewrite_integer_ops
+
+    mod = _matmul_integer(**graph)
+    assert count_integer_ops(mod) == 1
+    _, report = rewrite_integer_ops(mod)
+    assert report is not None and report["skipped"] == skipped
+    assert report["by_op"] == ({} if skipped else {"matmul": 1}) and report["kernels"] == (0 if skipped else 1)
+
+
+def _qdq_conv(out_channels: int, group: int) -> Any:
+    """``Conv(DequantizeLinear(x_u8), DequantizeLinear(w_s8))`` as static ``int8`` leaves it, imported."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    rng = np.random.default_rng(4)
+    inits = [
+        numpy_helper.from_array(rng.integers(-127, 128, (out_channels, 8 // group, 3, 3), dtype=np.int8), "w"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "sx"),
+        numpy_helper.from_array(np.array(9, np.uint8), "zx"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "sw"),
+        numpy_helper.from_array(np.array(0, np.int8), "zw"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+        helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wf"]),
+        helper.make_node("Conv", ["xf", "wf"], ["y"], pads=[1, 1, 1, 1], group=group),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "qdq_conv",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, out_channels, 6, 6])],
+        inits,
+    )
+    return from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
+
+
+@pytest.mark.parametrize(
+    ("out_channels", "group", "skipped"),
+    [
+        (16, 1, {}),
+        (16, 2, {"grouped or dilated convolution": 1}),
+        (8, 1, {"8 output channels are not a multiple of 16": 1}),
+    ],
+)
+def test_qdq_conv_rule_rewrites_or_reports_why_not(out_channels: int, group: int, skipped: dict[str, int]) -> None:
+    from aotforge.targets.tvm.rewrites.int8 import rewrite_integer_ops
+
+    _, report = rewrite_integer_ops(_qdq_conv(out_channels, group))
+    assert report is not None and report["skipped"] == skipped
+    assert report["by_op"] == ({} if skipped else {"conv2d": 1})

@@ -19,7 +19,8 @@ from aotforge.artifacts.manifest import MANIFEST  # noqa: E402
 from aotforge.core.errors import OptionsError  # noqa: E402
 from aotforge.core.options import options_from_dict  # noqa: E402
 from aotforge.targets.tvm.host import host_cpu  # noqa: E402
-from aotforge.targets.tvm.target import TUNING_DIR, TvmOptions, TvmTarget  # noqa: E402
+from aotforge.targets.tvm.options import TUNING_DIR, TvmOptions  # noqa: E402
+from aotforge.targets.tvm.target import TvmTarget  # noqa: E402
 from aotforge.targets.tvm.tuning.store import DEFAULT_FAILED, Entry, TuningStore, digest, workload_key  # noqa: E402
 from aotforge.targets.tvm.tuning.tune import tunable_tasks  # noqa: E402
 from tests.conftest import quick_build  # noqa: E402
@@ -119,13 +120,13 @@ def test_options_validate_and_parse_from_the_cli_form(tmp_path: Path) -> None:
         TvmOptions(tune_trials=-1)
     assert TvmTarget().with_cache_dir(opts, tmp_path).tuning_db == str(tmp_path / TUNING_DIR)
     assert TvmTarget().with_cache_dir(TvmOptions(), tmp_path).tuning_db == ""
-    from aotforge.targets.tvm.target import _check_tunable
+    from aotforge.targets.tvm.options import check_tunable
 
     with pytest.raises(OptionsError, match="static shapes"):
-        _check_tunable(TvmOptions(tune_trials=8, dynamic=True))
+        check_tunable(TvmOptions(tune_trials=8, dynamic=True))
     other = "skylake-avx512" if host_cpu() != "skylake-avx512" else "znver4"
     with pytest.raises(OptionsError, match="measures candidates on this host"):
-        _check_tunable(TvmOptions(tune_trials=8, mcpu=other))
+        check_tunable(TvmOptions(tune_trials=8, mcpu=other))
 
 
 def _tvm_build(out: Path, **target_options: Any) -> tuple[dict[str, Any], np.ndarray, float]:

@@ -76,7 +76,8 @@ def tvm_untuned_runner(artifact: Path, _model: str | None) -> tuple[Callable[[Ar
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
-    from aotforge.targets.tvm.target import TvmOptions, _static_proto, target_dict
+    from aotforge.targets.tvm.options import TvmOptions, target_dict
+    from aotforge.targets.tvm.target import _static_proto
 
     io, sizes, _ = inputs_of(artifact)
     shapes = {s.name: list(s.bind(sizes)) for s in io.inputs}

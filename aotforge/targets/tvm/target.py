@@ -10,7 +10,6 @@ turn on a MetaSchedule search (``targets.tvm.tuning.tune``) whose results are ke
 from __future__ import annotations
 
 import dataclasses
-import os
 import platform
 import tempfile
 from collections.abc import Mapping
@@ -25,7 +24,6 @@ from aotforge.core.errors import (
     ArtifactError,
     CompileError,
     InputSpecError,
-    OptionsError,
     UnsupportedModelError,
     describe,
 )
@@ -41,41 +39,9 @@ from aotforge.targets.base import (
     refuse_contrib_ops,
 )
 from aotforge.targets.tvm.host import check_tvm_host, host_cpu, isa_features
+from aotforge.targets.tvm.options import TUNING_DIR, TvmOptions, check_tunable, target_dict, tune_settings
 
 LIBRARY = "lib.so"
-
-
-@dataclasses.dataclass(frozen=True)
-class TvmOptions:
-    """LLVM code generation settings. Empty strings mean: detect this host."""
-
-    mcpu: str = ""
-    mtriple: str = ""
-    num_cores: int = 0
-    fast_math: bool = True
-    dynamic: bool = False
-    #: C compiler for a cross build (e.g. ``aarch64-linux-gnu-gcc``); empty: the host's gcc.
-    cc: str = ""
-    #: MetaSchedule trials in total (0: no search, default schedules only); see targets.tvm.tuning.tune.
-    tune_trials: int = 0
-    #: Wall-clock cap on the search in minutes (0: none); alone, only the clock ends the search.
-    tune_minutes: float = 0.0
-    #: Tuning store directory; empty: ``<--cache-dir>/tvm-tuning``, or nothing kept without a cache dir.
-    tuning_db: str = ""
-
-    def __post_init__(self) -> None:
-        if self.tune_trials < 0 or self.tune_minutes < 0:
-            raise OptionsError(
-                f"tvm: tune_trials ({self.tune_trials}) and tune_minutes ({self.tune_minutes}) must be >= 0 (0 = off)"
-            )
-
-    @property
-    def tuning(self) -> bool:
-        return self.tune_trials > 0 or self.tune_minutes > 0
-
-
-#: The tuning store's folder inside the build cache directory.
-TUNING_DIR = "tvm-tuning"
 
 
 class TvmTarget(Target):
@@ -101,7 +67,7 @@ class TvmTarget(Target):
                 "give a cross compiler with --target-opt cc=<arch>-linux-gnu-gcc"
             )
         if options.tuning:
-            _check_tunable(options)
+            check_tunable(options)
 
     def with_cache_dir(self, options: TvmOptions, cache_dir: Path) -> TvmOptions:
         """Keep the tuning store in the build cache unless one was given (entries are keyed by target)."""
@@ -131,7 +97,7 @@ class TvmTarget(Target):
         target = tvm.target.Target(target_dict(options))
         try:
             with tempfile.TemporaryDirectory(prefix="aotforge-tune-") as tune_dir:
-                tuning = _tune_settings(options, Path(tune_dir))
+                tuning = tune_settings(options, Path(tune_dir))
                 executable, report = compile_relax(mod, target, fast_math=options.fast_math, tuning=tuning)
             kwargs = {"cc": options.cc} if options.cc else {}
             executable.export_library(str(workdir / LIBRARY), **kwargs)
@@ -201,43 +167,3 @@ def _static_proto(model: ir.Model, shapes: Mapping[str, list[Any]]) -> Any:
             value.shape = ir.Shape(shapes[value.name])
     optimize_ir(static, onnx_shape_inference=True)
     return ir.serde.serialize_model(static)
-
-
-def _check_tunable(options: TvmOptions) -> None:
-    """Tuning times candidates on this host, so it must be the CPU the artifact is for."""
-    if options.dynamic:
-        raise OptionsError("tvm: tune_trials/tune_minutes need static shapes: drop dynamic=true to tune")
-    here = host_cpu()
-    arch = options.mtriple.split("-")[0]
-    if (options.mcpu and options.mcpu != here) or (arch and arch != platform.machine()):
-        raise OptionsError(
-            f"tvm: tuning measures candidates on this host ({here}, {platform.machine()}), not on "
-            f"mcpu={options.mcpu or here} mtriple={options.mtriple or '(host)'}: tune on a host with that CPU, "
-            "or build without tune_trials"
-        )
-
-
-def _tune_settings(options: TvmOptions, work_dir: Path) -> Any:
-    if not options.tuning:
-        return None
-    from aotforge.targets.tvm.tuning.tune import TuneSettings
-
-    return TuneSettings(
-        trials=options.tune_trials,  # 0 with tune_minutes: the clock only (TuneSettings)
-        minutes=options.tune_minutes,
-        work_dir=work_dir,
-        store_dir=Path(options.tuning_db) if options.tuning_db else None,
-    )
-
-
-def target_dict(options: TvmOptions) -> dict[str, Any]:
-    """The dict form TVM 0.27 needs (its ``"llvm -mcpu=..."`` string form is rejected)."""
-    import tvm
-
-    host = tvm.target.Target.from_device("cpu")
-    return {
-        "kind": "llvm",
-        "mcpu": options.mcpu or host_cpu(),
-        "mtriple": options.mtriple or str(host.attrs["mtriple"]),
-        "num-cores": options.num_cores or (os.cpu_count() or 1),
-    }
