@@ -18,6 +18,7 @@ nests and get an injective schedule. Anything else the rule cannot handle return
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from tvm import s_tir, tirx
@@ -120,6 +121,144 @@ def _has_if_then_else(block: tirx.SBlock) -> bool:
     return "if_then_else" in str(block.body)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Matmul:
+    """What the rule found: the reduction block (``infos[at]``), its ``n_s`` spatial loops, the
+    vector axis ``j`` (the last) and broadcast axis ``i`` (-1: none), their extents ``n``, ``m``."""
+
+    at: int
+    block: Any
+    n_s: int
+    i: int
+    j: int
+    m: int
+    n: int
+
+
+def _broadcast_axis(block: tirx.SBlock, spatial: list[Any], j: int) -> int:
+    """The innermost spatial iterator of an operand that does not depend on ``j`` (-1: none)."""
+    i = -1
+    operands = [r for r in block.reads if not _same_buffer(_source(r), _source(block.writes[0]))]
+    for region in operands:
+        used = _vars_in(region)
+        if any(v.same_as(spatial[j].var) for v in used):
+            continue
+        for k in range(j - 1, -1, -1):
+            if any(v.same_as(spatial[k].var) for v in used):
+                i = max(i, k)
+                break
+    if i < 0 and j > 0:
+        i = j - 1
+    return i
+
+
+def _match(sch: s_tir.Schedule, infos: list[Any]) -> _Matmul | None:
+    """The one sum-of-products reduction with static extents and spatial loops first, else ``None``."""
+    reductions = [k for k, b in enumerate(infos) if not b.is_injective()]
+    if len(reductions) != 1:
+        return None
+    at = reductions[0]
+    red_info = infos[at]
+    kinds = red_info.dom_kind()
+    n_s = len(kinds) - len(kinds.lstrip("S"))
+    if n_s == 0 or set(kinds[n_s:]) != {"R"}:
+        return None
+    if any(not isinstance(d, int | tirx.IntImm) for d in red_info.dom()):
+        return None  # static shapes only
+    block = sch.get(red_info.block_rv)
+    if not _is_sum_of_products(block) or len(block.reads) < 2:
+        return None
+    spatial = red_info.iters[:n_s]
+    j = n_s - 1
+    i = _broadcast_axis(block, spatial, j)
+    m = int(spatial[i].dom) if i >= 0 else 1  # type: ignore[arg-type]
+    n = int(spatial[j].dom)  # type: ignore[arg-type]
+    if n * m < 4:
+        return None  # nothing to tile: let GEMV / Reduction take it
+    return _Matmul(at, red_info.block_rv, n_s, i, j, m, n)
+
+
+def _inline_neighbours(sch: s_tir.Schedule, infos: list[Any], at: int, red: Any) -> tuple[Any, list[Any]]:
+    """The local accumulator's write-back block, and the producer / epilogue blocks left separate.
+
+    Producers are inlined when harmless, else kept as their own (scheduled) loop nests. The
+    accumulator goes to a local tile whose write-back carries the elementwise epilogue:
+    intermediate epilogue blocks are inlined into their consumers first (a value used twice, as
+    in GELU's x * erf(x), is then recomputed), so only the last one reads the accumulator and can
+    be merged into the write-back.
+    """
+    separate = []
+    for info in infos[:at]:
+        b = info.block_rv
+        if _has_if_then_else(sch.get(b)):
+            separate.append(b)
+            continue
+        try:
+            sch.compute_inline(b)
+        except Exception:
+            separate.append(b)
+    writeback = sch.cache_write(red, 0, "local")
+    epilogue = [info.block_rv for info in infos[at + 1 :]]
+    for b in epilogue[:-1]:
+        try:
+            sch.compute_inline(b)
+        except Exception:
+            separate.append(b)
+    if epilogue:
+        try:
+            sch.reverse_compute_inline(epilogue[-1])
+        except Exception:
+            separate.append(epilogue[-1])
+    return writeback, separate
+
+
+def _tile(sch: s_tir.Schedule, mm: _Matmul, tj: int, ti: int) -> tuple[Any, list[Any], Any, Any]:
+    """Split and order the loops; the fused parallel loop, the reduction loops, the i and j tile loops."""
+    i, j, n_s = mm.i, mm.j, mm.n_s
+    loops = sch.get_loops(mm.block)
+    s_loops, r_loops = loops[:n_s], loops[n_s:]
+    jo, ji = sch.split(s_loops[j], [None, tj])
+    outer = [s_loops[k] for k in range(n_s) if k not in (i, j)]
+    ii = None
+    if i >= 0:
+        io, ii = sch.split(s_loops[i], [None, ti])
+        # j tiles outside i tiles: one K x tj panel of the j-dependent operand (weights)
+        # stays in L2 while every i tile streams past it; i outside j re-streamed the whole
+        # weight matrix per i tile (MiniLM's 384x1536 FFN: 150 -> 270 GFLOP/s on 2 cores).
+        outer += [jo, io]
+        inner = [ii, ji]
+    else:
+        outer += [jo]
+        inner = [ji]
+    if i >= 0 and _split_k(sch, outer, r_loops, mm.m, tj):
+        # k blocks outside i tiles: an i tile's A rows and the weight panel's k block stay
+        # in L1/L2; the accumulator becomes an m x tj local block (BERT-base's 768x3072 FFN:
+        # 130 -> 240 GFLOP/s on 2 cores).
+        ko, ki = sch.split(r_loops[0], [None, K_BLOCK])
+        sch.reorder(*outer[:-1], ko, outer[-1], ki, *inner)
+        fused = sch.fuse(*outer[:-1])
+        r_loops = [ko]
+    else:
+        sch.reorder(*outer, *r_loops, *inner)
+        fused = sch.fuse(*outer)
+    return fused, r_loops, ii, ji
+
+
+def _vectorize(sch: s_tir.Schedule, red: Any, writeback: Any, r_loop: Any, ii: Any, ji: Any, vec: int) -> None:
+    """Vectorize the j lanes, unroll the tile, and vectorize the accumulator's init and write-back."""
+    jv_o, jv = sch.split(ji, [None, vec])
+    sch.vectorize(jv)
+    sch.unroll(jv_o)
+    if ii is not None:
+        sch.unroll(ii)
+    init = sch.decompose_reduction(red, r_loop)
+    init_loops = sch.get_loops(init)
+    sch.vectorize(sch.split(init_loops[-1], [None, vec])[1])
+    wb_loops = sch.get_loops(writeback)[1:]
+    wb_inner = sch.fuse(*wb_loops) if len(wb_loops) > 1 else wb_loops[0]
+    sch.vectorize(sch.split(wb_inner, [None, vec])[1])
+
+
 class TiledMatmul(CpuRule):
     """8x32 register tile with a local accumulator and a fused epilogue."""
 
@@ -127,115 +266,17 @@ class TiledMatmul(CpuRule):
         tile_j = _tile_j(target)
         sch = s_tir.Schedule(func)
         infos = dl.normalize_prim_func(sch)
-        if infos is None:
+        mm = _match(sch, infos) if infos is not None else None
+        if infos is None or mm is None:
             return None
-        reductions = [k for k, b in enumerate(infos) if not b.is_injective()]
-        if len(reductions) != 1:
-            return None
-        at = reductions[0]
-        red_info = infos[at]
-        kinds = red_info.dom_kind()
-        n_s = len(kinds) - len(kinds.lstrip("S"))
-        if n_s == 0 or set(kinds[n_s:]) != {"R"}:
-            return None
-        if any(not isinstance(d, int | tirx.IntImm) for d in red_info.dom()):
-            return None  # static shapes only
-        red = red_info.block_rv
-        block = sch.get(red)
-        if not _is_sum_of_products(block) or len(block.reads) < 2:
-            return None
-        spatial = red_info.iters[:n_s]
-        j = n_s - 1
-        # i: the innermost spatial iterator of an operand that does not depend on j.
-        i = -1
-        operands = [r for r in block.reads if not _same_buffer(_source(r), _source(block.writes[0]))]
-        for region in operands:
-            used = _vars_in(region)
-            if any(v.same_as(spatial[j].var) for v in used):
-                continue
-            for k in range(j - 1, -1, -1):
-                if any(v.same_as(spatial[k].var) for v in used):
-                    i = max(i, k)
-                    break
-        if i < 0 and j > 0:
-            i = j - 1
-        m = int(spatial[i].dom) if i >= 0 else 1  # type: ignore[arg-type]
-        n = int(spatial[j].dom)  # type: ignore[arg-type]
-        if n * m < 4:
-            return None  # nothing to tile: let GEMV / Reduction take it
-
-        # Producers: inline when harmless, else keep them as their own (scheduled) loop nests.
-        separate = []
-        for info in infos[:at]:
-            b = info.block_rv
-            if _has_if_then_else(sch.get(b)):
-                separate.append(b)
-                continue
-            try:
-                sch.compute_inline(b)
-            except Exception:
-                separate.append(b)
-        # Epilogue: accumulate into a local tile; the write-back carries the elementwise ops.
-        # Intermediate epilogue blocks are inlined into their consumers first (a value used
-        # twice, as in GELU's x * erf(x), is then recomputed), so only the last one reads the
-        # accumulator and can be merged into the write-back.
-        writeback = sch.cache_write(red, 0, "local")
-        epilogue = [info.block_rv for info in infos[at + 1 :]]
-        for b in epilogue[:-1]:
-            try:
-                sch.compute_inline(b)
-            except Exception:
-                separate.append(b)
-        if epilogue:
-            try:
-                sch.reverse_compute_inline(epilogue[-1])
-            except Exception:
-                separate.append(epilogue[-1])
-
-        vec = _vector_width(n)
-        tj = _largest_divisor(n, max(tile_j, vec), vec) or vec
-        ti = _largest_divisor(m, TILE_I) if i >= 0 else 1
-        loops = sch.get_loops(red)
-        s_loops, r_loops = loops[:n_s], loops[n_s:]
-        jo, ji = sch.split(s_loops[j], [None, tj])
-        outer = [s_loops[k] for k in range(n_s) if k not in (i, j)]
-        if i >= 0:
-            io, ii = sch.split(s_loops[i], [None, ti])
-            # j tiles outside i tiles: one K x tj panel of the j-dependent operand (weights)
-            # stays in L2 while every i tile streams past it; i outside j re-streamed the whole
-            # weight matrix per i tile (MiniLM's 384x1536 FFN: 150 -> 270 GFLOP/s on 2 cores).
-            outer += [jo, io]
-            inner = [ii, ji]
-        else:
-            outer += [jo]
-            inner = [ji]
-        if i >= 0 and _split_k(sch, outer, r_loops, m, tj):
-            # k blocks outside i tiles: an i tile's A rows and the weight panel's k block stay
-            # in L1/L2; the accumulator becomes an m x tj local block (BERT-base's 768x3072 FFN:
-            # 130 -> 240 GFLOP/s on 2 cores).
-            ko, ki = sch.split(r_loops[0], [None, K_BLOCK])
-            sch.reorder(*outer[:-1], ko, outer[-1], ki, *inner)
-            fused = sch.fuse(*outer[:-1])
-            r_loops = [ko]
-        else:
-            sch.reorder(*outer, *r_loops, *inner)
-            fused = sch.fuse(*outer)
+        writeback, separate = _inline_neighbours(sch, infos, mm.at, mm.block)
+        vec = _vector_width(mm.n)
+        tj = _largest_divisor(mm.n, max(tile_j, vec), vec) or vec
+        ti = _largest_divisor(mm.m, TILE_I) if mm.i >= 0 else 1
+        fused, r_loops, ii, ji = _tile(sch, mm, tj, ti)
         sch.parallel(fused)
         sch.reverse_compute_at(writeback, fused)
-
-        jv_o, jv = sch.split(ji, [None, vec])
-        sch.vectorize(jv)
-        sch.unroll(jv_o)
-        if i >= 0:
-            sch.unroll(ii)
-        init = sch.decompose_reduction(red, r_loops[0])
-        init_loops = sch.get_loops(init)
-        sch.vectorize(sch.split(init_loops[-1], [None, vec])[1])
-
-        wb_loops = sch.get_loops(writeback)[1:]
-        wb_inner = sch.fuse(*wb_loops) if len(wb_loops) > 1 else wb_loops[0]
-        sch.vectorize(sch.split(wb_inner, [None, vec])[1])
-
+        _vectorize(sch, mm.block, writeback, r_loops[0], ii, ji, vec)
         for b in separate:
             schedule_spatial_block(sch, b)
         return sch
