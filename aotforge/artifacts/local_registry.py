@@ -21,6 +21,7 @@ from typing import Protocol
 
 from aotforge.artifacts.hashing import require_intact, sha256_file
 from aotforge.artifacts.manifest import MANIFEST, read_manifest
+from aotforge.artifacts.names import check_alias, check_name
 from aotforge.artifacts.packing import pack, unpack
 from aotforge.core.errors import ArtifactError
 
@@ -89,11 +90,11 @@ def parse_ref(ref: str) -> tuple[str, int | None, str | None]:
     if "@" in ref:
         name, _, alias = ref.partition("@")
         if name and alias:
-            return name, None, alias
+            return check_name(name, f"{ref!r}: the name"), None, check_alias(alias)
     elif ":" in ref:
         name, _, version = ref.rpartition(":")
         if name and version.isdigit() and int(version) >= 1:
-            return name, int(version), None
+            return check_name(name, f"{ref!r}: the name"), int(version), None
     raise ArtifactError(f"{ref!r} is not a registry reference: write NAME:VERSION (e.g. resnet:3) or NAME@ALIAS")
 
 
@@ -233,8 +234,8 @@ class LocalRegistry:
         )
 
     def set_alias(self, name: str, alias: str, version: int) -> None:
-        if not alias or any(c in alias for c in ":@/ "):
-            raise ArtifactError(f"{alias!r} is not a valid alias: use letters, digits, '-', '_' or '.'")
+        check_name(name)
+        check_alias(alias)
         self.resolve(f"{name}:{version}")
         with self._transaction() as db:
             db.execute("INSERT OR REPLACE INTO aliases VALUES (?, ?, ?)", (name, alias, version))

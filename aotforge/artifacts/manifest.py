@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from aotforge.artifacts.manifest_shape import check_shape, parse_json
 from aotforge.core.errors import ArtifactError
 from aotforge.core.target_record import TargetRecord
 
@@ -49,7 +50,10 @@ class Manifest:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
+    def from_dict(cls, data: Any) -> Manifest:
+        """A manifest from parsed JSON; anything of the wrong shape is one :class:`ArtifactError`, never a crash."""
+        if not isinstance(data, Mapping):
+            raise ArtifactError(f"manifest is a JSON {type(data).__name__}, not an object: it is corrupt; rebuild it")
         if data.get("schema_version") != SCHEMA_VERSION:
             raise ArtifactError(
                 f"manifest schema_version {data.get('schema_version')!r} is not {SCHEMA_VERSION}: "
@@ -60,15 +64,18 @@ class Manifest:
         missing = fields - set(data)
         if unknown or missing:
             raise ArtifactError(f"manifest has unknown keys {sorted(unknown)} / lacks {sorted(missing)}: it is corrupt")
+        check_shape(data)
         return cls(**{**data, "target": TargetRecord.from_dict(data["target"])})
 
 
 def read_manifest(artifact_dir: Path) -> Manifest:
     path = artifact_dir / MANIFEST
-    if not path.is_file():
-        raise ArtifactError(f"{artifact_dir} is not an aotforge artifact: it has no {MANIFEST}")
+    if path.is_symlink() or not path.is_file():
+        raise ArtifactError(f"{artifact_dir} is not an aotforge artifact: it has no {MANIFEST} (or it is a link)")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ArtifactError(f"{path} is not readable JSON ({e}): the artifact is corrupt, rebuild it") from e
+        data = parse_json(path.read_bytes())
+    except OSError as e:
+        raise ArtifactError(f"{path} is not readable ({e}): check its permissions") from e
+    except ArtifactError as e:
+        raise ArtifactError(f"{path}: {e}") from e
     return Manifest.from_dict(data)

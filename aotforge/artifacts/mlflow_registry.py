@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from aotforge.artifacts.hashing import require_intact
 from aotforge.artifacts.local_registry import RegistryEntry, artifact_digest, parse_ref
 from aotforge.artifacts.manifest import read_manifest
+from aotforge.artifacts.names import check_alias, check_name
 from aotforge.core.errors import RegistryError
 
 T = TypeVar("T")
@@ -127,6 +128,8 @@ class MlflowRegistry:
         )
 
     def set_alias(self, name: str, alias: str, version: int) -> None:
+        check_name(name)
+        check_alias(alias)
         self.resolve(f"{name}:{version}")
         self._call("set alias", lambda: self.client.set_registered_model_alias(name, alias, str(version)))
 
@@ -150,6 +153,8 @@ class MlflowRegistry:
         return str(run.info.run_id)
 
     def _entries(self, name: str) -> builtins.list[RegistryEntry]:
+        check_name(name)  # it goes into a filter string: never a quote
+
         def fetch() -> tuple[Any, builtins.list[Any]]:
             models = self.client.search_registered_models(filter_string=f"name = '{name}'")
             versions = self.client.search_model_versions(f"name = '{name}'") if models else []

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from aotforge.artifacts.hashing import SIGNATURE, require_intact
 from aotforge.artifacts.manifest import MANIFEST, Manifest, read_manifest
-from aotforge.core.errors import SignatureError
+from aotforge.artifacts.manifest_shape import parse_json
+from aotforge.core.errors import ArtifactError, SignatureError
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -168,8 +169,8 @@ def verified_manifest(artifact_dir: str | Path, public_key: str | Path | Ed25519
     else:
         data = verify_signature(root, public_key)
         try:
-            manifest = Manifest.from_dict(json.loads(data))
-        except ValueError as e:
-            raise SignatureError(f"{root / MANIFEST} is signed but not JSON ({e}): rebuild and re-sign it") from e
+            manifest = Manifest.from_dict(parse_json(data))
+        except ArtifactError as e:
+            raise SignatureError(f"{root / MANIFEST} is signed but malformed ({e}): rebuild and re-sign it") from e
     require_intact(root, manifest)
     return manifest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import shutil
 import tempfile
@@ -12,24 +13,34 @@ from pathlib import Path
 
 import jinja2
 
-from aotforge.artifacts.hashing import hash_tree
+from aotforge.artifacts.hashing import hash_tree, sha256_file
 from aotforge.artifacts.manifest import MANIFEST, Manifest
+from aotforge.artifacts.names import check_name, check_version
 from aotforge.core.errors import ArtifactError
 
 MODEL_CARD = "MODEL_CARD.md"
 #: The IR the target compiled, in every artifact (and every build cache entry).
 MODEL_FILE = "model.onnx"
 _STAGING_PREFIX = ".staging-"
+#: Versions tried by one build before giving up (each loss means another build claimed one meanwhile).
+_MAX_CLAIMS = 1000
 
 
 def artifact_path(out: Path, name: str, version: int, target: str) -> Path:
-    return out / name / str(version) / target
+    return out / check_name(name) / str(check_version(version)) / check_name(target, "target")
 
 
 def next_version(out: Path, name: str) -> int:
-    """One past the highest existing version of ``name`` under ``out`` (1 for a new name)."""
-    root = out / name
-    versions = [int(p.name) for p in root.iterdir() if p.name.isdigit()] if root.is_dir() else []
+    """One past the highest version of ``name`` under ``out`` that holds an artifact (1 for a new name).
+
+    A version directory without any ``<target>/manifest.json`` (left by a killed run) does not count.
+    """
+    root = out / check_name(name)
+    versions = [
+        int(p.name)
+        for p in (root.iterdir() if root.is_dir() else ())
+        if p.name.isdigit() and any(p.glob(f"*/{MANIFEST}"))
+    ]
     return max(versions, default=0) + 1
 
 
@@ -44,21 +55,45 @@ def staging_dir(out: Path) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def finalize(stage: Path, manifest: Manifest, final: Path) -> Manifest:
-    """Render the model card, hash every file, write the manifest, and rename ``stage`` to ``final``."""
-    (stage / MODEL_CARD).write_text(render_model_card(manifest))
-    manifest = dataclasses.replace(manifest, files=hash_tree(stage))
-    (stage / MANIFEST).write_text(manifest.to_json())
+def finalize(stage: Path, manifest: Manifest, out: Path, *, explicit: bool) -> tuple[Manifest, Path]:
+    """Render the model card, hash every file, write the manifest, and rename ``stage`` into place.
+
+    The version is claimed by the rename itself (``os.rename`` refuses a non-empty destination), so
+    concurrent builds of one name never collide: one that loses the race takes the next free version,
+    unless the user asked for this one (``explicit``), which is then refused: a version is never
+    overwritten.
+    """
+    files = hash_tree(stage)
+    version = manifest.version
+    for _ in range(_MAX_CLAIMS):
+        claim = dataclasses.replace(manifest, version=version)
+        (stage / MODEL_CARD).write_text(render_model_card(claim))
+        claim = dataclasses.replace(claim, files={**files, MODEL_CARD: sha256_file(stage / MODEL_CARD)})
+        (stage / MANIFEST).write_text(claim.to_json())
+        final = artifact_path(out, claim.name, version, claim.target.name)
+        if _claim(stage, final):
+            return claim, final
+        if explicit:
+            raise ArtifactError(
+                f"{final} already exists: version {version} of {claim.name} for {claim.target.name} "
+                "was built before; give another --version or leave it out to get the next one"
+            )
+        version = max(version + 1, next_version(out, claim.name))
+    raise ArtifactError(f"no free version of {manifest.name} under {out} after {_MAX_CLAIMS} tries: retry the build")
+
+
+def _claim(stage: Path, final: Path) -> bool:
+    """Rename ``stage`` to ``final``; False when another artifact is already there."""
     final.parent.mkdir(parents=True, exist_ok=True)
     try:
-        # os.rename refuses a non-empty destination: a version is never overwritten, even by a race.
         os.rename(stage, final)
     except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            return False
         raise ArtifactError(
-            f"{final} already exists: version {manifest.version} of {manifest.name} for {manifest.target.name} "
-            "was built before; give another --version or leave it out to get the next one"
+            f"cannot move the artifact into {final} ({e}): check the permissions of {final.parent}"
         ) from e
-    return manifest
+    return True
 
 
 def render_model_card(manifest: Manifest) -> str:

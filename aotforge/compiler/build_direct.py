@@ -33,6 +33,7 @@ from typing import Any
 from aotforge.artifacts import build_cache, build_cache_direct
 from aotforge.artifacts.hashing import sha256_file
 from aotforge.artifacts.manifest import Manifest
+from aotforge.artifacts.names import safe_name
 from aotforge.artifacts.store import MODEL_FILE, staging_dir
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import build_record, place_artifact, store_artifact
@@ -97,7 +98,7 @@ def serve(direct: DirectPlan, opts: BuildOptions, say: Progress) -> BuildResult 
     if not name:
         direct.reason = "direct entry names no artifact"
         return None
-    place = place_artifact(opts.out, name, opts.version, opts.target)
+    place = place_artifact(opts.out, opts.name or safe_name(name), opts.version, opts.target)
     with staging_dir(opts.out) as stage:
         hit = build_cache.lookup(opts.cache_dir, entry.key, stage)
         if hit is None or MODEL_FILE not in hit.files:
@@ -127,7 +128,7 @@ def serve(direct: DirectPlan, opts: BuildOptions, say: Progress) -> BuildResult 
         direct.reason = "hit"
         say(f"cache hit (direct) {entry.key[:12]}: skipping the frontend, passes and {opts.target} compile")
         manifest = store_artifact(stage, manifest, place)
-    return BuildResult(place.final, manifest)
+    return BuildResult(place.path_of(manifest), manifest)
 
 
 def remember(

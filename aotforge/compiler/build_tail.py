@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aotforge.artifacts.hashing import sha256_file
 from aotforge.artifacts.manifest import Manifest
+from aotforge.artifacts.names import check_name, check_version
 from aotforge.artifacts.store import MODEL_FILE, artifact_path, finalize, next_version
 from aotforge.compiler.benchmark import BenchOptions, benchmark
 from aotforge.compiler.compile_cache import compile_cached
@@ -38,20 +39,35 @@ Progress = Callable[[str], None]
 
 @dataclasses.dataclass(frozen=True)
 class ArtifactPlace:
-    """Where an artifact will be stored: its name, its version and the directory it becomes."""
+    """Where an artifact will be stored: under ``out``, its name, the version hoped for and its target.
 
+    Without an ``explicit`` version, ``version`` is only the next free one when the build started: the
+    rename at the end claims the version (``artifacts.store.finalize``), and a concurrent build that got
+    there first pushes this one to the next.
+    """
+
+    out: Path
     name: str
     version: int
-    final: Path
+    target: str
+    explicit: bool
+
+    def path_of(self, manifest: Manifest) -> Path:
+        """Where the stored artifact is (its version is the one its manifest says)."""
+        return artifact_path(self.out, manifest.name, manifest.version, self.target)
 
 
 def place_artifact(out: Path, name: str, version: int | None, target: str) -> ArtifactPlace:
-    """The next version (or the one asked for) of ``name`` under ``out``; an existing one is refused."""
-    version = version or next_version(out, name)
-    final = artifact_path(out, name, version, target)
-    if final.exists():
-        raise InputSpecError(f"{final} already exists: give another --version or leave it out to get the next one")
-    return ArtifactPlace(name, version, final)
+    """The next version (or the one asked for) of ``name`` under ``out``; an existing explicit one is refused."""
+    check_name(name, "--name")
+    if version is not None:
+        check_version(version, "--version")
+        final = artifact_path(out, name, version, target)
+        # Refused before the compile: an existing version costs the user no compile time.
+        if final.exists():
+            raise InputSpecError(f"{final} already exists: give another --version or leave it out to get the next one")
+        return ArtifactPlace(out, name, version, target, explicit=True)
+    return ArtifactPlace(out, name, next_version(out, name), target, explicit=False)
 
 
 def build_record(started: float, **extra: Any) -> dict[str, Any]:
@@ -68,7 +84,8 @@ def build_record(started: float, **extra: Any) -> dict[str, Any]:
 def store_artifact(stage: Path, manifest: Manifest, place: ArtifactPlace) -> Manifest:
     """Name, version, model card, file hashes and the atomic rename into place."""
     manifest = dataclasses.replace(manifest, name=place.name, version=place.version)
-    return finalize(stage, manifest, place.final)
+    stored, _final = finalize(stage, manifest, place.out, explicit=place.explicit)
+    return stored
 
 
 def key_toolchain(target: str, probe: ProbeResult) -> dict[str, str]:

@@ -15,6 +15,7 @@ from typing import Any
 import onnx_ir as ir
 
 from aotforge.artifacts.manifest import Manifest
+from aotforge.artifacts.names import safe_name
 from aotforge.artifacts.store import MODEL_FILE, staging_dir
 from aotforge.compiler import read_tracker
 from aotforge.compiler.build_direct import DirectPlan
@@ -59,7 +60,7 @@ def build_resolved(
     # Everything up to the IR after passes is what direct mode skips: record the files it reads.
     with read_tracker.recording(enabled=direct.key is not None) as reads:
         planned = plan_and_transform(model, opts, example_inputs, say)
-    name = opts.name or planned.source.name
+    name = opts.name or safe_name(planned.source.name)
     if opts.prepare_only:
         return prepare_bundle(planned, opts, name)
     # Placed before the compile: an existing version costs the user no compile time.
@@ -74,7 +75,7 @@ def build_resolved(
                 cache["direct"] = direct.reason
 
         manifest = compile_and_store(job, stage, started, say, before_store=remember)
-    return BuildResult(place.final, manifest)
+    return BuildResult(place.path_of(manifest), manifest)
 
 
 def plan_and_transform(

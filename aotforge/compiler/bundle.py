@@ -244,7 +244,7 @@ def finish(
             build_extra={"bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]}},
         )
         manifest = compile_and_store(job, stage, started, progress or (lambda _msg: None))
-    return BuildResult(place.final, manifest)
+    return BuildResult(place.path_of(manifest), manifest)
 
 
 def _check_plan(target: Target, model: ir.Model, opts: Any, ctx: BuildContext, data: Mapping[str, Any]) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from aotforge.artifacts.names import check_name
 from aotforge.compiler.benchmark import BenchOptions
 from aotforge.core.errors import OptionsError
 from aotforge.core.spec import DimRange
@@ -64,8 +65,13 @@ class BuildOptions:
             raise OptionsError(f"tolerance must be > 0, got {options.tolerance}")
         if options.accuracy_budget is not None and not 0 < options.accuracy_budget <= 1:
             raise OptionsError(f"accuracy_budget is a cosine in (0, 1], got {options.accuracy_budget}")
-        if options.version is not None and options.version < 1:
-            raise OptionsError(f"version must be a positive integer, got {options.version}")
+        if options.version is not None and (
+            isinstance(options.version, bool) or not isinstance(options.version, int) or options.version < 1
+        ):
+            raise OptionsError(f"version must be a positive integer, got {options.version!r}")
+        if options.name is not None:
+            # It becomes a directory under --out and a registry key: one safe path component.
+            check_name(options.name, "--name")
         return options
 
 
