@@ -61,6 +61,8 @@ def plan(model: Any, opts: BuildOptions) -> DirectPlan:
         return DirectPlan(None, "no --cache-dir")
     if not isinstance(model, (str, Path)) or Path(model).suffix not in (".py", ".onnx"):
         return DirectPlan(None, "direct mode needs a .py or .onnx model file")
+    if opts.sample_inputs is not None and not isinstance(opts.sample_inputs, (str, Path)):
+        return DirectPlan(None, "direct mode needs sample inputs as a file or directory, not arrays")
     if opts.prepare_only or opts.dump_ir is not None:
         return DirectPlan(None, "direct mode is off for --prepare-only and --dump-ir")
     path = Path(model)

@@ -23,6 +23,8 @@ class PlannedBuild:
     samples: list[Arrays]
     sizes: Mapping[str, int]
     records: list[PassRecord]
+    #: Where the validation inputs came from (``compiler.sample_inputs``): the manifest's record.
+    inputs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def pass_entries(self) -> list[dict[str, Any]]:

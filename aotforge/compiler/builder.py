@@ -28,7 +28,7 @@ from aotforge.compiler.frontend_onnx import load_onnx
 from aotforge.compiler.frontend_torch import load_torch_file, load_torch_module
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.recipe import int8_shortcuts
-from aotforge.compiler.sample_inputs import make_inputs
+from aotforge.compiler.sample_inputs import validation_inputs
 from aotforge.compiler.source import SourceModel
 from aotforge.compiler.validation import validation_plan
 from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError
@@ -94,6 +94,13 @@ def plan_and_transform(
     source = _load(model, opts, example_inputs)
     io = dataclasses.replace(source.io, dims=opts.dynamic)
     check_dims_used(opts.dynamic, io)
+    # Validation inputs before the passes, so every build of a model sees the same ones, and before
+    # the target plans: sample inputs bind the dims no --dynamic names, and a source model that
+    # rejects its inputs fails here, before any compile (compiler.sample_inputs).
+    chosen = validation_inputs(io, opts.sample_inputs, source.reference, seed=opts.seed, count=opts.validation_samples)
+    # The reference now answers the validation samples from the outputs computed while checking them.
+    source = dataclasses.replace(source, reference=chosen.reference)
+    io = chosen.io
     ctx = BuildContext(
         io=io,
         passes=pass_names,
@@ -102,12 +109,9 @@ def plan_and_transform(
         contrib_passes=contrib_op_passes(pass_names),
     )
     target.plan(source.ir, target_opts, ctx)
-    # Validation inputs are drawn before the passes so every build of a model sees the same ones.
-    sizes = io.bound_sizes("opt")
-    samples = make_inputs(io, sizes, seed=opts.seed, count=opts.validation_samples)
     say(f"running passes: {', '.join(pass_names) or 'none'}")
     records = run_passes(source.ir, graph_passes, opts.dump_ir)
-    return PlannedBuild(source, target, probe, target_opts, ctx, samples, sizes, records)
+    return PlannedBuild(source, target, probe, target_opts, ctx, chosen.samples, chosen.sizes, records, chosen.record)
 
 
 def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
@@ -120,7 +124,9 @@ def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
         ctx=planned.ctx,
         samples=planned.samples,
         reference=source.reference,
-        validation=validation_plan(source.format, opts.tolerance, opts.validation_samples, opts.seed, planned.sizes),
+        validation=validation_plan(
+            source.format, opts.tolerance, planned.samples, opts.seed, planned.sizes, planned.inputs
+        ),
         bench=opts.bench_options if opts.bench else None,
         batch=int(planned.sizes.get("batch", 1)),
         source={"format": source.format, "sha256": source.sha256},

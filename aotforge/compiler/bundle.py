@@ -153,7 +153,9 @@ def read_bundle(path: Path) -> dict[str, Any]:
 def prepare_bundle(planned: PlannedBuild, opts: BuildOptions, name: str) -> BuildResult:
     """Write a build bundle for ``aotforge finish`` instead of compiling here; the result holds its draft."""
     source = planned.source
-    validation = validation_plan(source.format, opts.tolerance, opts.validation_samples, opts.seed, planned.sizes)
+    validation = validation_plan(
+        source.format, opts.tolerance, planned.samples, opts.seed, planned.sizes, planned.inputs
+    )
     draft = BundleDraft(
         model=source.ir,
         io=planned.ctx.io,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import numpy as np
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
@@ -60,6 +59,7 @@ def _name_unknown_dims(name: str, shape: tuple[int | str, ...]) -> tuple[int | s
 
 def _ort_reference(path: Path) -> Callable[[Arrays], Arrays]:
     from aotforge.targets.onnxruntime import reference_session
+    from aotforge.targets.ort_io import run_session
 
     try:
         session = reference_session(str(path))
@@ -71,7 +71,6 @@ def _ort_reference(path: Path) -> Callable[[Arrays], Arrays]:
     names = [o.name for o in session.get_outputs()]
 
     def run(inputs: Arrays) -> Arrays:
-        values = session.run(names, inputs)
-        return {n: np.asarray(v) for n, v in zip(names, values, strict=True)}
+        return run_session(session, names, inputs)
 
     return run

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,11 @@ class BuildOptions:
     out: Path = DEFAULT_OUT
     #: Largest relative L2 error allowed per output against the source model.
     tolerance: float = 1e-4
+    #: How many inputs are generated for validation when no ``sample_inputs`` are given.
     validation_samples: int = 3
+    #: The user's validation (and benchmark) inputs: FILE.npz, a directory (``compiler.sample_files``),
+    #: or dicts of arrays; None generates ``validation_samples`` inputs.
+    sample_inputs: str | Path | Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
     seed: int = 0
     bench: bool = True
     bench_options: BenchOptions = BenchOptions()

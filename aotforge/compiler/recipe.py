@@ -5,6 +5,7 @@ passes = ["O2", "int8"]
 target = "onnxruntime"
 tolerance = 0.2
 calibration = "calib/"          # or "make_calib.py:samples"
+sample_inputs = "samples.npz"   # validation / benchmark inputs (or a directory of them)
 accuracy_budget = 0.995         # int8's min_cosine
 [pass_options.int8]
 method = "percentile"
@@ -35,6 +36,7 @@ _KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "calibration": ("calibration", str),
     "accuracy_budget": ("accuracy_budget", (int, float)),
     "validation_samples": ("validation_samples", int),
+    "sample_inputs": ("sample_inputs", str),
     "seed": ("seed", int),
     "name": ("name", str),
     "dynamic": ("dynamic", list),

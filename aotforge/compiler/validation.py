@@ -15,16 +15,23 @@ BROKEN_COSINE = 0.9
 
 
 def validation_plan(
-    source_format: str, tolerance: float, samples: int, seed: int, bound_dims: Mapping[str, int]
+    source_format: str,
+    tolerance: float,
+    samples: Sequence[Arrays],
+    seed: int,
+    bound_dims: Mapping[str, int],
+    inputs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What the manifest records of how the artifact is validated, before any metric exists."""
+    """What the manifest records of how the artifact is validated, before any metric exists;
+    ``inputs`` says where the samples came from (generated, or the user's, with their sha256)."""
     return {
         "reference": "torch eager" if source_format == "torch" else "onnxruntime on the unmodified ONNX",
         "metric": "rel_l2",
         "tolerance": tolerance,
-        "samples": samples,
+        "samples": len(samples),
         "seed": seed,
         "bound_dims": dict(bound_dims),
+        **({"inputs": dict(inputs)} if inputs else {}),
     }
 
 
@@ -48,9 +55,17 @@ def validate(
 def failure_message(model: str, target: str, metrics: Mapping[str, OutputMetrics], tolerance: float) -> str:
     bad = {n: m for n, m in metrics.items() if not m.rel_l2 <= tolerance}
     shown = "; ".join(
-        f"{n}: rel L2 {m.rel_l2:.3g}, max abs {m.max_abs:.3g}, cosine {m.cosine:.6f}" for n, m in bad.items()
+        f"{n}: rel L2 {m.rel_l2:.3g}, max abs {m.max_abs:.3g}, cosine {m.cosine:.6f}"
+        + (f", {m.mismatched} element(s) differ where only an exact match counts" if m.mismatched else "")
+        for n, m in bad.items()
     )
     head = f"{model} on {target} does not match the source model ({shown}; tolerance rel L2 {tolerance:g})"
+    if any(m.mismatched for m in bad.values()):
+        # Integer / bool values or NaN / Inf places that differ: no tolerance covers them.
+        return (
+            f"{head}: integer, bool and string outputs and the places of NaN / Inf must match the source "
+            "exactly; drop the pass that changes numerics, or report the target bug"
+        )
     if any(not m.cosine >= BROKEN_COSINE for m in bad.values()):
         # A cosine this low is a broken model, not a precision loss: never invite a looser tolerance.
         return (

@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx_ir as ir
 
 from aotforge.core.errors import (
@@ -26,6 +25,7 @@ from aotforge.core.errors import (
 )
 from aotforge.core.spec import IOSpec
 from aotforge.targets.base import Arrays, BuildContext, BuiltArtifact, CompileResult, ProbeResult, Target, TargetRecord
+from aotforge.targets.ort_io import run_session
 
 OPTIMIZED_MODEL = "model.ort.onnx"
 SESSION_FILE = "session.json"
@@ -148,10 +148,9 @@ class OrtRunner:
 
     def run(self, inputs: Arrays) -> Arrays:
         try:
-            values = self.session.run(self.output_names, inputs)
+            return run_session(self.session, self.output_names, inputs)
         except Exception as e:  # ORT's InvalidArgument / Fail carry the shape mismatch in their text
             raise InputSpecError(f"onnxruntime artifact rejected the inputs: {describe(e, last=True)}") from e
-        return {name: np.asarray(v) for name, v in zip(self.output_names, values, strict=True)}
 
 
 def reference_session(path_or_bytes: str | bytes) -> Any:

@@ -27,6 +27,11 @@ from aotforge.core.spec import parse_value_range
 @click.option("--tune-minutes", type=click.FloatRange(min=0), default=0.0, help="tvm: stop tuning after this long.")
 @click.option("--pass-opt", multiple=True, type=KeyValueParam(), help="Pass parameter, e.g. int8.method=percentile.")
 @click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Max relative L2 error per output.")
+@click.option(
+    "--sample-inputs",
+    help="Validation and benchmark inputs: FILE.npz (arrays named after the inputs) or a directory of .npz "
+    "files or ONNX test data (input_0.pb ...); default: generated.",
+)
 @click.option("--no-bench", is_flag=True, help="Skip the benchmark.")
 @click.option("--bench-seconds", type=float, default=10.0, show_default=True, help="Benchmark time budget.")
 @click.option("--dump-ir", type=click.Path(path_type=Path), help="Write the IR after each pass into this directory.")
@@ -67,6 +72,7 @@ def compile(model: str, **kw: Any) -> None:
             "target_options": {**dict(kw["target_opt"]), **_tuning_options(kw)},
             "pass_params": _pass_params(kw["pass_opt"]),
             "tolerance": kw["tolerance"],
+            "sample_inputs": kw["sample_inputs"],
             "bench": not kw["no_bench"],
             "bench_options": BenchOptions(max_seconds=kw["bench_seconds"]),
             "dump_ir": kw["dump_ir"],
@@ -120,6 +126,7 @@ _RECIPE_FLAGS = {
     "pass_params": "pass_opt",
     "target_options": "target_opt",
     "tolerance": "tolerance",
+    "sample_inputs": "sample_inputs",
     "dynamic": "dynamic",
     "input_ranges": "input_range",
     "name": "name",

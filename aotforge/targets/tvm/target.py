@@ -144,7 +144,8 @@ class TvmRunner:
         self.output_names = output_names
 
     def run(self, inputs: Arrays) -> Arrays:
-        tensors = [self._tvm.runtime.tensor(np.ascontiguousarray(v)) for v in inputs.values()]
+        # np.require, not np.ascontiguousarray: that one turns a 0-d input (a Clip bound, Trilu's k) into 1-d.
+        tensors = [self._tvm.runtime.tensor(np.require(v, requirements="C")) for v in inputs.values()]
         try:
             result = self._vm["main"](*tensors)
         except Exception as e:

@@ -1,0 +1,215 @@
+"""The ONNX backend node suite through aotforge: of the cases ONNX Runtime passes alone, how many
+still pass built with ``aotforge.build(model, target=...)``, each validated on its own test data.
+
+Every node case of ``onnx.backend.test`` (onnx's generated ``model.onnx`` + ``test_data_set_*/
+input_<i>.pb, output_<i>.pb``) is written to a work dir, then:
+
+- *ORT alone*: an ``onnxruntime.InferenceSession`` on the unmodified model, fed the case's inputs
+  (bfloat16 / float8 as OrtValues: ``targets.ort_io``), its outputs compared with the expected ones
+  the way onnx's backend runner does (``Runner.assert_similar_outputs``, the case's rtol/atol);
+- *aotforge*: ``build(model.onnx, target=T, sample_inputs=<the case dir>, bench=False)`` (default
+  passes, validated against the ORT reference on the case's inputs), then the loaded artifact's
+  outputs compared with the expected ones the same way.
+
+    python tools/node_suite.py [--target onnxruntime|tvm] [--match REGEX] [--json report.json]
+
+prints the case count, ORT-alone passes, aotforge passes among them, their ratio, and each
+failure with its reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    model: Path
+    inputs: list[list[Any]]  # per data set, in graph-input order
+    expected: list[list[Any]]  # per data set, in graph-output order
+    rtol: float
+    atol: float
+
+
+@dataclasses.dataclass
+class Report:
+    target: str
+    cases: int = 0
+    ort_passes: int = 0
+    aotforge_passes: int = 0
+    #: Cases ORT passes alone that fail through aotforge: name -> reason.
+    failures: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Cases ORT fails alone: name -> reason (not counted against aotforge).
+    ort_failures: dict[str, str] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        return self.aotforge_passes / self.ort_passes if self.ort_passes else 0.0
+
+
+def collect(match: str | None = None) -> list[Any]:
+    """onnx's node test cases (``onnx.backend.test.case.node``), optionally those whose name matches."""
+    from onnx.backend.test.case import node
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the cases' own numpy runs divide by zero on purpose
+        cases = node.collect_testcases(None)
+    pattern = re.compile(match) if match else None
+    return [c for c in cases if pattern is None or pattern.search(c.name)]
+
+
+def write_case(case: Any, root: Path) -> Case:
+    """``model.onnx`` and ``test_data_set_<k>/input_<i>.pb, output_<i>.pb``, as onnx's generate-data writes them."""
+    directory = root / case.name
+    (directory).mkdir(parents=True, exist_ok=True)
+    model_path = directory / "model.onnx"
+    onnx.save(case.model, model_path)
+    graph = case.model.graph
+    all_inputs, all_expected = [], []
+    for k, (inputs, outputs) in enumerate(case.data_sets):
+        data = directory / f"test_data_set_{k}"
+        data.mkdir(exist_ok=True)
+        for prefix, values, infos in (("input", inputs, graph.input), ("output", outputs, graph.output)):
+            for j, value in enumerate(values):
+                (data / f"{prefix}_{j}.pb").write_bytes(_proto(value, infos[j]).SerializeToString())
+        all_inputs.append([_array(v) for v in inputs])
+        all_expected.append([_array(v) for v in outputs])
+    return Case(case.name, model_path, all_inputs, all_expected, float(case.rtol), float(case.atol))
+
+
+def _proto(value: Any, info: onnx.ValueInfoProto) -> Any:
+    if isinstance(value, onnx.TensorProto):
+        return value
+    if info.type.HasField("sequence_type"):
+        return numpy_helper.from_list(value, info.name)
+    if info.type.HasField("optional_type"):
+        return numpy_helper.from_optional(value, info.name)
+    return numpy_helper.from_array(np.asarray(value), info.name)
+
+
+def _array(value: Any) -> Any:
+    # numpy scalars (np.float32(2)) stand for 0-d tensors; sequences stay lists, empty optionals None.
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    return value if isinstance(value, list) or value is None else np.asarray(value)
+
+
+def check_outputs(case: Case, data_set: int, outputs: Sequence[Any]) -> None:
+    """onnx's own comparison (raises AssertionError): shapes, dtypes, rtol/atol, NaN equal to NaN."""
+    from onnx.backend.test.runner import Runner
+
+    Runner.assert_similar_outputs(case.expected[data_set], list(outputs), rtol=case.rtol, atol=case.atol)
+
+
+def ort_alone(case: Case) -> str | None:
+    """None when ONNX Runtime alone passes the case, else why not."""
+    import onnxruntime as ort
+
+    from aotforge.targets.ort_io import run_session
+
+    try:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        session = ort.InferenceSession(str(case.model), options, providers=["CPUExecutionProvider"])
+        in_names = [i.name for i in session.get_inputs()]
+        out_names = [o.name for o in session.get_outputs()]
+        for k, inputs in enumerate(case.inputs):
+            got = run_session(session, out_names, dict(zip(in_names, inputs, strict=False)))
+            check_outputs(case, k, [got[n] for n in out_names])
+    except Exception as e:
+        return _reason(e)
+    return None
+
+
+def through_aotforge(case: Case, target: str, out: Path) -> str | None:
+    """None when the artifact built from the case, validated on its own data, gives the expected outputs."""
+    import aotforge
+
+    try:
+        result = aotforge.build(
+            str(case.model),
+            target=target,
+            sample_inputs=str(case.model.parent),
+            bench=False,
+            out=out,
+            name=case.name,
+        )
+        artifact = aotforge.load(result.path)
+        names = [s.name for s in artifact.io.inputs]
+        outputs = [o.name for o in artifact.io.outputs]
+        for k, inputs in enumerate(case.inputs):
+            got = artifact.run(dict(zip(names, inputs, strict=True)))
+            check_outputs(case, k, [got[n] for n in outputs])
+    except Exception as e:
+        return _reason(e)
+    return None
+
+
+def _reason(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {' | '.join(lines[:3])[:300]}"
+
+
+def run_suite(cases: Iterable[Any], target: str, work: Path, progress: bool = False) -> Report:
+    report = Report(target)
+    started = time.perf_counter()
+    for case in cases:
+        files = write_case(case, work / "cases")
+        report.cases += 1
+        reason = ort_alone(files)
+        if reason is not None:
+            report.ort_failures[files.name] = reason
+            continue
+        report.ort_passes += 1
+        reason = through_aotforge(files, target, work / "out")
+        if reason is None:
+            report.aotforge_passes += 1
+        else:
+            report.failures[files.name] = reason
+        if progress and report.cases % 100 == 0:
+            print(f"{report.cases} cases, {report.aotforge_passes}/{report.ort_passes}", file=sys.stderr)
+    report.seconds = round(time.perf_counter() - started, 1)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="onnxruntime")
+    parser.add_argument("--match", help="only cases whose name matches this regular expression")
+    parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--workdir", type=Path, help="keep the cases and artifacts here (default: a temp dir)")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    with tempfile.TemporaryDirectory() as tmp:
+        report = run_suite(collect(args.match), args.target, args.workdir or Path(tmp), progress=True)
+    print(
+        f"target {report.target}: {report.cases} cases, ORT alone passes {report.ort_passes}, "
+        f"aotforge passes {report.aotforge_passes} of those ({100 * report.ratio:.2f}%), {report.seconds} s"
+    )
+    for name, reason in sorted(report.failures.items()):
+        print(f"  FAIL {name}: {reason}")
+    if args.json:
+        args.json.write_text(
+            json.dumps({**dataclasses.asdict(report), "ratio": report.ratio}, indent=2, sort_keys=True)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
