@@ -37,8 +37,10 @@ def compare(reference: Arrays, got: Arrays) -> dict[str, OutputMetrics]:
 
 
 def _compare_value(ref: Any, out: Any) -> OutputMetrics:
-    if isinstance(ref, (list, tuple)) or ref is None:  # a sequence output, or an empty optional
-        if not isinstance(out, type(ref)) or (ref is not None and len(out) != len(ref)):
+    if ref is None:  # an empty optional
+        return _EQUAL if out is None else _FAILED
+    if isinstance(ref, (list, tuple)):  # a sequence output
+        if not isinstance(out, (list, tuple)) or len(out) != len(ref):
             return _FAILED
         return worst([{"": _compare_value(r, o)} for r, o in zip(ref, out, strict=True)])[""] if ref else _EQUAL
     if out is None or isinstance(out, (list, tuple)) or np.shape(out) != np.shape(ref):

@@ -49,7 +49,7 @@ def run_session(session: Any, output_names: Sequence[str], inputs: Arrays) -> Ar
     return {n: _read(v) for n, v in zip(output_names, results, strict=True)}
 
 
-def _named(names: Sequence[str], values: Sequence[Any]) -> Arrays:
+def _named(names: Sequence[str], values: Sequence[Any]) -> dict[str, Any]:
     # Sequence outputs come back as lists of arrays, empty optionals as None: left as they are.
     return {n: v if isinstance(v, list) or v is None else np.asarray(v) for n, v in zip(names, values, strict=True)}
 
