@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import platform
-import tempfile
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from aotforge.artifacts.debris import make_temp_dir, sweep
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.signing import verified_manifest
 from aotforge.core.errors import HostMismatchError, InputSpecError
@@ -19,6 +20,7 @@ from aotforge.targets import get_target
 from aotforge.targets.base import Runner, Target
 
 Arrays = dict[str, np.ndarray]
+_PULL_PREFIX = "pull-"
 
 
 class LoadedArtifact:
@@ -85,18 +87,22 @@ def pull_cached(ref: str, registry: Any) -> Path:
     """The artifact ``ref`` from ``registry``, pulled once per digest; a concurrent pull of it is harmless."""
     from aotforge.artifacts.registry import open_registry
 
-    reg = open_registry(registry)
+    reg = open_registry(registry, create=False)
     entry = reg.resolve(ref)
     cache = Path(os.environ.get("AOTFORGE_PULL_CACHE", "~/.cache/aotforge/pulled")).expanduser()
     final = cache / entry.digest
     if final.is_dir():
         return final  # load() re-verifies every hash before using it
     cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="pull-", dir=cache) as tmp:
-        pulled = reg.pull(entry.ref, Path(tmp) / "artifact")
+    sweep(cache, _PULL_PREFIX)  # what killed loads left
+    tmp = make_temp_dir(cache, _PULL_PREFIX)
+    try:
+        pulled = reg.pull(entry.ref, tmp / "artifact")
         try:
             os.rename(pulled, final)
         except OSError:
             if not final.is_dir():  # lost a race to another pull of the same digest otherwise
                 raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return final

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import sqlite3
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Protocol
 
+from aotforge.artifacts.debris import sweep
 from aotforge.artifacts.hashing import require_intact, sha256_file
 from aotforge.artifacts.manifest import MANIFEST, read_manifest
 from aotforge.artifacts.names import check_alias, check_name
-from aotforge.artifacts.packing import pack, unpack
+from aotforge.artifacts.packing import PACK_PREFIX, pack, unpack
 from aotforge.core.errors import ArtifactError
 
 INDEX = "index.sqlite"
@@ -101,9 +100,15 @@ def parse_ref(ref: str) -> tuple[str, int | None, str | None]:
 class LocalRegistry:
     """A registry in a local directory; safe for concurrent use by several processes on one filesystem."""
 
-    def __init__(self, root: str | Path, *, timeout_s: float = 60.0) -> None:
+    def __init__(self, root: str | Path, *, timeout_s: float = 60.0, create: bool = True) -> None:
+        """Open the registry at ``root``; with ``create=False`` one that does not exist yet is an error
+        (``list --registry /typo/path`` must not make an empty registry and say it is empty)."""
         self.root = Path(root)
         self.timeout_s = timeout_s
+        if not create and not (self.root / INDEX).is_file():
+            raise ArtifactError(
+                f"there is no registry at {self.root} (no {INDEX}): check --registry, or push an artifact there first"
+            )
         try:
             (self.root / BLOBS).mkdir(parents=True, exist_ok=True)
             with self._connect() as db:
@@ -143,15 +148,9 @@ class LocalRegistry:
         if existing is not None and self._blob(digest).is_file():
             return existing
         blob = self._blob(digest)
-        fd, tmp = tempfile.mkstemp(prefix=f".{digest}.", suffix=".tmp", dir=blob.parent)
-        os.close(fd)
-        try:
-            pack(src, tmp)
-            blob_sha = sha256_file(Path(tmp))
-            os.replace(tmp, blob)  # deterministic bytes: racing writers write the same file
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        sweep(blob.parent, PACK_PREFIX)  # blob temp files of killed pushes
+        pack(src, blob)  # a temp file renamed into place; racing writers write the same bytes
+        blob_sha = sha256_file(blob)
         try:
             with self._transaction() as db:
                 row = db.execute("SELECT name, version FROM artifacts WHERE digest = ?", (digest,)).fetchone()
@@ -181,10 +180,7 @@ class LocalRegistry:
                 f"{entry.ref}: blob {blob} has sha256 {actual[:12]}… but the index says {entry.blob_sha256[:12]}…: "
                 "it was modified; push the artifact again"
             )
-        path = unpack(blob, dest)
-        if artifact_digest(path) != entry.digest:
-            raise ArtifactError(f"{entry.ref}: the unpacked manifest does not match digest {entry.digest[:12]}…")
-        return path
+        return unpack(blob, dest, manifest_sha256=entry.digest)
 
     def list(self) -> list[RegistryEntry]:
         with self._connect() as db:

@@ -6,15 +6,18 @@ import gzip
 import os
 import shutil
 import tarfile
-import tempfile
 from pathlib import Path, PurePosixPath
 
-from aotforge.artifacts.hashing import require_intact
+from aotforge.artifacts.debris import make_temp_dir, make_temp_file, sweep
+from aotforge.artifacts.hashing import require_intact, sha256_file
 from aotforge.artifacts.manifest import MANIFEST, read_manifest
 from aotforge.core.errors import ArtifactError
 
 _FILE_MODE = 0o644
 _DIR_MODE = 0o755
+#: Temporaries (``artifacts.debris``): a tarball being written, an artifact being unpacked.
+PACK_PREFIX = ".pack-"
+UNPACK_PREFIX = ".unpack-"
 
 
 def _entries(root: Path) -> list[Path]:
@@ -43,9 +46,10 @@ def pack(artifact_dir: str | Path, tar_path: str | Path) -> Path:
     read_manifest(root)  # refuse to pack something that is not an artifact
     out = Path(tar_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    sweep(out.parent, PACK_PREFIX)
+    tmp = make_temp_file(out.parent, PACK_PREFIX)
     try:
-        with os.fdopen(fd, "wb") as raw:
+        with tmp.open("wb") as raw:
             with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
                 with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
                     for p in _entries(root):
@@ -57,7 +61,7 @@ def pack(artifact_dir: str | Path, tar_path: str | Path) -> Path:
                                 tar.addfile(_info(rel, is_dir=False, size=p.stat().st_size), f)
         os.replace(tmp, out)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return out
 
@@ -72,18 +76,20 @@ def _safe_name(name: str, tar_path: Path) -> PurePosixPath:
     return rel
 
 
-def unpack(tar_path: str | Path, dest: str | Path) -> Path:
+def unpack(tar_path: str | Path, dest: str | Path, *, manifest_sha256: str | None = None) -> Path:
     """Unpack a tarball made by :func:`pack` into ``dest`` (which must not exist), atomically and verified.
 
     Absolute paths, ``..``, links and device files are rejected; every file's sha256 is checked against the
-    manifest before ``dest`` appears.
+    manifest before ``dest`` appears, and so is the manifest's own sha256 when ``manifest_sha256`` is given
+    (a registry's digest): a tarball that fails any check leaves nothing at ``dest``.
     """
     src = Path(tar_path)
     final = Path(dest)
     if final.exists():
         raise ArtifactError(f"{final} already exists: unpack into a new directory or remove it first")
     final.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".unpack-{final.name}-", dir=final.parent))
+    sweep(final.parent, UNPACK_PREFIX)  # what killed pulls left beside --dest
+    stage = make_temp_dir(final.parent, UNPACK_PREFIX)
     try:
         try:
             tar = tarfile.open(src, mode="r:gz")
@@ -112,6 +118,11 @@ def unpack(tar_path: str | Path, dest: str | Path) -> Path:
         if not (stage / MANIFEST).is_file():
             raise ArtifactError(f"{src} has no {MANIFEST}: it is not an aotforge artifact tarball")
         require_intact(stage, read_manifest(stage))
+        if manifest_sha256 is not None and sha256_file(stage / MANIFEST) != manifest_sha256:
+            raise ArtifactError(
+                f"{src}: its manifest's sha256 is not the expected {manifest_sha256[:12]}…: the artifact was "
+                "modified after it was published; push it again from a good copy"
+            )
         os.rename(stage, final)
     except (OSError, EOFError, tarfile.TarError) as e:
         shutil.rmtree(stage, ignore_errors=True)

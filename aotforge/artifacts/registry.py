@@ -12,8 +12,12 @@ __all__ = ["DEFAULT_REGISTRY", "Registry", "RegistryEntry", "open_registry", "pa
 DEFAULT_REGISTRY = Path("~/.aotforge/registry")
 
 
-def open_registry(url: str | Path | Registry | None = None) -> Registry:
-    """A local directory path (the default ``~/.aotforge/registry``), or an ``http(s)://`` MLflow tracking URI."""
+def open_registry(url: str | Path | Registry | None = None, *, create: bool = True) -> Registry:
+    """A local directory path (the default ``~/.aotforge/registry``), or an ``http(s)://`` MLflow tracking URI.
+
+    ``create=False`` (every command but ``push``) refuses a local path that holds no registry yet; the
+    default registry is made on first use either way.
+    """
     if url is None:
         return LocalRegistry(DEFAULT_REGISTRY.expanduser())
     if not isinstance(url, (str, Path)):
@@ -25,4 +29,4 @@ def open_registry(url: str | Path | Registry | None = None) -> Registry:
         return MlflowRegistry(text)
     if "://" in text:
         raise RegistryError(f"{text!r}: unsupported registry URL; give a local directory or an http(s):// MLflow URI")
-    return LocalRegistry(Path(text).expanduser())
+    return LocalRegistry(Path(text).expanduser(), create=create)

@@ -6,13 +6,13 @@ import dataclasses
 import errno
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import jinja2
 
+from aotforge.artifacts.debris import make_temp_dir, sweep
 from aotforge.artifacts.hashing import hash_tree, sha256_file
 from aotforge.artifacts.manifest import MANIFEST, Manifest
 from aotforge.artifacts.names import check_name, check_version
@@ -48,7 +48,8 @@ def next_version(out: Path, name: str) -> int:
 def staging_dir(out: Path) -> Iterator[Path]:
     """A temporary directory beside the final location (same filesystem: rename is atomic); removed on failure."""
     out.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=out))
+    sweep(out, _STAGING_PREFIX)  # what killed builds left here
+    path = make_temp_dir(out, _STAGING_PREFIX)
     try:
         yield path
     finally:

@@ -20,10 +20,10 @@ _registry_option = click.option(
 )
 
 
-def _open(registry: str | None) -> Registry:
+def _open(registry: str | None, *, create: bool = False) -> Registry:
     from aotforge.artifacts.registry import open_registry
 
-    return open_registry(registry)
+    return open_registry(registry, create=create)
 
 
 @click.command()
@@ -32,7 +32,7 @@ def _open(registry: str | None) -> Registry:
 @user_errors
 def push(artifact: Path, registry: str | None) -> None:
     """Push the ARTIFACT directory to the registry; prints NAME:VERSION (the same artifact keeps its version)."""
-    name, version = _open(registry).push(artifact)
+    name, version = _open(registry, create=True).push(artifact)
     click.echo(f"{name}:{version}")
 
 
