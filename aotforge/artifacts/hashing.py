@@ -27,14 +27,24 @@ def hash_tree(root: Path) -> dict[str, str]:
     return {
         rel: sha256_file(p)
         for p in sorted(root.rglob("*"))
-        if p.is_file() and (rel := p.relative_to(root).as_posix()) not in _UNLISTED
+        if not p.is_symlink() and p.is_file() and (rel := p.relative_to(root).as_posix()) not in _UNLISTED
     }
+
+
+def irregular_entries(root: Path) -> list[str]:
+    """Links and special files under ``root``: an artifact holds only plain files and directories
+    (a link to a file outside would otherwise pass its hash check and be loaded)."""
+    return [
+        p.relative_to(root).as_posix()
+        for p in sorted(root.rglob("*"))
+        if p.is_symlink() or not (p.is_file() or p.is_dir())
+    ]
 
 
 def verify_files(artifact_dir: Path, manifest: Manifest) -> list[str]:
     """Problems found: files changed, missing, or present but not in the manifest. Empty when intact."""
     actual = hash_tree(artifact_dir)
-    problems = []
+    problems = [f"{rel}: a link or special file, not a plain file" for rel in irregular_entries(artifact_dir)]
     for rel, digest in sorted(manifest.files.items()):
         if rel not in actual:
             problems.append(f"{rel}: missing")

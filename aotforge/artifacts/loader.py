@@ -47,7 +47,13 @@ class LoadedArtifact:
         return self._runner.run(ordered)
 
 
-def load(path: str | Path, public_key: str | Path | None = None, *, registry: Any = None) -> LoadedArtifact:
+def load(
+    path: str | Path,
+    public_key: str | Path | None = None,
+    *,
+    registry: Any = None,
+    manifest_sha256: str | None = None,
+) -> LoadedArtifact:
     """Verify the artifact at ``path`` and load it for its target.
 
     With ``registry`` (a local directory, an ``http(s)://`` MLflow URI or a registry object),
@@ -55,10 +61,13 @@ def load(path: str | Path, public_key: str | Path | None = None, *, registry: An
     ``$AOTFORGE_PULL_CACHE`` (default ``~/.cache/aotforge/pulled``) once per registry digest.
     Before anything is deserialized or dlopened: the signature when ``public_key`` is given (an
     unsigned artifact is then refused), every file's sha256, and this host against the toolchain
-    and host the manifest says it was built with and for.
+    and host the manifest says it was built with and for. ``manifest_sha256`` (printed by ``compile``;
+    from a registry, its digest is used) covers the manifest itself, so an edit to it is refused too.
     """
-    path = pull_cached(str(path), registry) if registry is not None else Path(path)
-    manifest = verified_manifest(path, public_key)
+    if registry is not None:
+        path, manifest_sha256 = pull_cached(str(path), registry)
+    path = Path(path)
+    manifest = verified_manifest(path, public_key, manifest_sha256=manifest_sha256)
     target = get_target(manifest.target.name)
     check_host(manifest, target)
     runner = target.load(path, manifest.target, IOSpec.from_dict(manifest.io))
@@ -83,8 +92,9 @@ def check_host(manifest: Manifest, target: Target) -> None:
     target.check_host(manifest)
 
 
-def pull_cached(ref: str, registry: Any) -> Path:
-    """The artifact ``ref`` from ``registry``, pulled once per digest; a concurrent pull of it is harmless."""
+def pull_cached(ref: str, registry: Any) -> tuple[Path, str]:
+    """The artifact ``ref`` from ``registry``, pulled once per digest, and that digest (its manifest's
+    sha256); a concurrent pull of it is harmless."""
     from aotforge.artifacts.registry import open_registry
 
     reg = open_registry(registry, create=False)
@@ -92,7 +102,7 @@ def pull_cached(ref: str, registry: Any) -> Path:
     cache = Path(os.environ.get("AOTFORGE_PULL_CACHE", "~/.cache/aotforge/pulled")).expanduser()
     final = cache / entry.digest
     if final.is_dir():
-        return final  # load() re-verifies every hash before using it
+        return final, entry.digest  # load() re-verifies every hash, the manifest's too, before using it
     cache.mkdir(parents=True, exist_ok=True)
     sweep(cache, _PULL_PREFIX)  # what killed loads left
     tmp = make_temp_dir(cache, _PULL_PREFIX)
@@ -105,4 +115,4 @@ def pull_cached(ref: str, registry: Any) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return final, entry.digest

@@ -69,13 +69,22 @@ class Manifest:
 
 
 def read_manifest(artifact_dir: Path) -> Manifest:
+    return manifest_from_bytes(read_manifest_bytes(artifact_dir), artifact_dir / MANIFEST)
+
+
+def read_manifest_bytes(artifact_dir: Path) -> bytes:
+    """The manifest's exact bytes (what its sha256 and a signature cover); a link is refused."""
     path = artifact_dir / MANIFEST
     if path.is_symlink() or not path.is_file():
         raise ArtifactError(f"{artifact_dir} is not an aotforge artifact: it has no {MANIFEST} (or it is a link)")
     try:
-        data = parse_json(path.read_bytes())
+        return path.read_bytes()
     except OSError as e:
         raise ArtifactError(f"{path} is not readable ({e}): check its permissions") from e
+
+
+def manifest_from_bytes(raw: bytes, where: Path | str) -> Manifest:
+    try:
+        return Manifest.from_dict(parse_json(raw))
     except ArtifactError as e:
-        raise ArtifactError(f"{path}: {e}") from e
-    return Manifest.from_dict(data)
+        raise ArtifactError(f"{where}: {e}") from e

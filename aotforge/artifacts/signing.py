@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aotforge.artifacts.hashing import SIGNATURE, require_intact
-from aotforge.artifacts.manifest import MANIFEST, Manifest, read_manifest
-from aotforge.artifacts.manifest_shape import parse_json
+from aotforge.artifacts.manifest import MANIFEST, Manifest, manifest_from_bytes, read_manifest_bytes
 from aotforge.core.errors import ArtifactError, SignatureError
 
 if TYPE_CHECKING:
@@ -158,19 +157,31 @@ def _read_record(path: Path) -> dict[str, Any]:
         ) from e
 
 
-def verified_manifest(artifact_dir: str | Path, public_key: str | Path | Ed25519PublicKey | None = None) -> Manifest:
-    """The manifest of an intact artifact: signature first (when a key is given), then every file's sha256.
+def verified_manifest(
+    artifact_dir: str | Path,
+    public_key: str | Path | Ed25519PublicKey | None = None,
+    *,
+    manifest_sha256: str | None = None,
+) -> Manifest:
+    """The manifest of an intact artifact: signature first (when a key is given), the manifest's own
+    sha256 (when one is given: printed at build time, kept by the registry), then every file's sha256.
 
-    With a key, the manifest parsed is the exact bytes the signature covers, never a second read.
+    The manifest parsed is the exact bytes checked, never a second read.
     """
     root = Path(artifact_dir)
-    if public_key is None:
-        manifest = read_manifest(root)
-    else:
-        data = verify_signature(root, public_key)
-        try:
-            manifest = Manifest.from_dict(parse_json(data))
-        except ArtifactError as e:
-            raise SignatureError(f"{root / MANIFEST} is signed but malformed ({e}): rebuild and re-sign it") from e
+    data = read_manifest_bytes(root) if public_key is None else verify_signature(root, public_key)
+    if manifest_sha256 is not None:
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != manifest_sha256.strip().lower():
+            raise ArtifactError(
+                f"{root / MANIFEST} has sha256 {actual[:12]}…, not the expected {manifest_sha256[:12]}…: the manifest "
+                "was edited after the build; pull or rebuild the artifact"
+            )
+    try:
+        manifest = manifest_from_bytes(data, root / MANIFEST)
+    except ArtifactError as e:
+        if public_key is None:
+            raise
+        raise SignatureError(f"{e} (it is signed: rebuild and re-sign it)") from e
     require_intact(root, manifest)
     return manifest

@@ -99,6 +99,7 @@ def compile(model: str, **kw: Any) -> None:
         return
     m = result.manifest
     console.print(manifest_summary(m.to_dict()), markup=False, highlight=False)
+    console.print(_digest_line(result.path), markup=False, highlight=False, soft_wrap=True)
     if "cache" in m.build:
         console.print(_cache_line(m.build["cache"]), markup=False, highlight=False, soft_wrap=True)
     if kw["sign_key"]:
@@ -112,6 +113,14 @@ def compile(model: str, **kw: Any) -> None:
         ref_name, ref_version = open_registry(kw["push_to"]).push(result.path)
         console.print(f"pushed to {kw['push_to']} as {ref_name}:{ref_version}", markup=False, soft_wrap=True)
     click.echo(str(result.path))
+
+
+def _digest_line(path: Path) -> str:
+    """The manifest's own sha256: with it, ``verify`` and ``load`` notice an edit to the manifest too."""
+    from aotforge.artifacts.hashing import sha256_file
+
+    digest = sha256_file(path / "manifest.json")
+    return f"manifest sha256: {digest} (check: aotforge verify {path} --manifest-sha256 {digest})"
 
 
 def _tuning_options(kw: dict[str, Any]) -> dict[str, str]:

@@ -37,12 +37,22 @@ def sign(artifact: Path, key: Path) -> None:
 @click.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--public-key", type=click.Path(path_type=Path), help="Also check manifest.sig with this public key.")
+@click.option(
+    "--manifest-sha256",
+    help="Also check the manifest's own sha256 (printed by compile, the registry's digest): covers its metadata.",
+)
 @user_errors
-def verify(artifact: Path, public_key: Path | None) -> None:
-    """Check ARTIFACT's signature (with --public-key) and re-hash every file; non-zero exit on any mismatch."""
+def verify(artifact: Path, public_key: Path | None, manifest_sha256: str | None) -> None:
+    """Check ARTIFACT's signature (with --public-key), its manifest's sha256 (with --manifest-sha256) and
+    re-hash every file; non-zero exit on any mismatch."""
+    from aotforge.artifacts.hashing import sha256_file
     from aotforge.artifacts.signing import is_signed, verified_manifest
 
-    manifest = verified_manifest(artifact, public_key)
-    signed = "signed (give --public-key to check), " if is_signed(artifact) else ""
+    manifest = verified_manifest(artifact, public_key, manifest_sha256=manifest_sha256)
+    signed = "signature NOT checked (give --public-key), " if is_signed(artifact) else ""
     signed = "signature ok, " if public_key else signed
-    click.echo(f"ok: {signed}{len(manifest.files)} files match the manifest")
+    digest = "manifest sha256 ok, " if manifest_sha256 else ""
+    click.echo(
+        f"ok: {signed}{digest}{len(manifest.files)} files match the manifest "
+        f"(manifest sha256 {sha256_file(artifact / 'manifest.json')})"
+    )
