@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+import torch
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
@@ -205,3 +206,28 @@ def _digest(samples: list[dict[str, np.ndarray]]) -> str:
     from aotforge.compiler.sample_inputs import arrays_sha256
 
     return arrays_sha256(samples)
+
+
+class _ScaledRoot(torch.nn.Module):
+    """sqrt(x * scale) + bias: ``scale`` is a 0-d input, ``x`` bfloat16 (the output too)."""
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return (x.float() * scale).sqrt().to(torch.bfloat16)
+
+
+def test_torch_model_with_0d_and_bfloat16_inputs(tmp_path: Path, cpu_target: str) -> None:
+    """The eager reference and every CPU target take a 0-d input as 0-d, and bfloat16 both ways;
+    a negative x gives NaN on both sides."""
+    x = torch.tensor([[4.0, -1.0, 2.25], [0.0, 9.0, -4.0]], dtype=torch.bfloat16)
+    example = {"x": x, "scale": torch.tensor(2.0)}
+    given = [{"x": x.view(torch.int16).numpy().view(ml_dtypes.bfloat16), "scale": np.array(3.0, np.float32)}]
+    result = quick_build(
+        _ScaledRoot(), tmp_path / "out", example_inputs=example, target=cpu_target, sample_inputs=given
+    )
+    assert result.manifest.validation["passed"]
+    from aotforge import load
+
+    out = load(result.path).run(given[0])
+    (y,) = out.values()
+    assert y.dtype == ml_dtypes.bfloat16 and y.shape == (2, 3)
+    assert np.isnan(y.astype(np.float32)[0, 1]) and float(y[1, 1]) == pytest.approx(np.sqrt(27), rel=1e-2)

@@ -19,11 +19,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
 from aotforge.compiler.source import Arrays, SourceModel, numpy_dtype, spec_shape, vocab_ranges
+from aotforge.compiler.torch_arrays import to_numpy, to_torch
 from aotforge.compiler.torch_binding import BoundInputs, bind_inputs, positional_module
 from aotforge.compiler.torch_binding import output_names as torch_output_names
 from aotforge.core.errors import InputSpecError, ModelLoadError, UnsupportedModelError, describe
@@ -105,7 +105,7 @@ def load_torch_module(
         format="torch",
         sha256=_torch_sha256(model, source_bytes),
         reference=_eager_reference(model, bound, [o.name for o in io.outputs]),
-        example_inputs={k: v.detach().numpy() for k, v in tensors.items()},
+        example_inputs={k: to_numpy(v) for k, v in tensors.items()},
         torch_program=program,
     )
 
@@ -193,11 +193,11 @@ def _eager_reference(model: Any, bound: BoundInputs, output_names: list[str]) ->
     import torch.utils._pytree as pytree
 
     def run(inputs: Arrays) -> Arrays:
-        tensors = {n: torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in bound.tensors}
+        tensors = {n: to_torch(inputs[n]) for n in bound.tensors}
         with torch.no_grad():
             out = bound.call(model, tensors)
         leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        return {n: t.detach().numpy() for n, t in zip(output_names, leaves, strict=True)}
+        return {n: to_numpy(t) for n, t in zip(output_names, leaves, strict=True)}
 
     return run
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from aotforge.compiler.torch_arrays import to_torch
 from aotforge.core.errors import InputSpecError
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -68,7 +69,7 @@ def bind_inputs(model: Any, example_inputs: Mapping[str, Any] | Sequence[Any]) -
     for name in (n for n in order if n in given and given[n] is not None):
         value = given[name]
         if isinstance(value, np.ndarray):
-            value = torch.from_numpy(np.ascontiguousarray(value))
+            value = to_torch(value)
         (tensors if isinstance(value, torch.Tensor) else constants)[name] = value
     if not tensors:
         raise InputSpecError(f"no tensor among the example inputs of {type(model).__name__}: give at least one")

@@ -120,6 +120,7 @@ def call(graph: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
     import torch
 
     with torch.no_grad():
-        result = graph(*(torch.from_numpy(np.ascontiguousarray(a)) for a in inputs))
+        # np.require keeps a 0-d input 0-d (np.ascontiguousarray makes it 1-d).
+        result = graph(*(torch.from_numpy(np.require(a, requirements="C")) for a in inputs))
     values = result if isinstance(result, tuple | list) else (result,)
     return [v.detach().cpu().numpy() for v in values]

@@ -221,7 +221,8 @@ class TrtRunner:
         for name in self.inputs:
             if name not in inputs:
                 raise InputSpecError(f"tensorrt engine needs input {name!r}; got {', '.join(inputs)}")
-            array = np.ascontiguousarray(inputs[name], dtype=self._nptype(name))
+            # np.require keeps a 0-d input 0-d (np.ascontiguousarray makes it 1-d).
+            array = np.require(inputs[name], dtype=self._nptype(name), requirements="C")
             tensor = torch.from_numpy(array).cuda()
             if not self.context.set_input_shape(name, tuple(array.shape)):
                 raise InputSpecError(
