@@ -9,8 +9,8 @@ Phases (all inside ``with target:``):
 1. rewrites: bf16 graphs' NaN / Inf tests, matmul sums and transcendentals on fp32
    (``rewrites/bf16``); fast math (optional); integer matmuls (``int8-dynamic``) and QDQ
    convolutions (``int8``) with constant int8 weights -> AVX-512 VNNI kernels where the target
-   has VNNI (``rewrites/int8``: the ``int8_vnni`` report says which and why not); NHWC
-   convolutions;
+   has VNNI (``rewrites/int8``: the ``int8_vnni`` report says which and why not); Clip as
+   maximum / minimum (``rewrites/clip``); NHWC convolutions;
 2. legalize: the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
 3. schedules: tuned schedules (optional: MetaSchedule records from the shared tuning store,
    searched first for workloads it lacks, ``tuning/``), then default schedules without search
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from aotforge.targets.tvm.tuning.tune import TuneSettings
 
 #: Step reports filed next to the default schedules' report, in this order.
-_EXTRA_REPORTS = ("int8_vnni", "bf16", "tuning")
+_EXTRA_REPORTS = ("int8_vnni", "bf16", "clip", "tuning")
 
 
 def rewrite_phase(*, fast_math: bool, conv_nhwc: bool) -> list[Step]:
@@ -38,6 +38,7 @@ def rewrite_phase(*, fast_math: bool, conv_nhwc: bool) -> list[Step]:
         steps.BF16,  # first: fast math is fp32-only, and a FoldConstant of a bf16 isnan would compile it
         *([steps.FAST_MATH] if fast_math else []),
         steps.INT8_VNNI,  # before NHWC: QDQ convolutions become VNNI kernels that are channels-last themselves
+        steps.CLIP,  # before NHWC: a Clip the importers leave opaque pins its input to NCHW
         *([steps.NHWC] if conv_nhwc else []),
     ]
 

@@ -60,6 +60,14 @@ def _int8_vnni(mod: Any, target: Any) -> tuple[Any, Report]:
     return integer_ops_on_vnni(mod, target)
 
 
+def _clip(mod: Any, _target: Any) -> tuple[Any, Report]:
+    """Clip (ReLU6, hard-tanh) as Relax maximum / minimum (``rewrites/clip.py``): the importers'
+    forms are opaque to ConvertLayout, which pinned each to NCHW between two transposes."""
+    from aotforge.targets.tvm.rewrites.clip import clip_as_min_max
+
+    return clip_as_min_max(mod)
+
+
 def _nhwc(mod: Any, _target: Any) -> tuple[Any, Report]:
     """NHWC activations + HWIO weights put output channels last: the tiled rule then vectorizes
     over them (16 lanes for widths 32-256) with contiguous weight loads, where NCHW would
@@ -96,6 +104,7 @@ def _default_schedules(mod: Any, _target: Any) -> tuple[Any, Report]:
 BF16 = Step("bf16", _bf16)
 FAST_MATH = Step("fast_math", _fast_math)
 INT8_VNNI = Step("int8_vnni", _int8_vnni)
+CLIP = Step("clip", _clip)
 NHWC = Step("conv_nhwc", _nhwc)
 LEGALIZE = Step("legalize", _legalize)
 DEFAULT_SCHEDULES = Step("default_schedules", _default_schedules)
