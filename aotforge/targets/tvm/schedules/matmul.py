@@ -10,7 +10,8 @@ One rule covers every PrimFunc whose single reduction block is a sum of products
 - the accumulator tile lives in a ``local`` buffer, its write-back carries the fused
   elementwise epilogue (bias, residual add, activation);
 - tile sizes are divisors of the extents, so no tail predicate ever reaches a vector loop
-  (an ``N`` with no divisor among the vector widths gets narrower vectors, down to scalars).
+  (an ``N`` with no divisor among the vector widths gets narrower vectors, down to scalars);
+  an ``i`` extent with no divisor from 4 to 8 (a prime token count) is padded to 8-row tiles.
 
 Producers that would put ``if_then_else`` into the inner loop (padding) stay separate loop
 nests and get an injective schedule. Anything else the rule cannot handle returns ``None``.
@@ -178,15 +179,44 @@ def _match(sch: s_tir.Schedule, infos: list[Any]) -> _Matmul | None:
     return _Matmul(at, red_info.block_rv, n_s, i, j, m, n)
 
 
-def _inline_neighbours(sch: s_tir.Schedule, infos: list[Any], at: int, red: Any) -> tuple[Any, list[Any]]:
-    """The local accumulator's write-back block, and the producer / epilogue blocks left separate.
+def _i_tile(m: int) -> int:
+    """The i tile: the largest divisor of ``m`` up to 8, or 8 with a ragged last tile when that is < 4.
 
-    Producers are inlined when harmless, else kept as their own (scheduled) loop nests. The
-    accumulator goes to a local tile whose write-back carries the elementwise epilogue:
-    intermediate epilogue blocks are inlined into their consumers first (a value used twice, as
-    in GELU's x * erf(x), is then recomputed), so only the last one reads the accumulator and can
-    be merged into the write-back.
+    A prime ``m`` (ViT's 37 tokens: 36 patches + CLS) would otherwise get 1-row tiles, which
+    load the weight panel once per row (ViT: ~8x slower matmuls); the ragged tile is padded
+    (``_pad_rows``).
     """
+    ti = _largest_divisor(m, TILE_I)
+    return TILE_I if ti < TILE_I // 2 and m > TILE_I else ti
+
+
+def _pad_rows(sch: s_tir.Schedule, mm: _Matmul, ti: int) -> bool:
+    """Pad the i extent to a multiple of ``ti`` (zero-filled copies of the operands that use i).
+
+    A row test in the k loop instead would keep the accumulators out of registers. False when
+    the block is not an einsum (a convolution's ``h * stride + kh``).
+    """
+    padding = [1] * len(sch.get(mm.block).iter_vars)
+    padding[mm.i] = ti
+    try:
+        sch.pad_einsum(mm.block, padding)
+    except Exception:  # a schedule error leaves the function as it was
+        return False
+    return True
+
+
+def _inline_neighbours(
+    sch: s_tir.Schedule, infos: list[Any], mm: _Matmul, ti: int
+) -> tuple[Any, list[Any], int]:
+    """The local accumulator's write-back block, the blocks left separate, and the i tile.
+
+    Producers are inlined when harmless, else kept as their own (scheduled) loop nests. A ragged
+    i tile pads the rows, or falls back to a divisor tile. The accumulator goes to a local tile
+    whose write-back carries the elementwise epilogue: intermediate epilogue blocks are inlined
+    into their consumers first (a value used twice, as in GELU's x * erf(x), is then recomputed),
+    so only the last one reads the accumulator and can be merged into the write-back.
+    """
+    at, red = mm.at, mm.block
     separate = []
     for info in infos[:at]:
         b = info.block_rv
@@ -197,19 +227,29 @@ def _inline_neighbours(sch: s_tir.Schedule, infos: list[Any], at: int, red: Any)
             sch.compute_inline(b)
         except Exception:
             separate.append(b)
-    writeback = sch.cache_write(red, 0, "local")
     epilogue = [info.block_rv for info in infos[at + 1 :]]
+    padded = mm.i >= 0 and mm.m % ti != 0 and _pad_rows(sch, mm, ti)
+    if padded:
+        separate += list(sch.get_producers(red))
+        epilogue = list(sch.get_consumers(red)) + epilogue  # the copy of the real rows comes first
+    elif mm.i >= 0 and mm.m % ti:
+        ti = _largest_divisor(mm.m, TILE_I)
+    writeback = sch.cache_write(red, 0, "local")
     for b in epilogue[:-1]:
         try:
             sch.compute_inline(b)
         except Exception:
             separate.append(b)
-    if epilogue:
+    if epilogue and padded:
+        # The padded write-back covers rows the output lacks, and TVM merges the epilogue into it
+        # without a row test: the epilogue stays a loop nest of its own over the real rows.
+        separate.append(epilogue[-1])
+    elif epilogue:
         try:
             sch.reverse_compute_inline(epilogue[-1])
         except Exception:
             separate.append(epilogue[-1])
-    return writeback, separate
+    return writeback, separate, ti
 
 
 def _tile(sch: s_tir.Schedule, mm: _Matmul, tj: int, ti: int) -> tuple[Any, list[Any], Any, Any]:
@@ -254,9 +294,9 @@ def _vectorize(sch: s_tir.Schedule, red: Any, writeback: Any, r_loop: Any, ii: A
     init = sch.decompose_reduction(red, r_loop)
     init_loops = sch.get_loops(init)
     sch.vectorize(sch.split(init_loops[-1], [None, vec])[1])
+    # Only the j loop is split for vectors: its extent is a multiple of vec.
     wb_loops = sch.get_loops(writeback)[1:]
-    wb_inner = sch.fuse(*wb_loops) if len(wb_loops) > 1 else wb_loops[0]
-    sch.vectorize(sch.split(wb_inner, [None, vec])[1])
+    sch.vectorize(sch.split(wb_loops[-1], [None, vec])[1])
 
 
 class TiledMatmul(CpuRule):
@@ -269,10 +309,10 @@ class TiledMatmul(CpuRule):
         mm = _match(sch, infos) if infos is not None else None
         if infos is None or mm is None:
             return None
-        writeback, separate = _inline_neighbours(sch, infos, mm.at, mm.block)
+        ti = _i_tile(mm.m) if mm.i >= 0 else 1
+        writeback, separate, ti = _inline_neighbours(sch, infos, mm, ti)
         vec = _vector_width(mm.n)
         tj = _largest_divisor(mm.n, max(tile_j, vec), vec) or vec
-        ti = _largest_divisor(mm.m, TILE_I) if mm.i >= 0 else 1
         fused, r_loops, ii, ji = _tile(sch, mm, tj, ti)
         sch.parallel(fused)
         sch.reverse_compute_at(writeback, fused)
