@@ -28,16 +28,34 @@ class Model:
     file: str
     args: tuple[str, ...] = ()
     int8: str = "O1,int8-dynamic"
+    #: a model of tools/user_models.py, exported to ONNX the user's way (torch.onnx.export(dynamo=True),
+    #: dynamic axes) before the builds; ``file`` is then that ONNX file.
+    user_model: str = ""
+
+    @property
+    def torch_source(self) -> str:
+        """What tools/bench_worker.py builds the torch module from: a model file, or file:name."""
+        return f"{USER_MODELS}:{self.user_model}" if self.user_model else self.file
 
 
+USER_MODELS = "tools/user_models.py"
+_BATCH_1 = ("--dynamic", "batch=1:1:1")
 MODELS = {
     "cnn": Model("examples/resnet18_style.py", int8="O1,int8"),
     "minilm": Model("examples/minilm.py", ("--dynamic", "seq=1:128:128")),
     "bert-base": Model("examples/bert_base.py", ("--dynamic", "seq=1:128:128")),
+    # Models users bring (not in examples/): their own ONNX exports, with dynamic axes.
+    "minilm-user": Model(
+        "minilm_user.onnx",
+        (*_BATCH_1, "--dynamic", "seq=1:128:128", "--input-range", "input_ids=0:30522"),
+        user_model="minilm_user",
+    ),
+    "mobilenet": Model("mobilenet.onnx", _BATCH_1, int8="O1,int8", user_model="mobilenet"),
+    "vit": Model("vit.onnx", _BATCH_1, user_model="vit"),
     # Small enough to check the bench itself in a minute; not in the default list.
     "mini_resnet": Model("examples/mini_resnet.py", int8="O1,int8"),
 }
-DEFAULT_MODELS = "cnn,minilm,bert-base"
+DEFAULT_MODELS = "cnn,minilm,bert-base,minilm-user,mobilenet,vit"
 # name -> (how it is timed, aotforge compile arguments or None for a worker-only runtime)
 VARIANTS: dict[str, tuple[str, list[str] | None]] = {
     "torch eager": ("torch-eager", None),
@@ -76,9 +94,20 @@ def compile_variant(model: Model, args: list[str], out: Path, trials: int) -> tu
     return Path(_last_line(proc.stdout)), seconds, ""
 
 
+def export_user_model(model: Model, models_dir: Path) -> Model:
+    """``model`` with its user-style ONNX export in ``models_dir`` (exported once, in a process of its own)."""
+    if not model.user_model:
+        return model
+    path = models_dir / model.file
+    if not path.exists():
+        cmd = [sys.executable, str(ROOT / USER_MODELS), model.user_model, str(path)]
+        subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, check=True)
+    return dataclasses.replace(model, file=str(path))
+
+
 def time_variant(kind: str, artifact: Path, inputs_from: Path, model: Model, seconds: float) -> dict[str, Any]:
     cmd = [sys.executable, str(ROOT / "tools" / "bench_worker.py"), kind, "--artifact", str(artifact)]
-    cmd += ["--inputs-from", str(inputs_from), "--model", model.file, "--seconds", str(seconds)]
+    cmd += ["--inputs-from", str(inputs_from), "--model", model.torch_source, "--seconds", str(seconds)]
     if kind == "tvm-untuned":  # seconds per run: a long warm-up would dominate the whole bench
         cmd += ["--warmup", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT)
@@ -89,6 +118,10 @@ def time_variant(kind: str, artifact: Path, inputs_from: Path, model: Model, sec
 
 def run_model(name: str, model: Model, variants: list[str], out: Path, seconds: float, trials: int) -> list[dict]:
     rows: list[dict] = []
+    try:
+        model = export_user_model(model, out.parent / "models")
+    except subprocess.CalledProcessError as e:
+        return [{"model": name, "variant": BASELINE, "error": f"export failed: {_last_line(e.stderr)}"}]
     baseline, build_s, error = compile_variant(model, VARIANTS[BASELINE][1] or [], out / name / "ort", trials)
     if baseline is None:
         return [{"model": name, "variant": BASELINE, "error": error}]
@@ -170,7 +203,11 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown model or runtime {unknown}: choose from {list(MODELS)} and {list(VARIANTS)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    header = f"batch 1, 2 threads, p50 of >= 30 runs after warm-up ({args.seconds:g} s budget per runtime)"
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    header = (
+        f"batch 1, 2 threads, p50 of >= 30 runs after warm-up ({args.seconds:g} s budget per runtime); "
+        f"{os.cpu_count()} CPUs, load average at the start {load}"
+    )
     print(header + "\n\n| model | runtime | p50 ms | p90 ms | vs ORT fp32 | runs | build s | peak RSS MB |")
     print("|---|---|---|---|---|---|---|---|", flush=True)
     rows: list[dict] = []

@@ -40,12 +40,14 @@ def artifact_runner(artifact: Path, _model: str | None) -> tuple[Callable[[Array
     return load(artifact).run, 0.0
 
 
-def _torch_module(model_file: str) -> Any:
+def _torch_module(source: str) -> Any:
+    """``get_model()`` of a model file, or ``get_model(name)`` for ``file.py:name``."""
+    model_file, _, name = source.partition(":")
     spec = importlib.util.spec_from_file_location("bench_model", model_file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.get_model()
+    return module.get_model(name) if name else module.get_model()
 
 
 def torch_runner(artifact: Path, model_file: str | None, *, compiled: bool) -> tuple[Callable[[Arrays], Any], float]:
@@ -107,7 +109,7 @@ def main() -> None:
     parser.add_argument("kind", choices=sorted(KINDS))
     parser.add_argument("--artifact", type=Path, required=True, help="artifact to time, or whose inputs to use")
     parser.add_argument("--inputs-from", type=Path, help="artifact whose validation inputs to time with")
-    parser.add_argument("--model", help="model file, for the torch kinds")
+    parser.add_argument("--model", help="model file (or file.py:name), for the torch kinds")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10)

@@ -174,3 +174,17 @@ def export_onnx(name: str, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.onnx.export(model, (), str(path), kwargs=inputs, dynamo=True, dynamic_shapes=dims, external_data=False)
     return path
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Export one of these models to ONNX the user's way.")
+    parser.add_argument("name", choices=sorted(_BUILDERS))
+    parser.add_argument("path", type=Path)
+    args = parser.parse_args()
+    print(export_onnx(args.name, args.path))
+
+
+if __name__ == "__main__":
+    main()
