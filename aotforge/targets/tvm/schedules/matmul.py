@@ -205,9 +205,7 @@ def _pad_rows(sch: s_tir.Schedule, mm: _Matmul, ti: int) -> bool:
     return True
 
 
-def _inline_neighbours(
-    sch: s_tir.Schedule, infos: list[Any], mm: _Matmul, ti: int
-) -> tuple[Any, list[Any], int]:
+def _inline_neighbours(sch: s_tir.Schedule, infos: list[Any], mm: _Matmul, ti: int) -> tuple[Any, list[Any], int]:
     """The local accumulator's write-back block, the blocks left separate, and the i tile.
 
     Producers are inlined when harmless, else kept as their own (scheduled) loop nests. A ragged
