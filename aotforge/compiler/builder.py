@@ -26,6 +26,7 @@ from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolcha
 from aotforge.compiler.bundle import prepare_bundle
 from aotforge.compiler.frontend_onnx import load_onnx
 from aotforge.compiler.frontend_torch import load_torch_file, load_torch_module
+from aotforge.compiler.model_checks import check_io
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.recipe import int8_shortcuts
 from aotforge.compiler.sample_inputs import validation_inputs
@@ -94,6 +95,8 @@ def plan_and_transform(
     source = _load(model, opts, example_inputs)
     io = dataclasses.replace(source.io, dims=opts.dynamic)
     check_dims_used(opts.dynamic, io)
+    # Declared shapes no input can have (negative, zero, terabytes) before any input is drawn.
+    check_io(io, io.bound_sizes("opt"), source.name)
     # Validation inputs before the passes, so every build of a model sees the same ones, and before
     # the target plans: sample inputs bind the dims no --dynamic names, and a source model that
     # rejects its inputs fails here, before any compile (compiler.sample_inputs).

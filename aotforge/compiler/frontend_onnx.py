@@ -26,7 +26,16 @@ def load_onnx(path: Path, ranges: Mapping[str, tuple[float, float]] | None = Non
         raise ModelLoadError(
             f"{path} is not a valid ONNX model ({describe(e)}): re-export it, or check the file is complete"
         ) from e
-    model = ir.load(path)
+    try:
+        model = ir.load(path)
+    except Exception as e:  # onnx_ir's SerdeError wraps whatever it could not read (an unknown element type ...)
+        root: BaseException = e
+        while root.__cause__ is not None:  # the innermost cause names the problem ("99 is not a valid DataType")
+            root = root.__cause__
+        cause = describe(root)
+        raise ModelLoadError(
+            f"{path} has a part onnx_ir cannot read ({cause}): re-export it with standard ONNX types and ops"
+        ) from e
     # Old exporters list weights as graph inputs; as inputs they could be overridden, which
     # stops folding and would make them required once folding removes their initializer.
     model = common.RemoveInitializersFromInputsPass()(model).model

@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from aotforge.compiler.numerics import OutputMetrics, compare_many
 from aotforge.compiler.source import Arrays
 from aotforge.core.errors import ValidationFailedError
@@ -48,7 +50,8 @@ def validate(
     metrics = compare_many(reference, run, list(samples))
     tolerance = float(plan["tolerance"])
     if not all(m.rel_l2 <= tolerance for m in metrics.values()):
-        raise ValidationFailedError(failure_message(model, target, metrics, tolerance))
+        message = failure_message(model, target, metrics, tolerance)
+        raise ValidationFailedError(message + _source_nonfinite(reference, samples))
     return {**plan, "metrics": {n: dataclasses.asdict(m) for n, m in metrics.items()}, "passed": True}
 
 
@@ -74,3 +77,22 @@ def failure_message(model: str, target: str, metrics: Mapping[str, OutputMetrics
             "or report the target bug"
         )
     return f"{head}: drop the pass that changes numerics, or raise --tolerance if this error is acceptable"
+
+
+def _source_nonfinite(reference: Callable[[Arrays], Arrays], samples: Sequence[Arrays]) -> str:
+    """A note when the source model itself outputs NaN / Inf on the validation inputs (its own
+    behaviour, not the target's: the target may legitimately differ there, e.g. under fast math)."""
+    names: dict[str, int] = {}
+    for sample in samples:
+        for name, value in reference(sample).items():
+            array = np.asarray(value)
+            if array.dtype.kind in "fc":
+                names[name] = names.get(name, 0) + int(np.count_nonzero(~np.isfinite(array)))
+    found = {n: c for n, c in names.items() if c}
+    if not found:
+        return ""
+    listed = ", ".join(f"{n} ({c} element(s))" for n, c in found.items())
+    return (
+        f". Note: the source model itself outputs NaN / Inf on the validation inputs ({listed}), where targets "
+        "compiled with fast math (tvm) may give other values: give inputs in the model's domain with --sample-inputs"
+    )
