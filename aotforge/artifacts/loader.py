@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,22 @@ class LoadedArtifact:
                 raise InputSpecError(f"input {spec.name!r} is {value.dtype}, the artifact expects {spec.dtype}")
             ordered[spec.name] = value
         return self._runner.run(ordered)
+
+    def generate(self, input_ids: np.ndarray, max_new_tokens: int, **kwargs: Any) -> np.ndarray:
+        """Decode ``max_new_tokens`` after each prompt (a text-generation artifact; see its runner)."""
+        return self._generative().generate(input_ids, max_new_tokens, **kwargs)
+
+    def stream(self, input_ids: np.ndarray, max_new_tokens: int, **kwargs: Any) -> Iterator[np.ndarray]:
+        """Each step's new tokens ``[batch]`` as they are decoded (a text-generation artifact)."""
+        return self._generative().stream(input_ids, max_new_tokens, **kwargs)
+
+    def _generative(self) -> Any:
+        if not hasattr(self._runner, "generate"):
+            raise InputSpecError(
+                f"{self.manifest.name} v{self.manifest.version} is not a text-generation artifact: use run(), "
+                "or build the causal LM with --task text-generation"
+            )
+        return self._runner
 
 
 def load(

@@ -15,6 +15,7 @@ from aotforge.compiler import build_direct
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.recipe import load_recipe
+from aotforge.core.decoder import TEXT_GENERATION
 
 Progress = Callable[[str], None]
 
@@ -41,6 +42,10 @@ def build(
     """
     opts = resolve_options(options, recipe, overrides)
     say = progress or (lambda _msg: None)
+    if opts.task == TEXT_GENERATION:
+        from aotforge.compiler.generative.build import build_generative  # torch, transformers, the target
+
+        return build_generative(model, opts, say)
     if example_inputs is not None:
         direct = build_direct.DirectPlan(None, "an nn.Module, not a file")
     else:

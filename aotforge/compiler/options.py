@@ -46,6 +46,13 @@ class BuildOptions:
     calibration: str | None = None
     #: Accuracy budget: the least mean output cosine vs fp32 the int8 pass must keep (its ``min_cosine``).
     accuracy_budget: float | None = None
+    #: What a model is compiled for; ``text-generation`` builds prefill + decode graphs (``compiler.generative``).
+    task: str | None = None
+    #: text-generation: KV-cache positions per sequence (prompt + new tokens) and sequences per call.
+    max_seq_len: int = 256
+    max_batch: int = 4
+    #: text-generation: the least share of greedy tokens that must match the source model.
+    min_token_agreement: float = 1.0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildOptions:
@@ -69,6 +76,12 @@ class BuildOptions:
             raise OptionsError(f"tolerance must be > 0, got {options.tolerance}")
         if options.accuracy_budget is not None and not 0 < options.accuracy_budget <= 1:
             raise OptionsError(f"accuracy_budget is a cosine in (0, 1], got {options.accuracy_budget}")
+        if options.max_seq_len < 2 or options.max_batch < 1:
+            raise OptionsError(
+                f"max_seq_len must be >= 2 and max_batch >= 1, got {options.max_seq_len} and {options.max_batch}"
+            )
+        if not 0 <= options.min_token_agreement <= 1:
+            raise OptionsError(f"min_token_agreement is a share in [0, 1], got {options.min_token_agreement}")
         if options.version is not None and (
             isinstance(options.version, bool) or not isinstance(options.version, int) or options.version < 1
         ):

@@ -15,6 +15,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from aotforge.core.decoder import TEXT_GENERATION
 from aotforge.core.errors import (
     CompileError,
     HostMismatchError,
@@ -85,7 +86,7 @@ class OrtTarget(Target):
         source = workdir / "model.onnx"
         if not source.exists():
             ir.save(model, source)
-        sess_options = _session_options(options, optimized_path=workdir / OPTIMIZED_MODEL)
+        sess_options = session_options(options, optimized_path=workdir / OPTIMIZED_MODEL)
         try:
             session = ort.InferenceSession(str(source), sess_options, providers=list(options.providers))
         except Exception as e:  # ORT raises its own untyped errors for unsupported ops
@@ -104,7 +105,11 @@ class OrtTarget(Target):
             toolchain={"onnxruntime": ort.__version__},
         )
 
-    def load(self, artifact_dir: Path, record: TargetRecord, io: IOSpec) -> OrtRunner:
+    def load(self, artifact_dir: Path, record: TargetRecord, io: IOSpec) -> Any:
+        if record.info.get("task") == TEXT_GENERATION:  # prefill + decode graphs, not one model
+            from aotforge.targets.generative.ort_engine import load_generative
+
+            return load_generative(artifact_dir, record)
         settings = json.loads((artifact_dir / SESSION_FILE).read_text())
         settings["providers"] = tuple(settings["providers"])
         return OrtRunner(artifact_dir / OPTIMIZED_MODEL, OrtOptions(**settings))
@@ -141,7 +146,7 @@ class OrtRunner:
     def __init__(self, model_path: Path, options: OrtOptions) -> None:
         import onnxruntime as ort
 
-        sess_options = _session_options(dataclasses.replace(options, optimization_level="disable"))
+        sess_options = session_options(dataclasses.replace(options, optimization_level="disable"))
         self.session = ort.InferenceSession(str(model_path), sess_options, providers=list(options.providers))
         _check_providers(self.session, options.providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -162,7 +167,7 @@ def reference_session(path_or_bytes: str | bytes) -> Any:
     return ort.InferenceSession(path_or_bytes, sess_options, providers=["CPUExecutionProvider"])
 
 
-def _session_options(options: OrtOptions, optimized_path: Path | None = None) -> Any:
+def session_options(options: OrtOptions, optimized_path: Path | None = None) -> Any:
     import onnxruntime as ort
 
     levels = {

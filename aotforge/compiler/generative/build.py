@@ -1,0 +1,134 @@
+"""The text-generation build, one straight line: load the causal LM -> export prefill + decode over one
+weight file -> the target's compile -> load -> token-exact validation -> benchmark -> manifest -> store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aotforge.artifacts.hashing import sha256_file
+from aotforge.artifacts.manifest import Manifest
+from aotforge.artifacts.store import staging_dir
+from aotforge.compiler.build_result import BuildResult
+from aotforge.compiler.build_tail import build_record, key_toolchain, place_artifact, store_artifact
+from aotforge.compiler.generative.benchmark import benchmark_generation
+from aotforge.compiler.generative.export import decoder_spec, export_graphs, save_shared
+from aotforge.compiler.generative.source import load_causal_lm
+from aotforge.compiler.generative.validation import validate_generation
+from aotforge.compiler.options import BuildOptions
+from aotforge.compiler.toolchain import toolchain_versions
+from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, DecoderSpec
+from aotforge.core.errors import OptionsError, TargetUnavailableError, UnsupportedModelError
+from aotforge.core.options import options_from_dict
+from aotforge.core.spec import DimRange, IOSpec, TensorSpec
+from aotforge.core.target_record import TargetRecord
+from aotforge.passes import DEFAULT_PRESET
+from aotforge.targets import get_target
+
+Progress = Callable[[str], None]
+
+#: Target -> the module whose ``compile_generative`` / ``load_generative`` handle the two graphs.
+GENERATIVE_BACKENDS = {
+    "onnxruntime": "aotforge.targets.generative.ort_engine",
+}
+
+
+def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResult:
+    """Compile a causal LM for ``opts.target`` as a generative artifact (``load(path).generate``)."""
+    started = time.perf_counter()
+    backend = _backend(opts)
+    target = get_target(opts.target)
+    target_opts = options_from_dict(target.options_type, opts.target_options, what=opts.target)
+    say("loading the causal LM")
+    source = load_causal_lm(model, opts.name)
+    spec = decoder_spec(source.model, opts.max_seq_len, opts.max_batch)
+    place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target)
+    with staging_dir(opts.out) as stage:
+        say("exporting the prefill and decode graphs")
+        prefill, decode = export_graphs(source.model, spec, place.name)
+        weights = save_shared({PREFILL_FILE: prefill, DECODE_FILE: decode}, stage)
+        for rel, file in sorted(source.files.items()):
+            shutil.copyfile(file, stage / rel)
+        say(f"compiling for {opts.target}")
+        compiled = backend.compile_generative(stage, spec, target_opts, say)
+        info = {**compiled.target_info, "task": TEXT_GENERATION, "decoder": spec.to_dict(), "weights": weights}
+        record = TargetRecord(target.name, dataclasses.asdict(target_opts), info)
+        runner = backend.load_generative(stage, record)
+        say("validating greedy generation against transformers")
+        validation = validate_generation(
+            source.model,
+            runner,
+            spec,
+            seed=opts.seed,
+            tolerance=opts.tolerance,
+            min_agreement=opts.min_token_agreement,
+            name=place.name,
+        )
+        bench = None
+        if opts.bench:
+            say("benchmarking generation")
+            bench = {"generation": benchmark_generation(runner, spec, weights["weights_file_bytes"])}
+        manifest = Manifest(
+            name=place.name,
+            version=place.version,
+            target=record,
+            toolchain={**toolchain_versions(), **compiled.toolchain},
+            source={"format": source.format, "sha256": source.sha256, "task": TEXT_GENERATION},
+            ir={"sha256": _graphs_sha(stage), "opset": prefill.opset_imports.get("", 0)},
+            passes=[],
+            io=prefill_io(spec).to_dict(),
+            validation=validation,
+            benchmark=bench,
+            files={},
+            build=build_record(started, toolchain_key=key_toolchain(opts.target, target.probe())),
+        )
+        manifest = store_artifact(stage, manifest, place)
+    return BuildResult(place.final, manifest)
+
+
+def _backend(opts: BuildOptions) -> Any:
+    """The target's generative backend; a target without one is refused before any work."""
+    if opts.prepare_only:
+        raise OptionsError("--prepare-only bundles of text-generation builds are not supported yet: build on the host")
+    if tuple(opts.passes) not in ((DEFAULT_PRESET,), ()):
+        raise OptionsError(f"passes {', '.join(opts.passes)} do not apply to text-generation builds yet: leave --passes out")
+    target = get_target(opts.target)
+    probe = target.probe()
+    if not probe.compiles:
+        raise TargetUnavailableError(f"target {opts.target} is not available on this host: {probe.reason}")
+    dotted = GENERATIVE_BACKENDS.get(opts.target)
+    if dotted is None:
+        raise UnsupportedModelError(
+            f"text-generation builds for {opts.target} are not implemented yet; use --target "
+            f"{' or '.join(GENERATIVE_BACKENDS)}"
+        )
+    return importlib.import_module(dotted)
+
+
+def prefill_io(spec: DecoderSpec) -> IOSpec:
+    """What ``LoadedArtifact.run`` accepts: the prefill graph (``generate`` drives both graphs)."""
+    ids = ("batch", "prompt")
+    return IOSpec(
+        inputs=(
+            TensorSpec("input_ids", "int64", ids, (0.0, float(spec.vocab))),
+            TensorSpec("attention_mask", "int64", ids, (1.0, 2.0)),
+            TensorSpec("position_ids", "int64", ids),
+        ),
+        outputs=(TensorSpec("logits", "float32", ("batch", spec.vocab)),),
+        dims=(DimRange("batch", 1, 1, spec.max_batch), DimRange("prompt", 1, 16, spec.max_seq_len)),
+    )
+
+
+def _graphs_sha(stage: Path) -> str:
+    """One digest over both graphs (their weights are in ``files`` like every file)."""
+    digest = hashlib.sha256()
+    for name in (PREFILL_FILE, DECODE_FILE):
+        digest.update(sha256_file(stage / name).encode())
+    return digest.hexdigest()

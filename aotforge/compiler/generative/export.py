@@ -1,0 +1,121 @@
+"""Export a causal LM's prefill and decode graphs (``generative.graphs``) to ONNX, sharing one weight file.
+
+Why two ONNX files over one ``weights.data``: each graph is a plain ONNX model that ONNX Runtime
+opens as a session and tvm's ONNX frontend imports as it would any other file (neither loads a
+model with two graph functions as two entry points), and ONNX's external-data records (location,
+offset, length) let both point at the same bytes. Initializers are matched by content (dtype,
+shape, bytes), not by name: the exporter names folded constants differently per graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+from onnx import numpy_helper
+from onnx.external_data_helper import set_external_data
+
+from aotforge.compiler.generative.graphs import Decode, Prefill, kv_shape, num_layers
+from aotforge.core.decoder import WEIGHTS_FILE, DecoderSpec
+from aotforge.core.errors import UnsupportedModelError, describe
+
+#: Initializers smaller than this stay inside each graph (shapes, scalars, small tables).
+_INLINE_BYTES = 1024
+_ALIGN = 4096  # page-aligned offsets let a runtime map the file
+
+
+def decoder_spec(model: Any, max_seq_len: int, max_batch: int) -> DecoderSpec:
+    """The cache geometry of ``model`` (a transformers causal LM) for this build."""
+    kv_heads, head_dim = kv_shape(model)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    return DecoderSpec(num_layers(model), kv_heads, head_dim, vocab, max_seq_len, max_batch)
+
+
+def export_graphs(model: Any, shape: DecoderSpec, name: str) -> tuple[ir.Model, ir.Model]:
+    """The prefill and decode graphs as IR, inputs/outputs named as ``generative.graphs`` documents."""
+    import torch
+
+    batch = torch.export.Dim("batch", min=1, max=max(shape.max_batch, 2))
+    prompt = torch.export.Dim("prompt", min=1, max=shape.max_seq_len)
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    mask = torch.ones(1, 4, dtype=torch.long)
+    pos = torch.arange(4).view(1, 4)
+    prefill_out = ["logits", *shape.kv_names("present")]
+    prefill = _export(
+        Prefill(model),
+        (ids, mask, pos),
+        ["input_ids", "attention_mask", "position_ids"],
+        prefill_out,
+        ({0: batch, 1: prompt},) * 3,
+        name,
+    )
+    cache = [torch.zeros(1, shape.kv_heads, shape.max_seq_len, shape.head_dim) for _ in range(2 * shape.layers)]
+    step = (torch.zeros(1, 1, dtype=torch.long), torch.full((1, 1), 4), torch.full((1,), 4), *cache)
+    decode = _export(
+        Decode(model),
+        step,
+        ["input_ids", "position_ids", "write_pos", *shape.kv_names("past")],
+        prefill_out,
+        ({0: batch}, {0: batch}, {0: batch}, tuple([{0: batch}] * len(cache))),  # *past arrives as one tuple
+        name,
+    )
+    return prefill, decode
+
+
+def _export(module: Any, args: tuple, inputs: list[str], outputs: list[str], dims: tuple, name: str) -> ir.Model:
+    import torch
+
+    try:
+        with torch.inference_mode(False), torch.no_grad():
+            program = torch.onnx.export(
+                module.eval(),
+                args,
+                dynamo=True,
+                verbose=False,
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_shapes=dims,
+            )
+    except Exception as e:
+        raise UnsupportedModelError(
+            f"exporting the {type(module).__name__.lower()} graph of {name} failed: {describe(e)}; "
+            "aotforge's text-generation export supports transformers causal LMs whose attention takes a 4D mask "
+            "and a Cache (Llama, Qwen2, GPT-2 families)"
+        ) from e
+    if program is None:
+        raise UnsupportedModelError(f"torch.onnx.export of {name} returned no program")
+    return program.model
+
+
+def save_shared(models: dict[str, ir.Model], out_dir: Path) -> dict[str, int]:
+    """Write each model as ``<out_dir>/<file>`` with its large initializers in one ``weights.data``.
+
+    Returns byte counts: the weight file, and what the graphs would hold without sharing.
+    """
+    offsets: dict[str, tuple[int, int]] = {}
+    unshared = 0
+    with (out_dir / WEIGHTS_FILE).open("wb") as data:
+        for file_name, model in models.items():
+            proto = ir.serde.serialize_model(model)
+            for tensor in proto.graph.initializer:
+                raw = tensor.raw_data or numpy_helper.to_array(tensor).tobytes()
+                if len(raw) < _INLINE_BYTES:
+                    continue
+                unshared += len(raw)
+                key = hashlib.sha256(f"{tensor.data_type}:{list(tensor.dims)}:".encode() + raw).hexdigest()
+                if key not in offsets:
+                    data.write(b"\0" * (-data.tell() % _ALIGN))
+                    offsets[key] = (data.tell(), len(raw))
+                    data.write(raw)
+                for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+                    tensor.ClearField(field)  # type: ignore[arg-type]
+                tensor.raw_data = raw  # set_external_data wants the field present; it is cleared next
+                set_external_data(tensor, WEIGHTS_FILE, *offsets[key])
+                tensor.ClearField("raw_data")
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+            onnx.save(proto, out_dir / file_name)
+        weight_bytes = data.tell()
+    return {"weights_file_bytes": weight_bytes, "unshared_bytes": unshared}

@@ -1,0 +1,136 @@
+"""The two graphs of a decoder, as torch modules around a transformers causal LM.
+
+* :class:`Prefill` — ``input_ids [batch, prompt]``, ``attention_mask [batch, prompt]`` (1 for a
+  real token; prompts right-padded), ``position_ids [batch, prompt]`` -> ``logits [batch, vocab]``
+  at each sequence's last real token and ``present_{key,value}_<layer> [batch, kv_heads, prompt, head_dim]``.
+* :class:`Decode` — one token per slot: ``input_ids [batch, 1]``, ``position_ids [batch, 1]``,
+  ``write_pos [batch]`` (the cache slot each sequence writes, its own length so far) and
+  ``past_{key,value}_<layer> [batch, kv_heads, max_seq_len, head_dim]`` -> ``logits [batch, vocab]`` and
+  ``present_{key,value}_<layer>``: the same cache with the new token scattered in at ``write_pos``.
+  A runtime binds ``past_*`` and ``present_*`` to one buffer, so the update happens in place.
+
+Both run the model's own layers (RoPE, RMSNorm, GQA, Conv1D ... whatever the architecture has);
+only the cache and the mask are ours: a :class:`transformers.Cache` whose layers scatter into the
+static buffers, and a ready 4D additive mask (transformers uses a 4D mask as given).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer of the static cache: the new keys/values go to ``write_pos`` of each slot."""
+
+    is_sliding = False
+
+    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, write_pos: torch.Tensor | None) -> None:
+        super().__init__()
+        self.keys, self.values, self.write_pos = keys, values, write_pos
+        self.is_initialized = keys is not None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if self.keys is None or self.values is None or self.write_pos is None:
+            # Prefill: the prompt's keys/values are the whole context; the runtime copies them into the cache.
+            self.keys, self.values = key_states, value_states
+            return key_states, value_states
+        # One token per slot, each at its own position: ScatterElements on the sequence axis.
+        index = self.write_pos.view(-1, 1, 1, 1).expand(-1, key_states.shape[1], 1, key_states.shape[3])
+        self.keys = self.keys.scatter(2, index, key_states)
+        self.values = self.values.scatter(2, index, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return (query_length if self.keys is None else self.keys.shape[-2]), 0
+
+    def get_seq_length(self) -> int:
+        return 0 if self.keys is None else int(self.keys.shape[-2])
+
+    def get_max_length(self) -> int:
+        return -1 if self.keys is None else int(self.keys.shape[-2])
+
+
+class _SlotCache(Cache):
+    def __init__(self, layers: list[_SlotLayer]) -> None:
+        super().__init__(layers=list(layers))
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean ``[batch, 1, q, k]`` mask as the additive float mask eager attention adds to its scores."""
+    zero = torch.zeros((), dtype=dtype)
+    return torch.where(allowed, zero, torch.tensor(torch.finfo(dtype).min, dtype=dtype))
+
+
+def num_layers(model: Any) -> int:
+    return int(model.config.num_hidden_layers)
+
+
+def _head(model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    return model.get_output_embeddings()(hidden)
+
+
+class Prefill(torch.nn.Module):
+    """The prompt pass (see the module docstring)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> Any:
+        steps = input_ids.shape[1]
+        causal = torch.ones(steps, steps, dtype=torch.bool).tril()
+        allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]
+        cache = _SlotCache([_SlotLayer(None, None, None) for _ in range(num_layers(self.model))])
+        out = self.model.base_model(
+            input_ids=input_ids,
+            attention_mask=_additive(allowed, self.model.dtype),
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+        )
+        last = (attention_mask.sum(dim=1) - 1).view(-1, 1, 1).expand(-1, 1, out.last_hidden_state.shape[-1])
+        logits = _head(self.model, out.last_hidden_state.gather(1, last)[:, 0])
+        kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        return (logits, *kv)
+
+
+class Decode(torch.nn.Module):
+    """One token per slot against the static cache (see the module docstring)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, write_pos: torch.Tensor, *past: torch.Tensor
+    ) -> Any:
+        layers = [_SlotLayer(past[2 * i], past[2 * i + 1], write_pos) for i in range(num_layers(self.model))]
+        cache = _SlotCache(layers)
+        max_seq = past[0].shape[2]
+        allowed = torch.arange(max_seq)[None, :] <= write_pos[:, None]
+        out = self.model.base_model(
+            input_ids=input_ids,
+            attention_mask=_additive(allowed[:, None, None, :], self.model.dtype),
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+        )
+        logits = _head(self.model, out.last_hidden_state[:, -1])
+        kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        return (logits, *kv)
+
+
+def kv_shape(model: Any) -> tuple[int, int]:
+    """``(kv_heads, head_dim)`` of the model's attention, read from its config."""
+    config = model.config
+    heads = int(getattr(config, "num_attention_heads", 0) or config.n_head)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    hidden = int(getattr(config, "hidden_size", 0) or config.n_embd)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    return kv_heads, head_dim

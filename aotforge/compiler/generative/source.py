@@ -1,0 +1,106 @@
+"""Load the causal LM a text-generation build starts from: a transformers directory, a module, a file."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from aotforge.core.errors import ModelLoadError, UnsupportedModelError, describe
+
+#: Tokenizer files copied into the artifact when the model directory has them (``generate --prompt``).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+
+
+@dataclasses.dataclass
+class CausalLM:
+    """The source model in eval mode with eager attention (the exported graphs take a 4D mask)."""
+
+    model: Any
+    name: str
+    format: str
+    sha256: str
+    #: Files to copy into the artifact, by their name there.
+    files: dict[str, Path] = dataclasses.field(default_factory=dict)
+
+
+def load_causal_lm(model: Any, name: str | None = None) -> CausalLM:
+    """``model``: a transformers causal-LM directory, a ``.py`` file whose ``get_model()`` returns one,
+    or the ``PreTrainedModel`` itself."""
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if path.is_dir():
+            return _from_dir(path, name)
+        if path.suffix == ".py" and path.is_file():
+            return _from_file(path, name)
+        raise ModelLoadError(
+            f"{model} is neither a transformers model directory (config.json + safetensors) nor a .py file "
+            "with get_model(): give one of those for --task text-generation"
+        )
+    return _checked(model, name or type(model).__name__.lower(), "torch", _weights_sha(model), {})
+
+
+def _from_dir(path: Path, name: str | None) -> CausalLM:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} has no config.json: save the model with save_pretrained(dir)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, attn_implementation="eager", dtype=torch.float32
+        )
+    except Exception as e:
+        raise ModelLoadError(
+            f"transformers cannot load {path} as a causal LM offline: {describe(e)}; "
+            "it needs config.json and the weights (safetensors) of a *ForCausalLM architecture"
+        ) from e
+    digest = hashlib.sha256()
+    for file in sorted(path.iterdir()):
+        if file.is_file() and (file.name == "config.json" or file.suffix == ".safetensors"):
+            digest.update(file.name.encode() + file.read_bytes())
+    files = {f: path / f for f in TOKENIZER_FILES if (path / f).is_file()}
+    return _checked(model, name or path.name, "transformers", digest.hexdigest(), files)
+
+
+def _from_file(path: Path, name: str | None) -> CausalLM:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"aotforge_model_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ModelLoadError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise ModelLoadError(f"importing {path} failed: {describe(e)}") from e
+    if not callable(getattr(module, "get_model", None)):
+        raise ModelLoadError(f"{path} defines no get_model(): it must return a transformers causal LM")
+    model = module.get_model()
+    return _checked(model, name or path.stem, "torch", _weights_sha(model), {})
+
+
+def _checked(model: Any, name: str, fmt: str, sha: str, files: dict[str, Path]) -> CausalLM:
+    if not (hasattr(model, "get_output_embeddings") and hasattr(model, "base_model") and hasattr(model, "config")):
+        raise UnsupportedModelError(
+            f"{name} is a {type(model).__name__}, not a transformers causal LM (*ForCausalLM / *LMHeadModel): "
+            "--task text-generation needs one"
+        )
+    model = model.eval().float()
+    model.set_attn_implementation("eager")
+    return CausalLM(model, name, fmt, sha, files)
+
+
+def _weights_sha(model: Any) -> str:
+    digest = hashlib.sha256()
+    for key, tensor in sorted(model.state_dict().items()):
+        digest.update(key.encode() + tensor.detach().contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,43 @@
+"""What a generative (text-generation) artifact's runtime must know: the decoder's cache geometry.
+
+Shared by the exporter (``compiler.generative``) and every target's generative engine
+(``targets.generative``), so it lives at the bottom layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+#: The task name a generative artifact records (``target.info["task"]``).
+TEXT_GENERATION = "text-generation"
+PREFILL_FILE = "prefill.onnx"
+DECODE_FILE = "decode.onnx"
+WEIGHTS_FILE = "weights.data"
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderSpec:
+    """Per-layer KV cache of ``[batch, kv_heads, max_seq_len, head_dim]`` float32, one slot per sequence."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_seq_len: int
+    max_batch: int
+
+    def kv_names(self, prefix: str) -> list[str]:
+        """``past`` (decode inputs) or ``present`` (outputs) names, key then value per layer."""
+        return [f"{prefix}_{kind}_{i}" for i in range(self.layers) for kind in ("key", "value")]
+
+    def kv_cache_bytes(self, batch: int) -> int:
+        return 2 * self.layers * batch * self.kv_heads * self.max_seq_len * self.head_dim * 4
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DecoderSpec:
+        return cls(**{f.name: int(data[f.name]) for f in dataclasses.fields(cls)})

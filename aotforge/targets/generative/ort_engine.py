@@ -1,0 +1,107 @@
+"""ONNX Runtime step engine: two sessions over the shared weights, the KV cache updated in place.
+
+The cache is one numpy array per layer and kind, wrapped once per call as an ``OrtValue`` (same
+memory) and bound through I/O binding as both the decode graph's ``past_*`` input and its
+``present_*`` output: ORT's ScatterElements then writes the new token's keys/values into the
+buffer it reads (it skips its input copy when input and output are one buffer), and nothing is
+allocated per token. ``cache_pointers`` lets a test check that the buffers never move.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, DecoderSpec
+from aotforge.core.errors import CompileError, describe
+from aotforge.core.target_record import TargetRecord
+from aotforge.targets.base import CompileResult
+from aotforge.targets.generative.runner import GenerativeRunner
+
+SESSION_FILE = "session.json"
+
+
+def compile_generative(workdir: Path, spec: DecoderSpec, options: Any, say: Any) -> CompileResult:
+    """ORT optimizes each graph when a session opens it; the artifact keeps the session settings.
+
+    Both graphs are opened here once, so an op ORT lacks fails the build, not the serving host."""
+    import onnxruntime as ort
+
+    from aotforge.targets.onnxruntime import session_options
+
+    settings = dataclasses.asdict(options)
+    (workdir / SESSION_FILE).write_text(json.dumps(settings, sort_keys=True, indent=2) + "\n")
+    OrtStepEngine(workdir, spec, session_options(options), list(options.providers))
+    return CompileResult(
+        files=(SESSION_FILE,), target_info={"device": "cpu", "options": settings}, toolchain={"onnxruntime": ort.__version__}
+    )
+
+
+def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:
+    from aotforge.targets.onnxruntime import OrtOptions, session_options
+
+    settings = json.loads((artifact_dir / SESSION_FILE).read_text())
+    options = OrtOptions(**{**settings, "providers": tuple(settings["providers"])})
+    spec = DecoderSpec.from_dict(record.info["decoder"])
+    return GenerativeRunner(OrtStepEngine(artifact_dir, spec, session_options(options), list(options.providers)))
+
+
+class OrtStepEngine:
+    def __init__(self, artifact_dir: Path, spec: DecoderSpec, session_options: Any, providers: list[str]) -> None:
+        import onnxruntime as ort
+
+        self.spec = spec
+        try:
+            self.prefill_session = ort.InferenceSession(str(artifact_dir / PREFILL_FILE), session_options, providers)
+            self.decode_session = ort.InferenceSession(str(artifact_dir / DECODE_FILE), session_options, providers)
+        except Exception as e:
+            raise CompileError(f"onnxruntime cannot open the prefill/decode graphs: {describe(e, last=True)}") from e
+        self._past, self._present = spec.kv_names("past"), spec.kv_names("present")
+        self.cache: list[np.ndarray] = []
+        self._binding: Any = None
+        self._logits = np.empty((0, spec.vocab), dtype=np.float32)
+
+    def start(self, batch: int, prompt_len: int) -> None:
+        import onnxruntime as ort
+
+        spec = self.spec
+        shape = (batch, spec.kv_heads, spec.max_seq_len, spec.head_dim)
+        # Zeroed once per call: positions a slot has not written yet are masked out, never read as garbage.
+        self.cache = [np.zeros(shape, dtype=np.float32) for _ in self._past]
+        self._logits = np.empty((batch, spec.vocab), dtype=np.float32)
+        binding = self.decode_session.io_binding()
+        binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self._logits))
+        for past, present, buffer in zip(self._past, self._present, self.cache, strict=True):
+            value = ort.OrtValue.ortvalue_from_numpy(buffer)
+            binding.bind_ortvalue_input(past, value)
+            binding.bind_ortvalue_output(present, value)
+        self._binding = binding
+
+    def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        logits, *present = self.prefill_session.run(None, feeds)
+        steps = input_ids.shape[1]
+        for buffer, values in zip(self.cache, present, strict=True):
+            buffer[:, :, :steps] = values  # once per call: the prompt's keys/values into its slots
+        return np.asarray(logits)
+
+    def decode(self, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
+        binding = self._binding
+        positions = np.ascontiguousarray(write_pos, dtype=np.int64)
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+        binding.bind_cpu_input("position_ids", positions[:, None].copy())
+        binding.bind_cpu_input("write_pos", positions)
+        self.decode_session.run_with_iobinding(binding)
+        return self._logits  # written in place by ORT
+
+    def cache_pointers(self) -> list[int]:
+        """Where ORT last wrote each ``present_*`` output (the cache buffers, if nothing was reallocated)."""
+        return [value.data_ptr() for value in self._binding.get_outputs()[1:]]
+
+    def buffer_pointers(self) -> list[int]:
+        return [buffer.ctypes.data for buffer in self.cache]
