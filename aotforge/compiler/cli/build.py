@@ -43,6 +43,13 @@ from aotforge.core.spec import parse_value_range
     is_flag=True,
     help="Skip the cache's direct mode and say why the IR-level cache hit or missed (needs --cache-dir).",
 )
+@click.option("--task", help="text-generation: compile a causal LM as prefill + decode graphs with a KV cache.")
+@click.option(
+    "--max-seq-len", type=click.IntRange(min=2), default=256, show_default=True, help="text-generation: KV positions."
+)
+@click.option(
+    "--max-batch", type=click.IntRange(min=1), default=4, show_default=True, help="text-generation: sequences per call."
+)
 @click.option("--prepare-only", is_flag=True, help="Write a build bundle for `aotforge finish` on the device host.")
 @click.option("--calibration", help="int8 calibration data: a directory of .npy/.npz files, or module.py:function.")
 @click.option("--accuracy-budget", type=click.FloatRange(0, 1, min_open=True), help="Least mean cosine vs fp32 (int8).")
@@ -51,7 +58,8 @@ from aotforge.core.spec import parse_value_range
 @click.option("--push", "push_to", help="Then push it to this registry (a directory or an http(s):// MLflow URI).")
 @user_errors
 def compile(model: str, **kw: Any) -> None:
-    """Compile MODEL (.onnx file, .py model file or module) into an artifact; prints its path last."""
+    """Compile MODEL (.onnx file, .py model file or module, a transformers directory with --task) into an
+    artifact; prints its path last."""
     from rich.console import Console
 
     from aotforge.compiler.api import build
@@ -80,6 +88,9 @@ def compile(model: str, **kw: Any) -> None:
             "prepare_only": kw["prepare_only"],
             "calibration": kw["calibration"],
             "accuracy_budget": kw["accuracy_budget"],
+            "task": kw["task"],
+            "max_seq_len": kw["max_seq_len"],
+            "max_batch": kw["max_batch"],
         }
     )
     if kw["recipe"]:

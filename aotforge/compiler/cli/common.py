@@ -63,6 +63,22 @@ def manifest_summary(m: dict[str, Any]) -> str:
     ]
     lines.append("  passes: " + (", ".join(p["name"] for p in m["passes"]) or "none"))
     v = m["validation"]
+    if "token_agreement" in v:
+        lines.append(
+            f"  validation: {'passed' if v.get('passed') else 'failed'} (greedy tokens vs transformers: "
+            f"{v['token_agreement']:.1%} agree, worst logits rel L2 {v['max_logits_rel_l2']:.3g})"
+        )
+    b = m["benchmark"]
+    if "token_agreement" in v and b and "generation" in b:
+        g = b["generation"]
+        ttft = ", ".join(f"{ms} ms @{n}" for n, ms in g["ttft_ms"].items())
+        rates = ", ".join(f"{r}/s @batch {n}" for n, r in g["tokens_per_s"].items())
+        lines.append(
+            f"  generation: TTFT {ttft}; ITL p50 {g['itl_ms']['p50']} ms, p99 {g['itl_ms']['p99']} ms; {rates}"
+        )
+    if "token_agreement" in v:
+        lines.append(f"  files: {', '.join(sorted(m['files']))}")
+        return "\n".join(lines)
     worst = max((x["rel_l2"] for x in v.get("metrics", {}).values()), default=0.0)
     lines.append(
         f"  validation: {'passed' if v.get('passed') else 'failed'} "

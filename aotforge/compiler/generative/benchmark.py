@@ -42,7 +42,10 @@ def benchmark_generation(
     lengths = [n for n in opts.prompt_lengths if n + 1 <= spec.max_seq_len] or [1]
     prompts = {n: rng.integers(0, spec.vocab, size=(1, n), dtype=np.int64) for n in lengths}
     _timed_stream(runner, prompts[lengths[0]], 2)  # warm-up: first runs allocate and page in weights
-    ttft = {str(n): _ms(np.median([_timed_stream(runner, p, 1)[0] for _ in range(opts.repeats)])) for n, p in prompts.items()}
+    ttft = {
+        str(n): _ms(np.median([_timed_stream(runner, p, 1)[0] for _ in range(opts.repeats)]))
+        for n, p in prompts.items()
+    }
     prompt = prompts[lengths[0]]
     new = max(2, min(opts.decode_tokens, spec.max_seq_len - prompt.shape[1] + 1))
     marks = _timed_stream(runner, prompt, new)

@@ -98,7 +98,9 @@ def _backend(opts: BuildOptions) -> Any:
     if opts.prepare_only:
         raise OptionsError("--prepare-only bundles of text-generation builds are not supported yet: build on the host")
     if tuple(opts.passes) not in ((DEFAULT_PRESET,), ()):
-        raise OptionsError(f"passes {', '.join(opts.passes)} do not apply to text-generation builds yet: leave --passes out")
+        raise OptionsError(
+            f"passes {', '.join(opts.passes)} do not apply to text-generation builds yet: leave --passes out"
+        )
     target = get_target(opts.target)
     probe = target.probe()
     if not probe.compiles:

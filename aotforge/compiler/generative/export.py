@@ -40,9 +40,10 @@ def export_graphs(model: Any, shape: DecoderSpec, name: str) -> tuple[ir.Model, 
 
     batch = torch.export.Dim("batch", min=1, max=max(shape.max_batch, 2))
     prompt = torch.export.Dim("prompt", min=1, max=shape.max_seq_len)
-    ids = torch.zeros(1, 4, dtype=torch.long)
-    mask = torch.ones(1, 4, dtype=torch.long)
-    pos = torch.arange(4).view(1, 4)
+    # Example sizes of 2 and 4: torch.export specializes a dim whose example size is 1.
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    mask = torch.ones(2, 4, dtype=torch.long)
+    pos = torch.arange(4).repeat(2, 1)
     prefill_out = ["logits", *shape.kv_names("present")]
     prefill = _export(
         Prefill(model),
@@ -52,8 +53,8 @@ def export_graphs(model: Any, shape: DecoderSpec, name: str) -> tuple[ir.Model, 
         ({0: batch, 1: prompt},) * 3,
         name,
     )
-    cache = [torch.zeros(1, shape.kv_heads, shape.max_seq_len, shape.head_dim) for _ in range(2 * shape.layers)]
-    step = (torch.zeros(1, 1, dtype=torch.long), torch.full((1, 1), 4), torch.full((1,), 4), *cache)
+    cache = [torch.zeros(2, shape.kv_heads, shape.max_seq_len, shape.head_dim) for _ in range(2 * shape.layers)]
+    step = (torch.zeros(2, 1, dtype=torch.long), torch.full((2, 1), 4), torch.full((2,), 4), *cache)
     decode = _export(
         Decode(model),
         step,

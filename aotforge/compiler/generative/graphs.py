@@ -86,7 +86,8 @@ class Prefill(torch.nn.Module):
         steps = input_ids.shape[1]
         causal = torch.ones(steps, steps, dtype=torch.bool).tril()
         allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]
-        cache = _SlotCache([_SlotLayer(None, None, None) for _ in range(num_layers(self.model))])
+        layers = [_SlotLayer(None, None, None) for _ in range(num_layers(self.model))]
+        cache = _SlotCache(layers)
         out = self.model.base_model(
             input_ids=input_ids,
             attention_mask=_additive(allowed, self.model.dtype),
@@ -96,7 +97,7 @@ class Prefill(torch.nn.Module):
         )
         last = (attention_mask.sum(dim=1) - 1).view(-1, 1, 1).expand(-1, 1, out.last_hidden_state.shape[-1])
         logits = _head(self.model, out.last_hidden_state.gather(1, last)[:, 0])
-        kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        kv = [t for layer in layers for t in (layer.keys, layer.values)]
         return (logits, *kv)
 
 
@@ -122,7 +123,7 @@ class Decode(torch.nn.Module):
             use_cache=True,
         )
         logits = _head(self.model, out.last_hidden_state[:, -1])
-        kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        kv = [t for layer in layers for t in (layer.keys, layer.values)]
         return (logits, *kv)
 
 

@@ -63,7 +63,8 @@ def validate_generation(
     prompts, new = validation_prompts(spec, seed)
     references = [reference_greedy(model, p, new) for p in prompts]
     got = _batched_generate(runner, prompts, new, spec.max_batch)
-    per_prompt, worst = [], 0.0
+    per_prompt: list[dict[str, Any]] = []
+    worst = 0.0
     for prompt, (ref_tokens, ref_logits), tokens in zip(prompts, references, got, strict=True):
         rel = [_rel_l2(a, b) for a, b in zip(forced_logits(runner, prompt, ref_tokens), ref_logits, strict=True)]
         same = _common_prefix(tokens, ref_tokens)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,9 @@ def compile_generative(workdir: Path, spec: DecoderSpec, options: Any, say: Any)
     (workdir / SESSION_FILE).write_text(json.dumps(settings, sort_keys=True, indent=2) + "\n")
     OrtStepEngine(workdir, spec, session_options(options), list(options.providers))
     return CompileResult(
-        files=(SESSION_FILE,), target_info={"device": "cpu", "options": settings}, toolchain={"onnxruntime": ort.__version__}
+        files=(SESSION_FILE,),
+        target_info={"device": "cpu", "options": settings},
+        toolchain={"onnxruntime": ort.__version__},
     )
 
 

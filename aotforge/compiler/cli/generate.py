@@ -1,0 +1,62 @@
+"""``aotforge generate``: decode tokens with a text-generation artifact, streamed as they come."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from aotforge.compiler.cli.common import user_errors
+from aotforge.core.errors import InputSpecError
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--prompt-ids", help="Comma-separated prompt token ids, e.g. 1,2,3.")
+@click.option("--prompt", help="Prompt text (the artifact must carry its model's tokenizer files).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--do-sample", is_flag=True, help="Sample instead of greedy decoding.")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--seed", type=int, help="Seed of the sampler (reproducible sampling).")
+@click.option("--eos-token-id", type=int, help="Stop when this token is generated.")
+@user_errors
+def generate(artifact: Path, prompt_ids: str | None, prompt: str | None, **kw: object) -> None:
+    """Generate tokens after a prompt with a text-generation ARTIFACT; prints the new token ids (and text)."""
+    import numpy as np
+
+    from aotforge.artifacts.loader import load
+
+    if (prompt_ids is None) == (prompt is None):
+        raise click.BadParameter("give exactly one of --prompt-ids and --prompt", param_hint="--prompt-ids")
+    tokenizer = _tokenizer(artifact) if prompt is not None else None
+    if tokenizer is not None and prompt is not None:
+        ids = list(tokenizer(prompt)["input_ids"])
+    else:
+        try:
+            ids = [int(t) for t in str(prompt_ids).split(",") if t.strip()]
+        except ValueError:
+            raise click.BadParameter(
+                f"{prompt_ids!r} is not comma-separated integers", param_hint="--prompt-ids"
+            ) from None
+    loaded = load(artifact)
+    new: list[int] = []
+    for tokens in loaded.stream(np.array([ids], dtype=np.int64), **kw):  # type: ignore[arg-type]
+        new.append(int(tokens[0]))
+        click.echo(str(new[-1]), nl=False)
+        click.echo(" ", nl=False)
+    click.echo()
+    if tokenizer is not None:
+        click.echo(tokenizer.decode(new))
+
+
+def _tokenizer(artifact: Path) -> Any:
+    if not (artifact / "tokenizer.json").is_file() and not (artifact / "tokenizer_config.json").is_file():
+        raise InputSpecError(
+            f"{artifact} carries no tokenizer files (the model directory had none): use --prompt-ids instead"
+        )
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(artifact), local_files_only=True)

@@ -1,0 +1,208 @@
+"""Text-generation artifacts: prefill + decode graphs, generate / stream, token-exact vs transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import aotforge
+from aotforge.compiler.cli import main
+from aotforge.core.errors import InputSpecError, OptionsError, UnsupportedModelError
+from tests.llm_models import ARCHITECTURES, VOCAB, save_tiny_causal_lm, tiny_causal_lm, transformers_greedy
+
+MAX_SEQ = 64
+#: Two prompts of different lengths, left-padded as a transformers tokenizer pads them.
+PROMPTS = ([5, 17, 42, 99, 3, 250, 7], [8, 1, 300])
+NEW = 20
+
+
+def _build(model: Any, out: Path, target: str = "onnxruntime", **kw: Any) -> Any:
+    kw = {"bench": False, "max_seq_len": MAX_SEQ, "max_batch": 2, **kw}
+    return aotforge.build(model, target=target, task="text-generation", out=out, **kw)
+
+
+def _left_padded(prompts: tuple[list[int], ...]) -> tuple[np.ndarray, np.ndarray]:
+    width = max(len(p) for p in prompts)
+    ids = np.zeros((len(prompts), width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :], mask[row, width - len(p) :] = p, 1
+    return ids, mask
+
+
+@pytest.fixture(scope="module")
+def llama_ort(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A Llama directory built for onnxruntime, benchmark included (the other tests reuse it)."""
+    root = tmp_path_factory.mktemp("llama")
+    result = _build(save_tiny_causal_lm("llama", root / "llama-tiny"), root / "out", bench=True)
+    return result
+
+
+def test_llama_directory_batch_is_token_exact_against_transformers(llama_ort: Any) -> None:
+    _check_token_exact(llama_ort, tiny_causal_lm("llama"))
+
+
+#: Each export costs ~25 s on 2 busy cores: Llama runs by default (above), the others behind slow.
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [a for a in ARCHITECTURES if a != "llama"] + ["llama-tied"])
+def test_greedy_batch_is_token_exact_against_transformers(arch: str, tmp_path: Path) -> None:
+    """Each architecture, built from the module itself."""
+    model = tiny_causal_lm(arch)
+    _check_token_exact(_build(model, tmp_path, name=arch), model)
+
+
+def _check_token_exact(result: Any, model: Any) -> None:
+    """A batch of two prompt lengths (left-padded) == transformers' greedy generate per prompt."""
+    assert result.manifest.validation["passed"] and result.manifest.validation["token_agreement"] == 1.0
+    assert result.manifest.validation["max_logits_rel_l2"] < 1e-4
+    ids, mask = _left_padded(PROMPTS)
+    out = aotforge.load(result.path).generate(ids, NEW, attention_mask=mask)
+    assert out.shape == (2, ids.shape[1] + NEW)
+    np.testing.assert_array_equal(out[:, : ids.shape[1]], ids)
+    for row, prompt in enumerate(PROMPTS):
+        want = transformers_greedy(model, prompt, NEW)
+        assert out[row, ids.shape[1] :].tolist() == want
+        assert len(set(want)) > 3, "random weights should not repeat one token (initializer_range)"
+
+
+def test_directory_build_shares_one_weight_file(llama_ort: Any) -> None:
+    path, m = llama_ort.path, llama_ort.manifest
+    assert {"prefill.onnx", "decode.onnx", "weights.data"} <= set(m.files)
+    import onnx
+
+    locations = set()
+    for graph in ("prefill.onnx", "decode.onnx"):
+        proto = onnx.load(path / graph, load_external_data=False)
+        big = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+        assert big, graph
+        locations |= {e.value for t in big for e in t.external_data if e.key == "location"}
+    assert locations == {"weights.data"}
+    weights = m.target.info["weights"]
+    # Both graphs hold every weight, the file holds each once (plus page alignment).
+    assert weights["unshared_bytes"] > 1.8 * weights["weights_file_bytes"] - 4096 * 40
+    assert m.source["format"] == "transformers" and m.target.info["task"] == "text-generation"
+
+
+def test_benchmark_generation_record(llama_ort: Any) -> None:
+    g = llama_ort.manifest.benchmark["generation"]
+    assert set(g) >= {"ttft_ms", "itl_ms", "tokens_per_s", "kv_cache_bytes", "weight_bytes"}
+    assert set(g["itl_ms"]) == {"p50", "p90", "p99"} and 0 < g["itl_ms"]["p50"] <= g["itl_ms"]["p99"]
+    assert set(g["tokens_per_s"]) == {"1", "2"} and all(v > 0 for v in g["tokens_per_s"].values())
+    assert g["kv_cache_bytes"]["2"] == 2 * 2 * 2 * 2 * MAX_SEQ * 16 * 4  # K+V, layers, batch, kv heads, dims
+    card = (llama_ort.path / "MODEL_CARD.md").read_text()
+    assert "Time to first token" in card and "token for token" in card
+
+
+def test_stops_at_eos_per_sequence(llama_ort: Any) -> None:
+    artifact = aotforge.load(llama_ort.path)
+    ids, mask = _left_padded(PROMPTS)
+    free = artifact.generate(ids, NEW, attention_mask=mask)[:, ids.shape[1] :]
+    eos = int(free[0, 3])  # the first sequence emits it at step 3 (or before)
+    out = artifact.generate(ids, NEW, attention_mask=mask, eos_token_id=eos)[:, ids.shape[1] :]
+    first_stop = [int(np.argmax(row == eos)) if (row == eos).any() else None for row in free]
+    steps = out.shape[1]
+    assert steps == max(s + 1 if s is not None else NEW for s in first_stop)
+    for row, stop in enumerate(first_stop):
+        if stop is None:
+            np.testing.assert_array_equal(out[row], free[row, :steps])
+        else:
+            np.testing.assert_array_equal(out[row, : stop + 1], free[row, : stop + 1])
+            assert (out[row, stop:] == eos).all(), "a finished sequence repeats eos"
+
+
+def test_end_of_cache_is_a_clear_error(llama_ort: Any) -> None:
+    artifact = aotforge.load(llama_ort.path)
+    with pytest.raises(InputSpecError, match="max_seq_len=64"):
+        artifact.generate(np.arange(60)[None, :], 6)
+    # Exactly full is fine: 60 + 5 new tokens write 64 positions.
+    assert artifact.generate(np.arange(60)[None, :], 5).shape == (1, 65)
+    with pytest.raises(InputSpecError, match="max_batch 2"):
+        artifact.generate(np.zeros((3, 4), dtype=np.int64), 2)
+
+
+def test_seeded_sampling_is_reproducible(llama_ort: Any) -> None:
+    artifact = aotforge.load(llama_ort.path)
+    ids, mask = _left_padded(PROMPTS)
+    kw = {"attention_mask": mask, "do_sample": True, "top_k": 50, "top_p": 0.9, "temperature": 1.3}
+    a = artifact.generate(ids, NEW, seed=7, **kw)
+    np.testing.assert_array_equal(a, artifact.generate(ids, NEW, seed=7, **kw))
+    assert not np.array_equal(a, artifact.generate(ids, NEW, seed=8, **kw))
+    assert not np.array_equal(a, artifact.generate(ids, NEW, attention_mask=mask))
+    top1 = artifact.generate(ids, NEW, attention_mask=mask, do_sample=True, top_k=1, seed=3)
+    np.testing.assert_array_equal(top1, artifact.generate(ids, NEW, attention_mask=mask))
+
+
+def test_stream_yields_what_generate_returns(llama_ort: Any) -> None:
+    artifact = aotforge.load(llama_ort.path)
+    ids, mask = _left_padded(PROMPTS)
+    steps = list(artifact.stream(ids, NEW, attention_mask=mask))
+    assert len(steps) == NEW and all(s.shape == (2,) for s in steps)
+    np.testing.assert_array_equal(np.stack(steps, axis=1), artifact.generate(ids, NEW, attention_mask=mask)[:, -NEW:])
+
+
+def test_kv_cache_is_not_reallocated_per_token(llama_ort: Any) -> None:
+    """ORT writes every step's present_* into the buffers allocated at the start of the call."""
+    artifact = aotforge.load(llama_ort.path)
+    engine = artifact._generative().engine
+    ids, mask = _left_padded(PROMPTS)
+    seen = []
+    for _ in artifact.stream(ids, NEW, attention_mask=mask):
+        if engine._binding is not None and len(seen) < NEW - 1:
+            seen.append((engine.buffer_pointers(), engine.cache_pointers()))
+    first_buffers = seen[0][0]
+    cache_ids = [id(b) for b in engine.cache]
+    for buffers, written in seen[1:]:
+        assert buffers == first_buffers, "the cache buffers moved"
+        assert written == first_buffers, "ORT wrote present_* somewhere else than the bound cache"
+    assert cache_ids == [id(b) for b in engine.cache]
+    assert len(engine.cache) == 2 * 2 and engine.cache[0].shape == (2, 2, MAX_SEQ, 16)
+
+
+def test_cli_generate(llama_ort: Any) -> None:
+    runner, path = CliRunner(), str(llama_ort.path)
+    ran = runner.invoke(main, ["generate", path, "--prompt-ids", "1,2,3", "--max-new-tokens", "12"])
+    assert ran.exit_code == 0, ran.output
+    tokens = [int(t) for t in ran.output.split()]
+    want = aotforge.load(path).generate(np.array([[1, 2, 3]]), 12)[0, 3:].tolist()
+    assert tokens == want and all(0 <= t < VOCAB for t in tokens)
+    too_long = runner.invoke(main, ["generate", path, "--prompt-ids", "1,2,3", "--max-new-tokens", "63"])
+    assert too_long.exit_code != 0 and "max_seq_len=64" in too_long.output
+    no_text = runner.invoke(main, ["generate", path, "--prompt", "hello"])
+    assert no_text.exit_code != 0 and "no tokenizer" in no_text.output
+
+
+@pytest.mark.slow
+def test_cli_compile(tmp_path: Path) -> None:
+    model_dir = save_tiny_causal_lm("llama-tied", tmp_path / "tied")
+    args = ["compile", str(model_dir), "--task", "text-generation", "--target", "onnxruntime"]
+    args += ["--max-seq-len", "48", "--max-batch", "1", "--no-bench", "--out", str(tmp_path / "out")]
+    built = CliRunner().invoke(main, args)
+    assert built.exit_code == 0, built.output
+    path = Path(built.output.strip().splitlines()[-1])
+    assert json.loads((path / "manifest.json").read_text())["target"]["info"]["decoder"]["max_seq_len"] == 48
+    assert "greedy tokens vs transformers: 100.0% agree" in built.output
+
+
+def test_refusals(tmp_path: Path) -> None:
+    import torch
+
+    model = tiny_causal_lm("llama")
+    with pytest.raises(OptionsError, match="passes"):
+        _build(model, tmp_path, passes=["fp16"])
+    with pytest.raises(UnsupportedModelError, match="not a transformers causal LM"):
+        _build(torch.nn.Linear(2, 2), tmp_path)
+    with pytest.raises(OptionsError, match="max_seq_len"):
+        _build(model, tmp_path, max_seq_len=1)
+    with pytest.raises(InputSpecError, match="not a text-generation artifact"):
+        aotforge.load(_plain_onnx(tmp_path)).generate(np.zeros((1, 2), dtype=np.int64), 2)
+
+
+def _plain_onnx(tmp_path: Path) -> Path:
+    from tests.conftest import ONNX_LIGHT, quick_build
+
+    return quick_build(str(ONNX_LIGHT / "light_squeezenet.onnx"), tmp_path / "plain", target="onnxruntime").path
