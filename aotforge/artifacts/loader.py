@@ -14,10 +14,12 @@ import numpy as np
 from aotforge.artifacts.debris import make_temp_dir, sweep
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.signing import verified_manifest
+from aotforge.core.decoder import TEXT_GENERATION
 from aotforge.core.errors import HostMismatchError, InputSpecError
 from aotforge.core.spec import IOSpec
 from aotforge.targets import get_target
 from aotforge.targets.base import Runner, Target
+from aotforge.targets.generative import generative_backend
 
 Arrays = dict[str, np.ndarray]
 _PULL_PREFIX = "pull-"
@@ -86,7 +88,10 @@ def load(
     manifest = verified_manifest(path, public_key, manifest_sha256=manifest_sha256)
     target = get_target(manifest.target.name)
     check_host(manifest, target)
-    runner = target.load(path, manifest.target, IOSpec.from_dict(manifest.io))
+    if manifest.target.info.get("task") == TEXT_GENERATION:  # prefill + decode graphs, not one model
+        runner: Runner = generative_backend(manifest.target.name).load_generative(path, manifest.target)
+    else:
+        runner = target.load(path, manifest.target, IOSpec.from_dict(manifest.io))
     return LoadedArtifact(path, manifest, runner)
 
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import onnx_ir as ir
 
-from aotforge.core.decoder import TEXT_GENERATION
 from aotforge.core.errors import (
     CompileError,
     HostMismatchError,
@@ -105,11 +104,7 @@ class OrtTarget(Target):
             toolchain={"onnxruntime": ort.__version__},
         )
 
-    def load(self, artifact_dir: Path, record: TargetRecord, io: IOSpec) -> Any:
-        if record.info.get("task") == TEXT_GENERATION:  # prefill + decode graphs, not one model
-            from aotforge.targets.generative.ort_engine import load_generative
-
-            return load_generative(artifact_dir, record)
+    def load(self, artifact_dir: Path, record: TargetRecord, io: IOSpec) -> OrtRunner:
         settings = json.loads((artifact_dir / SESSION_FILE).read_text())
         settings["providers"] = tuple(settings["providers"])
         return OrtRunner(artifact_dir / OPTIMIZED_MODEL, OrtOptions(**settings))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import shutil
 import time
 from collections.abc import Callable
@@ -25,19 +24,15 @@ from aotforge.compiler.generative.validation import validate_generation
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
 from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, DecoderSpec
-from aotforge.core.errors import OptionsError, TargetUnavailableError, UnsupportedModelError
+from aotforge.core.errors import OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET
 from aotforge.targets import get_target
+from aotforge.targets.generative import generative_backend
 
 Progress = Callable[[str], None]
-
-#: Target -> the module whose ``compile_generative`` / ``load_generative`` handle the two graphs.
-GENERATIVE_BACKENDS = {
-    "onnxruntime": "aotforge.targets.generative.ort_engine",
-}
 
 
 def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResult:
@@ -90,7 +85,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
             build=build_record(started, toolchain_key=key_toolchain(opts.target, target.probe())),
         )
         manifest = store_artifact(stage, manifest, place)
-    return BuildResult(place.final, manifest)
+    return BuildResult(place.path_of(manifest), manifest)
 
 
 def _backend(opts: BuildOptions) -> Any:
@@ -105,13 +100,7 @@ def _backend(opts: BuildOptions) -> Any:
     probe = target.probe()
     if not probe.compiles:
         raise TargetUnavailableError(f"target {opts.target} is not available on this host: {probe.reason}")
-    dotted = GENERATIVE_BACKENDS.get(opts.target)
-    if dotted is None:
-        raise UnsupportedModelError(
-            f"text-generation builds for {opts.target} are not implemented yet; use --target "
-            f"{' or '.join(GENERATIVE_BACKENDS)}"
-        )
-    return importlib.import_module(dotted)
+    return generative_backend(opts.target)
 
 
 def prefill_io(spec: DecoderSpec) -> IOSpec:

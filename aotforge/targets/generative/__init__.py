@@ -1,1 +1,25 @@
 """Generative runtimes: the target-independent decoding loop and one step engine per target."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from aotforge.core.errors import UnsupportedModelError
+
+#: Target -> the module whose ``compile_generative`` / ``load_generative`` handle the two graphs.
+#: A table read on use (no import-time registry); a target missing here has no generative path yet.
+GENERATIVE_BACKENDS = {
+    "onnxruntime": "aotforge.targets.generative.ort_engine",
+}
+
+
+def generative_backend(target: str) -> ModuleType:
+    """The module that compiles and loads ``target``'s prefill + decode graphs, or a refusal."""
+    dotted = GENERATIVE_BACKENDS.get(target)
+    if dotted is None:
+        raise UnsupportedModelError(
+            f"text-generation artifacts for {target} are not implemented yet; use --target "
+            f"{' or '.join(GENERATIVE_BACKENDS)}"
+        )
+    return importlib.import_module(dotted)
