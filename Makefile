@@ -34,10 +34,18 @@ test: $(BIN)/.installed
 test-slow: $(BIN)/.installed
 	$(BIN)/pytest -q -m slow
 
-# On an NVIDIA host with TensorRT: what this host offers, then every GPU end-to-end test in one go.
+# On an NVIDIA host: the GPU extra, what this host offers, then every GPU test in one go, where a skip
+# (no TensorRT, no GPU, a CPU-only torch) fails the run instead of passing it (AOTFORGE_REQUIRE, tests/conftest.py).
+_version = $$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("$(1)"))')
 device-check: $(BIN)/.installed
+	$(BIN)/pip install --quiet -e '.[dev,gpu]'
+	# onnxruntime and onnxruntime-gpu install the same `onnxruntime` module and cannot live side by side
+	# (microsoft/onnxruntime#26996): drop the CPU one the base dependencies bring, then rewrite the GPU one's files.
+	$(BIN)/pip uninstall --quiet -y onnxruntime
+	$(BIN)/pip install --quiet --force-reinstall --no-deps "onnxruntime-gpu==$(call _version,onnxruntime-gpu)"
+	$(BIN)/python -c 'import onnxruntime as o; p = o.get_available_providers(); assert "CUDAExecutionProvider" in p, p'
 	$(BIN)/aotforge targets
-	$(BIN)/pytest -q -rs -m gpu tests/test_device_e2e.py tests/test_tensorrt_target.py
+	AOTFORGE_REQUIRE=tensorrt $(BIN)/pytest -q -rs -m gpu tests/test_device_e2e.py tests/test_tensorrt_target.py
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check aotforge tests examples tools

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import warnings
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +35,36 @@ def quick_build(model: Any, out: Path, **overrides: Any) -> BuildResult:
 @pytest.fixture(params=CPU_TARGETS)
 def cpu_target(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+#: ``AOTFORGE_REQUIRE`` value -> the marker of the tests that must not skip for it. Read here, in the
+#: tests, never in library code: ``make device-check`` sets it so a host missing the SDK, the device or
+#: a CUDA torch fails loudly instead of exiting 0 with every device test skipped.
+REQUIRE_MARKERS = {"tensorrt": "gpu", "neuron": "neuron"}
+
+
+def _required_markers() -> set[str]:
+    wanted = [w.strip() for w in os.environ.get("AOTFORGE_REQUIRE", "").split(",") if w.strip()]
+    unknown = [w for w in wanted if w not in REQUIRE_MARKERS]
+    if unknown:
+        raise pytest.UsageError(
+            f"AOTFORGE_REQUIRE={','.join(unknown)} is unknown; use {' or '.join(REQUIRE_MARKERS)} (comma-separated)"
+        )
+    return {REQUIRE_MARKERS[w] for w in wanted}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _required_markers()  # an unknown value is a usage error before anything runs
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    """Under ``AOTFORGE_REQUIRE``, a skip in a test carrying the required marker is a failure."""
+    report = yield
+    required = _required_markers() & {m.name for m in item.iter_markers()}
+    if report.skipped and required and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        report.outcome = "failed"
+        report.longrepr = f"AOTFORGE_REQUIRE asks for the {'/'.join(sorted(required))} tests to run, but: {reason}"
+    return report

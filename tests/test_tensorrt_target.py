@@ -219,6 +219,10 @@ def test_probe_names_what_this_host_lacks_and_compile_refuses(tmp_path: Path) ->
     assert not probe.compiles
     named = ["python package 'tensorrt'", "libnvinfer", "GPU"]
     assert any(n in probe.reason for n in named), probe.reason
+    import torch
+
+    if not torch.cuda.is_available():  # the runner's buffers are CUDA tensors: a CPU torch is named too
+        assert "torch" in probe.reason and torch.__version__ in probe.reason, probe.reason
     ctx = BuildContext(io=IMAGE)
     with pytest.raises(TargetUnavailableError, match="build on an NVIDIA host"):
         target.compile(_qdq_fp16_model(), TensorRTOptions(), ctx, tmp_path)

@@ -84,10 +84,24 @@ def probe_host() -> ProbeResult:
         missing.append("a working GPU: the NVIDIA driver is loaded but nvidia-smi reports no device")
     else:
         missing.append("an NVIDIA GPU and driver (no nvidia-smi, no /proc/driver/nvidia)")
+    cuda_torch = _cuda_torch()
+    if cuda_torch:
+        missing.append(cuda_torch)
     if missing:
         reason = "tensorrt needs, and this host lacks: " + "; ".join(missing)
         return ProbeResult(False, reason, can_compile=False, details=details)
     return ProbeResult(True, details=details)
+
+
+def _cuda_torch() -> str:
+    """Why torch cannot hand the runner CUDA memory, or "" when it can (the runner's buffers are torch tensors)."""
+    import torch
+
+    if torch.version.cuda is None:
+        return f"a CUDA build of torch (this one, {torch.__version__}, is CPU-only: install torch from a CUDA index)"
+    if not torch.cuda.is_available():
+        return f"a GPU torch {torch.__version__} (CUDA {torch.version.cuda}) can see: torch.cuda.is_available() False"
+    return ""
 
 
 def _logger() -> Any:
