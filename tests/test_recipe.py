@@ -78,8 +78,15 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
 
 
 def test_shortcuts_need_the_int8_pass() -> None:
-    with pytest.raises(OptionsError, match="calibration given but pass 'int8' is not in passes"):
+    with pytest.raises(OptionsError, match=r"calibration given but no int8 pass \(int8, int8-dynamic\) is in passes"):
         int8_shortcuts(BuildOptions(calibration="calib/"), ("fold",))
+
+
+@pytest.mark.parametrize("passes", [("fold", "int8-dynamic"), ("int8", "int8-dynamic")])
+def test_shortcuts_reach_every_int8_pass(passes: tuple[str, ...]) -> None:
+    params = int8_shortcuts(BuildOptions(calibration="calib/", accuracy_budget=0.995), passes)
+    for name in {"int8", "int8-dynamic"} & set(passes):
+        assert params[name] == {"calibration_dir": "calib/", "min_cosine": 0.995}
 
 
 def test_cli_flags_override_the_recipe(tmp_path: Path) -> None:

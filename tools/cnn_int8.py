@@ -12,6 +12,13 @@ model.ort.onnx as the runner loads it, 2 threads, each variant in its own proces
 --runs after warm-up, --rounds round-robin rounds.
 
     .venv/bin/python tools/cnn_int8.py [--model examples/resnet18_style.py] [--inputs 256]
+
+``--model mobilenet`` measures the MobileNet-style CNN of tests/user_cnn.py instead (depthwise
+convs, BatchNorm, ReLU6; built in test code, not examples/) at ``--size`` (default 96), as a user
+would build it: ``--passes O1,int8 --calibration`` (64 seeded images) ``--accuracy-budget 0.999``
+(the search picks the method), for onnxruntime (and its ``optimization_level=all``) and tvm;
+agreement with the torch module; every artifact timed through ``aotforge.load`` in its own process
+(tools/artifact_timing.py).
 """
 
 from __future__ import annotations
@@ -63,10 +70,75 @@ def heavy_ops(path: Path) -> str:
     return " ".join(f"{op} {n}" for op, n in sorted(counts.items()))
 
 
+def mobilenet(args: argparse.Namespace) -> None:
+    """The ``--model mobilenet`` table: fp32 vs the int8 pass's search, per target, side by side."""
+    import torch
+
+    import aotforge
+    from aotforge import build
+    from tests import user_cnn
+    from tools.artifact_timing import ratio, round_robin
+
+    size = args.size or 96
+    model = user_cnn.mobilenet(size=size)
+    calib = args.work / "calibration"
+    shutil.rmtree(args.work, ignore_errors=True)
+    calib.mkdir(parents=True)
+    np.save(calib / "images.npy", user_cnn.images(args.calibration, seed=1, size=size))
+    example = {"image": torch.from_numpy(user_cnn.images(1, seed=5, size=size)[0])}
+    level_all = {"target_options": {"optimization_level": "all"}}
+    int8 = {"calibration": str(calib), "accuracy_budget": 0.999}
+    variants = {
+        "onnxruntime fp32": ("onnxruntime", ["O1"], {}),
+        "onnxruntime int8": ("onnxruntime", ["O1", "int8"], int8),
+        "onnxruntime fp32, level all": ("onnxruntime", ["O1"], level_all),
+        "onnxruntime int8, level all": ("onnxruntime", ["O1", "int8"], {**int8, **level_all}),
+        "tvm fp32": ("tvm", ["O1"], {}),
+        "tvm int8": ("tvm", ["O1", "int8"], int8),
+    }
+    artifacts, methods = {}, {}
+    for name, (target, passes, extra) in variants.items():
+        if target not in args.targets:
+            continue
+        out = args.work / "artifacts"
+        slug = name.replace(" ", "_").replace(",", "")
+        result = build(
+            model, example_inputs=example, target=target, out=out, name=slug, passes=passes, bench=False,
+            tolerance=0.5, **extra,
+        )  # fmt: skip
+        artifacts[name] = result.path
+        stats = next((p["stats"] for p in result.manifest.passes if p["name"] == "int8"), {})
+        methods[name] = stats.get("method", "")
+    test = user_cnn.images(args.inputs, seed=2, size=size)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(test[:, 0])).numpy().argmax(1)
+    agree = {}
+    for name, path in artifacts.items():
+        runner = aotforge.load(path)
+        got = np.concatenate([next(iter(runner.run({"image": x}).values())) for x in test])
+        agree[name] = float(np.mean(got.argmax(1) == ref))
+    feed_file = args.work / "feed.npz"
+    np.savez(feed_file, image=test[0])
+    times = round_robin(artifacts, feed_file, args.rounds, args.runs)
+    print(
+        f"MobileNet-style CNN (tests/user_cnn.py), batch 1, 3x{size}x{size}, aotforge artifacts via aotforge.load, "
+        f"each in its own process; top-1 agreement with the torch module on {args.inputs} seeded images; "
+        f"latency: median of {args.rounds} round-robin rounds of {args.runs} runs"
+    )
+    print("| artifact | method chosen | top-1 agreement | p50 ms | vs its fp32 (per-round median) | vs ORT fp32 |")
+    print("|---|---|---|---|---|---|")
+    for name in artifacts:
+        base = name.replace("int8", "fp32")
+        ms = statistics.median(times[name])
+        row = f"| {name} | {methods[name] or '-'} | {agree[name]:.1%} | {ms:.3f} | {ratio(times, name, base):.2f}x |"
+        print(f"{row} {ratio(times, name, 'onnxruntime fp32'):.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--targets", nargs="+", default=["onnxruntime", "tvm"], help="with --model mobilenet")
     ap.add_argument("--model", default="examples/resnet18_style.py")
-    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--size", type=int, default=0, help="image size (default 224; mobilenet 96)")
     ap.add_argument("--inputs", type=int, default=256)
     ap.add_argument("--calibration", type=int, default=32)
     ap.add_argument("--runs", type=int, default=30)
@@ -74,6 +146,10 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "cnn_int8")
     ap.add_argument("--time", type=Path, help=argparse.SUPPRESS)  # worker mode: time one model
     args = ap.parse_args()
+    if args.model == "mobilenet":
+        mobilenet(args)
+        return
+    args.size = args.size or 224
     if args.time:
         print(json.dumps({"ms": time_one(args.time, args.size, args.runs)}))
         return

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import onnx
 import onnx_ir as ir
+import onnx_ir.external_data
 import onnx_ir.passes.common as common
 
 from aotforge.artifacts.hashing import sha256_file
@@ -36,6 +37,9 @@ def load_onnx(path: Path, ranges: Mapping[str, tuple[float, float]] | None = Non
         raise ModelLoadError(
             f"{path} has a part onnx_ir cannot read ({cause}): re-export it with standard ONNX types and ops"
         ) from e
+    if _external_bytes(model) < 2**31:
+        # Weights in memory: the passes' checker would otherwise resolve the data file against the cwd.
+        model = onnx_ir.external_data.load_to_model(model)
     # Old exporters list weights as graph inputs; as inputs they could be overridden, which
     # stops folding and would make them required once folding removes their initializer.
     model = common.RemoveInitializersFromInputsPass()(model).model
@@ -44,6 +48,12 @@ def load_onnx(path: Path, ranges: Mapping[str, tuple[float, float]] | None = Non
     io = _io_spec(model, ranges or {})
     reference = _ort_reference(path)
     return SourceModel(ir=model, io=io, name=path.stem, format="onnx", sha256=sha256_file(path), reference=reference)
+
+
+def _external_bytes(model: ir.Model) -> int:
+    """Bytes of the initializers stored in external data files."""
+    external = [v.const_value for v in model.graph.initializers.values()]
+    return sum(t.nbytes for t in external if isinstance(t, ir.ExternalTensor))
 
 
 def _io_spec(model: ir.Model, ranges: Mapping[str, tuple[float, float]]) -> IOSpec:

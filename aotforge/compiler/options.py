@@ -44,7 +44,7 @@ class BuildOptions:
     prepare_only: bool = False
     #: int8 calibration data: a directory of .npy/.npz files or ``module.py:function`` (``compiler.calibration``).
     calibration: str | None = None
-    #: Accuracy budget: the least mean output cosine vs fp32 the int8 pass must keep (its ``min_cosine``).
+    #: Accuracy budget: the least mean output cosine vs fp32 the int8 / int8-dynamic pass must keep (``min_cosine``).
     accuracy_budget: float | None = None
     #: What a model is compiled for; ``text-generation`` builds prefill + decode graphs (``compiler.generative``).
     task: str | None = None

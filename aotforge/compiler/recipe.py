@@ -6,7 +6,7 @@ target = "onnxruntime"
 tolerance = 0.2
 calibration = "calib/"          # or "make_calib.py:samples"
 sample_inputs = "samples.npz"   # validation / benchmark inputs (or a directory of them)
-accuracy_budget = 0.995         # int8's min_cosine
+accuracy_budget = 0.995         # int8 / int8-dynamic min_cosine
 [pass_options.int8]
 method = "percentile"
 [target_options]
@@ -97,21 +97,30 @@ def _check_nested(out: Mapping[str, Any], where: str) -> None:
 
 
 def int8_shortcuts(opts: Any, pass_names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """``pass_params`` with ``calibration`` / ``accuracy_budget`` folded into the int8 pass's options.
+    """``pass_params`` with ``calibration`` / ``accuracy_budget`` folded into the int8 passes' options.
 
-    The shortcuts win over nothing: an explicit ``int8.calibration_dir`` / ``int8.min_cosine`` conflicts.
+    They fill ``calibration_dir`` / ``min_cosine`` of every INT8 pass in ``pass_names`` (``int8``,
+    ``int8-dynamic``); an explicit, different ``<pass>.calibration_dir`` / ``<pass>.min_cosine`` conflicts.
     """
     params = {name: dict(values) for name, values in opts.pass_params.items()}
     shortcuts = {"calibration_dir": opts.calibration, "min_cosine": opts.accuracy_budget}
     given = {k: v for k, v in shortcuts.items() if v is not None}
     if not given:
         return params
-    if "int8" not in pass_names:
+    targets = [name for name in _INT8_PASSES if name in pass_names]
+    if not targets:
         flags = ", ".join("calibration" if k == "calibration_dir" else "accuracy_budget" for k in given)
-        raise OptionsError(f"{flags} given but pass 'int8' is not in passes {','.join(pass_names)}; add int8")
-    int8 = params.setdefault("int8", {})
-    for key, value in given.items():
-        if key in int8 and str(int8[key]) != str(value):
-            raise OptionsError(f"int8.{key}={int8[key]} conflicts with the shortcut value {value}; give one")
-        int8[key] = value
+        raise OptionsError(
+            f"{flags} given but no int8 pass (int8, int8-dynamic) is in passes {','.join(pass_names)}; add one"
+        )
+    for name in targets:
+        options = params.setdefault(name, {})
+        for key, value in given.items():
+            if key in options and str(options[key]) != str(value):
+                raise OptionsError(f"{name}.{key}={options[key]} conflicts with the shortcut value {value}; give one")
+            options[key] = value
     return params
+
+
+#: The passes ``calibration`` / ``accuracy_budget`` reach.
+_INT8_PASSES = ("int8", "int8-dynamic")

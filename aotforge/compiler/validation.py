@@ -73,7 +73,7 @@ def failure_message(model: str, target: str, metrics: Mapping[str, OutputMetrics
         # A cosine this low is a broken model, not a precision loss: never invite a looser tolerance.
         return (
             f"{head}: an output's cosine is under {BROKEN_COSINE}, so a pass or the target breaks the model; "
-            "drop the pass that changes numerics (or give int8 an --accuracy-budget and calibration data), "
+            "drop the pass that changes numerics (or give int8 / int8-dynamic an --accuracy-budget and --calibration), "
             "or report the target bug"
         )
     return f"{head}: drop the pass that changes numerics, or raise --tolerance if this error is acceptable"

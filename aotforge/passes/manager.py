@@ -40,6 +40,8 @@ def run_passes(model: ir.Model, passes: Sequence[GraphPass], dump_dir: Path | No
         try:
             result = graph_pass(model)
             check_model(result.model)
+        except PassFailedError:
+            raise  # the pass's own message (e.g. an accuracy budget's ranking): whole, not cut to one line
         except Exception as e:
             ran = ", ".join(r.name for r in records) or "none"
             raise PassFailedError(

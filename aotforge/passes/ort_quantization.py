@@ -39,7 +39,40 @@ def quantize_through_files(
         ir.save(source if source is not None else model, src)
         quantize(src, dst)
         quantized = onnx_ir.external_data.load_to_model(ir.load(dst))
+    adopt(model, quantized)
+
+
+def adopt(model: ir.Model, quantized: ir.Model) -> None:
+    """Move ``quantized``'s graph into ``model`` (passes work in place)."""
     model.graph = quantized.graph
     model.ir_version = quantized.ir_version
     model.functions.clear()
     model.functions.update(quantized.functions)
+
+
+def quantize_dynamic_int8(
+    model: ir.Model, per_channel: bool, op_types: tuple[str, ...], exclude: list[str], reduce_range: bool = False
+) -> None:
+    """ONNX Runtime's dynamic quantization of ``model`` in place: int8 weights, uint8 activations at run time."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    def quantize(src: Path, dst: Path) -> None:
+        quantize_dynamic(
+            src,
+            dst,
+            op_types_to_quantize=list(op_types) or None,
+            per_channel=per_channel,
+            reduce_range=reduce_range,
+            weight_type=QuantType.QInt8,
+            nodes_to_exclude=exclude,
+        )
+
+    quantize_through_files(model, quantize)
+
+
+def split_held_out(loaded: list, samples: int, held_out: int) -> tuple[list, list]:
+    """Calibration and held-out parts of ``loaded``: ``samples`` then up to ``held_out`` more; a quarter if few."""
+    if len(loaded) > samples:
+        return loaded[:samples], loaded[samples : samples + held_out]
+    keep = len(loaded) - max(1, len(loaded) // 4) if len(loaded) > 1 else len(loaded)
+    return loaded[:keep], loaded[keep:]

@@ -81,18 +81,52 @@ def _probes(fp32: ir.Model, nodes: list[ir.Node]) -> dict[str, int]:
     return probes
 
 
-def _producers(model: ir.Model) -> dict[str, str]:
-    return {str(v.name): n.op_type for n in model.graph for v in n.outputs}
+def _producers(model: ir.Model) -> dict[str, ir.Node]:
+    return {str(v.name): n for n in model.graph for v in n.outputs}
+
+
+def _dequantized_views(model: ir.Model) -> dict[str, str]:
+    """tensor -> the DequantizeLinear(QuantizeLinear(tensor)) output its QDQ consumers read."""
+    views = {}
+    for node in model.graph:
+        if node.op_type != "QuantizeLinear" or node.inputs[0] is None:
+            continue
+        for use in node.outputs[0].uses():
+            if use.node.op_type == "DequantizeLinear":
+                views[str(node.inputs[0].name)] = str(use.node.outputs[0].name)
+    return views
+
+
+def _counterparts(fp32: ir.Model, quantized: ir.Model, names: list[str]) -> dict[str, str]:
+    """fp32 tensor -> the quantized graph's tensor that stands for it, where there is one.
+
+    That is the tensor itself where the quantized graph computes it as fp32 does (same producer op,
+    or a node the quantizer named after the producer: dynamic MatMul -> ``<name>_quant...``), read
+    through its Q/DQ pair where it has one (what consumers see). A Relu / Clip the QDQ quantizer
+    folded leaves its output name on the node before; its Q/DQ pair clamps as the activation did.
+    """
+    before, after, views = _producers(fp32), _producers(quantized), _dequantized_views(quantized)
+    out = {}
+    for name in names:
+        old, new = before.get(name), after.get(name)
+        if old is None or new is None:
+            continue
+        same = new.op_type in (old.op_type, "DequantizeLinear") or str(new.name).startswith(f"{old.name}_")
+        if same or (old.op_type in ("Relu", "Clip") and name in views):
+            out[name] = views.get(name, name)
+    return out
 
 
 def _drops(fp32: ir.Model, quantized: ir.Model, probes: dict[str, int], feeds: list[Feeds]) -> dict[str, float]:
-    """Mean ``1 - cos`` of each probed tensor found in both models."""
-    ref, got = _session(fp32, probes), _session(quantized, probes)
-    same = _producers(fp32).items() & _producers(quantized).items()  # a tensor the quantizer rewired is skipped
-    common = sorted({o.name for o in got.get_outputs()} & {name for name, _ in same} & set(probes))
-    drops: dict[str, list[float]] = {name: [] for name in common}
+    """Mean ``1 - cos`` of each probed fp32 tensor against its quantized counterpart."""
+    pairs = _counterparts(fp32, quantized, list(probes))
+    ref = _session(fp32, {name: probes[name] for name in pairs})
+    got = _session(quantized, {view: probes[name] for name, view in pairs.items()})
+    present = {o.name for o in ref.get_outputs()} & set(pairs)
+    names = sorted(n for n in present if pairs[n] in {o.name for o in got.get_outputs()})
+    drops: dict[str, list[float]] = {name: [] for name in names}
     for f in feeds:
-        for name, a, b in zip(common, ref.run(common, f), got.run(common, f), strict=True):
+        for name, a, b in zip(names, ref.run(names, f), got.run([pairs[n] for n in names], f), strict=True):
             drops[name].append(1.0 - cosine(a, b))
     return {name: float(np.mean(d)) for name, d in drops.items()}
 

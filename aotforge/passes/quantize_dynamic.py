@@ -5,29 +5,35 @@ earlier INT8 pass) pass through untouched.
 
 With calibration data (``calibration_dir``: a directory or ``module.py:function``) the pass can
 also smooth activation outliers (``smooth_alpha``, see passes/quantize_prepare.py), verify the
-padding mask so fused Attention becomes QAttention, and hold an accuracy budget: the mean and
-least per-sample output cosine vs fp32 on the calibration inputs; below it, the nodes whose
-exclusion alone helps most stay float, one at a time, up to ``max_exclusions``. ``eval_dir``
-names held-out inputs that only measure (and gate) the result, so the figure it records was not
-tuned on.
+padding mask so fused Attention becomes QAttention, and hold an accuracy budget (``min_cosine``,
+``min_sample_cosine``): it searches (passes/quantization_search.py) the configured method, per-channel
+weights and smoothing at each ``search_alphas``, measured on a held-out part of the calibration data
+(``eval_samples`` files past ``samples``, else its last quarter); when none holds, the nodes of the
+best one are kept float by measured sensitivity, up to ``max_exclusions``, or the pass fails with
+the ranking and the best cosine. ``eval_dir`` names further held-out inputs that only gate the result.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes
-from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from aotforge.core.errors import OptionsError, PassFailedError
 from aotforge.passes import quantize_prepare as prep
 from aotforge.passes.base import GraphPass
-from aotforge.passes.ort_quantization import QUANTIZED_OPS, op_counts, quantize_through_files
+from aotforge.passes.ort_quantization import (
+    QUANTIZED_OPS,
+    adopt,
+    op_counts,
+    quantize_dynamic_int8,
+    split_held_out,
+)
 from aotforge.passes.quantization_debug import Feeds, copy_model, sample_cosines
+from aotforge.passes.quantization_search import SEARCH_MIN_RATIO, Budget, Method, search, summary
 
 #: What ORT's dynamic quantizer can turn into integer ops.
 _QUANTIZABLE = frozenset({"MatMul", "Gemm", "Conv", "Attention", "LSTM", "Gather", "EmbedLayerNormalization"})
@@ -56,13 +62,18 @@ class QuantizeDynamicParams:
     #: Calibration inputs (directory of .npz/.npy or ``module.py:function``) and how many to read.
     calibration_dir: str = ""
     samples: int = 32
-    #: Held-out inputs, measured and gated only; and how many to read.
-    eval_dir: str = ""
+    #: Held-out inputs the budget is measured on: files of calibration_dir past ``samples``.
     eval_samples: int = 64
-    #: Budget: least mean / least per-sample output cosine vs fp32; 0 turns either off.
+    #: Further held-out inputs (read ``eval_samples`` of them) that only gate the result.
+    eval_dir: str = ""
+    #: Budget: least mean / least per-sample output cosine vs fp32 on held-out inputs; 0 turns either off.
     min_cosine: float = 0.0
     min_sample_cosine: float = 0.0
-    max_exclusions: int = 4
+    #: Under a budget, try per-channel weights and smoothing before exclusions.
+    search: bool = True
+    #: SmoothQuant strengths the search tries (with calibration data).
+    search_alphas: tuple[float, ...] = (0.5, 0.8)
+    max_exclusions: int = 8
 
     def __post_init__(self) -> None:
         if not 0 <= self.smooth_alpha < 1:
@@ -94,10 +105,48 @@ class QuantizeDynamicPass(GraphPass):
             self.stats = {"nodes_quantized": 0, "skipped": "every candidate excluded", "excluded": excluded}
             self.stats.update({"skip_layer_norm_split": split} if p.split_skip_layer_norm else {})
             return onnx_ir.passes.PassResult(model, modified=split > 0)
-        calibration = _load(model, p.calibration_dir, p.samples)
-        held_out = _load(model, p.eval_dir, p.eval_samples)
-        fp32 = copy_model(model) if calibration or held_out else None
+        budget = Budget(p.min_cosine, p.min_sample_cosine) if p.min_cosine or p.min_sample_cosine else None
+        loaded = _load(model, p.calibration_dir, p.samples + (p.eval_samples if budget else 0))
+        calibration, held_out = split_held_out(loaded, p.samples, p.eval_samples) if budget else (loaded, [])
+        gate = _load(model, p.eval_dir, p.eval_samples)
+        fp32 = copy_model(model) if budget or gate else None
         self.stats = {"candidates": len(candidates), "calibration_samples": len(calibration)}
+        self._prepare(model, wanted, calibration, excluded)
+        configured = Method("dynamic", p.per_channel, smooth_alpha=p.smooth_alpha, smooth_min_ratio=p.smooth_min_ratio)
+        record: dict = {}
+        if budget is not None and fp32 is not None:
+            prepared = copy_model(model)
+            methods = self._methods(prepared, configured, bool(calibration))
+            quantized, record = search(
+                "int8-dynamic",
+                fp32,
+                methods,
+                lambda method, exclude: self._quantized(prepared, calibration, method, [*excluded, *exclude]),
+                (calibration, held_out),
+                budget,
+                p.max_exclusions,
+            )
+            excluded.extend(record["exclusions"])
+            self.stats["accuracy_budget"] = record
+        else:
+            quantized = self._quantized(model, calibration, configured, excluded)
+        adopt(model, quantized)
+        chosen = record.get("chosen", configured.record())
+        self.stats["method"] = chosen
+        smoothed = prep.smoothed_nodes(model)
+        if smoothed:
+            self.stats["smoothed"] = {"alpha": chosen["smooth_alpha"], "nodes": len(smoothed), "names": smoothed}
+        if gate and fp32 is not None:
+            self.stats["eval"] = self._gate(fp32, model, gate)
+        ops = op_counts(model, QUANTIZED_OPS - {"DynamicQuantizeLinear"})
+        self.stats.update(nodes_quantized=sum(ops.values()), ops=ops, excluded=excluded)
+        return onnx_ir.passes.PassResult(model, modified=True)
+
+    def _prepare(
+        self, model: ir.Model, wanted: set[str] | frozenset[str], calibration: list[Feeds], excluded: list[str]
+    ) -> None:
+        """QAttention-ready Attention nodes and the SkipLayerNormalization split, as the options ask."""
+        p = self.params
         if p.qattention and "Attention" in wanted:
             self.stats["attention"] = {
                 "weights_folded": prep.fold_attention_weights(model),
@@ -111,77 +160,40 @@ class QuantizeDynamicPass(GraphPass):
             excluded.extend(b for b in biased if b not in excluded)
         if p.split_skip_layer_norm:
             self.stats["skip_layer_norm_split"] = prep.split_skip_layer_norm(model)
-        if p.smooth_alpha:
-            smoothed = prep.smooth(model, calibration, p.smooth_alpha, p.smooth_min_ratio, excluded)
-            self.stats["smoothed"] = {"alpha": p.smooth_alpha, "nodes": len(smoothed), "names": smoothed}
-        prepared = copy_model(model) if p.min_cosine or p.min_sample_cosine else None
-        self._quantize(model, excluded)
-        if prepared is not None and fp32 is not None:
-            self.stats["accuracy_budget"] = self._meet_budget(model, prepared, fp32, calibration, excluded)
-        if held_out and fp32 is not None:
-            self.stats["eval"] = self._gate(fp32, model, held_out)
-        ops = op_counts(model, QUANTIZED_OPS - {"DynamicQuantizeLinear"})
-        self.stats.update(nodes_quantized=sum(ops.values()), ops=ops, excluded=excluded)
-        return onnx_ir.passes.PassResult(model, modified=True)
 
-    def _quantize(self, model: ir.Model, exclude: list[str], source: ir.Model | None = None) -> None:
+    def _methods(self, prepared: ir.Model, configured: Method, calibrated: bool) -> list[Method]:
+        """What the search tries, in order: as configured, per-channel, then smoothed at each alpha."""
         p = self.params
+        if not p.search:
+            return [configured]
+        per_channel = dataclasses.replace(configured, per_channel=True)
+        methods = [configured, per_channel]
+        if calibrated and prep.smoothable(prepared):
+            methods += [
+                dataclasses.replace(per_channel, smooth_alpha=a, smooth_min_ratio=SEARCH_MIN_RATIO)
+                for a in p.search_alphas
+            ]
+        return list(dict.fromkeys(methods))
 
-        def quantize(src: Path, dst: Path) -> None:
-            quantize_dynamic(
-                src,
-                dst,
-                op_types_to_quantize=list(p.op_types) or None,
-                per_channel=p.per_channel,
-                reduce_range=p.reduce_range,
-                weight_type=QuantType.QInt8,
-                nodes_to_exclude=exclude,
-            )
-
-        quantize_through_files(model, quantize, source)
-
-    def _meet_budget(
-        self, model: ir.Model, prepared: ir.Model, fp32: ir.Model, feeds: list[Feeds], excluded: list[str]
-    ) -> dict:
-        """Keep float the node whose exclusion alone raises the cosine most, until the budget holds."""
+    def _quantized(self, prepared: ir.Model, calibration: list[Feeds], method: Method, exclude: list[str]) -> ir.Model:
+        """A copy of ``prepared``, smoothed as ``method`` says, dynamically quantized except ``exclude``."""
         p = self.params
-        cos = first = sample_cosines(fp32, model, feeds)
-        added: list[str] = []
-        while not self._holds(cos) and len(added) < p.max_exclusions:
-            gains = []
-            for node in _quantized(model, prepared, [*excluded, *added]):
-                trial = copy_model(prepared)
-                self._quantize(trial, [*excluded, *added, node], prepared)
-                gains.append((float(np.mean(sample_cosines(fp32, trial, feeds[:16]))), node))
-            if not gains:
-                break
-            added.append(max(gains)[1])
-            self._quantize(model, [*excluded, *added], prepared)
-            cos = sample_cosines(fp32, model, feeds)
-        excluded.extend(added)
-        record = {"min_cosine": p.min_cosine, "min_sample_cosine": p.min_sample_cosine, "exclusions": added}
-        record.update(before=_summary(first), after=_summary(cos), samples=len(feeds))
-        if not self._holds(cos):
-            raise PassFailedError(
-                f"pass int8-dynamic: calibration cosine vs fp32 {_summary(cos)} is below the budget (mean "
-                f"{p.min_cosine}, min {p.min_sample_cosine}) after keeping {added} float; raise max_exclusions, "
-                "set smooth_alpha, or lower the budget"
-            )
-        return record
+        model = copy_model(prepared)
+        if method.smooth_alpha:
+            prep.smooth(model, calibration, method.smooth_alpha, method.smooth_min_ratio, exclude)
+        quantize_dynamic_int8(model, method.per_channel, p.op_types, exclude, p.reduce_range)
+        return model
 
     def _gate(self, fp32: ir.Model, model: ir.Model, held_out: list[Feeds]) -> dict:
         cos = sample_cosines(fp32, model, held_out)
-        record = {**_summary(cos), "samples": len(held_out), "source": self.params.eval_dir}
-        if not self._holds(cos):
+        record = {**summary(cos), "samples": len(held_out), "source": self.params.eval_dir}
+        if float(np.mean(cos)) < self.params.min_cosine or min(cos) < self.params.min_sample_cosine:
             raise PassFailedError(
-                f"pass int8-dynamic: held-out cosine vs fp32 {_summary(cos)} on {self.params.eval_dir} is below the "
+                f"pass int8-dynamic: held-out cosine vs fp32 {summary(cos)} on {self.params.eval_dir} is below the "
                 f"budget (mean {self.params.min_cosine}, min {self.params.min_sample_cosine}); the calibration "
                 "inputs do not represent these: calibrate on data like them, or exclude more nodes"
             )
         return record
-
-    def _holds(self, cos: list[float]) -> bool:
-        return float(np.mean(cos)) >= self.params.min_cosine and min(cos) >= self.params.min_sample_cosine
 
 
 def resolve_exclusions(candidates: list[ir.Node], patterns: tuple[str, ...], shapes: tuple[str, ...]) -> list[str]:
@@ -227,17 +239,6 @@ def _weight_shape(node: ir.Node) -> tuple[int, ...] | None:
     if weight.const_value is None and concat is not None and concat.op_type == "Concat":
         return None
     return tuple(weight.shape.numpy()) if weight.shape is not None and weight.shape.is_static() else None
-
-
-def _quantized(model: ir.Model, prepared: ir.Model, excluded: list[str]) -> list[str]:
-    """Names of prepared-graph candidates the quantized graph no longer holds in float."""
-    wanted = {n.op_type for n in prepared.graph if n.op_type in _QUANTIZABLE}
-    still = {str(n.name) for n in model.graph if n.op_type in wanted}
-    return [str(n.name) for n in prepared.graph if n.op_type in wanted and n.name not in still | set(excluded)]
-
-
-def _summary(cos: list[float]) -> dict[str, float]:
-    return {"mean": round(float(np.mean(cos)), 6), "min": round(float(np.min(cos)), 6)}
 
 
 def _load(model: ir.Model, source: str, limit: int) -> list[Feeds]:

@@ -139,6 +139,18 @@ def smooth(model: ir.Model, feeds: list[Feeds], alpha: float, min_ratio: float, 
     return smoothed
 
 
+def smoothed_nodes(model: ir.Model) -> list[str]:
+    """Names of the nodes :func:`smooth` rewrote (it names each inserted Mul ``<node>_smooth``)."""
+    return [
+        str(n.name)[: -len("_smooth")] for n in model.graph if n.op_type == "Mul" and str(n.name).endswith("_smooth")
+    ]
+
+
+def smoothable(model: ir.Model) -> int:
+    """How many MatMul / Attention nodes :func:`smooth` could rewrite (a constant 2-D float weight)."""
+    return sum(1 for n in model.graph if _weighted(n))
+
+
 def split_skip_layer_norm(model: ir.Model) -> int:
     """Rewrite com.microsoft SkipLayerNormalization to Add (+ bias Add) + LayerNormalization; how many.
 

@@ -12,10 +12,13 @@ the stem's MaxPool) a float Conv between DQ and Q, 11 of 20, and no Add became Q
 over fp32); neither ``DedicatedQDQPair`` (a DQ per reader) nor symmetric activations changed that.
 uint8 activations fused all 20 Convs and the 8 Adds (2x). Pick int8 for QDQ consumers that need it.
 
-With ``min_cosine`` set, the pass measures the mean output cosine against the fp32 model on
-held-out inputs (calibration files past ``samples``, else seeded noise with another seed); below
-the budget it ranks the quantized nodes by the error they add and excludes the worst, one at a
-time, re-quantizing until the budget holds or ``max_exclusions`` is spent (then it fails).
+With ``min_cosine`` (and ``min_sample_cosine``) set, the pass searches (passes/quantization_search.py):
+the configured method, the other activation type, per-channel weights, SmoothQuant smoothing at each
+``search_alphas``, and for MatMul-heavy graphs (transformers) dynamic quantization, plain and smoothed;
+each measured on held-out inputs (calibration files past ``samples``, else seeded noise with another
+seed). When none holds, the best one's nodes are kept float by measured sensitivity, worst first,
+up to ``max_exclusions``; then the pass fails with the ranking and the best cosine reached. The
+manifest records the method chosen (``method``) and the search (``accuracy_budget``).
 """
 
 from __future__ import annotations
@@ -23,16 +26,26 @@ from __future__ import annotations
 import dataclasses
 import enum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-from aotforge.core.errors import OptionsError, PassFailedError
+from aotforge.core.errors import OptionsError
+from aotforge.passes import quantize_prepare as prep
 from aotforge.passes.base import GraphPass
-from aotforge.passes.ort_quantization import op_counts, quantize_through_files
-from aotforge.passes.quantization_debug import copy_model, mean_cosine, rank_nodes
+from aotforge.passes.ort_quantization import (
+    QUANTIZED_OPS,
+    adopt,
+    op_counts,
+    quantize_dynamic_int8,
+    quantize_through_files,
+    split_held_out,
+)
+from aotforge.passes.quantization_debug import copy_model
+from aotforge.passes.quantization_search import SEARCH_MIN_RATIO, Budget, Method, search
 
 Feeds = dict[str, np.ndarray]
 
@@ -75,12 +88,17 @@ class QuantizeStaticParams:
     #: Random samples drawn without a directory, and the most files read from one.
     samples: int = 16
     seed: int = 0
-    #: Accuracy budget: least mean output cosine vs fp32 on held-out inputs; 0 turns it off.
+    #: Accuracy budget: least mean / least per-sample output cosine vs fp32 on held-out inputs; 0 turns it off.
     min_cosine: float = 0.0
+    min_sample_cosine: float = 0.0
+    #: Under a budget, try other methods (activation type, smoothing, dynamic) before exclusions.
+    search: bool = True
+    #: SmoothQuant strengths the search tries on graphs with MatMul weights.
+    search_alphas: tuple[float, ...] = (0.5, 0.8)
     #: Most nodes the budget may exclude from quantization before the pass fails.
     max_exclusions: int = 16
-    #: Held-out inputs the budget is measured on.
-    eval_samples: int = 8
+    #: Held-out inputs the budget is measured on (read after ``samples``).
+    eval_samples: int = 32
 
     def __post_init__(self) -> None:
         try:
@@ -107,39 +125,91 @@ class QuantizeStaticPass(GraphPass):
             return onnx_ir.passes.PassResult(model, modified=False)
         samples, held_out = self._samples(model)
         before = len(model.graph)
-        fp32 = copy_model(model) if p.min_cosine > 0 else None
-        self._quantize(model, samples, list(p.nodes_to_exclude))
-        budget = self._meet_budget(model, fp32, samples, held_out) if fp32 is not None else {}
-        excluded = list(p.nodes_to_exclude) + budget.get("exclusions", [])
-        quantized = _quantized_nodes(model, set(excluded))
+        configured = Method("static", p.per_channel, p.activations.value)
+        record: dict[str, Any] = {}
+        if p.min_cosine > 0 or p.min_sample_cosine > 0:
+            fp32 = copy_model(model)
+            budget = Budget(p.min_cosine, p.min_sample_cosine)
+            methods = self._methods(model, configured)
+            quantized, record = search(
+                "int8",
+                fp32,
+                methods,
+                lambda method, exclude: self._quantized(fp32, samples, method, exclude),
+                (samples, held_out),
+                budget,
+                p.max_exclusions,
+            )
+        else:
+            quantized = self._quantized(model, samples, configured, [])
+        adopt(model, quantized)
+        excluded = list(p.nodes_to_exclude) + record.get("exclusions", [])
+        chosen = record.get("chosen", configured.record())
+        if chosen["kind"] == "dynamic":
+            ops = op_counts(model, QUANTIZED_OPS - {"DynamicQuantizeLinear"})
+        else:
+            found = _quantized_nodes(model, set(excluded))
+            ops = {op: found.count(op) for op in sorted(set(found))}
         self.stats = {
-            "nodes_quantized": len(quantized),
-            "ops": {op: sum(1 for q in quantized if q == op) for op in sorted(set(quantized))},
-            "qdq_nodes": sum(op_counts(model).values()),
-            "activations": p.activations.value,
+            "method": chosen,
+            "nodes_quantized": sum(ops.values()),
+            "ops": ops,
+            "qdq_nodes": sum(op_counts(model, frozenset({"QuantizeLinear", "DequantizeLinear"})).values()),
+            "activations": chosen.get("activations", "dynamic uint8"),
             "excluded": excluded,
             "calibration_samples": len(samples),
             "calibration_source": p.calibration_dir or f"random (seed {p.seed})",
         }
-        if budget:
-            self.stats["accuracy_budget"] = budget
+        smoothed = prep.smoothed_nodes(model)
+        if smoothed:
+            self.stats["smoothed"] = {"alpha": chosen["smooth_alpha"], "nodes": len(smoothed), "names": smoothed}
+        if record:
+            self.stats["accuracy_budget"] = record
         return onnx_ir.passes.PassResult(model, modified=len(model.graph) != before)
 
     def _samples(self, model: ir.Model) -> tuple[list[Feeds], list[Feeds]]:
         """Calibration feeds and, when the budget is on, held-out feeds distinct from them."""
         p = self.params
-        extra = p.eval_samples if p.min_cosine > 0 else 0
+        extra = p.eval_samples if p.min_cosine > 0 or p.min_sample_cosine > 0 else 0
         loaded = load_samples(model, p.calibration_dir, p.samples + extra) if p.calibration_dir else []
-        samples, held_out = loaded[: p.samples], loaded[p.samples :]
+        samples, held_out = split_held_out(loaded, p.samples, extra) if extra else (loaded, [])
         samples = samples or random_samples(model, p.samples, p.seed)
         if extra and not held_out:
             held_out = random_samples(model, extra, p.seed + 1_000_003)
         return samples, held_out
 
-    def _quantize(
-        self, model: ir.Model, samples: list[Feeds], exclude: list[str], source: ir.Model | None = None
-    ) -> None:
+    def _methods(self, model: ir.Model, configured: Method) -> list[Method]:
+        """What the search tries, in order: QDQ variants first, then dynamic for MatMul-heavy graphs."""
         p = self.params
+        if not p.search:
+            return [configured]
+        other = Activations.INT8 if p.activations == Activations.UINT8 else Activations.UINT8
+        methods = [configured, dataclasses.replace(configured, activations=other.value)]
+        per_channel = dataclasses.replace(configured, per_channel=True)
+        methods.append(per_channel)
+        smooth = [
+            dataclasses.replace(per_channel, smooth_alpha=a, smooth_min_ratio=SEARCH_MIN_RATIO) for a in p.search_alphas
+        ]
+        methods += smooth if prep.smoothable(model) else []
+        if _matmul_heavy(model):
+            dynamic = Method("dynamic", True)
+            methods.append(dynamic)
+            methods += [
+                dataclasses.replace(dynamic, smooth_alpha=m.smooth_alpha, smooth_min_ratio=m.smooth_min_ratio)
+                for m in smooth
+            ]
+        return list(dict.fromkeys(methods))
+
+    def _quantized(self, fp32: ir.Model, samples: list[Feeds], method: Method, exclude: list[str]) -> ir.Model:
+        """A copy of ``fp32`` quantized with ``method``, keeping ``exclude`` (and ``nodes_to_exclude``) float."""
+        p = self.params
+        model = copy_model(fp32)
+        excluded = [*p.nodes_to_exclude, *exclude]
+        if method.smooth_alpha:
+            prep.smooth(model, samples, method.smooth_alpha, method.smooth_min_ratio, excluded)
+        if method.kind == "dynamic":
+            quantize_dynamic_int8(model, method.per_channel, ("MatMul", "Gemm"), excluded)
+            return model
 
         def quantize(src: Path, dst: Path) -> None:
             quantize_static(
@@ -148,10 +218,10 @@ class QuantizeStaticPass(GraphPass):
                 _Reader(samples),
                 quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=list(p.op_types) or None,
-                per_channel=p.per_channel,
-                activation_type=_ORT_ACTIVATION[p.activations],
+                per_channel=method.per_channel,
+                activation_type=_ORT_ACTIVATION[Activations(method.activations)],
                 weight_type=QuantType.QInt8,
-                nodes_to_exclude=exclude,
+                nodes_to_exclude=excluded,
                 calibrate_method=_ORT_METHOD[p.method],
                 extra_options={
                     "ActivationSymmetric": p.symmetric,
@@ -160,36 +230,21 @@ class QuantizeStaticPass(GraphPass):
                 },
             )
 
-        quantize_through_files(model, quantize, source)
+        quantize_through_files(model, quantize)
+        return model
 
-    def _meet_budget(self, model: ir.Model, fp32: ir.Model, samples: list[Feeds], held_out: list[Feeds]) -> dict:
-        """Exclude the worst-ranked nodes until the held-out cosine reaches ``min_cosine``; fail if it cannot."""
-        p = self.params
-        cos = first = mean_cosine(fp32, model, held_out)
-        exclusions: list[str] = []
-        ranking = [] if cos >= p.min_cosine else rank_nodes(fp32, model, held_out, _quantized_names(model, p))
-        for name, _ in ranking[: p.max_exclusions]:
-            if cos >= p.min_cosine:
-                break
-            exclusions.append(name)
-            self._quantize(model, samples, [*p.nodes_to_exclude, *exclusions], fp32)
-            cos = mean_cosine(fp32, model, held_out)
-        top = [{"node": n, "error": e} for n, e in ranking[:10]]
-        if cos < p.min_cosine:
-            listed = ", ".join(f"{r['node']} ({r['error']:.4g})" for r in top)
-            raise PassFailedError(
-                f"pass int8: mean cosine vs fp32 is {cos:.5f} after excluding {exclusions}, below the budget "
-                f"{p.min_cosine}; nodes by added error: {listed or 'none quantized'}; raise max_exclusions "
-                "or lower min_cosine"
-            )
-        return {
-            "min_cosine": p.min_cosine,
-            "cosine_before": round(first, 6),
-            "cosine_after": round(cos, 6),
-            "eval_samples": len(held_out),
-            "ranking": top,
-            "exclusions": exclusions,
-        }
+
+def _matmul_heavy(model: ir.Model) -> bool:
+    """More MatMul / Gemm nodes with a constant weight than Convs: dynamic quantization is worth a try."""
+    weighted = sum(
+        1
+        for n in model.graph
+        if n.op_type in ("MatMul", "Gemm")
+        and len(n.inputs) > 1
+        and n.inputs[1] is not None
+        and n.inputs[1].const_value is not None
+    )
+    return weighted > sum(1 for n in model.graph if n.op_type == "Conv")
 
 
 class _Reader(CalibrationDataReader):
@@ -210,18 +265,6 @@ def _quantized_nodes(model: ir.Model, excluded: set[str]) -> list[str]:
         if any(p is not None and p.op_type == "DequantizeLinear" for p in producers):
             quantized.append(node.op_type)
     return quantized
-
-
-def _quantized_names(model: ir.Model, params: QuantizeStaticParams) -> list[str]:
-    """Names of nodes that read a DequantizeLinear output and are not excluded."""
-    names = []
-    for node in model.graph:
-        if node.op_type in ("QuantizeLinear", "DequantizeLinear") or node.name in params.nodes_to_exclude:
-            continue
-        producers = [v.producer() for v in node.inputs if v is not None]
-        if any(q is not None and q.op_type == "DequantizeLinear" for q in producers):
-            names.append(str(node.name))
-    return names
 
 
 def load_samples(model: ir.Model, source: Path | str, limit: int) -> list[Feeds]:

@@ -52,7 +52,11 @@ from aotforge.core.spec import parse_value_range
 )
 @click.option("--prepare-only", is_flag=True, help="Write a build bundle for `aotforge finish` on the device host.")
 @click.option("--calibration", help="int8 calibration data: a directory of .npy/.npz files, or module.py:function.")
-@click.option("--accuracy-budget", type=click.FloatRange(0, 1, min_open=True), help="Least mean cosine vs fp32 (int8).")
+@click.option(
+    "--accuracy-budget",
+    type=click.FloatRange(0, 1, min_open=True),
+    help="Least mean cosine vs fp32 on held-out calibration data (int8, int8-dynamic search their method).",
+)
 @click.option("--recipe", type=click.Path(path_type=Path), help="TOML recipe of passes and options; flags override it.")
 @click.option("--sign-key", type=click.Path(path_type=Path), help="Sign the artifact with this ed25519 private key.")
 @click.option("--push", "push_to", help="Then push it to this registry (a directory or an http(s):// MLflow URI).")
