@@ -7,6 +7,7 @@ direct cache lookup happens before it (``compiler.api``), the tail after it (``c
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,6 +27,7 @@ from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolcha
 from aotforge.compiler.bundle import prepare_bundle
 from aotforge.compiler.frontend_onnx import load_onnx
 from aotforge.compiler.frontend_torch import load_torch_file, load_torch_module
+from aotforge.compiler.frontend_transformers import load_transformers_dir
 from aotforge.compiler.model_checks import check_io
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.recipe import int8_shortcuts
@@ -34,7 +36,7 @@ from aotforge.compiler.source import SourceModel
 from aotforge.compiler.validation import validation_plan
 from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
-from aotforge.core.spec import check_dims_used
+from aotforge.core.spec import DimRange, IOSpec, check_dims_used
 from aotforge.passes import contrib_op_passes, expand, make_pass
 from aotforge.passes.base import GraphPass
 from aotforge.passes.manager import run_passes
@@ -68,6 +70,7 @@ def build_resolved(
     place = place_artifact(opts.out, name, opts.version, opts.target)
     with staging_dir(opts.out) as stage:
         ir.save(planned.source.ir, stage / MODEL_FILE)
+        _copy_source_files(planned.source, stage)
         job = tail_job(planned, opts, place)
 
         def remember(manifest: Manifest, cache: dict[str, Any]) -> None:
@@ -93,7 +96,7 @@ def plan_and_transform(
     pass_names, graph_passes = _passes(opts, target)
     say("loading model")
     source = _load(model, opts, example_inputs)
-    io = dataclasses.replace(source.io, dims=opts.dynamic)
+    io = dataclasses.replace(source.io, dims=_declared_dims(source.io, opts))
     check_dims_used(opts.dynamic, io)
     # Declared shapes no input can have (negative, zero, terabytes) before any input is drawn.
     check_io(io, io.bound_sizes("opt"), source.name)
@@ -132,7 +135,7 @@ def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
         ),
         bench=opts.bench_options if opts.bench else None,
         batch=int(planned.sizes.get("batch", 1)),
-        source={"format": source.format, "sha256": source.sha256},
+        source={"format": source.format, "sha256": source.sha256, **source.details},
         passes=planned.pass_entries,
         toolchain=key_toolchain(opts.target, planned.probe),
         cache_dir=opts.cache_dir,
@@ -159,6 +162,10 @@ def _passes(opts: BuildOptions, target: Target) -> tuple[tuple[str, ...], list[G
 def _load(model: Any, opts: BuildOptions, example_inputs: Mapping[str, Any] | None) -> SourceModel:
     if isinstance(model, (str, Path)):
         text = str(model)
+        if Path(text).is_dir():
+            return load_transformers_dir(Path(text), opts.task, opts.dynamic, opts.input_ranges)
+        if opts.task is not None:
+            raise OptionsError(f"task {opts.task.value} is for a transformers model directory; {text} is not one")
         if text.endswith(".onnx"):
             return load_onnx(Path(text), opts.input_ranges)
         return load_torch_file(text, opts.dynamic, opts.input_ranges)
@@ -171,3 +178,16 @@ def _load(model: Any, opts: BuildOptions, example_inputs: Mapping[str, Any] | No
         dims=opts.dynamic,
         ranges=opts.input_ranges,
     )
+
+
+def _declared_dims(io: IOSpec, opts: BuildOptions) -> tuple[DimRange, ...]:
+    """The frontend's default dim ranges (a transformers directory's batch, seq), ``--dynamic``'s by name over them."""
+    given = {d.name for d in opts.dynamic}
+    return tuple(d for d in io.dims if d.name not in given) + tuple(opts.dynamic)
+
+
+def _copy_source_files(source: SourceModel, stage: Path) -> None:
+    """Files the frontend hands on as they are (a tokenizer): hashed into the manifest like every file."""
+    for rel, file in sorted(source.files.items()):
+        (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(file, stage / rel)

@@ -9,6 +9,7 @@ from typing import Any
 
 from aotforge.artifacts.names import check_name
 from aotforge.compiler.benchmark import BenchOptions
+from aotforge.compiler.frontend_transformers import Task, parse_task
 from aotforge.core.errors import OptionsError
 from aotforge.core.spec import DimRange
 
@@ -46,8 +47,9 @@ class BuildOptions:
     calibration: str | None = None
     #: Accuracy budget: the least mean output cosine vs fp32 the int8 / int8-dynamic pass must keep (``min_cosine``).
     accuracy_budget: float | None = None
-    #: What a model is compiled for; ``text-generation`` builds prefill + decode graphs (``compiler.generative``).
-    task: str | None = None
+    #: What a transformers model directory is compiled for (``compiler.frontend_transformers``);
+    #: None reads it from the config's ``architectures``.
+    task: Task | None = None
     #: text-generation: KV-cache positions per sequence (prompt + new tokens) and sequences per call.
     max_seq_len: int = 256
     max_batch: int = 4
@@ -66,6 +68,8 @@ class BuildOptions:
             values["passes"] = tuple(values["passes"])
         if "dynamic" in values:
             values["dynamic"] = tuple(_dim_range(d) for d in values["dynamic"])
+        if values.get("task") is not None:
+            values["task"] = parse_task(values["task"])
         for key in ("out", "dump_ir", "cache_dir"):
             if values.get(key) is not None:
                 values[key] = Path(values[key])

@@ -41,6 +41,7 @@ _KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "name": ("name", str),
     "dynamic": ("dynamic", list),
     "input_ranges": ("input_ranges", dict),
+    "task": ("task", str),
 }
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,6 +29,10 @@ class SourceModel:
     reference: Callable[[Arrays], Arrays]
     example_inputs: Arrays | None = None
     torch_program: Any = None
+    #: Files copied into the artifact as they are (artifact-relative path -> source file), e.g. a tokenizer.
+    files: Mapping[str, Path] = dataclasses.field(default_factory=dict)
+    #: More about the source for the manifest's ``source`` record (a transformers task, its architecture).
+    details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def numpy_dtype(dtype: ir.DataType) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from aotforge.compiler.cli.common import DimRangeParam, KeyValueParam, manifest_summary, user_errors
+from aotforge.compiler.frontend_transformers import Task
 from aotforge.core.spec import parse_value_range
 
 
@@ -20,6 +21,12 @@ from aotforge.core.spec import parse_value_range
 @click.option("--passes", default="O1", show_default=True, help="Comma list of passes and presets (O0, O1, O2).")
 @click.option(
     "--dynamic", multiple=True, type=DimRangeParam(), help="Dynamic dim range, e.g. batch=1:32 or batch=1:8:32."
+)
+@click.option(
+    "--task",
+    type=click.Choice([t.value for t in Task]),
+    help="A transformers directory's task (default: from its config's architectures); text-generation compiles "
+    "a causal LM as prefill + decode graphs with a KV cache.",
 )
 @click.option("--input-range", multiple=True, help="Value range of an input, e.g. input_ids=0:30522.")
 @click.option("--target-opt", multiple=True, type=KeyValueParam(), help="Target option, e.g. mcpu=skylake-avx512.")
@@ -43,7 +50,6 @@ from aotforge.core.spec import parse_value_range
     is_flag=True,
     help="Skip the cache's direct mode and say why the IR-level cache hit or missed (needs --cache-dir).",
 )
-@click.option("--task", help="text-generation: compile a causal LM as prefill + decode graphs with a KV cache.")
 @click.option(
     "--max-seq-len", type=click.IntRange(min=2), default=256, show_default=True, help="text-generation: KV positions."
 )
@@ -62,8 +68,8 @@ from aotforge.core.spec import parse_value_range
 @click.option("--push", "push_to", help="Then push it to this registry (a directory or an http(s):// MLflow URI).")
 @user_errors
 def compile(model: str, **kw: Any) -> None:
-    """Compile MODEL (.onnx file, .py model file or module, a transformers directory with --task) into an
-    artifact; prints its path last."""
+    """Compile MODEL (.onnx file, .py model file or module, transformers model directory) into an artifact;
+    prints its path last."""
     from rich.console import Console
 
     from aotforge.compiler.api import build
@@ -156,6 +162,7 @@ _RECIPE_FLAGS = {
     "name": "name",
     "calibration": "calibration",
     "accuracy_budget": "accuracy_budget",
+    "task": "task",
 }
 
 
