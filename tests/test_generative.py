@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +207,15 @@ def _plain_onnx(tmp_path: Path) -> Path:
     from tests.conftest import ONNX_LIGHT, quick_build
 
     return quick_build(str(ONNX_LIGHT / "light_squeezenet.onnx"), tmp_path / "plain", target="onnxruntime").path
+
+
+@pytest.mark.parametrize("target", ["tensorrt", "neuron"])
+def test_device_targets_refuse_with_the_probe_reason(target: str, tmp_path: Path) -> None:
+    from aotforge.core.errors import TargetUnavailableError
+    from aotforge.targets import get_target
+
+    probe = get_target(target).probe()
+    if probe.compiles:
+        pytest.skip(f"{target} is available here: its text-generation path is not implemented yet")
+    with pytest.raises(TargetUnavailableError, match=re.escape(probe.reason[:40])):
+        _build(tiny_causal_lm("llama"), tmp_path, target=target)

@@ -2,9 +2,9 @@
 
 The cache is one numpy array per layer and kind, wrapped once per call as an ``OrtValue`` (same
 memory) and bound through I/O binding as both the decode graph's ``past_*`` input and its
-``present_*`` output: ORT's ScatterElements then writes the new token's keys/values into the
-buffer it reads (it skips its input copy when input and output are one buffer), and nothing is
-allocated per token. ``cache_pointers`` lets a test check that the buffers never move.
+``present_*`` output: ORT's ScatterElements writes the result, the old cache plus the new token's
+keys/values, into the very buffer it reads, so no cache-sized tensor is allocated per token.
+``cache_pointers`` lets a test check that the buffers never move.
 """
 
 from __future__ import annotations
