@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import ctypes.util
 import dataclasses
-import json
 import shutil
 import subprocess
-from collections import Counter
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,8 @@ class EngineBuild:
     timing_cache: bytes
     layers_json: str
     version: str
+    #: INFO lines TensorRT logged while building that the layer report reads ("(Sparsity) ...").
+    build_log: tuple[str, ...] = ()
 
 
 def version() -> str:
@@ -104,17 +105,31 @@ def _cuda_torch() -> str:
     return ""
 
 
-def _logger() -> Any:
+def _logger(capture: list[str] | None = None) -> Any:
+    """WARNING and worse to stderr, as ``trt.Logger(WARNING)`` prints them; with ``capture``, the
+    INFO ``(Sparsity)`` lines too, which that logger hides and the layer report needs."""
     import tensorrt as trt
 
-    return trt.Logger(trt.Logger.WARNING)
+    class _Logger(trt.ILogger):  # type: ignore[misc]  # the subclassing TensorRT's docs show (pyCoreDoc.h)
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+
+        def log(self, severity: Any, msg: str) -> None:
+            # TensorRT calls this from C++ and it must not raise (Polygraphy's CustomTrtLogger).
+            if severity <= trt.ILogger.WARNING:
+                print(f"[TensorRT] {severity.name}: {msg}", file=sys.stderr)
+            elif capture is not None and severity == trt.ILogger.INFO and "(Sparsity)" in msg:
+                capture.append(msg)
+
+    return _Logger()
 
 
 def build_engine(onnx_path: Path, plan: TrtBuildPlan, timing_cache: bytes) -> EngineBuild:
     """Parse the ONNX file, configure the builder from ``plan`` and serialize the engine."""
     import tensorrt as trt
 
-    logger = _logger()
+    captured: list[str] = []
+    logger = _logger(captured)
     builder = trt.Builder(logger)
     network = builder.create_network(_network_flags())
     parser = trt.OnnxParser(network, logger)
@@ -135,6 +150,7 @@ def build_engine(onnx_path: Path, plan: TrtBuildPlan, timing_cache: bytes) -> En
         timing_cache=bytes(config.get_timing_cache().serialize()),
         layers_json=_inspect(engine_bytes, logger),
         version=str(trt.__version__),
+        build_log=tuple(captured),
     )
 
 
@@ -175,38 +191,6 @@ def _inspect(engine_bytes: bytes, logger: Any) -> str:
     engine = runtime.deserialize_cuda_engine(engine_bytes)
     inspector = engine.create_engine_inspector()
     return str(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
-
-
-def summarize_layers(layers_json: str, *, sparse_requested: bool) -> dict[str, Any]:
-    """Per-layer precision and sparse-tactic use from the inspector's JSON (TensorRT 10 or 11 keys)."""
-    layers = json.loads(layers_json).get("Layers", []) if layers_json else []
-    per_layer, precisions, sparse = [], Counter[str](), []
-    for layer in layers:
-        if not isinstance(layer, dict):  # inspector falls back to bare names without DETAILED
-            continue
-        types = sorted({t for out in layer.get("Outputs", []) for t in _datatypes(out)})
-        tactic = str(layer.get("TacticName", ""))
-        precisions.update(types)
-        if "sparse" in tactic.lower():  # NVIDIA's sparse kernels carry "sparse" in their names
-            sparse.append(str(layer.get("Name", "")))
-        per_layer.append({"name": layer.get("Name", ""), "type": layer.get("LayerType", ""), "outputs": types})
-    report: dict[str, Any] = {
-        "layer_count": len(per_layer),
-        "precisions": dict(sorted(precisions.items())),
-        "sparse_layers": sparse,
-        "per_layer": per_layer,
-    }
-    if sparse_requested and not sparse:
-        report["note"] = "2:4 sparsity was requested but TensorRT picked no sparse tactic: the build gained nothing"
-    return report
-
-
-def _datatypes(tensor: Any) -> list[str]:
-    if not isinstance(tensor, dict):
-        return []
-    if "Format/Datatype" in tensor:  # TensorRT 10: "Row major linear FP16 format" and the like
-        return [str(tensor["Format/Datatype"]).split(" format")[0].split()[-1]]
-    return [str(tensor[k]) for k in ("Datatype", "DataType") if k in tensor]
 
 
 class TrtRunner:

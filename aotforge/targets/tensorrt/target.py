@@ -38,6 +38,7 @@ from aotforge.targets.base import (
     refuse_contrib_ops,
 )
 from aotforge.targets.tensorrt.plan import Profile, TrtBuildPlan
+from aotforge.targets.tensorrt.report import summarize_layers
 from aotforge.targets.tensorrt.sdk import probe_host, query_gpu
 
 ENGINE_FILE = "model.engine"
@@ -241,7 +242,9 @@ class TensorRTTarget(Target):
         cache = cache_path.read_bytes() if cache_path and cache_path.exists() else b""
         built = sdk.build_engine(prepare_onnx(model, workdir), plan, cache)
         (workdir / ENGINE_FILE).write_bytes(built.engine)
-        report = sdk.summarize_layers(built.layers_json, sparse_requested="SPARSE_WEIGHTS" in plan.flags)
+        report = summarize_layers(
+            built.layers_json, sparse_requested="SPARSE_WEIGHTS" in plan.flags, log_lines=built.build_log
+        )
         (workdir / LAYER_REPORT).write_text(json.dumps(report, sort_keys=True, indent=2) + "\n")
         if cache_path:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
@@ -256,7 +259,7 @@ class TensorRTTarget(Target):
             "hardware_compatibility": plan.hardware_compatibility,
             "version_compatible": options.version_compatible,
             "plan": plan.to_dict(),
-            "layers": {k: v for k, v in report.items() if k != "per_layer"},
+            "layers": {k: v for k, v in report.items() if k not in ("per_layer", "io_tensors")},
             "timing_cache_sha256": hashlib.sha256(built.timing_cache).hexdigest() if cache_path else "",
         }
         return CompileResult(files=(ENGINE_FILE, LAYER_REPORT), target_info=info, toolchain={"tensorrt": built.version})
