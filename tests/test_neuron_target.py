@@ -192,8 +192,15 @@ def test_compile_and_load_call_shape_with_a_stand_in_for_torch_neuronx(
     """Stand-in: torch.jit.trace replaces torch_neuronx.trace. Checks call shape and routing ONLY."""
     calls: list[dict[str, Any]] = []
 
-    def trace(module: Any, example: tuple[torch.Tensor, ...], compiler_args: list[str], compiler_workdir: str) -> Any:
-        calls.append({"shapes": [tuple(t.shape) for t in example], "args": compiler_args, "workdir": compiler_workdir})
+    def trace(
+        module: Any,
+        example: tuple[torch.Tensor, ...],
+        compiler_args: list[str],
+        compiler_workdir: str,
+        cpu_backend: bool,
+    ) -> Any:
+        shapes = [tuple(t.shape) for t in example]
+        calls.append({"shapes": shapes, "args": compiler_args, "workdir": compiler_workdir, "cpu": cpu_backend})
         return torch.jit.trace(module, example)
 
     monkeypatch.setitem(sys.modules, "torch_neuronx", types.SimpleNamespace(trace=trace))
@@ -203,10 +210,16 @@ def test_compile_and_load_call_shape_with_a_stand_in_for_torch_neuronx(
     ctx = BuildContext(io=ROWS, passes=("sparsity24", "fp16"), source_format="torch", torch_program=program)
     result = target.compile(_sparse_ir(), NeuronOptions(pad_dims=("batch",)), ctx, tmp_path)
     assert [c["shapes"] for c in calls] == [[(2, 8)], [(8, 8)]]
-    assert calls[0]["args"][-2:] == ["--auto-cast-type", "fp16"] and Path(calls[0]["workdir"]).is_dir()
+    assert calls[0]["args"][-2:] == ["--auto-cast-type", "fp16"]
+    # neuronx-cc's scratch is outside the artifact (nothing of it ships) and gone after success;
+    # no /dev/neuron* here, so the trace is asked to run on the CPU with --target set.
+    assert all(tmp_path not in Path(c["workdir"]).parents and not Path(c["workdir"]).exists() for c in calls)
+    assert all(c["cpu"] for c in calls) and calls[0]["args"][:2] == ["--target", "inf2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.batch2.neuron.pt", "model.batch8.neuron.pt"]
     assert result.files == ("model.batch2.neuron.pt", "model.batch8.neuron.pt")
     info = json.loads(json.dumps(result.target_info, sort_keys=True))  # as the manifest stores it
     assert info["sparsity_masked_params"] == ["fc.weight"] and info["instance_family"] == "inf2"
+    monkeypatch.setattr(neuron_sdk, "host_instance_type", lambda: "inf2.xlarge")
     runner = target.load(tmp_path, TargetRecord("neuron", info=info), ROWS)
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     masked = neuron_sdk.module_of(program)
@@ -229,3 +242,38 @@ def test_end_to_end_on_a_neuron_device(tmp_path: Path) -> None:
         x = np.random.default_rng(batch).standard_normal((batch, 8)).astype(np.float32)
         expected = program.module()(torch.from_numpy(x)).detach().numpy()
         np.testing.assert_allclose(runner.run({"x": x})["y"], expected, rtol=1e-3, atol=1e-3)
+
+
+# neuron-ls's own output as aws-neuron-sdk documents it (tools/neuron-sys-tools/neuron-ls.rst).
+NEURON_LS_TRN2N = """instance-type: trn2n.48xlarge
+instance-id: i-aabbccdd123456789
+logical-neuroncore-config: 2
++--------+--------+----------+--------+---------------+--------------+---------------+------+
+"""
+
+
+def test_instance_type_is_read_from_neuron_ls() -> None:
+    assert neuron_sdk.parse_instance_type(NEURON_LS_TRN2N) == "trn2n.48xlarge"
+    assert neuron_sdk.parse_instance_type("no such line") == ""
+
+
+@pytest.mark.parametrize(
+    ("built", "host", "ok"),
+    [
+        ("trn2", "trn2n.48xlarge", True),  # the n variant shares trn2's cores
+        ("trn1", "trn1n.32xlarge", True),
+        ("inf2", "inf2.xlarge", True),
+        ("inf2", "trn1.2xlarge", False),
+        ("trn1", "trn2.48xlarge", False),
+        ("inf2", "", True),  # no neuron-ls: the probe's device check is what stands
+    ],
+)
+def test_stored_instance_family_is_compared_with_the_host(built: str, host: str, ok: bool) -> None:
+    from aotforge.core.errors import ArtifactError
+    from aotforge.targets.neuron.target import check_instance_family
+
+    if ok:
+        check_instance_family(built, host)
+    else:
+        with pytest.raises(ArtifactError, match=f"compiled for {built}.*--target-opt target="):
+            check_instance_family(built, host)

@@ -11,6 +11,9 @@ import copy
 import glob
 import importlib
 import importlib.metadata
+import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -92,21 +95,51 @@ def _zero_masks(model: ir.Model) -> dict[str, np.ndarray]:
     return masks
 
 
+def has_device() -> bool:
+    return bool(glob.glob("/dev/neuron[0-9]*"))
+
+
 def trace_to_file(module: Any, examples: list[np.ndarray], args: list[str], workdir: Path, out: Path) -> None:
-    """Compile one bucket with neuronx-cc and save it as TorchScript into the artifact."""
+    """Compile one bucket with neuronx-cc and save it as TorchScript into the artifact.
+
+    ``workdir`` is neuronx-cc's scratch space, outside the artifact (its intermediates must not
+    ship or be hashed). Without a Neuron device the trace runs on the CPU: ``cpu_backend=True``
+    with ``--target`` in ``compiler_args``, as torch-neuronx documents it (aws-neuron-sdk
+    ``frameworks/torch/torch-neuronx/api-reference-guide/inference/api-torch-neuronx-trace.rst``).
+    """
     import torch
     import torch_neuronx
 
     workdir.mkdir(parents=True, exist_ok=True)
     tensors = tuple(torch.from_numpy(a) for a in examples)
     try:
-        traced = torch_neuronx.trace(module, tensors, compiler_args=args, compiler_workdir=str(workdir))
+        traced = torch_neuronx.trace(
+            module, tensors, compiler_args=args, compiler_workdir=str(workdir), cpu_backend=not has_device()
+        )
     except Exception as e:  # neuronx-cc reports failures as generic RuntimeErrors
         raise CompileError(
             f"neuronx-cc failed for shapes {[a.shape for a in examples]}: {str(e).strip().splitlines()[-1:]}; "
             f"its logs are under {workdir}"
         ) from e
     torch.jit.save(traced, str(out))
+
+
+def host_instance_type() -> str:
+    """This host's EC2 instance type as ``neuron-ls`` prints it ("" without neuron-ls or a device)."""
+    exe = shutil.which("neuron-ls")
+    if exe is None:
+        return ""
+    try:
+        out = subprocess.run([exe], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return parse_instance_type(out)
+
+
+def parse_instance_type(neuron_ls_output: str) -> str:
+    """The ``instance-type:`` line of neuron-ls (aws-neuron-sdk ``tools/neuron-sys-tools/neuron-ls.rst``)."""
+    found = re.search(r"^\s*instance-type:\s*(\S+)", neuron_ls_output, flags=re.MULTILINE)
+    return found.group(1) if found else ""
 
 
 def load_traced(path: Path) -> Any:

@@ -13,6 +13,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+import re
+import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,11 +23,18 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError, UnsupportedModelError
+from aotforge.core.errors import (
+    ArtifactError,
+    InputSpecError,
+    OptionsError,
+    TargetUnavailableError,
+    UnsupportedModelError,
+)
 from aotforge.core.spec import DEFAULT_DIM_SIZE, IOSpec
 from aotforge.targets.base import (
     Arrays,
     BuildContext,
+    BuiltArtifact,
     CompileResult,
     ProbeResult,
     Target,
@@ -228,9 +238,13 @@ class NeuronTarget(Target):
         masked = sdk.carry_sparsity_masks(module, model) if _sparsity_ran(ctx.passes) else []
         args = compiler_args(options, ctx.passes)
         buckets = plan_buckets(ctx.io, options)
+        # neuronx-cc's scratch space lives outside the artifact: its intermediates must not ship or
+        # be hashed. Kept when a bucket fails (the error names it), removed once all compiled.
+        scratch = Path(tempfile.mkdtemp(prefix="aotforge-neuronx-cc-"))
         for bucket in buckets:
             examples = _example_inputs(ctx.io, bucket)
-            sdk.trace_to_file(module, examples, args, workdir / "neuronx-cc" / bucket.key, workdir / bucket.file)
+            sdk.trace_to_file(module, examples, args, scratch / bucket.key, workdir / bucket.file)
+        shutil.rmtree(scratch, ignore_errors=True)
         versions = sdk.versions()
         info = {
             "instance_family": options.target.value,
@@ -242,13 +256,36 @@ class NeuronTarget(Target):
         }
         return CompileResult(files=tuple(b.file for b in buckets), target_info=info, toolchain=versions)
 
+    def check_host(self, artifact: BuiltArtifact) -> None:
+        check_instance_family(str(artifact.target.info.get("instance_family", "")), sdk.host_instance_type())
+
     def load(self, artifact_dir: Path, record: TargetRecord, io: IOSpec) -> NeuronRunner:
         probe = sdk.probe()
         if not probe.available:
             raise TargetUnavailableError(probe.reason)
         info = record.info
+        check_instance_family(str(info.get("instance_family", "")), sdk.host_instance_type())
         buckets = {_bucket(b["sizes"]): artifact_dir / b["file"] for b in info["buckets"]}
         return NeuronRunner(io, buckets, tuple(info.get("pad_dims", ())))
+
+
+def family_of(instance_type: str) -> str:
+    """``trn2n.48xlarge`` -> ``trn2``: the networking-optimized ``n`` variants share their family's cores."""
+    found = re.match(r"(inf|trn)(\d+)", instance_type)
+    return f"{found.group(1)}{found.group(2)}" if found else ""
+
+
+def check_instance_family(built: str, host_instance_type: str) -> None:
+    """Refuse a NEFF compiled for another Neuron family than this host's (``--target`` must match).
+
+    An unknown host type (no ``neuron-ls``) is not refused here: the probe already requires a device.
+    """
+    host = family_of(host_instance_type)
+    if built and host and family_of(built) != host:
+        raise ArtifactError(
+            f"neuron artifact was compiled for {built} (--target {built}) but this host is {host_instance_type} "
+            f"({host}): rebuild with --target-opt target={host}, or run it on an {built} instance"
+        )
 
 
 class NeuronRunner:
