@@ -133,9 +133,12 @@ def user_export(args: argparse.Namespace) -> None:
             name = f"{target} {'+'.join(passes)}"
             extra = {**budget, "pass_params": {passes[-1]: {"min_sample_cosine": 0.99}}} if len(passes) > 1 else {}
             # Validation runs on random token ids, where int8's rel L2 is ~0.2: the table below is on text.
+            slug = name.replace(" ", "_").replace("+", "-")  # artifact names: letters, digits, . _ -
+            dims = ("batch=1:1:1", f"seq=1:{SEQ}:{SEQ}")
+            out = args.work / "user_artifacts"
             result = build(
-                str(source), target=target, out=args.work / "user_artifacts", name=name.replace(" ", "_"),
-                passes=passes, dynamic=("batch=1:1:1", f"seq=1:{SEQ}:{SEQ}"), tolerance=0.3, bench=False, **extra,
+                str(source), target=target, out=out, name=slug, passes=passes, dynamic=dims, tolerance=0.3, bench=False,
+                **extra,
             )  # fmt: skip
             artifacts[name] = result.path
             record = next((p["stats"] for p in result.manifest.passes if p["name"] == passes[-1]), {})
