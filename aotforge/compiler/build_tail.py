@@ -23,11 +23,13 @@ from aotforge.artifacts.names import check_name, check_version
 from aotforge.artifacts.store import MODEL_FILE, artifact_path, finalize, next_version
 from aotforge.compiler.benchmark import BenchOptions, benchmark
 from aotforge.compiler.compile_cache import compile_cached
+from aotforge.compiler.isolation import Isolation, run_isolated
 from aotforge.compiler.source import Arrays
 from aotforge.compiler.toolchain import toolchain_versions
 from aotforge.compiler.validation import validate
 from aotforge.core.errors import InputSpecError
 from aotforge.core.target_record import TargetRecord
+from aotforge.targets.base import CompileResult
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -116,6 +118,31 @@ class TailJob:
     cache_dir: Path | None = None
     #: Extra fields of the manifest's ``build`` section (pass durations, the bundle it came from).
     build_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: Deadline and memory limit of the backend stages (the compile, a native artifact's first run).
+    isolation: Isolation = Isolation()
+
+
+def _compile_isolated(job: TailJob, stage: Path, say: Progress) -> tuple[CompileResult, dict[str, Any] | None]:
+    """``compile_cached`` in a child process: its files land in ``stage``, its result comes back as JSON."""
+
+    def work() -> dict[str, Any]:
+        compiled, cache = compile_cached(
+            job.target,
+            job.model,
+            job.target_options,
+            job.ctx,
+            stage,
+            job.cache_dir,
+            job.toolchain,
+            job.passes,
+            lambda _msg: None,
+        )
+        return {"compiled": dataclasses.asdict(compiled), "cache": cache}
+
+    say(f"compiling for {job.target.name} (in a child process, deadline {job.isolation.deadline_s:g} s)")
+    result = run_isolated(work, stage=f"the {job.target.name} compile", limits=job.isolation)
+    compiled = result["compiled"]
+    return CompileResult(tuple(compiled["files"]), compiled["target_info"], compiled["toolchain"]), result["cache"]
 
 
 def compile_and_store(
@@ -130,10 +157,15 @@ def compile_and_store(
     ``before_store(manifest, cache_record)`` runs once the manifest is complete, before the rename:
     the direct cache records its entry there (and notes the outcome in the cache record).
     """
-    compiled, cache = compile_cached(
-        job.target, job.model, job.target_options, job.ctx, stage, job.cache_dir, job.toolchain, job.passes, say
-    )
+    compiled, cache = _compile_isolated(job, stage, say)
     record = TargetRecord(job.target.name, dataclasses.asdict(job.target_options), dict(compiled.target_info))
+    if record.info.get("platform"):
+        # Native code: its first run may crash or hang too; in a child first, then here for real.
+        def first_run() -> None:
+            job.target.load(stage, record, job.ctx.io).run(job.samples[0])
+
+        say("first run of the compiled code (isolated)")
+        run_isolated(first_run, stage=f"the first run of the {job.target.name} artifact", limits=job.isolation)
     runner = job.target.load(stage, record, job.ctx.io)
     say("validating against the source model")
     validation = validate(

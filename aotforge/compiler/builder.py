@@ -28,6 +28,7 @@ from aotforge.compiler.bundle import prepare_bundle
 from aotforge.compiler.frontend_onnx import load_onnx
 from aotforge.compiler.frontend_torch import load_torch_file, load_torch_module
 from aotforge.compiler.frontend_transformers import load_transformers_dir
+from aotforge.compiler.isolation import Isolation
 from aotforge.compiler.model_checks import check_io
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.recipe import int8_shortcuts
@@ -139,6 +140,7 @@ def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
         passes=planned.pass_entries,
         toolchain=key_toolchain(opts.target, planned.probe),
         cache_dir=opts.cache_dir,
+        isolation=Isolation(opts.backend_deadline_s, opts.backend_memory_mb),
         build_extra={"pass_seconds": {f"{i + 1}:{r.name}": r.seconds for i, r in enumerate(planned.records)}},
     )
 

@@ -45,6 +45,10 @@ class BuildOptions:
     prepare_only: bool = False
     #: int8 calibration data: a directory of .npy/.npz files or ``module.py:function`` (``compiler.calibration``).
     calibration: str | None = None
+    #: Deadline (s) and memory limit (MB, None: the host's) of the backend compile and of a native
+    #: artifact's first run, each in a child process (``compiler.isolation``).
+    backend_deadline_s: float = 3600.0
+    backend_memory_mb: int | None = None
     #: Accuracy budget: the least mean output cosine vs fp32 the int8 / int8-dynamic pass must keep (``min_cosine``).
     accuracy_budget: float | None = None
     #: What a transformers model directory is compiled for (``compiler.frontend_transformers``);
@@ -90,6 +94,10 @@ class BuildOptions:
             isinstance(options.version, bool) or not isinstance(options.version, int) or options.version < 1
         ):
             raise OptionsError(f"version must be a positive integer, got {options.version!r}")
+        if not options.backend_deadline_s > 0:
+            raise OptionsError(f"backend_deadline_s must be > 0, got {options.backend_deadline_s}")
+        if options.backend_memory_mb is not None and options.backend_memory_mb < 64:
+            raise OptionsError(f"backend_memory_mb must be at least 64, got {options.backend_memory_mb}")
         if options.name is not None:
             # It becomes a directory under --out and a registry key: one safe path component.
             check_name(options.name, "--name")

@@ -63,6 +63,14 @@ from aotforge.core.spec import parse_value_range
     type=click.FloatRange(0, 1, min_open=True),
     help="Least mean cosine vs fp32 on held-out calibration data (int8, int8-dynamic search their method).",
 )
+@click.option(
+    "--backend-deadline",
+    type=click.FloatRange(min=0, min_open=True),
+    default=3600.0,
+    show_default=True,
+    help="Seconds the backend compile (and a native artifact's first run) may take, in a child process.",
+)
+@click.option("--backend-memory-mb", type=click.IntRange(min=64), help="Memory limit of that child (default: none).")
 @click.option("--recipe", type=click.Path(path_type=Path), help="TOML recipe of passes and options; flags override it.")
 @click.option("--sign-key", type=click.Path(path_type=Path), help="Sign the artifact with this ed25519 private key.")
 @click.option("--push", "push_to", help="Then push it to this registry (a directory or an http(s):// MLflow URI).")
@@ -96,6 +104,8 @@ def compile(model: str, **kw: Any) -> None:
             "dump_ir": kw["dump_ir"],
             "cache_dir": kw["cache_dir"],
             "prepare_only": kw["prepare_only"],
+            "backend_deadline_s": kw["backend_deadline"],
+            "backend_memory_mb": kw["backend_memory_mb"],
             "calibration": kw["calibration"],
             "accuracy_budget": kw["accuracy_budget"],
             "task": kw["task"],
