@@ -123,11 +123,9 @@ def _kill_push_pull(tmp_path: Path, delays: list[float]) -> None:
     art = quick_build(str(relu_add(tmp_path / "m.onnx", shape=(1, 1 << 20))), tmp_path / "out", target="onnxruntime")
     reg_root, pulls = tmp_path / "reg", tmp_path / "pulls"
     pulls.mkdir()
-    push = (
-        "from aotforge.artifacts.local_registry import LocalRegistry as R; import sys; R(sys.argv[1]).push(sys.argv[2])"
-    )
-    pull = "from aotforge.artifacts.local_registry import LocalRegistry as R; import sys; R(sys.argv[1]).pull('m:1', sys.argv[2])"
-    for i, delay in enumerate(delays):
+    client = "from aotforge.artifacts.local_registry import LocalRegistry as R; import sys; r = R(sys.argv[1]); "
+    push, pull = client + "r.push(sys.argv[2])", client + "r.pull('m:1', sys.argv[2])"
+    for delay in delays:
         _killed([sys.executable, "-c", push, str(reg_root), str(art.path)], delay)
     _past_grace(reg_root)
     reg = LocalRegistry(reg_root)
