@@ -144,11 +144,11 @@ class LocalRegistry:
         manifest = read_manifest(src)
         require_intact(src, manifest)
         digest = artifact_digest(src)
+        sweep(self.root / BLOBS, PACK_PREFIX)  # blob temp files of killed pushes
         existing = self._by_digest(digest)
         if existing is not None and self._blob(digest).is_file():
             return existing
         blob = self._blob(digest)
-        sweep(blob.parent, PACK_PREFIX)  # blob temp files of killed pushes
         pack(src, blob)  # a temp file renamed into place; racing writers write the same bytes
         blob_sha = sha256_file(blob)
         try:
