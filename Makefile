@@ -11,7 +11,7 @@ ARGS ?=
 # With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
 _flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
-.PHONY: compile test test-slow lint bench targets clean device-check
+.PHONY: compile test test-slow lint bench targets clean device-check neuron-env
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,3 +57,11 @@ clean:
 
 bench: $(BIN)/.installed
 	$(BIN)/python tools/bench.py
+
+# The Neuron SDK in an environment of its own: torch-neuronx 2.9 pins torch 2.9, aotforge pins 2.13.
+# The neuron target compiles through it (targets/neuron/worker.py): --target-opt python=.venv-neuron/bin/python.
+# Versions: aws-neuron-sdk setup/pytorch/manual.rst (Neuron's own repository; PyPI's are placeholders).
+NEURON_PIP ?= neuronx-cc==2.27.5334.0 torch-neuronx==2.9.0.2.15.32035
+neuron-env:
+	$(PYTHON) -m venv .venv-neuron
+	.venv-neuron/bin/pip install --quiet --extra-index-url=https://pip.repos.neuron.amazonaws.com $(NEURON_PIP)

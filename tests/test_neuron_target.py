@@ -205,7 +205,7 @@ def test_compile_and_load_call_shape_with_a_stand_in_for_torch_neuronx(
 
     monkeypatch.setitem(sys.modules, "torch_neuronx", types.SimpleNamespace(trace=trace))
     monkeypatch.setattr(neuron_sdk, "versions", lambda: {"neuronx-cc": "stand-in", "torch-neuronx": "stand-in"})
-    monkeypatch.setattr(neuron_sdk, "probe", lambda: neuron_sdk.ProbeResult(True))
+    monkeypatch.setattr(neuron_sdk, "probe", lambda python="": neuron_sdk.ProbeResult(True))
     target, program = get_target("neuron"), _program()
     ctx = BuildContext(io=ROWS, passes=("sparsity24", "fp16"), source_format="torch", torch_program=program)
     result = target.compile(_sparse_ir(), NeuronOptions(pad_dims=("batch",)), ctx, tmp_path)

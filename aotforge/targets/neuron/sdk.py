@@ -20,14 +20,16 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from aotforge.core.errors import CompileError, UnsupportedModelError
+from aotforge.core.errors import AotforgeError, CompileError, UnsupportedModelError
 from aotforge.targets.base import ProbeResult
+from aotforge.targets.neuron import env
 
 _PACKAGES = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc"}
 
 
-def probe() -> ProbeResult:
-    """What is missing to compile (the two packages) and to run (a Neuron device); never raises."""
+def probe(python: str = "") -> ProbeResult:
+    """What is missing to compile (the packages, here or in a Neuron environment) and to run (a
+    device); never raises. ``python`` is the Neuron environment's interpreter (``env.find_python``)."""
     missing, details = [], {}
     for dist, module in _PACKAGES.items():
         try:
@@ -40,15 +42,65 @@ def probe() -> ProbeResult:
     if devices:
         details["devices"] = str(len(devices))
     if missing:
-        hint = "install the Neuron SDK from AWS's Neuron pip repository (pip.repos.neuron.amazonaws.com)"
-        reason = "neuron needs, and this host lacks: " + "; ".join(missing)
-        if not devices:
-            reason += "; a Neuron device (no /dev/neuron*: run on an inf2 / trn1 / trn2 instance)"
-        return ProbeResult(False, f"{reason}: {hint}", can_compile=False, details=details)
+        return _probe_worker_env(python, missing, details, bool(devices))
     if not devices:
         reason = "neuron can compile here but not run: no Neuron device (no /dev/neuron*); run on inf2 / trn1 / trn2"
         return ProbeResult(False, reason, can_compile=True, details=details)
     return ProbeResult(True, details=details)
+
+
+def worker_env(python: str = "") -> env.NeuronEnv | str:
+    """The Neuron environment the worker would compile in, or why there is none usable."""
+    try:
+        found = env.inspect(env.find_python(python))
+    except (AotforgeError, OSError) as e:
+        return str(e)
+    gaps = found.missing()
+    return found if not gaps else f"the Neuron environment at {found.python} lacks: {'; '.join(gaps)}"
+
+
+def _probe_worker_env(python: str, missing: list[str], details: dict[str, str], devices: bool) -> ProbeResult:
+    # torch-neuronx cannot live beside aotforge's torch pin: a separate environment compiles.
+    found = worker_env(python)
+    if isinstance(found, env.NeuronEnv):
+        details.update(neuron_python=str(found.python), neuron_api=found.api)
+        details.update({k: v for k, v in found.packages.items() if v})
+        reason = (
+            f"neuron compiles here through the Neuron environment at {found.python}, but loading and running "
+            "need torch-neuronx in aotforge's own process, which its torch pin rules out (not implemented: a "
+            "serving worker)"
+        )
+        return ProbeResult(False, reason, can_compile=True, details=details)
+    hint = "install the Neuron SDK from AWS's Neuron pip repository (pip.repos.neuron.amazonaws.com)"
+    reason = "neuron needs, and this host lacks: " + "; ".join(missing) + f"; {found}"
+    if not devices:
+        reason += "; a Neuron device (no /dev/neuron*: run on an inf2 / trn1 / trn2 instance)"
+    return ProbeResult(False, f"{reason}: {hint}", can_compile=False, details=details)
+
+
+def trace_in_worker(
+    python: Path, module: Any, examples: list[np.ndarray], args: list[str], workdir: Path, out: Path
+) -> None:
+    """:func:`trace_to_file` in the Neuron environment: the (masked) module goes as a
+    ``torch.export`` program file, the examples as an npz; the worker traces and saves."""
+    import torch
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    tensors = tuple(torch.from_numpy(a) for a in examples)
+    # Exported by aotforge's torch and loaded by the Neuron environment's older one: torch.export's
+    # serialized schema is versioned, and an older reader may refuse a newer file (the worker says so).
+    torch.export.save(torch.export.export(module, tensors), str(workdir / "program.pt2"))
+    np.savez(workdir / "examples.npz", *examples)  # arr_0, arr_1, ... in the model's input order
+    request = {
+        "op": "trace",
+        "program": str(workdir / "program.pt2"),
+        "examples": str(workdir / "examples.npz"),
+        "compiler_args": args,
+        "workdir": str(workdir / "neuronx-cc"),
+        "out": str(out),
+        "cpu_backend": not has_device(),
+    }
+    env.call(python, request, timeout=4 * 3600)
 
 
 def versions() -> dict[str, str]:

@@ -65,6 +65,8 @@ class NeuronOptions:
     #: dims the model tolerates zero padding on (batch; seq when an attention mask masks it).
     pad_dims: tuple[str, ...] = ()
     max_buckets: int = 16
+    #: the Neuron SDK environment's interpreter (its own torch pin); default: the Deep Learning AMI's venv.
+    python: str = ""
 
     def __post_init__(self) -> None:
         try:
@@ -231,9 +233,10 @@ class NeuronTarget(Target):
 
     def compile(self, model: ir.Model, options: NeuronOptions, ctx: BuildContext, workdir: Path) -> CompileResult:
         self.plan(model, options, ctx)
-        probe = sdk.probe()
+        probe = sdk.probe(options.python)
         if not probe.compiles:
             raise TargetUnavailableError(probe.reason)
+        worker_python = probe.details.get("neuron_python")  # set when a separate environment compiles
         module = sdk.module_of(ctx.torch_program)
         masked = sdk.carry_sparsity_masks(module, model) if _sparsity_ran(ctx.passes) else []
         args = compiler_args(options, ctx.passes)
@@ -243,9 +246,18 @@ class NeuronTarget(Target):
         scratch = Path(tempfile.mkdtemp(prefix="aotforge-neuronx-cc-"))
         for bucket in buckets:
             examples = _example_inputs(ctx.io, bucket)
-            sdk.trace_to_file(module, examples, args, scratch / bucket.key, workdir / bucket.file)
+            if worker_python:
+                sdk.trace_in_worker(
+                    Path(worker_python), module, examples, args, scratch / bucket.key, workdir / bucket.file
+                )
+            else:
+                sdk.trace_to_file(module, examples, args, scratch / bucket.key, workdir / bucket.file)
         shutil.rmtree(scratch, ignore_errors=True)
-        versions = sdk.versions()
+        versions = (
+            {d: probe.details[d] for d in ("torch", "torch-neuronx", "neuronx-cc") if d in probe.details}
+            if worker_python
+            else sdk.versions()
+        )
         info = {
             "instance_family": options.target.value,
             "compiler_args": args,
