@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from aotforge.core.errors import UnsupportedModelError
 from aotforge.core.spec import IOSpec
 
 if TYPE_CHECKING:  # onnx_ir costs ~0.8 s to import; compiler.benchmark imports Arrays from here
@@ -36,7 +37,13 @@ class SourceModel:
 
 
 def numpy_dtype(dtype: ir.DataType) -> str:
-    return str(np.dtype(dtype.numpy()))
+    try:
+        return str(np.dtype(dtype.numpy()))
+    except TypeError as e:  # UNDEFINED and types numpy has no equivalent for
+        raise UnsupportedModelError(
+            f"a model input or output has element type {dtype.name}, which has no array type ({e}): "
+            "re-export the model with a concrete element type"
+        ) from e
 
 
 def spec_shape(shape: ir.Shape | None) -> tuple[int | str, ...]:
