@@ -94,3 +94,34 @@ def test_a_build_whose_backend_crashes_or_hangs_fails_cleanly(
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert lines[-1].startswith("error: the onnxruntime compile ") and message in lines[-1], result.output
     assert list(out.iterdir()) == []  # nothing published, no staging left
+
+
+def test_the_child_dies_with_a_killed_build(tmp_path: Path) -> None:
+    """kill -9 of the build (not its group) must not leave the isolated compile running."""
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import os, sys, time; from pathlib import Path; "
+        "from aotforge.compiler.isolation import Isolation, run_isolated; "
+        "run_isolated(lambda: (Path(sys.argv[1]).write_text(str(os.getpid())), time.sleep(3600)), "
+        "stage='s', limits=Isolation())"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    parent = subprocess.Popen([sys.executable, "-c", code, str(pid_file)], env=env)
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the isolated child outlived the killed build")

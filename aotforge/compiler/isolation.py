@@ -10,6 +10,7 @@ published because the parent raises before the rename.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import faulthandler
 import json
@@ -23,6 +24,8 @@ from typing import Any
 
 from aotforge.core import errors
 from aotforge.core.errors import AotforgeError, CompileError, describe
+
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +71,7 @@ def _child(work: Callable[[], Any], write_fd: int, limits: Isolation) -> None:
     try:
         faulthandler.disable()  # a crash is reported by the parent in one line, not as a stack dump
         os.setpgid(0, 0)  # its own group: the deadline stops the compilers it started too
+        _die_with_parent()
         if limits.memory_mb is not None:
             size = limits.memory_mb << 20
             resource.setrlimit(resource.RLIMIT_AS, (size, size))
@@ -86,6 +90,16 @@ def _child(work: Callable[[], Any], write_fd: int, limits: Isolation) -> None:
         code = 70
     finally:
         os._exit(code)  # no atexit handlers, no parent cleanup run twice
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this child when the build that forked it dies (a kill -9 of the build must not
+    leave its compile running, outside the build's process group, with nobody to enforce the deadline)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the deadline still holds while the parent lives
 
 
 def _collect(read_fd: int, pid: int, deadline_s: float) -> tuple[bytes, bool]:
