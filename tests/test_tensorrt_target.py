@@ -103,6 +103,44 @@ def test_flags_map_sparsity_and_version_compat_but_never_precision() -> None:
     assert builder_flags(TensorRTOptions(), ("fold_constants", "fp16", "int8")) == ()
     assert builder_flags(TensorRTOptions(), ("sparsity24",)) == ("SPARSE_WEIGHTS",)
     assert builder_flags(TensorRTOptions(version_compatible=True), ()) == ("VERSION_COMPATIBLE",)
+    # TF32 stays cleared (fp32 layers validate as fp32) unless asked for.
+    assert builder_flags(TensorRTOptions(tf32=True), ()) == ("TF32",)
+
+
+def test_cuda_graphs_and_tf32_options_parse_from_cli_strings() -> None:
+    parsed = options_from_dict(TensorRTOptions, {"cuda_graphs": "false", "tf32": "true"}, what="tensorrt")
+    assert parsed.cuda_graphs is False and parsed.tf32 is True
+    assert TensorRTOptions().cuda_graphs is True and TensorRTOptions().tf32 is False
+
+
+@pytest.mark.parametrize(
+    ("trt_name", "array"),
+    [
+        ("FLOAT", np.array([[1.5, -2.0]], np.float32)),
+        ("HALF", np.array([0.5, 3.0], np.float16)),
+        ("INT64", np.array(7, np.int64)),  # 0-d stays 0-d
+        ("BOOL", np.array([True, False])),
+        ("BF16", np.array([1.0, -3.5, float("nan")], dtype="bfloat16")),
+        ("FP8", np.array([0.5, -2.0, 448.0], dtype="float8_e4m3fn")),
+    ],
+)
+def test_io_types_cross_through_torch_and_back_exactly(trt_name: str, array: np.ndarray) -> None:
+    # What trt.nptype cannot do (no bfloat16 / float8): the runner's types come from torch.
+    from aotforge.targets.tensorrt.runner import to_numpy, to_torch, torch_dtype
+
+    dtype = torch_dtype(trt_name)
+    tensor = to_torch(array, dtype)
+    assert tensor.dtype == dtype and tuple(tensor.shape) == array.shape
+    back = to_numpy(tensor)
+    assert back.dtype == array.dtype and back.shape == array.shape
+    assert back.tobytes() == array.tobytes()  # bit for bit, NaN included
+
+
+def test_an_io_type_without_a_torch_type_is_refused_by_name() -> None:
+    from aotforge.targets.tensorrt.runner import torch_dtype
+
+    with pytest.raises(ArtifactError, match="I/O type INT4"):
+        torch_dtype("INT4")
 
 
 def test_options_from_cli_strings_and_refusals() -> None:
@@ -295,18 +333,22 @@ def _reference(model: ir.Model, x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.gpu
-def test_end_to_end_engine_builds_loads_and_matches_ort(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cuda_graphs", [True, False], ids=["graphs", "plain"])
+def test_end_to_end_engine_builds_loads_and_matches_ort(tmp_path: Path, cuda_graphs: bool) -> None:
     target = get_target("tensorrt")
     probe = target.probe()
     if not probe.available:
         pytest.skip(probe.reason)
     model, ctx = _qdq_fp16_model(), BuildContext(io=IMAGE)
-    result = target.compile(model, TensorRTOptions(timing_cache=str(tmp_path / "cache" / "timing.bin")), ctx, tmp_path)
+    options = TensorRTOptions(timing_cache=str(tmp_path / "cache" / "timing.bin"), cuda_graphs=cuda_graphs)
+    result = target.compile(model, options, ctx, tmp_path)
     assert result.target_info["timing_cache_sha256"] and result.target_info["layers"]["layer_count"] > 0
     runner = target.load(tmp_path, TargetRecord("tensorrt", info=dict(result.target_info)), IMAGE)
-    for batch in (1, 4, 16):
+    for batch in (1, 4, 16, 4, 1):  # back to shapes already bound: their buffers (and graphs) are reused
         x = np.random.default_rng(batch).standard_normal((batch, 3, 8, 8)).astype(np.float32)
         np.testing.assert_allclose(runner.run({"x": x})["y"], _reference(model, x), rtol=2e-2, atol=2e-2)
+        assert getattr(runner, "device_ms", 0) > 0  # CUDA-event GPU time of the call
+    assert len(getattr(runner, "slots", {})) == 3
     with pytest.raises(InputSpecError, match="outside the engine's profile"):
         runner.run({"x": np.zeros((17, 3, 8, 8), np.float32)})
 

@@ -16,9 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from aotforge.core.errors import ArtifactError, CompileError, InputSpecError
+from aotforge.core.errors import CompileError
 from aotforge.targets.base import ProbeResult
 from aotforge.targets.tensorrt.plan import TrtBuildPlan
 
@@ -176,6 +174,9 @@ def _builder_config(builder: Any, plan: TrtBuildPlan) -> Any:
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     for name in plan.flags:
         config.set_flag(getattr(trt.BuilderFlag, name))
+    # TF32 is on by default and would loosen fp32 layers against the fp32 validation; only on when asked.
+    if "TF32" not in plan.flags and hasattr(trt.BuilderFlag, "TF32"):
+        config.clear_flag(trt.BuilderFlag.TF32)
     profile = builder.create_optimization_profile()
     for p in plan.profiles:
         profile.set_shape(p.input, p.min, p.opt, p.max)
@@ -193,55 +194,7 @@ def _inspect(engine_bytes: bytes, logger: Any) -> str:
     return str(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
 
 
-class TrtRunner:
-    """A deserialized engine and one execution context; named numpy in, named numpy out."""
+def runner(engine_bytes: bytes, *, allow_host_code: bool, cuda_graphs: bool) -> Any:
+    from aotforge.targets.tensorrt.runner import TrtRunner
 
-    def __init__(self, engine_bytes: bytes, *, allow_host_code: bool) -> None:
-        import tensorrt as trt
-
-        self._trt = trt
-        runtime = trt.Runtime(_logger())
-        # Version-compatible engines embed a lean runtime (host code): loaded only from a
-        # verified artifact, which the loader checks by hash before calling us.
-        runtime.engine_host_code_allowed = allow_host_code
-        self.engine = runtime.deserialize_cuda_engine(engine_bytes)
-        if self.engine is None:
-            raise ArtifactError("tensorrt could not deserialize the engine (see its log): rebuild it on this host")
-        self.context = self.engine.create_execution_context()
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        self.outputs = [n for n in names if n not in self.inputs]
-
-    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import torch
-
-        keep = []  # device tensors must outlive the enqueue
-        for name in self.inputs:
-            if name not in inputs:
-                raise InputSpecError(f"tensorrt engine needs input {name!r}; got {', '.join(inputs)}")
-            # np.require keeps a 0-d input 0-d (np.ascontiguousarray makes it 1-d).
-            array = np.require(inputs[name], dtype=self._nptype(name), requirements="C")
-            tensor = torch.from_numpy(array).cuda()
-            if not self.context.set_input_shape(name, tuple(array.shape)):
-                raise InputSpecError(
-                    f"tensorrt input {name!r} shape {array.shape} is outside the engine's profile: rebuild with a "
-                    "wider --dynamic range"
-                )
-            self.context.set_tensor_address(name, tensor.data_ptr())
-            keep.append(tensor)
-        outs = {}
-        for name in self.outputs:
-            shape = tuple(self.context.get_tensor_shape(name))
-            if any(d < 0 for d in shape):
-                raise InputSpecError(f"tensorrt output {name!r} has a data-dependent shape {shape}: not supported")
-            torch_dtype = torch.from_numpy(np.empty(0, dtype=self._nptype(name))).dtype
-            outs[name] = torch.empty(shape, dtype=torch_dtype, device="cuda")
-            self.context.set_tensor_address(name, outs[name].data_ptr())
-        stream = torch.cuda.current_stream()
-        if not self.context.execute_async_v3(stream.cuda_stream):
-            raise InputSpecError("tensorrt refused the inputs (shapes outside the engine's profile?)")
-        stream.synchronize()
-        return {name: t.cpu().numpy() for name, t in outs.items()}
-
-    def _nptype(self, name: str) -> Any:
-        return self._trt.nptype(self.engine.get_tensor_dtype(name))
+    return TrtRunner(engine_bytes, logger=_logger(), allow_host_code=allow_host_code, cuda_graphs=cuda_graphs)

@@ -66,6 +66,10 @@ class TensorRTOptions:
     version_compatible: bool = False
     #: a timing cache file reused across builds; created if missing, updated after each build.
     timing_cache: str = ""
+    #: capture one CUDA graph per input shape and replay it (trtexec's default); false runs plain enqueues.
+    cuda_graphs: bool = True
+    #: allow TF32 tactics for fp32 layers (TensorRT's default; off here so fp32 validates as fp32).
+    tf32: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -148,6 +152,8 @@ def builder_flags(options: TensorRTOptions, passes: tuple[str, ...]) -> tuple[st
         flags.append("SPARSE_WEIGHTS")
     if options.version_compatible:
         flags.append("VERSION_COMPATIBLE")
+    if options.tf32:
+        flags.append("TF32")
     return tuple(flags)
 
 
@@ -258,6 +264,7 @@ class TensorRTTarget(Target):
             "compute_capability": gpu.get("compute_capability", ""),
             "hardware_compatibility": plan.hardware_compatibility,
             "version_compatible": options.version_compatible,
+            "cuda_graphs": options.cuda_graphs,
             "plan": plan.to_dict(),
             "layers": {k: v for k, v in report.items() if k not in ("per_layer", "io_tensors")},
             "timing_cache_sha256": hashlib.sha256(built.timing_cache).hexdigest() if cache_path else "",
@@ -272,7 +279,12 @@ class TensorRTTarget(Target):
         gpu = query_gpu() or {}
         check_engine_compat(info, sdk.version(), gpu.get("compute_capability", ""))
         engine = (artifact_dir / ENGINE_FILE).read_bytes()
-        return sdk.TrtRunner(engine, allow_host_code=bool(info.get("version_compatible")))
+        runner: Runner = sdk.runner(
+            engine,
+            allow_host_code=bool(info.get("version_compatible")),
+            cuda_graphs=bool(info.get("cuda_graphs", True)),
+        )
+        return runner
 
 
 def check_engine_compat(built: Mapping[str, Any], host_version: str, host_cc: str) -> None:
