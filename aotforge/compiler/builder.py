@@ -29,7 +29,7 @@ from aotforge.compiler.frontend_onnx import load_onnx
 from aotforge.compiler.frontend_torch import load_torch_file, load_torch_module
 from aotforge.compiler.frontend_transformers import load_transformers_dir
 from aotforge.compiler.isolation import Isolation
-from aotforge.compiler.model_checks import check_io
+from aotforge.compiler.model_checks import check_compares_something, check_io
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.recipe import int8_shortcuts
 from aotforge.compiler.sample_inputs import validation_inputs
@@ -99,12 +99,13 @@ def plan_and_transform(
     source = _load(model, opts, example_inputs)
     io = dataclasses.replace(source.io, dims=_declared_dims(source.io, opts))
     check_dims_used(opts.dynamic, io)
-    # Declared shapes no input can have (negative, zero, terabytes) before any input is drawn.
+    # Declared shapes no input can have (negative, terabytes) before any input is drawn.
     check_io(io, io.bound_sizes("opt"), source.name)
     # Validation inputs before the passes, so every build of a model sees the same ones, and before
     # the target plans: sample inputs bind the dims no --dynamic names, and a source model that
     # rejects its inputs fails here, before any compile (compiler.sample_inputs).
     chosen = validation_inputs(io, opts.sample_inputs, source.reference, seed=opts.seed, count=opts.validation_samples)
+    check_compares_something(chosen.samples, chosen.reference, source.name)
     # The reference now answers the validation samples from the outputs computed while checking them.
     source = dataclasses.replace(source, reference=chosen.reference)
     io = chosen.io
