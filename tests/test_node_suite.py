@@ -45,6 +45,7 @@ SUBSET = [
     "test_cast_BFLOAT16_to_FLOAT",
     "test_celu_bfloat16",
     "test_reduce_sum_empty_axes_input_noop",  # an empty (0-element) axes input
+    "test_tril_zero",  # a zero-size input and output: shapes still compare
     "test_castlike_no_saturate_FLOAT_to_FLOAT8E4M3FN",  # float8 NaN (saturate=0 kept by the fold pass)
 ]
 
@@ -58,6 +59,7 @@ TVM_GAPS = {
     "test_mod_float_edge_cases_fmod_0_float32": "numerics: NaN / Inf placed unlike the reference (fmod)",
     "test_celu_bfloat16": "importer: Celu not supported",
     "test_reduce_sum_empty_axes_input_noop": "importer: Only constant axes currently supported",
+    "test_tril_zero": "importer: Trilu on a zero-size tensor (The type is not populated)",
     "test_castlike_no_saturate_FLOAT_to_FLOAT8E4M3FN": "numerics: NaN placed unlike the reference (float8, saturate=0)",
 }
 

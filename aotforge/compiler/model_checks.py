@@ -50,7 +50,7 @@ def _itemsize(dtype: str) -> int:
 
 
 def check_compares_something(samples: Sequence[Arrays], reference: Callable[[Arrays], Arrays], model: str) -> None:
-    """Refuse validation inputs on which every output of the source model is empty.
+    """Refuse generated validation inputs on which every output of the source model is empty.
 
     An empty input alone is fine (CastLike's ``like``, a Reduce's empty ``axes``, a zero-size
     split); a build whose outputs are all empty would pass its validation over 0 elements."""
