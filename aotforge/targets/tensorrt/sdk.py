@@ -152,6 +152,18 @@ def build_engine(onnx_path: Path, plan: TrtBuildPlan, timing_cache: bytes) -> En
     )
 
 
+def combine_timing_caches(built: bytes, on_disk: bytes) -> bytes:
+    """TensorRT's own merge of two serialized timing caches (Polygraphy's loader does the same)."""
+    import tensorrt as trt
+
+    config = trt.Builder(_logger()).create_builder_config()
+    cache = config.create_timing_cache(built)
+    # ignore_mismatch: a cache from another device or version is skipped, not an error.
+    if not cache.combine(config.create_timing_cache(on_disk), ignore_mismatch=True):
+        print("[aotforge] tensorrt could not combine the timing cache on disk; keeping this build's", file=sys.stderr)
+    return bytes(cache.serialize())
+
+
 def _network_flags() -> int:
     import tensorrt as trt
 

@@ -40,6 +40,7 @@ from aotforge.targets.base import (
 from aotforge.targets.tensorrt.plan import Profile, TrtBuildPlan
 from aotforge.targets.tensorrt.report import summarize_layers
 from aotforge.targets.tensorrt.sdk import probe_host, query_gpu
+from aotforge.targets.tensorrt.timing_cache import merge_into
 
 ENGINE_FILE = "model.engine"
 LAYER_REPORT = "layers.json"
@@ -252,11 +253,8 @@ class TensorRTTarget(Target):
             built.layers_json, sparse_requested="SPARSE_WEIGHTS" in plan.flags, log_lines=built.build_log
         )
         (workdir / LAYER_REPORT).write_text(json.dumps(report, sort_keys=True, indent=2) + "\n")
-        if cache_path:
-            cache_path.parent.mkdir(parents=True, exist_ok=True)
-            partial = cache_path.with_name(cache_path.name + ".partial")
-            partial.write_bytes(built.timing_cache)
-            partial.replace(cache_path)  # atomic: a concurrent build never reads half a cache
+        # Merged with what other builds wrote meanwhile, under a lock (timing_cache.py).
+        merged = merge_into(cache_path, built.timing_cache, sdk.combine_timing_caches) if cache_path else b""
         gpu = query_gpu() or {}
         info = {
             "tensorrt_version": built.version,
@@ -267,7 +265,7 @@ class TensorRTTarget(Target):
             "cuda_graphs": options.cuda_graphs,
             "plan": plan.to_dict(),
             "layers": {k: v for k, v in report.items() if k not in ("per_layer", "io_tensors")},
-            "timing_cache_sha256": hashlib.sha256(built.timing_cache).hexdigest() if cache_path else "",
+            "timing_cache_sha256": hashlib.sha256(merged).hexdigest() if cache_path else "",
         }
         return CompileResult(files=(ENGINE_FILE, LAYER_REPORT), target_info=info, toolchain={"tensorrt": built.version})
 
