@@ -29,9 +29,15 @@ def test_dim_range_rejects(text: str) -> None:
         DimRange.parse(text)
 
 
-def test_binding_uses_opt_and_default() -> None:
+def test_binding_uses_opt_and_never_a_silent_one() -> None:
     io = IOSpec((TensorSpec("x", "float32", ("batch", 3, "h")),), (), (DimRange("batch", 1, 4, 8),))
-    assert io.inputs[0].bind(io.bound_sizes()) == (4, 3, 1)
+    with pytest.raises(InputSpecError, match="dims h have no declared range"):
+        io.bound_sizes()
+    with pytest.raises(InputSpecError, match="dims h with no size"):
+        io.inputs[0].bind({"batch": 4})
+    io = IOSpec(io.inputs, (), (*io.dims, DimRange("h", 8, 16, 32)))
+    assert io.inputs[0].bind(io.bound_sizes()) == (4, 3, 16)
+    assert io.inputs[0].bind(io.bound_sizes("max")) == (8, 3, 32)
     with pytest.raises(InputSpecError, match="no model input has"):
         check_dims_used([DimRange("seq", 1, 1, 2)], io)
 

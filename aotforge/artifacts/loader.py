@@ -46,6 +46,8 @@ class LoadedArtifact:
             if value.dtype != np.dtype(spec.dtype):
                 raise InputSpecError(f"input {spec.name!r} is {value.dtype}, the artifact expects {spec.dtype}")
             ordered[spec.name] = value
+        # Every target: a shape outside the declared ranges gets one error naming them.
+        self.io.sizes_of({k: v.shape for k, v in ordered.items()}, who=f"{self.manifest.target.name} artifact")
         return self._runner.run(ordered)
 
     def generate(self, input_ids: np.ndarray, max_new_tokens: int, **kwargs: Any) -> np.ndarray:

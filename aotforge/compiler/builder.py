@@ -35,6 +35,7 @@ from aotforge.compiler.recipe import int8_shortcuts
 from aotforge.compiler.sample_inputs import validation_inputs
 from aotforge.compiler.source import SourceModel
 from aotforge.compiler.validation import validation_plan
+from aotforge.core.dim_defaults import resolve_dims
 from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import DimRange, IOSpec, check_dims_used
@@ -99,8 +100,12 @@ def plan_and_transform(
     source = _load(model, opts, example_inputs)
     io = dataclasses.replace(source.io, dims=_declared_dims(source.io, opts))
     check_dims_used(opts.dynamic, io)
-    # Declared shapes no input can have (negative, terabytes) before any input is drawn.
-    check_io(io, io.bound_sizes("opt"), source.name)
+    examples = {k: v.shape for k, v in (source.example_inputs or {}).items()}
+    if opts.sample_inputs is None:
+        # Every symbolic dim gets a range (--dynamic, else a documented default), never a silent 1.
+        io = resolve_dims(io, io.dims, examples)
+        # Declared shapes no input can have (negative, terabytes) before any input is drawn.
+        check_io(io, io.bound_sizes("max"), source.name)
     # Validation inputs before the passes, so every build of a model sees the same ones, and before
     # the target plans: sample inputs bind the dims no --dynamic names, and a source model that
     # rejects its inputs fails here, before any compile (compiler.sample_inputs).
@@ -109,7 +114,10 @@ def plan_and_transform(
         check_compares_something(chosen.samples, chosen.reference, source.name)
     # The reference now answers the validation samples from the outputs computed while checking them.
     source = dataclasses.replace(source, reference=chosen.reference)
-    io = chosen.io
+    # Dims the samples bound get their kind (targets pad or split by it); nothing is left unranged.
+    io = resolve_dims(chosen.io, chosen.io.dims, examples)
+    if opts.sample_inputs is not None:
+        check_io(io, io.bound_sizes("opt"), source.name)
     ctx = BuildContext(
         io=io,
         passes=pass_names,

@@ -26,8 +26,9 @@ from aotforge.compiler.source import Arrays, SourceModel, numpy_dtype, spec_shap
 from aotforge.compiler.torch_arrays import to_numpy, to_torch
 from aotforge.compiler.torch_binding import BoundInputs, bind_inputs, positional_module
 from aotforge.compiler.torch_binding import output_names as torch_output_names
+from aotforge.core.dim_defaults import default_range
 from aotforge.core.errors import InputSpecError, ModelLoadError, UnsupportedModelError, describe
-from aotforge.core.spec import DEFAULT_DIM_SIZE, DimRange, IOSpec, TensorSpec
+from aotforge.core.spec import DimRange, IOSpec, TensorSpec
 
 #: Dynamic dims no ``--dynamic`` bounds are exported with this range.
 DEFAULT_DYNAMIC_MAX = 64
@@ -77,8 +78,7 @@ def load_torch_module(
     _check_axes(axes, tensors)
     shapes = {
         arg: {
-            axis: torch.export.Dim(dim, min=_range(declared, dim).min, max=_range(declared, dim).max)
-            for axis, dim in axes.get(arg, {}).items()
+            axis: _export_dim(declared, dim, int(tensors[arg].shape[axis])) for axis, dim in axes.get(arg, {}).items()
         }
         or None
         for arg in tensors
@@ -110,8 +110,15 @@ def load_torch_module(
     )
 
 
-def _range(declared: Mapping[str, DimRange], dim: str) -> DimRange:
-    return declared.get(dim) or DimRange(dim, DEFAULT_DIM_SIZE, DEFAULT_DIM_SIZE, DEFAULT_DYNAMIC_MAX)
+def _export_dim(declared: Mapping[str, DimRange], dim: str, example: int) -> Any:
+    """The export range: ``--dynamic``'s, else the kind's default (``core.dim_defaults``), else 1..64.
+
+    The last only widens the graph; the artifact's declared range for such a dim is the example size.
+    """
+    import torch
+
+    rng = declared.get(dim) or default_range(dim, example) or DimRange(dim, 1, 1, max(DEFAULT_DYNAMIC_MAX, example))
+    return torch.export.Dim(dim, min=rng.min, max=rng.max)
 
 
 def _check_axes(axes: Mapping[str, Mapping[int, str]], example_inputs: Mapping[str, Any]) -> None:

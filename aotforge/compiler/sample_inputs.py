@@ -23,6 +23,9 @@ from aotforge.compiler.source import Arrays
 from aotforge.core.errors import InputSpecError, describe
 from aotforge.core.spec import IOSpec, TensorSpec
 
+#: Generated samples drawn at each range end (min, max), besides ``--validation-samples`` at opt.
+EDGE_SAMPLES = 2
+
 #: What ``sample_inputs`` may be: a path, or dicts of arrays.
 SampleInputs = str | Path | Mapping[str, Any] | Sequence[Mapping[str, Any]]
 
@@ -31,6 +34,28 @@ def make_inputs(io: IOSpec, sizes: Mapping[str, int], *, seed: int, count: int) 
     """``count`` input sets for the shapes in ``sizes``, the same for the same seed."""
     rng = np.random.default_rng(seed)
     return [{spec.name: _one(spec, spec.bind(sizes), rng) for spec in io.inputs} for _ in range(count)]
+
+
+def validation_shapes(io: IOSpec) -> dict[str, dict[str, int]]:
+    """The dim sizes generated inputs validate at: ``opt``, then ``min`` and ``max`` of every range.
+
+    An artifact must accept every shape of its declared ranges: checking opt alone would miss a
+    bucket that pads, or a range end that does not run. An end equal to one before it is left out.
+    """
+    shapes: dict[str, dict[str, int]] = {}
+    for which in ("opt", "min", "max"):
+        sizes = io.bound_sizes(which)
+        if sizes not in shapes.values():
+            shapes[which] = sizes
+    return shapes
+
+
+def generated_inputs(io: IOSpec, *, seed: int, count: int) -> list[Arrays]:
+    """``count`` seeded samples at opt (first: the benchmark times it), ``EDGE_SAMPLES`` at each range end."""
+    samples: list[Arrays] = []
+    for i, (which, sizes) in enumerate(validation_shapes(io).items()):
+        samples += make_inputs(io, sizes, seed=seed + i, count=count if which == "opt" else min(count, EDGE_SAMPLES))
+    return samples
 
 
 def _one(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -87,8 +112,8 @@ def validation_inputs(
     model is run on each here, so a model that rejects them fails before any compile."""
     if given is None:
         sizes = io.bound_sizes("opt")
-        samples = make_inputs(io, sizes, seed=seed, count=count)
-        record: dict[str, Any] = {"source": "generated", "seed": seed}
+        samples = generated_inputs(io, seed=seed, count=count)
+        record: dict[str, Any] = {"source": "generated", "seed": seed, "shapes": validation_shapes(io)}
     else:
         loaded, where = _given(given, io)
         samples, io = check_samples(io, loaded, where)

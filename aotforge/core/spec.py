@@ -16,20 +16,22 @@ from aotforge.core.errors import InputSpecError
 
 Dim = int | str
 
-#: A symbolic dim that no ``--dynamic`` declaration names is bound to this size.
-DEFAULT_DIM_SIZE = 1
-
 _DIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclasses.dataclass(frozen=True)
 class DimRange:
-    """A named dynamic dim: the smallest, the typical (``opt``) and the largest size."""
+    """A named dynamic dim: the smallest, the typical (``opt``) and the largest size.
+
+    ``kind`` (``batch``, ``sequence`` or empty) is what ``core.dim_defaults`` found the dim to be;
+    targets that pad or split inputs read it.
+    """
 
     name: str
     min: int
     opt: int
     max: int
+    kind: str = ""
 
     def __post_init__(self) -> None:
         if not _DIM_NAME.match(self.name):
@@ -57,7 +59,7 @@ class DimRange:
             values = values * 3
         elif len(values) == 2:
             values = [values[0], values[0], values[1]]
-        return cls(name.strip(), *values)
+        return cls(name.strip(), values[0], values[1], values[2])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +76,14 @@ class TensorSpec:
         return tuple(d for d in self.shape if isinstance(d, str))
 
     def bind(self, sizes: Mapping[str, int]) -> tuple[int, ...]:
-        """The concrete shape with every named dim replaced by its size in ``sizes``."""
-        return tuple(sizes.get(d, DEFAULT_DIM_SIZE) if isinstance(d, str) else d for d in self.shape)
+        """The concrete shape with every named dim replaced by its size in ``sizes`` (never a guessed 1)."""
+        missing = [d for d in self.dynamic_dims if d not in sizes]
+        if missing:
+            raise InputSpecError(
+                f"input {self.name!r} has dims {', '.join(missing)} with no size: "
+                f"declare them, e.g. --dynamic {missing[0]}=1:8:32"
+            )
+        return tuple(sizes[d] if isinstance(d, str) else d for d in self.shape)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
@@ -113,12 +121,52 @@ class IOSpec:
         return tuple(seen)
 
     def bound_sizes(self, which: str = "opt") -> dict[str, int]:
-        """The size each named dim takes for validation and benchmarks (``opt`` by default)."""
-        sizes = {}
-        for name in self.symbolic_dims():
-            rng = self.dim(name)
-            sizes[name] = getattr(rng, which) if rng else DEFAULT_DIM_SIZE
+        """The size each named dim takes at ``which`` (``min``, ``opt`` or ``max``) of its declared range."""
+        missing = [n for n in self.symbolic_dims() if self.dim(n) is None]
+        if missing:
+            raise InputSpecError(
+                f"the model's dims {', '.join(missing)} have no declared range: declare them, e.g. "
+                f"--dynamic {missing[0]}=1:8:32 (min:opt:max)"
+            )
+        return {n: int(getattr(self.dim(n), which)) for n in self.symbolic_dims()}
+
+    def accepted(self) -> str:
+        """What an artifact of this spec takes, for error messages: each input's shape and each range."""
+        shapes = ", ".join(f"{s.name} {list(s.shape)}" for s in self.inputs)
+        return f"inputs {shapes} with {self.ranges_text()}"
+
+    def sizes_of(self, shapes: Mapping[str, tuple[int, ...]], who: str = "the artifact") -> dict[str, int]:
+        """The size each named dim takes in ``shapes`` (input name -> shape), or one error saying what fits.
+
+        Refuses a missing input, a wrong rank, a fixed dim of the wrong size, inputs that disagree on
+        a dim, and a size outside the dim's declared range.
+        """
+        missing = [s.name for s in self.inputs if s.name not in shapes]
+        if missing:
+            raise InputSpecError(f"{who} needs input(s) {', '.join(missing)}; it takes {self.accepted()}")
+        sizes: dict[str, int] = {}
+        for spec in self.inputs:
+            shape = tuple(shapes[spec.name])
+            ok = len(shape) == len(spec.shape)
+            for dim, got in zip(spec.shape, shape, strict=False):
+                want = sizes.setdefault(dim, int(got)) if isinstance(dim, str) else dim
+                ok = ok and got == want
+            if not ok:
+                raise InputSpecError(
+                    f"{who} got input {spec.name!r} of shape {shape}, which does not fit: it takes {self.accepted()}"
+                )
+        for rng in self.dims:
+            size = sizes.get(rng.name)
+            if size is not None and not rng.min <= size <= rng.max:
+                raise InputSpecError(
+                    f"{who} got {rng.name}={size}, outside its declared range {rng.min}..{rng.max}: it takes "
+                    f"{self.accepted()}; rebuild with --dynamic {rng.name}=<min>:<opt>:<max> to cover {size}"
+                )
         return sizes
+
+    def ranges_text(self) -> str:
+        """The declared ranges as a user reads them: ``batch 1..8 (opt 1), seq 1..512 (opt 128)``."""
+        return ", ".join(f"{d.name} {d.min}..{d.max} (opt {d.opt})" for d in self.dims) or "fixed shapes only"
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -100,6 +100,7 @@ class OrtTarget(Target):
             target_info={
                 "device": "cpu" if options.providers == ("CPUExecutionProvider",) else "gpu",
                 "options": settings,
+                "shapes": "dims stay symbolic in the session: every size in the declared ranges runs as is",
             },
             toolchain={"onnxruntime": ort.__version__},
         )

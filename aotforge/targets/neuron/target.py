@@ -30,7 +30,7 @@ from aotforge.core.errors import (
     TargetUnavailableError,
     UnsupportedModelError,
 )
-from aotforge.core.spec import DEFAULT_DIM_SIZE, IOSpec
+from aotforge.core.spec import IOSpec
 from aotforge.targets.base import (
     Arrays,
     BuildContext,
@@ -142,10 +142,10 @@ def plan_buckets(io: IOSpec, options: NeuronOptions) -> tuple[Bucket, ...]:
     """Every combination of per-dim sizes; each dim's largest size must cover its declared max."""
     declared = _declared_sizes(options, io)
     per_dim = []
+    lows, opts, highs = (io.bound_sizes(w) for w in ("min", "opt", "max"))  # refuses undeclared dims
     for name in io.symbolic_dims():
-        rng = io.dim(name)
-        lo, hi = (rng.min, rng.max) if rng else (DEFAULT_DIM_SIZE, DEFAULT_DIM_SIZE)
-        sizes = declared.get(name) or sorted({rng.opt, rng.max} if rng else {DEFAULT_DIM_SIZE})
+        lo, hi = lows[name], highs[name]
+        sizes = declared.get(name) or sorted({opts[name], hi})
         if sizes[0] < lo or sizes[-1] != hi:
             raise InputSpecError(
                 f"neuron buckets for dim {name!r} are {sizes} but its range is {lo}..{hi}: sizes must lie in the "
@@ -263,6 +263,8 @@ class NeuronTarget(Target):
             "compiler_args": args,
             "buckets": [{"key": b.key, "sizes": [list(s) for s in b.sizes], "file": b.file} for b in buckets],
             "pad_dims": list(options.pad_dims),
+            "shapes": f"{len(buckets)} compiled bucket(s) ({', '.join(b.key for b in buckets)}); a call runs on the "
+            f"smallest that holds it, zero-padding only {', '.join(options.pad_dims) or 'no dim'}",
             "sparsity_masked_params": masked,
             **{k.replace("-", "_") + "_version": v for k, v in versions.items()},
         }

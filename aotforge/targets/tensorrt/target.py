@@ -27,7 +27,7 @@ from aotforge.core.errors import (
     TargetUnavailableError,
     UnsupportedModelError,
 )
-from aotforge.core.spec import DEFAULT_DIM_SIZE, IOSpec
+from aotforge.core.spec import IOSpec
 from aotforge.targets.base import (
     BuildContext,
     CompileResult,
@@ -91,13 +91,10 @@ class TensorRTOptions:
 def plan_profiles(io: IOSpec) -> tuple[Profile, ...]:
     """min/opt/max shapes per input from the named dims' declared ranges.
 
-    A dim named by no ``--dynamic`` is pinned to the spec's default size, as validation does.
+    The ranges are the build's resolved ones (``--dynamic`` or ``core.dim_defaults``), the same
+    that validation and every other target use; an undeclared dim is refused, never pinned to 1.
     """
-    ranges: dict[str, dict[str, int]] = {"min": {}, "opt": {}, "max": {}}
-    for name in io.symbolic_dims():
-        rng = io.dim(name)
-        for which, sizes in ranges.items():
-            sizes[name] = getattr(rng, which) if rng else DEFAULT_DIM_SIZE
+    ranges = {which: io.bound_sizes(which) for which in ("min", "opt", "max")}
     profiles = []
     for spec in io.inputs:
         bad = [d for d in spec.shape if isinstance(d, int) and d < 1]
@@ -264,6 +261,7 @@ class TensorRTTarget(Target):
             "version_compatible": options.version_compatible,
             "cuda_graphs": options.cuda_graphs,
             "plan": plan.to_dict(),
+            "shapes": "one optimization profile whose min / opt / max are the declared ranges: every size in them runs",
             "layers": {k: v for k, v in report.items() if k not in ("per_layer", "io_tensors")},
             "timing_cache_sha256": hashlib.sha256(merged).hexdigest() if cache_path else "",
         }

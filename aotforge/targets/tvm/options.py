@@ -29,6 +29,10 @@ class TvmOptions:
     tune_minutes: float = 0.0
     #: Tuning store directory; empty: ``<--cache-dir>/tvm-tuning``, or nothing kept without a cache dir.
     tuning_db: str = ""
+    #: Shape buckets per dim, ``dim=a/b/c`` (e.g. ``seq=32/64/128``); empty: the defaults of targets.tvm.buckets.
+    buckets: tuple[str, ...] = ()
+    #: The most buckets a build compiles (each is a full compile of the model).
+    max_buckets: int = 8
 
     def __post_init__(self) -> None:
         if self.tune_trials < 0 or self.tune_minutes < 0:

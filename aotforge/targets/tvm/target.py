@@ -1,10 +1,12 @@
 """The ``tvm`` target: ONNX -> Relax -> a shared library for a CPU through LLVM.
 
 The host CPU is detected; ``mcpu`` / ``mtriple`` cross-compile for another CPU and are
-recorded. Shapes are bound to each dim's ``opt`` size by default because the CPU schedules
-need static shapes; ``dynamic=true`` keeps named dims symbolic. ``tune_trials`` / ``tune_minutes``
-turn on a MetaSchedule search (``targets.tvm.tuning.tune``) whose results are kept in the build cache
-(``<--cache-dir>/tvm-tuning``) or in ``tuning_db``, and re-used by every later build there.
+recorded. The CPU schedules need static shapes, so the declared ranges are covered by shape
+buckets (``targets.tvm.buckets``: one Relax function per bucket in one ``lib.so``, routed at run
+time by splitting batches and padding masked sequences); ``dynamic=true`` keeps named dims
+symbolic. ``tune_trials`` / ``tune_minutes`` turn on a MetaSchedule search
+(``targets.tvm.tuning.tune``) whose results are kept in the build cache (``<--cache-dir>/tvm-tuning``)
+or in ``tuning_db``, and re-used by every later build there.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from aotforge.targets.base import (
     TargetRecord,
     refuse_contrib_ops,
 )
+from aotforge.targets.tvm.bucket_runner import run_bucketed
+from aotforge.targets.tvm.buckets import BucketPlan, plan_buckets
 from aotforge.targets.tvm.host import check_tvm_host, host_cpu, isa_features
 from aotforge.targets.tvm.options import TUNING_DIR, TvmOptions, check_tunable, target_dict, tune_settings
 
@@ -68,6 +72,8 @@ class TvmTarget(Target):
             )
         if options.tuning:
             check_tunable(options)
+        if not options.dynamic:  # refuse a range no bucket plan covers before anything compiles
+            plan_buckets(ctx.io, options.buckets, options.max_buckets)
 
     def with_cache_dir(self, options: TvmOptions, cache_dir: Path) -> TvmOptions:
         """Keep the tuning store in the build cache unless one was given (entries are keyed by target)."""
@@ -77,23 +83,11 @@ class TvmTarget(Target):
 
     def compile(self, model: ir.Model, options: TvmOptions, ctx: BuildContext, workdir: Path) -> CompileResult:
         import tvm
-        from tvm.relax.frontend.onnx import from_onnx
 
         from aotforge.targets.tvm.pipeline import compile_relax
 
-        sizes = ctx.io.bound_sizes("opt")
-        shapes = {s.name: list(s.shape if options.dynamic else s.bind(sizes)) for s in ctx.io.inputs}
-        if options.dynamic:  # the importer wants one TIR variable per named dim, not its name
-            dims = {d: tvm.tirx.Var(d, "int64") for dims in shapes.values() for d in dims if isinstance(d, str)}
-            shapes = {k: [dims[d] if isinstance(d, str) else d for d in v] for k, v in shapes.items()}
-        dtypes = {s.name: s.dtype for s in ctx.io.inputs}
-        proto = ir.serde.serialize_model(model) if options.dynamic else _static_proto(model, shapes)
-        try:
-            mod = from_onnx(proto, shape_dict=shapes, dtype_dict=dtypes)
-        except Exception as e:  # the Relax ONNX importer raises bare errors for unsupported ops
-            raise UnsupportedModelError(
-                f"tvm cannot import the IR: {describe(e, last=True)}; try --target onnxruntime"
-            ) from e
+        plan = None if options.dynamic else plan_buckets(ctx.io, options.buckets, options.max_buckets)
+        mod = _import_dynamic(model, ctx.io) if plan is None else _import_buckets(model, ctx.io, plan)
         target = tvm.target.Target(target_dict(options))
         try:
             with tempfile.TemporaryDirectory(prefix="aotforge-tune-") as tune_dir:
@@ -109,7 +103,9 @@ class TvmTarget(Target):
             "device": "cpu",
             "arch": target_dict(options)["mcpu"],
             "target": target_dict(options),
-            "bound_shapes": {} if options.dynamic else sizes,
+            "bound_shapes": {} if plan is None else dict(plan.buckets[0].sizes),
+            # Which shapes run and how: per dim split / pad / exact, and every compiled bucket.
+            "shape_buckets": None if plan is None else plan.to_info(),
             "pipeline": report,
             # lib.so is native code for this OS and the triple's arch: the loader checks both.
             "platform": {"system": platform.system(), "machine": target_dict(options)["mtriple"].split("-")[0]},
@@ -125,7 +121,8 @@ class TvmTarget(Target):
                 f"tvm artifact was built for {built['mtriple']}, this host is {platform.machine()}: "
                 "run it on a matching host or rebuild without mtriple"
             )
-        return TvmRunner(artifact_dir / LIBRARY, [o.name for o in io.outputs])
+        buckets = record.info.get("shape_buckets")
+        return TvmRunner(artifact_dir / LIBRARY, io, BucketPlan.from_info(buckets) if buckets else None)
 
     def check_host(self, artifact: BuiltArtifact) -> None:
         """Refuse a lib.so from another tvm major.minor, or compiled for CPU features this host lacks."""
@@ -133,25 +130,66 @@ class TvmTarget(Target):
 
 
 class TvmRunner:
-    """A Relax VM over the artifact's shared library."""
+    """A Relax VM over the artifact's shared library, routing each call to its shape bucket."""
 
-    def __init__(self, library: Path, output_names: list[str]) -> None:
+    def __init__(self, library: Path, io: IOSpec, plan: BucketPlan | None) -> None:
         import tvm
         from tvm import relax
 
         self._tvm = tvm
         self._vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
-        self.output_names = output_names
+        self.io, self.plan = io, plan
+        self.output_names = [o.name for o in io.outputs]
 
     def run(self, inputs: Arrays) -> Arrays:
+        if self.plan is not None:  # checks shapes against the declared ranges first
+            return run_bucketed(self.plan, self.io, inputs, self._call)
+        # A symbolic build: the same one error for a shape outside the declared ranges.
+        self.io.sizes_of({k: np.shape(v) for k, v in inputs.items()}, who="tvm artifact")
+        values = self._call("main", [inputs[s.name] for s in self.io.inputs])
+        return dict(zip(self.output_names, values, strict=True))
+
+    def _call(self, function: str, arrays: Any) -> list[np.ndarray]:
         # np.require, not np.ascontiguousarray: that one turns a 0-d input (a Clip bound, Trilu's k) into 1-d.
-        tensors = [self._tvm.runtime.tensor(np.require(v, requirements="C")) for v in inputs.values()]
+        tensors = [self._tvm.runtime.tensor(np.require(v, requirements="C")) for v in arrays]
         try:
-            result = self._vm["main"](*tensors)
+            result = self._vm[function](*tensors)
         except Exception as e:
             raise InputSpecError(f"tvm artifact rejected the inputs: {describe(e, last=True)}") from e
         values = [result] if hasattr(result, "numpy") else list(result)
-        return {n: v.numpy() for n, v in zip(self.output_names, values, strict=True)}
+        return [v.numpy() for v in values]
+
+
+def _import_buckets(model: ir.Model, io: IOSpec, plan: BucketPlan) -> Any:
+    """One Relax module holding a static-shape function per bucket (named as the plan says)."""
+    import tvm
+
+    merged = tvm.IRModule()
+    for bucket in plan.buckets:
+        shapes = {s.name: list(s.bind(dict(bucket.sizes))) for s in io.inputs}
+        mod = _from_onnx(_static_proto(model, shapes), shapes, io)
+        merged[bucket.function] = mod["main"].with_attr("global_symbol", bucket.function)
+    return merged
+
+
+def _import_dynamic(model: ir.Model, io: IOSpec) -> Any:
+    import tvm
+
+    # The importer wants one TIR variable per named dim, not its name.
+    dims = {d: tvm.tirx.Var(d, "int64") for d in io.symbolic_dims()}
+    shapes = {s.name: [dims[d] if isinstance(d, str) else d for d in s.shape] for s in io.inputs}
+    return _from_onnx(ir.serde.serialize_model(model), shapes, io)
+
+
+def _from_onnx(proto: Any, shapes: Mapping[str, list[Any]], io: IOSpec) -> Any:
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        return from_onnx(proto, shape_dict=dict(shapes), dtype_dict={s.name: s.dtype for s in io.inputs})
+    except Exception as e:  # the Relax ONNX importer raises bare errors for unsupported ops
+        raise UnsupportedModelError(
+            f"tvm cannot import the IR: {describe(e, last=True)}; try --target onnxruntime"
+        ) from e
 
 
 def _static_proto(model: ir.Model, shapes: Mapping[str, list[Any]]) -> Any:
