@@ -25,6 +25,10 @@ ONNX_MODELS = ["squeezenet", "shufflenet", "resnet50"]
 @pytest.mark.parametrize("model", list(TORCH_MODELS))
 def test_torch_model_builds_and_matches(model: str, cpu_target: str, tmp_path: Path) -> None:
     file, dims = TORCH_MODELS[model]
+    if model == "tiny_transformer" and cpu_target == "tvm":
+        # No attention mask: padding its sequence would change the pooled features, so tvm (static
+        # shapes) runs only compiled sizes and refuses a 1..64 range (tests/test_tvm_shapes.py).
+        dims = (DimRange("batch", 1, 1, 8), DimRange("seq", 16, 16, 16))
     result = quick_build(str(EXAMPLES / file), tmp_path, target=cpu_target, dynamic=dims)
     validation = result.manifest.validation
     assert validation["passed"] and validation["reference"] == "torch eager"

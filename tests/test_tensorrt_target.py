@@ -14,6 +14,7 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from aotforge.core.dim_defaults import resolve_dims
 from aotforge.core.errors import ArtifactError, InputSpecError, OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
@@ -72,12 +73,14 @@ def test_profiles_follow_declared_ranges() -> None:
     assert (profile.min, profile.opt, profile.max) == ((1, 3, 8, 8), (4, 3, 8, 8), (16, 3, 8, 8))
 
 
-def test_undeclared_dim_is_pinned_like_validation() -> None:
+def test_profiles_use_the_resolved_ranges_never_a_silent_one() -> None:
     spec = IOSpec(
         inputs=(TensorSpec("ids", "int64", ("batch", "seq")),), outputs=(), dims=(DimRange("seq", 8, 64, 128),)
     )
-    (profile,) = plan_profiles(spec)
-    assert profile.min == (1, 8) and profile.opt == (1, 64) and profile.max == (1, 128)
+    with pytest.raises(InputSpecError, match="dims batch have no declared range"):
+        plan_profiles(spec)
+    (profile,) = plan_profiles(resolve_dims(spec, spec.dims))  # batch: the documented default 1:1:8
+    assert profile.min == (1, 8) and profile.opt == (1, 64) and profile.max == (8, 128)
 
 
 def test_profile_refuses_misordered_range_naming_input_and_dim() -> None:

@@ -122,6 +122,44 @@ def test_onnxruntime_keeps_dims_symbolic_and_validates_at_the_range_ends(bert_on
         load(result.path).run(_tokens(5, 8, seed=0))
 
 
+class MaskedMeanPool:
+    """Sentence-transformers' pooling: its clamp makes the importer emit a helper PrimFunc per bucket."""
+
+    @staticmethod
+    def export(path: Path) -> Path:
+        import torch
+
+        class Pool(torch.nn.Module):
+            def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+                m = attention_mask.unsqueeze(-1).to(x.dtype)
+                return (x * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+        axes = {0: "batch", 1: "seq"}
+        example = (torch.randn(2, 16, 8), torch.ones(2, 16, dtype=torch.long))
+        torch.onnx.export(
+            Pool(),
+            example,
+            str(path),
+            input_names=["x", "attention_mask"],
+            output_names=["pooled"],
+            dynamo=True,
+            dynamic_shapes={"x": axes, "attention_mask": axes},
+            external_data=False,
+        )
+        return path
+
+
+def test_buckets_with_helper_functions_share_one_module(tmp_path: Path) -> None:
+    source = MaskedMeanPool.export(tmp_path / "pool.onnx")
+    result = quick_build(str(source), tmp_path / "out", target="tvm", dynamic=["seq=1:16:32", "batch=1:1:4"])
+    runner = load(result.path)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 20, 8)).astype(np.float32)
+    mask = np.ones((3, 20), np.int64)
+    mask[:, 15:] = 0
+    np.testing.assert_allclose(runner.run({"x": x, "attention_mask": mask})["pooled"], x[:, :15].mean(1), atol=1e-5)
+
+
 @pytest.mark.slow
 def test_minilm_example_without_dynamic_is_not_one_token(tmp_path: Path) -> None:
     """examples/minilm.py used to give a (1, 1)-only tvm artifact; now its example sizes are the opt."""

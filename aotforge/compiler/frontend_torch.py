@@ -118,6 +118,8 @@ def _export_dim(declared: Mapping[str, DimRange], dim: str, example: int) -> Any
     import torch
 
     rng = declared.get(dim) or default_range(dim, example) or DimRange(dim, 1, 1, max(DEFAULT_DYNAMIC_MAX, example))
+    if rng.min == rng.max:  # torch.export refuses min == max; the declared range still pins the size
+        return torch.export.Dim(dim, min=1, max=max(DEFAULT_DYNAMIC_MAX, rng.max))
     return torch.export.Dim(dim, min=rng.min, max=rng.max)
 
 

@@ -162,14 +162,13 @@ class TvmRunner:
 
 def _import_buckets(model: ir.Model, io: IOSpec, plan: BucketPlan) -> Any:
     """One Relax module holding a static-shape function per bucket (named as the plan says)."""
-    import tvm
+    from aotforge.targets.tvm.bucket_module import merge_buckets
 
-    merged = tvm.IRModule()
+    imports = []
     for bucket in plan.buckets:
         shapes = {s.name: list(s.bind(dict(bucket.sizes))) for s in io.inputs}
-        mod = _from_onnx(_static_proto(model, shapes), shapes, io)
-        merged[bucket.function] = mod["main"].with_attr("global_symbol", bucket.function)
-    return merged
+        imports.append((bucket.function, _from_onnx(_static_proto(model, shapes), shapes, io)))
+    return imports[0][1] if len(imports) == 1 else merge_buckets(imports)
 
 
 def _import_dynamic(model: ir.Model, io: IOSpec) -> Any:
