@@ -66,7 +66,8 @@ def test_run_saves_outputs(artifact: Path, tmp_path: Path) -> None:
     proc = run_cli("run", str(artifact), "--inputs", str(tmp_path / "x.npz"), "--save", str(tmp_path / "y.npz"))
     assert proc.returncode == 0, proc.stderr
     with np.load(tmp_path / "y.npz") as y:
-        assert y["logits"].shape == (1, 10)
+        # No --dynamic: the batch dim's opt is the example inputs' batch (2), never a silent 1.
+        assert y["logits"].shape == (io.bound_sizes()["batch"], 10) == (2, 10)
 
 
 def test_onnx_file_through_cli(tmp_path: Path) -> None:
@@ -81,7 +82,8 @@ def test_run_with_wrong_shape_is_one_line(artifact: Path, tmp_path: Path) -> Non
     np.savez(tmp_path / "bad.npz", image=np.zeros((1, 3, 7), dtype=np.float32))
     proc = run_cli("run", str(artifact), "--inputs", str(tmp_path / "bad.npz"))
     assert proc.returncode == 2
-    assert "rejected the inputs" in proc.stderr and "Traceback" not in proc.stderr
+    assert "image' of shape (1, 3, 7), which does not fit" in proc.stderr and "Traceback" not in proc.stderr
+    assert "batch 1..8 (opt 2)" in proc.stderr  # the error names what the artifact takes
 
 
 def test_compile_signs_and_pushes(tmp_path: Path) -> None:

@@ -31,7 +31,9 @@ from aotforge.targets.neuron.target import (
     InstanceFamily,
     NeuronOptions,
     actual_sizes,
+    check_covered,
     compiler_args,
+    pad_dims_for,
     pad_inputs,
     plan_buckets,
     refuse_passes,
@@ -119,6 +121,17 @@ def test_default_buckets_are_opt_and_max_per_dim() -> None:
     assert keys == ["batch1-seq64", "batch1-seq128", "batch4-seq64", "batch4-seq128"]
     static = IOSpec(inputs=(TensorSpec("x", "float32", (1, 8)),), outputs=())
     assert [b.key for b in plan_buckets(static, NeuronOptions())] == ["static"]
+
+
+def test_every_size_of_a_range_runs_or_the_plan_is_refused() -> None:
+    # Batch, and a sequence a mask covers, pad by default; declared pad_dims replace the default.
+    assert pad_dims_for(TOKENS, NeuronOptions()) == ("batch", "seq")
+    check_covered(TOKENS, NeuronOptions(), plan_buckets(TOKENS, NeuronOptions()))
+    only_batch = NeuronOptions(pad_dims=("batch",))
+    with pytest.raises(InputSpecError, match=r"dim 'seq' ranges 16..128 but only buckets \[64, 128\] would run"):
+        check_covered(TOKENS, only_batch, plan_buckets(TOKENS, only_batch))
+    unmasked = IOSpec(TOKENS.inputs[:1], TOKENS.outputs, TOKENS.dims)
+    assert pad_dims_for(unmasked, NeuronOptions()) == ("batch",)
 
 
 def test_declared_buckets_and_their_refusals() -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from aotforge.core.dim_defaults import BATCH, SEQUENCE, dim_kind
 from aotforge.core.errors import (
     ArtifactError,
     InputSpecError,
@@ -161,6 +162,28 @@ def plan_buckets(io: IOSpec, options: NeuronOptions) -> tuple[Bucket, ...]:
     return buckets
 
 
+def pad_dims_for(io: IOSpec, options: NeuronOptions) -> tuple[str, ...]:
+    """``pad_dims`` as given, else the dims padding leaves correct: batches, and masked sequences."""
+    if options.pad_dims:
+        return options.pad_dims
+    masked = {d for s in io.inputs if "mask" in s.name.lower() for d in s.dynamic_dims}
+    kinds = {d.name: d.kind or dim_kind(d.name) for d in io.dims}  # hand-made specs may carry no kind
+    return tuple(n for n, k in kinds.items() if k == BATCH or (k == SEQUENCE and n in masked))
+
+
+def check_covered(io: IOSpec, options: NeuronOptions, buckets: tuple[Bucket, ...]) -> None:
+    """Refuse a range whose sizes between buckets could not run: only padded dims may fall between."""
+    pad_dims = pad_dims_for(io, options)
+    for rng in io.dims:
+        sizes = sorted({dict(b.sizes)[rng.name] for b in buckets if rng.name in dict(b.sizes)})
+        if rng.name not in pad_dims and len(sizes) != rng.max - rng.min + 1:
+            raise InputSpecError(
+                f"neuron: dim {rng.name!r} ranges {rng.min}..{rng.max} but only buckets {sizes} would run, as it "
+                f"is not in pad_dims: add it (--target-opt pad_dims={rng.name}; right for a batch, or a sequence "
+                "an attention mask covers), declare a bucket for every size, or narrow --dynamic"
+            )
+
+
 def actual_sizes(io: IOSpec, inputs: Arrays) -> dict[str, int]:
     """The size each named dim takes in this call; inputs must agree and fixed dims must match."""
     sizes: dict[str, int] = {}
@@ -229,7 +252,7 @@ class NeuronTarget(Target):
         # neuronx-cc compiles the torch program: an IR pass emitting ORT contrib ops would be dropped silently.
         refuse_contrib_ops("neuron", model, ctx)
         refuse_passes(ctx.passes)
-        plan_buckets(ctx.io, options)
+        check_covered(ctx.io, options, plan_buckets(ctx.io, options))
 
     def compile(self, model: ir.Model, options: NeuronOptions, ctx: BuildContext, workdir: Path) -> CompileResult:
         self.plan(model, options, ctx)
@@ -262,9 +285,9 @@ class NeuronTarget(Target):
             "instance_family": options.target.value,
             "compiler_args": args,
             "buckets": [{"key": b.key, "sizes": [list(s) for s in b.sizes], "file": b.file} for b in buckets],
-            "pad_dims": list(options.pad_dims),
+            "pad_dims": list(pad_dims_for(ctx.io, options)),
             "shapes": f"{len(buckets)} compiled bucket(s) ({', '.join(b.key for b in buckets)}); a call runs on the "
-            f"smallest that holds it, zero-padding only {', '.join(options.pad_dims) or 'no dim'}",
+            f"smallest that holds it, zero-padding only {', '.join(pad_dims_for(ctx.io, options)) or 'no dim'}",
             "sparsity_masked_params": masked,
             **{k.replace("-", "_") + "_version": v for k, v in versions.items()},
         }
