@@ -86,6 +86,7 @@ def test_a_build_whose_backend_crashes_or_hangs_fails_cleanly(
         "--out",
         str(out),
         "--no-bench",
+        "--isolate-backend",
         "--backend-deadline",
         "2",
     ]

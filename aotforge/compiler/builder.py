@@ -150,7 +150,7 @@ def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
         passes=planned.pass_entries,
         toolchain=key_toolchain(opts.target, planned.probe),
         cache_dir=opts.cache_dir,
-        isolation=Isolation(opts.backend_deadline_s, opts.backend_memory_mb),
+        isolation=Isolation(opts.backend_deadline_s, opts.backend_memory_mb, enabled=opts.isolate_backend),
         build_extra={"pass_seconds": {f"{i + 1}:{r.name}": r.seconds for i, r in enumerate(planned.records)}},
     )
 

@@ -63,6 +63,7 @@ from aotforge.core.spec import parse_value_range
     type=click.FloatRange(0, 1, min_open=True),
     help="Least mean cosine vs fp32 on held-out calibration data (int8, int8-dynamic search their method).",
 )
+@click.option("--isolate-backend", is_flag=True, help="Compile (and first-run native code) in a child with a deadline.")
 @click.option(
     "--backend-deadline",
     type=click.FloatRange(min=0, min_open=True),
@@ -104,6 +105,7 @@ def compile(model: str, **kw: Any) -> None:
             "dump_ir": kw["dump_ir"],
             "cache_dir": kw["cache_dir"],
             "prepare_only": kw["prepare_only"],
+            "isolate_backend": kw["isolate_backend"],
             "backend_deadline_s": kw["backend_deadline"],
             "backend_memory_mb": kw["backend_memory_mb"],
             "calibration": kw["calibration"],
