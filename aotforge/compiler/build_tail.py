@@ -122,11 +122,12 @@ class TailJob:
     isolation: Isolation = Isolation()
 
 
-def _compile_isolated(job: TailJob, stage: Path, say: Progress) -> tuple[CompileResult, dict[str, Any] | None]:
-    """``compile_cached`` in a child process: its files land in ``stage``, its result comes back as JSON."""
+def _compile(job: TailJob, stage: Path, say: Progress) -> tuple[CompileResult, dict[str, Any] | None]:
+    """``compile_cached``, in this process or (``isolation.enabled``) in a child whose files land in
+    ``stage`` and whose result comes back as JSON."""
 
-    def work() -> dict[str, Any]:
-        compiled, cache = compile_cached(
+    def compile_here(progress: Progress) -> tuple[CompileResult, dict[str, Any] | None]:
+        return compile_cached(
             job.target,
             job.model,
             job.target_options,
@@ -135,8 +136,14 @@ def _compile_isolated(job: TailJob, stage: Path, say: Progress) -> tuple[Compile
             job.cache_dir,
             job.toolchain,
             job.passes,
-            lambda _msg: None,
+            progress,
         )
+
+    if not job.isolation.enabled:
+        return compile_here(say)
+
+    def work() -> dict[str, Any]:
+        compiled, cache = compile_here(lambda _msg: None)  # the child's progress has no terminal to reach
         return {"compiled": dataclasses.asdict(compiled), "cache": cache}
 
     say(f"compiling for {job.target.name} (in a child process, deadline {job.isolation.deadline_s:g} s)")
@@ -157,10 +164,11 @@ def compile_and_store(
     ``before_store(manifest, cache_record)`` runs once the manifest is complete, before the rename:
     the direct cache records its entry there (and notes the outcome in the cache record).
     """
-    compiled, cache = _compile_isolated(job, stage, say)
+    compiled, cache = _compile(job, stage, say)
     record = TargetRecord(job.target.name, dataclasses.asdict(job.target_options), dict(compiled.target_info))
-    if record.info.get("platform"):
+    if job.isolation.enabled and record.info.get("platform"):
         # Native code: its first run may crash or hang too; in a child first, then here for real.
+        # Not isolated, that child run would only load and run the artifact one extra time.
         def first_run() -> None:
             job.target.load(stage, record, job.ctx.io).run(job.samples[0])
 
