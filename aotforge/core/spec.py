@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from aotforge.core.errors import InputSpecError
+from aotforge.core.errors import InputSpecError, OptionsError
 
 Dim = int | str
 
@@ -205,3 +205,21 @@ def parse_value_range(text: str) -> tuple[str, tuple[float, float]]:
         return name.strip(), (float(lo), float(hi))
     except ValueError:
         raise InputSpecError(f"cannot read input range {text!r}: write name=lo:hi, e.g. input_ids=0:30522") from None
+
+
+def parse_dim_sizes(texts: Iterable[str], io: IOSpec, target: str) -> dict[str, tuple[int, ...]]:
+    """``--target-opt buckets=seq=32/64/128`` (tvm, neuron): each named dim of ``io`` -> its sorted sizes."""
+    out: dict[str, tuple[int, ...]] = {}
+    for text in texts:
+        name, sep, values = text.partition("=")
+        try:
+            sizes = tuple(sorted({int(v) for v in values.split("/")})) if sep else ()
+        except ValueError:
+            sizes = ()
+        if not sizes or name not in io.symbolic_dims():
+            raise OptionsError(
+                f"{target} bucket {text!r} must read dim=size/size/..., e.g. seq=32/64/128, for a dim of the model "
+                f"({', '.join(io.symbolic_dims()) or 'it has none'})"
+            )
+        out[name] = sizes
+    return out

@@ -31,7 +31,7 @@ from aotforge.core.errors import (
     TargetUnavailableError,
     UnsupportedModelError,
 )
-from aotforge.core.spec import IOSpec
+from aotforge.core.spec import IOSpec, parse_dim_sizes
 from aotforge.targets.base import (
     Arrays,
     BuildContext,
@@ -122,26 +122,9 @@ def compiler_args(options: NeuronOptions, passes: tuple[str, ...]) -> list[str]:
     return args
 
 
-def _declared_sizes(options: NeuronOptions, io: IOSpec) -> dict[str, list[int]]:
-    declared: dict[str, list[int]] = {}
-    for text in options.buckets:
-        name, sep, values = text.partition("=")
-        try:
-            sizes = sorted({int(v) for v in values.split("/")}) if sep else []
-        except ValueError:
-            sizes = []
-        if not sizes or name not in io.symbolic_dims():
-            raise OptionsError(
-                f"neuron bucket {text!r} must read dim=size/size/..., e.g. seq=32/64/128, for a dim of the model "
-                f"({', '.join(io.symbolic_dims()) or 'it has none'})"
-            )
-        declared[name] = sizes
-    return declared
-
-
 def plan_buckets(io: IOSpec, options: NeuronOptions) -> tuple[Bucket, ...]:
     """Every combination of per-dim sizes; each dim's largest size must cover its declared max."""
-    declared = _declared_sizes(options, io)
+    declared = parse_dim_sizes(options.buckets, io, "neuron")
     per_dim = []
     lows, opts, highs = (io.bound_sizes(w) for w in ("min", "opt", "max"))  # refuses undeclared dims
     for name in io.symbolic_dims():

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from aotforge.core.errors import InputSpecError, OptionsError
-from aotforge.core.spec import DimRange, IOSpec
+from aotforge.core.spec import DimRange, IOSpec, parse_dim_sizes
 
 SPLIT, PAD, EXACT = "split", "pad", "exact"
 #: A dim that can be neither split nor padded has a bucket per size: more than this is refused.
@@ -82,7 +82,7 @@ class BucketPlan:
 
 def plan_buckets(io: IOSpec, declared: Sequence[str] = (), max_buckets: int = 8) -> BucketPlan:
     """The buckets to compile for ``io``'s declared ranges; ``declared`` are ``dim=a/b/c`` overrides."""
-    sizes = _declared_sizes(declared, io)
+    sizes = parse_dim_sizes(declared, io, "tvm")
     dims = tuple(_plan_dim(io, io.dim(name) or _undeclared(name), sizes.get(name)) for name in io.symbolic_dims())
     opt = {d.name: d.opt for d in io.dims}
     combos = list(itertools.product(*[[(d.name, s) for s in d.sizes] for d in dims]))
@@ -129,23 +129,6 @@ def _splittable(io: IOSpec, rng: DimRange) -> bool:
 def _paddable(io: IOSpec, rng: DimRange) -> bool:
     masks = [s for s in io.inputs if "mask" in s.name.lower() and rng.name in s.shape]
     return rng.kind == "sequence" and bool(masks)
-
-
-def _declared_sizes(declared: Sequence[str], io: IOSpec) -> dict[str, tuple[int, ...]]:
-    out: dict[str, tuple[int, ...]] = {}
-    for text in declared:
-        name, sep, values = text.partition("=")
-        try:
-            sizes = tuple(sorted({int(v) for v in values.split("/")})) if sep else ()
-        except ValueError:
-            sizes = ()
-        if not sizes or name not in io.symbolic_dims():
-            raise OptionsError(
-                f"tvm bucket {text!r} must read dim=size/size/..., e.g. seq=32/64/128, for a dim of the model "
-                f"({', '.join(io.symbolic_dims()) or 'it has none'})"
-            )
-        out[name] = sizes
-    return out
 
 
 def _undeclared(name: str) -> DimRange:
