@@ -21,7 +21,8 @@ from aotforge.artifacts.hashing import sha256_file
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.names import check_name, check_version
 from aotforge.artifacts.store import MODEL_FILE, artifact_path, finalize, next_version
-from aotforge.compiler.benchmark import BenchOptions, benchmark
+from aotforge.compiler.bench import bench_artifact
+from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.compile_cache import compile_cached
 from aotforge.compiler.isolation import Isolation, run_isolated
 from aotforge.compiler.source import Arrays
@@ -179,10 +180,12 @@ def compile_and_store(
     validation = validate(
         job.reference, runner.run, job.samples, job.validation, model=job.place.name, target=job.target.name
     )
+    del runner  # its thread pool would spin beside the benchmark process
     bench = None
     if job.bench is not None:
-        say("benchmarking")
-        bench = dataclasses.asdict(benchmark(runner.run, job.samples[0], job.bench, batch=job.batch))
+        say("benchmarking (in a process of its own)")
+        (run,) = bench_artifact(stage, job.samples[0], batch=job.batch, options=job.bench, staged=(record, job.ctx.io))
+        bench = run.result
     manifest = Manifest(
         name=job.place.name,
         version=job.place.version,

@@ -11,7 +11,7 @@ import warnings
 
 import click
 
-from aotforge.compiler.cli import artifact, build, bundle, generate, integrity, registry
+from aotforge.compiler.cli import artifact, bench, build, bundle, generate, integrity, registry
 
 #: Every command, by group; ``aotforge --help`` lists them by name.
 COMMANDS = (
@@ -20,6 +20,7 @@ COMMANDS = (
     artifact.targets,
     artifact.inspect,
     artifact.run,
+    bench.bench,
     generate.generate,
     integrity.keygen,
     integrity.sign,

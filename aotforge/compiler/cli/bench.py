@@ -1,0 +1,82 @@
+"""``aotforge bench``: time an artifact in a process of its own, like ``trtexec --loadEngine``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from aotforge.compiler.cli.common import user_errors
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option(
+    "--inputs",
+    "inputs_file",
+    type=click.Path(path_type=Path),
+    help="FILE.npz (arrays named after the inputs; its first sample is timed); default: seeded inputs at the "
+    "dims' opt sizes.",
+)
+@click.option("--batch", type=click.IntRange(min=1), help="Batch size of the generated inputs (the batch dim's).")
+@click.option("--threads", default="0", show_default=True, help="Runtime threads, one run each: 1,2,4 (0: default).")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed calls first.")
+@click.option("--max-runs", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@user_errors
+def bench(
+    artifact: Path,
+    inputs_file: Path | None,
+    batch: int | None,
+    threads: str,
+    seconds: float,
+    warmup: int,
+    max_runs: int,
+    as_json: bool,
+) -> None:
+    """Benchmark ARTIFACT: warm-up, then timed calls in a fresh process per thread count (this process's
+    libraries are not in its figures); p50/p90/p99/mean/std, throughput and the runner's peak memory."""
+    from aotforge.artifacts.signing import verified_manifest
+    from aotforge.compiler.bench import bench_artifact, bench_inputs
+    from aotforge.compiler.benchmark import BenchOptions
+    from aotforge.core.spec import IOSpec
+
+    counts = (0,) if threads.strip() == "0" else _threads(threads)
+    manifest = verified_manifest(artifact)
+    inputs, size = bench_inputs(IOSpec.from_dict(manifest.io), inputs_file=inputs_file, batch=batch)
+    options = BenchOptions(warmup=warmup, min_runs=min(30, max_runs), max_runs=max_runs, max_seconds=seconds)
+    runs = bench_artifact(artifact, inputs, batch=size, options=options, threads=counts)
+    report: dict[str, Any] = {
+        "path": str(artifact),
+        "name": manifest.name,
+        "version": manifest.version,
+        "target": manifest.target.name,
+        "inputs": {k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in inputs.items()},
+        "results": [r.result for r in runs],
+    }
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    click.echo(
+        f"{manifest.name} v{manifest.version} for {manifest.target.name}, batch {size}, inputs "
+        + ", ".join(f"{k}{list(v.shape)}" for k, v in inputs.items())
+    )
+    click.echo(
+        f"{'threads':>8} {'p50 ms':>10} {'p90 ms':>10} {'p99 ms':>10} {'mean ms':>10} {'std ms':>9} "
+        f"{'per s':>10} {'runs':>6} {'peak MB':>8} {'model MB':>9}"
+    )
+    for r in report["results"]:
+        click.echo(
+            f"{r['threads'] or 'default':>8} {r['p50_ms']:>10.3f} {r['p90_ms']:>10.3f} {r['p99_ms']:>10.3f} "
+            f"{r['mean_ms']:>10.3f} {r['std_ms']:>9.3f} {r['throughput_per_s']:>10.1f} {r['runs']:>6} "
+            f"{r['peak_rss_mb']:>8.1f} {r['runner_rss_mb']:>9.1f}"
+        )
+
+
+def _threads(text: str) -> tuple[int, ...]:
+    from aotforge.compiler.bench import parse_threads
+
+    return parse_threads(text)

@@ -1,0 +1,81 @@
+"""``aotforge bench`` and the build's benchmark: one measuring process of the artifact's own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import FAST_BENCH, quick_build
+from tests.test_errors import run_cli
+
+
+def tiny_model(path: Path) -> Path:
+    """x[batch, 16] @ W -> Relu: an ONNX file with a dynamic batch dim."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 8], np.linspace(-1, 1, 128, dtype=np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+        [w],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("bench")
+    result = quick_build(
+        str(tiny_model(tmp / "tiny.onnx")), tmp / "out", target="onnxruntime", dynamic=["batch=1:2:8"], bench=True
+    )
+    return result.path
+
+
+def test_build_benchmark_is_the_runner_process(artifact: Path) -> None:
+    bench = json.loads((artifact / "manifest.json").read_text())["benchmark"]
+    assert bench["runs"] >= FAST_BENCH.min_runs and bench["batch"] == 2
+    assert bench["p50_ms"] <= bench["p90_ms"] <= bench["p99_ms"] and bench["std_ms"] >= 0
+    # The build process holds torch, onnx and ORT's quantizer (hundreds of MB); the runner's process does not.
+    assert 0 < bench["runner_rss_mb"] < bench["peak_rss_mb"] < 400
+
+
+def test_bench_cli_json_per_thread_count(artifact: Path) -> None:
+    proc = run_cli(
+        "bench", str(artifact), "--threads", "1,2", "--batch", "4", "--seconds", "0.2", "--warmup", "1", "--json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["name"], report["target"], report["inputs"]["x"]["shape"]) == ("tiny", "onnxruntime", [4, 16])
+    assert [r["threads"] for r in report["results"]] == [1, 2]
+    for r in report["results"]:
+        assert r["batch"] == 4 and r["runs"] >= 3 and r["throughput_per_s"] > 0
+        assert {"p50_ms", "p90_ms", "p99_ms", "mean_ms", "std_ms", "peak_rss_mb", "runner_rss_mb"} <= set(r)
+
+
+def test_bench_child_imports_no_build_library(artifact: Path) -> None:
+    from aotforge.compiler.bench import bench_artifact, bench_inputs
+    from aotforge.compiler.benchmark import BenchOptions
+    from aotforge.core.spec import IOSpec
+
+    io = IOSpec.from_dict(json.loads((artifact / "manifest.json").read_text())["io"])
+    inputs, batch = bench_inputs(io)
+    (run,) = bench_artifact(artifact, inputs, batch=batch, options=BenchOptions(1, 3, 5, 0.1))
+    assert run.build_modules == [] and len(run.times_ms) == run.result["runs"]
+
+
+def test_bench_refuses_a_batch_outside_the_range_and_a_tampered_artifact(artifact: Path, tmp_path: Path) -> None:
+    proc = run_cli("bench", str(artifact), "--batch", "64", "--seconds", "0.1")
+    assert proc.returncode == 2 and "batch" in proc.stderr and "Traceback" not in proc.stderr
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(artifact, copy)
+    (copy / "model.onnx").write_bytes(b"x" + (copy / "model.onnx").read_bytes())
+    proc = run_cli("bench", str(copy), "--seconds", "0.1")
+    assert proc.returncode != 0 and "model.onnx: sha256" in proc.stderr
