@@ -44,6 +44,9 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
     spec = decoder_spec(source.model, opts.max_seq_len, opts.max_batch)
+    plan = getattr(backend, "plan_generative", None)
+    if plan is not None:  # options the target cannot honour are refused before the export
+        plan(spec, target_opts)
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target)
     with staging_dir(opts.out) as stage:
         say("exporting the prefill and decode graphs")

@@ -11,6 +11,7 @@ from aotforge.core.errors import UnsupportedModelError
 #: A table read on use (no import-time registry); a target missing here has no generative path yet.
 GENERATIVE_BACKENDS = {
     "onnxruntime": "aotforge.targets.generative.ort_engine",
+    "tvm": "aotforge.targets.generative.tvm_engine",
 }
 
 

@@ -1,0 +1,110 @@
+"""Text-generation artifacts on tvm: prefill buckets + static decode in one lib.so, the cache updated in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aotforge
+from aotforge.core.decoder import DecoderSpec
+from aotforge.core.errors import InputSpecError, OptionsError
+from aotforge.targets.generative.tvm_engine import batch_buckets, prompt_buckets
+from tests.llm_models import ARCHITECTURES, save_tiny_causal_lm, tiny_causal_lm
+from tests.test_generative import MAX_SEQ, NEW, PROMPTS, _build, _check_token_exact, _left_padded
+
+#: Two prefill buckets (the prompts of 3 and 7 tokens share 16; validation's 17 takes 64), two decode.
+BUCKETS = {"buckets": ("prompt=16/64",)}
+
+
+@pytest.fixture(scope="module")
+def llama_tvm(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root = tmp_path_factory.mktemp("llama-tvm")
+    model_dir = save_tiny_causal_lm("llama", root / "llama-tiny")
+    return _build(model_dir, root / "out", target="tvm", target_options=BUCKETS, bench=True)
+
+
+def test_llama_directory_batch_is_token_exact_against_transformers(llama_tvm: Any) -> None:
+    _check_token_exact(llama_tvm, tiny_causal_lm("llama"))
+
+
+#: Each build exports (~25 s) and compiles 4 Relax functions (~40 s) on 2 busy cores.
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [a for a in ARCHITECTURES if a != "llama"] + ["llama-tied"])
+def test_greedy_batch_is_token_exact_against_transformers(arch: str, tmp_path: Path) -> None:
+    model = tiny_causal_lm(arch)
+    _check_token_exact(_build(model, tmp_path, target="tvm", name=arch, target_options=BUCKETS), model)
+
+
+def test_one_library_over_the_shared_weight_file(llama_tvm: Any) -> None:
+    m = llama_tvm.manifest
+    assert {"lib.so", "tvm_generative.json", "weights.data"} <= set(m.files)
+    info = m.target.info["generative"]
+    assert info["prompt_buckets"] == [16, 64] and info["batch_buckets"] == [1, 2]
+    assert info["kv_cache"] == {"in_place": 2 * 2 * 2, "skipped": {}}  # K+V, layers, decode functions
+    assert m.target.info["pipeline"]["schedules"]["unscheduled"] == 0
+    # The library holds code only: the weights stay in weights.data, read once at load.
+    lib = (llama_tvm.path / "lib.so").stat().st_size
+    assert lib < m.target.info["weights"]["weights_file_bytes"] * 3  # tiny model: code dominates either way
+    engine = aotforge.load(llama_tvm.path)._generative().engine
+    shared = {id(t) for name in ("prefill_16", "decode_1") for t in engine._weights[name]}
+    assert shared == {id(t) for t in engine.weights.values()}, "prefill and decode share one set of tensors"
+
+
+def test_stream_eos_and_end_of_cache(llama_tvm: Any) -> None:
+    artifact = aotforge.load(llama_tvm.path)
+    ids, mask = _left_padded(PROMPTS)
+    free = artifact.generate(ids, NEW, attention_mask=mask)
+    steps = list(artifact.stream(ids, NEW, attention_mask=mask))
+    np.testing.assert_array_equal(np.stack(steps, axis=1), free[:, -NEW:])
+    eos = int(free[0, ids.shape[1] + 2])
+    stopped = artifact.generate(ids, NEW, attention_mask=mask, eos_token_id=eos)[:, ids.shape[1] :]
+    first = int(np.argmax(stopped[0] == eos))
+    assert first <= 2 and (stopped[0, first:] == eos).all()
+    with pytest.raises(InputSpecError, match=f"max_seq_len={MAX_SEQ}"):
+        artifact.generate(np.arange(60)[None, :], 6)
+    assert artifact.generate(np.arange(60)[None, :], 5).shape == (1, 65)  # exactly full: the 64 bucket
+    with pytest.raises(InputSpecError, match="max_batch 2"):
+        artifact.generate(np.zeros((3, 4), dtype=np.int64), 2)
+
+
+def test_kv_cache_is_not_reallocated_per_token(llama_tvm: Any) -> None:
+    """Every decode step returns the very cache tensors allocated at the start of the call."""
+    artifact = aotforge.load(llama_tvm.path)
+    engine = artifact._generative().engine
+    ids, mask = _left_padded(PROMPTS)
+    seen = []
+    for _ in artifact.stream(ids, NEW, attention_mask=mask):
+        seen.append(([id(t) for t in engine.cache], engine.buffer_pointers(), engine.cache_pointers()))
+    assert len(engine.cache) == 2 * 2 and engine.cache[0].shape == (2, 2, MAX_SEQ, 16)
+    first_ids, first_buffers, _ = seen[1]
+    for ids_now, buffers, written in seen[1:]:
+        assert ids_now == first_ids and buffers == first_buffers, "the cache buffers moved"
+        assert written == first_buffers, "decode wrote present_* somewhere else than the cache it was given"
+
+
+def test_batch_one_runs_the_smallest_decode_bucket(llama_tvm: Any) -> None:
+    artifact = aotforge.load(llama_tvm.path)
+    engine = artifact._generative().engine
+    one = artifact.generate(np.array([PROMPTS[1]]), NEW)
+    assert engine.cache[0].shape[0] == 1
+    ids, mask = _left_padded(PROMPTS)
+    np.testing.assert_array_equal(one[0, 3:], artifact.generate(ids, NEW, attention_mask=mask)[1, ids.shape[1] :])
+
+
+def test_buckets() -> None:
+    spec = DecoderSpec(layers=2, kv_heads=2, head_dim=16, vocab=500, max_seq_len=200, max_batch=4)
+    assert prompt_buckets(spec, {}) == (16, 32, 64, 128, 200)
+    assert prompt_buckets(spec, {"prompt": (50, 300)}) == (50, 200)
+    assert batch_buckets(spec, {}) == (1, 2, 4)
+    assert batch_buckets(DecoderSpec(2, 2, 16, 500, 64, 3), {"batch": (1,)}) == (1, 3)
+
+
+def test_refuses_options_it_cannot_honour(tmp_path: Path) -> None:
+    model = tiny_causal_lm("llama")
+    with pytest.raises(OptionsError, match="prompt=a/b/c"):
+        _build(model, tmp_path, target="tvm", target_options={"buckets": ("seq=16",)})
+    with pytest.raises(OptionsError, match="dynamic"):
+        _build(model, tmp_path, target="tvm", target_options={"dynamic": True})
