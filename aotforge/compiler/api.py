@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from aotforge.compiler import build_direct
 from aotforge.compiler.build_result import BuildResult
@@ -17,29 +17,75 @@ from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.recipe import load_recipe
 from aotforge.core.decoder import TEXT_GENERATION
 
+if TYPE_CHECKING:
+    from aotforge.compiler.farm.spec import MatrixResult
+
 Progress = Callable[[str], None]
 
 __all__ = ["BuildResult", "build", "resolve_options"]
+
+
+@overload
+def build(
+    model: Any,
+    options: BuildOptions | None = None,
+    *,
+    target: str | None = None,
+    example_inputs: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+    recipe: Path | str | None = None,
+    direct_lookup: bool = True,
+    **overrides: Any,
+) -> BuildResult: ...
+
+
+@overload
+def build(
+    model: Any,
+    options: BuildOptions | None = None,
+    *,
+    target: list[str] | tuple[str, ...],
+    example_inputs: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+    recipe: Path | str | None = None,
+    direct_lookup: bool = True,
+    **overrides: Any,
+) -> MatrixResult: ...
 
 
 def build(
     model: Any,
     options: BuildOptions | None = None,
     *,
+    target: str | list[str] | tuple[str, ...] | None = None,
     example_inputs: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
     recipe: Path | str | None = None,
     direct_lookup: bool = True,
     **overrides: Any,
-) -> BuildResult:
+) -> BuildResult | MatrixResult:
     """Compile ``model`` (a ``.onnx`` / ``.py`` path, a module name, or an ``nn.Module`` with
     ``example_inputs``) for ``options.target`` and write one artifact directory.
+
+    ``target=["tvm", "onnxruntime"]`` (or ``"tvm,onnxruntime"``, ``"all"``) builds for each of them
+    (``compiler.farm.multi``): the frontend and passes once, each target in its own worker process,
+    one artifact per target and their comparison; it returns a ``MatrixResult``.
 
     Keyword ``overrides`` are :class:`BuildOptions` fields: ``build(m, target="onnxruntime")``.
     A ``recipe`` TOML (``compiler.recipe``) gives defaults that ``options`` fields differing from
     the defaults, and ``overrides``, replace. ``direct_lookup=False`` skips the direct cache
     lookup (the IR-level key is then computed and explained); the build still refreshes its entry.
     """
+    from aotforge.compiler.farm.spec import is_multi
+
+    spec = target if target is not None else (options.target if options else overrides.get("target", "tvm"))
+    if is_multi(spec):
+        from aotforge.compiler.farm.multi import build_many  # the frontend, passes and worker processes
+
+        opts = resolve_options(options, recipe, {**overrides, "target": "tvm"})
+        return build_many(model, opts, spec, example_inputs=example_inputs, progress=progress)
+    if target is not None:
+        overrides = {**overrides, "target": target}
     opts = resolve_options(options, recipe, overrides)
     say = progress or (lambda _msg: None)
     if opts.task == TEXT_GENERATION:

@@ -47,7 +47,7 @@ from aotforge.targets.base import BuildContext, Target
 
 Progress = Callable[[str], None]
 
-__all__ = ["PlannedBuild", "build_resolved", "plan_and_transform"]
+__all__ = ["LoadedSource", "PlannedBuild", "build_resolved", "load_and_sample", "plan_and_transform", "target_passes"]
 
 
 def build_resolved(
@@ -95,7 +95,32 @@ def plan_and_transform(
     if not probe.compiles and not opts.prepare_only:
         raise TargetUnavailableError(f"target {opts.target} is not available on this host: {probe.reason}")
     target_opts = options_from_dict(target.options_type, opts.target_options, what=opts.target)
-    pass_names, graph_passes = _passes(opts, target)
+    pass_names, graph_passes = target_passes(opts, target)
+    loaded = load_and_sample(model, opts, example_inputs, say)
+    ctx = build_context(loaded, pass_names)
+    target.plan(loaded.source.ir, target_opts, ctx)
+    say(f"running passes: {', '.join(pass_names) or 'none'}")
+    records = run_passes(loaded.source.ir, graph_passes, opts.dump_ir)
+    return PlannedBuild(
+        loaded.source, target, probe, target_opts, ctx, loaded.samples, loaded.sizes, records, loaded.record
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedSource:
+    """The source model with its resolved IO spec and validation inputs: what every target of a build shares."""
+
+    source: SourceModel
+    io: IOSpec
+    samples: list[Any]
+    sizes: Mapping[str, int]
+    record: Mapping[str, Any]
+
+
+def load_and_sample(
+    model: Any, opts: BuildOptions, example_inputs: Mapping[str, Any] | None, say: Progress
+) -> LoadedSource:
+    """The frontend and the validation inputs: the target-independent start of every build."""
     say("loading model")
     source = _load(model, opts, example_inputs)
     io = dataclasses.replace(source.io, dims=_declared_dims(source.io, opts))
@@ -118,17 +143,17 @@ def plan_and_transform(
     io = resolve_dims(chosen.io, chosen.io.dims, examples)
     if opts.sample_inputs is not None:
         check_io(io, io.bound_sizes("opt"), source.name)
-    ctx = BuildContext(
-        io=io,
+    return LoadedSource(source, io, chosen.samples, chosen.sizes, chosen.record)
+
+
+def build_context(loaded: LoadedSource, pass_names: tuple[str, ...]) -> BuildContext:
+    return BuildContext(
+        io=loaded.io,
         passes=pass_names,
-        source_format=source.format,
-        torch_program=source.torch_program,
+        source_format=loaded.source.format,
+        torch_program=loaded.source.torch_program,
         contrib_passes=contrib_op_passes(pass_names),
     )
-    target.plan(source.ir, target_opts, ctx)
-    say(f"running passes: {', '.join(pass_names) or 'none'}")
-    records = run_passes(source.ir, graph_passes, opts.dump_ir)
-    return PlannedBuild(source, target, probe, target_opts, ctx, chosen.samples, chosen.sizes, records, chosen.record)
 
 
 def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
@@ -155,7 +180,7 @@ def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
     )
 
 
-def _passes(opts: BuildOptions, target: Target) -> tuple[tuple[str, ...], list[GraphPass]]:
+def target_passes(opts: BuildOptions, target: Target) -> tuple[tuple[str, ...], list[GraphPass]]:
     """The pass names (presets expanded) and the passes, with the target's pass defaults under the user's."""
     pass_names = expand(list(opts.passes))
     stray = sorted(set(opts.pass_params) - set(pass_names))

@@ -197,8 +197,12 @@ def finish(
     bench: bool | None = None,
     cache_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    worker: Mapping[str, Any] | None = None,
 ) -> BuildResult:
-    """Compile, validate, benchmark and store a bundle's artifact through the same tail as ``build``."""
+    """Compile, validate, benchmark and store a bundle's artifact through the same tail as ``build``.
+
+    ``worker`` (a farm's executor, host, node) is recorded in the manifest's ``build`` section.
+    """
     started = time.perf_counter()
     data = read_bundle(path)
     name = target_name or data["target"]
@@ -243,7 +247,10 @@ def finish(
             passes=draft["passes"],
             toolchain=key_toolchain(name, probe),
             cache_dir=cache_dir,
-            build_extra={"bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]}},
+            build_extra={
+                "bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]},
+                **({"worker": dict(worker)} if worker else {}),
+            },
         )
         manifest = compile_and_store(job, stage, started, progress or (lambda _msg: None))
     return BuildResult(place.path_of(manifest), manifest)

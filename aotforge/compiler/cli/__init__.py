@@ -11,12 +11,13 @@ import warnings
 
 import click
 
-from aotforge.compiler.cli import artifact, bench, build, bundle, generate, integrity, registry
+from aotforge.compiler.cli import artifact, bench, build, bundle, farm, generate, integrity, registry
 
 #: Every command, by group; ``aotforge --help`` lists them by name.
 COMMANDS = (
     build.compile,
     bundle.finish,
+    farm.matrix,
     artifact.targets,
     artifact.inspect,
     artifact.run,

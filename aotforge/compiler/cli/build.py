@@ -14,7 +14,13 @@ from aotforge.core.spec import parse_value_range
 
 @click.command()
 @click.argument("model")
-@click.option("--target", "-t", default="tvm", show_default=True, help="tvm, onnxruntime, tensorrt or neuron.")
+@click.option(
+    "--target",
+    "-t",
+    default="tvm",
+    show_default=True,
+    help="tvm, onnxruntime, tensorrt or neuron; several (tvm,onnxruntime) or all build each and compare them.",
+)
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("out"), show_default=True)
 @click.option("--name", help="Artifact name (default: the model file's stem).")
 @click.option("--version", type=click.IntRange(min=1), help="Artifact version (default: next free one).")
@@ -117,6 +123,10 @@ def compile(model: str, **kw: Any) -> None:
     )
     if kw["recipe"]:
         options = _with_recipe(kw["recipe"], options, click.get_current_context())
+    if "," in options.target or options.target == "all":  # compiler.farm: one artifact per target
+        from aotforge.compiler.cli.farm import compile_many
+
+        return compile_many(model, options, kw)
     if kw["explain_cache"] and options.cache_dir is None:
         raise click.BadParameter("--explain-cache needs --cache-dir", param_hint="--explain-cache")
     console = Console(stderr=True)
