@@ -214,13 +214,15 @@ def test_integer_matmul_rule_rewrites_or_reports_why_not(graph: dict[str, Any], 
     assert report["by_op"] == ({} if skipped else {"matmul": 1}) and report["kernels"] == (0 if skipped else 1)
 
 
-def _qdq_conv(out_channels: int, group: int) -> Any:
+def _qdq_conv(out_channels: int, group: int, in_channels: int = 8) -> Any:
     """``Conv(DequantizeLinear(x_u8), DequantizeLinear(w_s8))`` as static ``int8`` leaves it, imported."""
     from tvm.relax.frontend.onnx import from_onnx
 
     rng = np.random.default_rng(4)
     inits = [
-        numpy_helper.from_array(rng.integers(-127, 128, (out_channels, 8 // group, 3, 3), dtype=np.int8), "w"),
+        numpy_helper.from_array(
+            rng.integers(-127, 128, (out_channels, in_channels // group, 3, 3), dtype=np.int8), "w"
+        ),
         numpy_helper.from_array(np.array(0.05, np.float32), "sx"),
         numpy_helper.from_array(np.array(9, np.uint8), "zx"),
         numpy_helper.from_array(np.array(0.01, np.float32), "sw"),
@@ -234,7 +236,7 @@ def _qdq_conv(out_channels: int, group: int) -> Any:
     graph = helper.make_graph(
         nodes,
         "qdq_conv",
-        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, in_channels, 6, 6])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, out_channels, 6, 6])],
         inits,
     )
@@ -242,16 +244,103 @@ def _qdq_conv(out_channels: int, group: int) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("out_channels", "group", "skipped"),
+    ("out_channels", "group", "in_channels", "applied", "skipped"),
     [
-        (16, 1, {}),
-        (16, 2, {"grouped or dilated convolution": 1}),
-        (8, 1, {"8 output channels are not a multiple of 16": 1}),
+        (16, 1, 8, "conv2d", {}),
+        (16, 16, 16, "depthwise_conv2d", {}),
+        (16, 2, 8, "", {"grouped convolution with 4 channels per group (only depthwise is supported)": 1}),
+        (8, 1, 8, "", {"8 output channels are not a multiple of 16": 1}),
+        (8, 8, 8, "", {"depthwise convolution's 8 channels are not a multiple of 16": 1}),
+        (32, 16, 16, "", {"depthwise channel multiplier 2 (only 1 is supported)": 1}),
     ],
 )
-def test_qdq_conv_rule_rewrites_or_reports_why_not(out_channels: int, group: int, skipped: dict[str, int]) -> None:
+def test_qdq_conv_rule_rewrites_or_reports_why_not(
+    out_channels: int, group: int, in_channels: int, applied: str, skipped: dict[str, int]
+) -> None:
     from aotforge.targets.tvm.rewrites.int8 import rewrite_integer_ops
 
-    _, report = rewrite_integer_ops(_qdq_conv(out_channels, group))
+    _, report = rewrite_integer_ops(_qdq_conv(out_channels, group, in_channels))
     assert report is not None and report["skipped"] == skipped
-    assert report["by_op"] == ({} if skipped else {"conv2d": 1})
+    assert report["by_op"] == ({applied: 1} if applied else {})
+
+
+@needs_vnni
+@pytest.mark.parametrize(
+    ("c", "size", "k", "stride", "pad"), [(16, 10, 3, 1, 1), (32, 9, 3, 2, 1), (48, 7, 5, 1, 2), (64, 8, 3, 2, 0)]
+)
+def test_int8_depthwise_is_exact(c: int, size: int, k: int, stride: int, pad: int) -> None:
+    import torch
+
+    from aotforge.targets.tvm.kernels import int8_depthwise
+
+    rng = np.random.default_rng(c + size + k)
+    x = rng.integers(0, 256, (1, size, size, c), dtype=np.uint8)
+    weight = rng.integers(-128, 128, (c, 1, k, k), dtype=np.int8)
+    za = np.uint8(rng.integers(0, 256))
+    padded = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)), constant_values=za)
+    out_hw = ((size + 2 * pad - k) // stride + 1,) * 2
+    func = int8_depthwise.depthwise_u8s8(1, *padded.shape[1:3], c, k, k, (stride, stride), out_hw)
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=_host())
+    colsum = weight.astype(np.int32).sum(axis=(1, 2, 3), dtype=np.int32)
+    packed = int8_depthwise.pack_weight(weight)
+    args = [tvm.runtime.tensor(v) for v in (padded, packed, np.array(za), colsum, np.zeros((1, *out_hw, c), np.int32))]
+    lib["main"](*args)
+    centered = torch.tensor(padded.transpose(0, 3, 1, 2).astype(np.float64) - float(za))
+    expected = torch.nn.functional.conv2d(centered, torch.tensor(weight.astype(np.float64)), stride=stride, groups=c)
+    np.testing.assert_array_equal(args[-1].numpy(), expected.numpy().transpose(0, 2, 3, 1).astype(np.int64))
+
+
+def _qdq_chain(path: Path) -> Path:
+    """QDQ stem 3x3 (16) -> depthwise 3x3 -> pointwise 1x1 (32) -> + residual-free mean: quantized the
+    way static ``int8`` leaves a CNN (every Conv between DequantizeLinear and QuantizeLinear)."""
+    rng = np.random.default_rng(5)
+    inits, nodes, x = [], [], "x"
+    for i, (cout, cin, k, group) in enumerate([(16, 3, 3, 1), (16, 1, 3, 16), (32, 16, 1, 1)]):
+        inits += [
+            numpy_helper.from_array(rng.integers(-127, 128, (cout, cin, k, k), dtype=np.int8), f"w{i}"),
+            numpy_helper.from_array(rng.uniform(0.001, 0.003, cout).astype(np.float32), f"sw{i}"),
+            numpy_helper.from_array(np.zeros(cout, np.int8), f"zw{i}"),
+            numpy_helper.from_array(np.array(0.05, np.float32), f"s{i}"),
+            numpy_helper.from_array(np.array(100 + i, np.uint8), f"z{i}"),
+        ]
+        nodes += [
+            helper.make_node("QuantizeLinear", [x, f"s{i}", f"z{i}"], [f"q{i}"]),
+            helper.make_node("DequantizeLinear", [f"q{i}", f"s{i}", f"z{i}"], [f"d{i}"]),
+            helper.make_node("DequantizeLinear", [f"w{i}", f"sw{i}", f"zw{i}"], [f"wf{i}"], axis=0),
+            helper.make_node("Conv", [f"d{i}", f"wf{i}"], [f"c{i}"], pads=[k // 2] * 4, group=group),
+        ]
+        x = f"c{i}"
+    nodes.append(helper.make_node("ReduceMean", [x], ["y"], axes=[2, 3], keepdims=0))
+    graph = helper.make_graph(
+        nodes,
+        "qdq_chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@needs_vnni
+def test_quantized_convolutions_stay_channels_last_and_match_onnxruntime(tmp_path: Path) -> None:
+    """Between the three integer kernels nothing goes back to NCHW (no transpose is left) and the
+    global mean reads NHWC; the artifact computes what ORT computes on the same QDQ graph."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from aotforge.artifacts import load
+    from aotforge.targets.tvm.relax_util import any_call, op_name
+    from aotforge.targets.tvm.rewrites.int8 import rewrite_integer_ops
+
+    model = _qdq_chain(tmp_path / "chain.onnx")
+    mod, report = rewrite_integer_ops(from_onnx(onnx.load(model), keep_params_in_input=False))
+    assert report is not None and report["by_op"] == {"conv2d": 2, "depthwise_conv2d": 1}
+    assert report["channels_last_ops"] > 0
+    # A bias's [1, C, 1, 1] -> [1, 1, 1, C] is the only kind of transpose allowed.
+    assert not any_call(mod, lambda e: op_name(e) == "relax.permute_dims" and sum(int(d) > 1 for d in e.ty.shape) > 1)
+    assert any_call(mod, lambda e: op_name(e) == "relax.mean" and [int(a) for a in e.attrs.axis] == [1, 2])
+    built = quick_build(str(model), tmp_path / "tvm", target="tvm", tolerance=1e-3, validation_samples=1)
+    x = np.random.default_rng(6).standard_normal((1, 3, 12, 12)).astype(np.float32)
+    got = next(iter(load(built.path).run({"x": x}).values()))
+    expected = ort.InferenceSession(str(model)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)

@@ -8,8 +8,9 @@ Phases (all inside ``with target:``):
 
 1. rewrites: bf16 graphs' NaN / Inf tests, matmul sums and transcendentals on fp32
    (``rewrites/bf16``); fast math (optional); integer matmuls (``int8-dynamic``) and QDQ
-   convolutions (``int8``) with constant int8 weights -> AVX-512 VNNI kernels where the target
-   has VNNI (``rewrites/int8``: the ``int8_vnni`` report says which and why not); Clip as
+   convolutions (``int8``) with constant int8 weights -> AVX-512 VNNI kernels (depthwise ones ->
+   an integer depthwise kernel; NHWC kept between them) where the target has VNNI
+   (``rewrites/int8``: the ``int8_vnni`` report says which and why not); Clip as
    maximum / minimum (``rewrites/clip``); NHWC convolutions;
 2. legalize: the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
 3. schedules: tuned schedules (optional: MetaSchedule records from the shared tuning store,

@@ -1,22 +1,33 @@
 """Relax pass: integer matmuls and QDQ convolutions with constant int8 weights -> VNNI (tvm target).
 
-Two rules: ``int8_matmul`` (``int8-dynamic``'s integer matmuls -> the VNNI dense kernel) and
-``int8_conv`` (static ``int8``'s QDQ convolutions -> the VNNI convolution kernel). Everything
-they look at and leave alone is counted, with the reason, in the report (``int8_vnni``); on a
-target without AVX-512 VNNI nothing is rewritten and the report says so.
+Kernel rules: ``int8_matmul`` (``int8-dynamic``'s integer matmuls -> the VNNI dense kernel) and
+``int8_conv`` (static ``int8``'s QDQ convolutions -> the VNNI convolution kernel, depthwise ones
+-> the int8 depthwise kernel). Everything they look at and leave alone is counted, with the
+reason, in the report (``int8_vnni``); on a target without AVX-512 VNNI nothing is rewritten and
+the report says so. ``channels_last`` rules then keep the convolutions' NHWC outputs NHWC
+through the elementwise ops between them (``channels_last_ops`` counts those ops).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from aotforge.targets.tvm.rewrites.int8_conv import QdqConvToVnni
+from aotforge.targets.tvm.rewrites.channels_last import ElementwiseOnTwins, SpatialMeanOnTwin, Twins
+from aotforge.targets.tvm.rewrites.int8_conv import QdqConvToVnni, QdqDepthwiseConv
 from aotforge.targets.tvm.rewrites.int8_matmul import IntegerMatmulToVnni
 from aotforge.targets.tvm.rewrites.rule import Rule, apply_rules, count_matches
 
 
 def integer_rules() -> list[Rule]:
-    return [IntegerMatmulToVnni(), QdqConvToVnni()]
+    """The kernel rules, then the ones that keep their NHWC outputs NHWC (one ``Twins`` table shared)."""
+    twins = Twins()
+    return [
+        IntegerMatmulToVnni(),
+        QdqConvToVnni(twins),
+        QdqDepthwiseConv(twins),
+        ElementwiseOnTwins(twins),
+        SpatialMeanOnTwin(twins),
+    ]
 
 
 def count_integer_ops(mod: Any) -> int:
@@ -30,12 +41,14 @@ def rewrite_integer_ops(mod: Any) -> tuple[Any, dict[str, Any] | None]:
     from tvm import relax
 
     rewritten, stats = apply_rules(mod, integer_rules())
-    # The int32 widening of each rewritten weight is dead afterwards; drop it before legalization.
+    # The int32 widening of each rewritten weight is dead afterwards, and so is each NCHW transpose
+    # of a channels-last value nothing reads in NCHW; drop them before legalization.
     mod = relax.transform.DeadCodeElimination()(rewritten)
+    channels_last = stats.applied.pop(ElementwiseOnTwins.name, 0)
     if not stats.applied and not stats.skipped:
         return mod, None
     report = {"rewritten": sum(stats.applied.values()), "by_op": dict(stats.applied), "kernels": stats.kernels}
-    return mod, {**report, "skipped": dict(stats.skipped)}
+    return mod, {**report, "skipped": dict(stats.skipped), "channels_last_ops": channels_last}
 
 
 def integer_ops_on_vnni(mod: Any, target: Any) -> tuple[Any, dict[str, Any] | None]:

@@ -1,12 +1,15 @@
-"""QDQ convolutions (static ``int8``) on the VNNI convolution kernel (tvm target).
+"""QDQ convolutions (static ``int8``) on integer kernels (tvm target).
 
 The importer keeps ``conv2d(dequantize(q_u8, s, z), dequantize(w_s8, sw, 0))``: a float
 convolution on values that are integers underneath. Here it is computed in integers, as ONNX
 Runtime's QLinearConv does: the uint8 activation goes channels-last and padded with the zero
 point ``z`` (which dequantizes to 0) in one pass that the quantize producing it fuses into,
-``targets.tvm.kernels.vnni_conv`` convolves it with the constant weight, and the int32
-result is scaled back to float by ``s * sw`` per output channel and returned to NCHW.
-Channels are padded to a multiple of 4 with zero weights, so 3-channel stems qualify.
+a kernel convolves it with the constant weight (``kernels.vnni_conv`` for plain convolutions,
+``kernels.int8_depthwise`` for depthwise ones), and the int32 result is scaled back to float by
+``s * sw`` per output channel. That result is NHWC; its NCHW form is bound as a transpose of it
+(``channels_last.Twins``), so an activation another integer kernel reads next stays NHWC, and an
+unpadded one is read in place. Channels of a plain convolution are padded to a multiple of 4
+with zero weights, so 3-channel stems qualify.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from aotforge.targets.tvm.kernels import vnni_conv, vnni_dense
+from aotforge.targets.tvm.kernels import int8_depthwise, vnni_conv, vnni_dense
 from aotforge.targets.tvm.relax_util import constant_value, op_name, static_shape
+from aotforge.targets.tvm.rewrites.channels_last import Twins
 from aotforge.targets.tvm.rewrites.rule import MatchResult, Rewriter, Rule
 
 
@@ -34,6 +38,7 @@ class ConvShape:
     kw: int
     strides: tuple[int, int]
     padding: tuple[int, int, int, int]
+    groups: int = 1
 
     @property
     def out_hw(self) -> tuple[int, int]:
@@ -42,50 +47,62 @@ class ConvShape:
 
     @property
     def channels(self) -> int:
-        """``C`` padded to the kernel's group of 4 (zero weights): a 3-channel stem reads 4."""
-        return -(-self.c // vnni_dense.GROUP) * vnni_dense.GROUP
+        """``C`` padded to the VNNI kernel's group of 4 (zero weights): a 3-channel stem reads 4."""
+        return self.c if self.groups > 1 else -(-self.c // vnni_dense.GROUP) * vnni_dense.GROUP
 
     @property
     def padded_hw(self) -> tuple[int, int]:
         top, left, bottom, right = self.padding
         return self.h + top + bottom, self.w + left + right
 
+    @property
+    def needs_copy(self) -> bool:
+        """Whether the kernel's input differs from the channels-last activation (padding of either kind)."""
+        return any(self.padding) or self.channels != self.c
+
 
 def conv_shape(call: Any, x_shape: list[int], w_shape: list[int]) -> ConvShape | str:
-    """The shape of a plain NCHW/OIHW ``relax.nn.conv2d`` call, or why the kernel cannot take it."""
+    """The shape of a plain NCHW/OIHW ``relax.nn.conv2d`` call, or why no integer kernel can take it."""
     attrs = call.attrs
     if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW" or str(attrs.out_layout) != "NCHW":
         return "convolution is not NCHW/OIHW"
-    if int(attrs.groups) != 1 or any(int(d) != 1 for d in attrs.dilation):
-        return "grouped or dilated convolution"
+    if any(int(d) != 1 for d in attrs.dilation):
+        return "dilated convolution"
     n, c, h, w = x_shape
     o, _, kh, kw = w_shape
     top, left, bottom, right = (int(p) for p in attrs.padding)
     strides = (int(attrs.strides[0]), int(attrs.strides[1]))
-    shape = ConvShape(n, c, h, w, o, kh, kw, strides, (top, left, bottom, right))
-    if o % vnni_dense.LANES:
+    shape = ConvShape(n, c, h, w, o, kh, kw, strides, (top, left, bottom, right), int(attrs.groups))
+    if shape.groups == 1 and o % vnni_dense.LANES:
         return f"{o} output channels are not a multiple of {vnni_dense.LANES}"
-    return shape
+    if shape.groups > 1 and shape.groups != c:
+        return f"grouped convolution with {c // shape.groups} channels per group (only depthwise is supported)"
+    return (int8_depthwise.supports(c, o, kh, kw) or shape) if shape.groups > 1 else shape
 
 
-def pad_channels_last(q: Any, zero_point: Any, shape: ConvShape) -> Any:
-    """TE: uint8 ``[N, C, H, W]`` -> ``[N, H + pads, W + pads, C']``; the padding is the zero point."""
+def pad_channels_last(q: Any, zero_point: Any, shape: ConvShape, *, nhwc: bool) -> Any:
+    """TE: uint8 ``[N, C, H, W]`` (or ``[N, H, W, C]`` when ``nhwc``) -> ``[N, H + pads, W + pads, C']``;
+    the padding is the zero point."""
     from tvm import te, tirx
 
     top, left = shape.padding[:2]
 
     def value(n: Any, y: Any, x: Any, c: Any) -> Any:
         inside = tirx.all(c < shape.c, y >= top, y < top + shape.h, x >= left, x < left + shape.w)
-        return tirx.if_then_else(inside, q[n, tirx.min(c, shape.c - 1), y - top, x - left], zero_point[()])
+        cc = tirx.min(c, shape.c - 1)
+        read = q[n, y - top, x - left, cc] if nhwc else q[n, cc, y - top, x - left]
+        return tirx.if_then_else(inside, read, zero_point[()])
 
     return te.compute((shape.n, *shape.padded_hw, shape.channels), value, name="pad_channels_last")
 
 
 @dataclass(frozen=True)
 class ConvMatch:
-    """The uint8 input ``q`` with its scalar ``scale`` / ``zero``, the int8 weight and its per-channel scale."""
+    """The uint8 input ``q`` (NHWC if ``nhwc``) with its scalar ``scale`` / ``zero``, the int8 weight and
+    its per-channel scale."""
 
     q: Any
+    nhwc: bool
     scale: np.ndarray
     zero: np.ndarray
     weight: np.ndarray
@@ -94,15 +111,39 @@ class ConvMatch:
 
 
 class QdqConvToVnni(Rule):
+    """``conv2d(dequantize(q_u8), dequantize(w_s8))`` -> an integer kernel: VNNI implicit GEMM
+    (``groups == 1``), or the depthwise kernel (``QdqDepthwiseConv``); NHWC in and out (``Twins``)."""
+
     name = "conv2d"
 
+    def __init__(self, twins: Twins) -> None:
+        self.twins = twins
+
     def matches(self, call: Any, bound: Callable[[Any], Any]) -> bool:
-        return op_name(call) == "relax.nn.conv2d" and all(
-            op_name(bound(a)) == "relax.dequantize" for a in call.args[:2]
+        return (
+            op_name(call) == "relax.nn.conv2d"
+            and self._groups_match(int(call.attrs.groups))
+            and self._input(call.args[0], bound) is not None
+            and op_name(bound(call.args[1])) == "relax.dequantize"
         )
 
+    def _input(self, x: Any, bound: Callable[[Any], Any]) -> tuple[Any, bool] | None:
+        """The ``dequantize`` producing ``x``, and whether it is channels-last (``x`` its twin's transpose)."""
+        if op_name(bound(x)) == "relax.dequantize":
+            return bound(x), False
+        twin = self.twins.of(x, bound)
+        if twin is not None and op_name(bound(twin)) == "relax.dequantize":
+            return bound(twin), True
+        return None
+
+    @staticmethod
+    def _groups_match(groups: int) -> bool:
+        return groups == 1
+
     def check(self, call: Any, rw: Rewriter) -> MatchResult[Any]:
-        x, w = rw.bound(call.args[0]), rw.bound(call.args[1])
+        found = self._input(call.args[0], rw.bound)
+        assert found is not None  # ``matches`` checked it
+        (x, nhwc), w = found, rw.bound(call.args[1])
         q, s, z = x.args
         weight, sw, zw = (constant_value(rw.bound(e)) for e in w.args)
         scale, zero = constant_value(s), constant_value(z)
@@ -110,26 +151,65 @@ class QdqConvToVnni(Rule):
             return MatchResult.fail("convolution input is not uint8 with one constant scale and zero point")
         if weight is None or sw is None or zw is None or weight.dtype != np.int8 or np.any(zw != 0):
             return MatchResult.fail("convolution weight is not a constant symmetric int8 tensor")
-        x_shape, w_shape = static_shape(q), static_shape(w)
+        x_shape, w_shape = static_shape(call.args[0]), static_shape(w)
         if x_shape is None or w_shape is None:
             return MatchResult.fail("convolution shape is symbolic")
         shape = conv_shape(call, x_shape, w_shape)
         if isinstance(shape, str):
             return MatchResult.fail(shape)
-        return MatchResult(ConvMatch(q, scale, zero, weight, sw, shape))
+        return MatchResult(ConvMatch(q, nhwc, scale, zero, weight, sw, shape))
 
     def rewrite(self, call: Any, match: ConvMatch, rw: Rewriter) -> Any:
-        """Pad channels-last, convolve in int32, scale per output channel to float, back to NCHW."""
+        """Pad channels-last, convolve in int32, scale per output channel to float; NCHW twinned to NHWC."""
         from tvm import relax
 
         shape = match.shape
         zero_point = relax.const(match.zero.reshape(()).astype(np.uint8))
-        pad = functools.partial(pad_channels_last, shape=shape)
-        padded = rw.builder_.emit(rw.builder_.call_te(pad, match.q, zero_point, primfunc_name_hint="pad_nhwc"))
-        out = rw.builder_.emit(_conv_call(rw, shape, padded, zero_point, match.weight))
+        padded = self._kernel_input(match, zero_point, rw)
+        out = rw.builder_.emit(self._kernel_call(rw, shape, padded, zero_point, match.weight))
         per_channel = np.float32(match.scale.reshape(())) * np.broadcast_to(match.weight_scale, (shape.o,))
         scaled = relax.op.multiply(relax.op.astype(out, "float32"), relax.const(per_channel.astype(np.float32)))
-        return relax.op.permute_dims(rw.builder_.emit(scaled), [0, 3, 1, 2])
+        return self.twins.emit_nchw(rw, rw.builder_.emit(scaled))
+
+    def _kernel_input(self, match: ConvMatch, zero_point: Any, rw: Rewriter) -> Any:
+        """``q`` channels-last and padded: its NHWC form as is where nothing is to pad, else one pad
+        pass (which the quantize producing ``q`` fuses into)."""
+        source = match.q if match.nhwc else self.twins.of(match.q, rw.bound)
+        if source is not None and not match.shape.needs_copy:
+            return source
+        pad = functools.partial(pad_channels_last, shape=match.shape, nhwc=source is not None)
+        source = match.q if source is None else source
+        return rw.builder_.emit(rw.builder_.call_te(pad, source, zero_point, primfunc_name_hint="pad_nhwc"))
+
+    @staticmethod
+    def _kernel_call(rw: Rewriter, shape: ConvShape, padded: Any, zero_point: Any, weight: np.ndarray) -> Any:
+        return _conv_call(rw, shape, padded, zero_point, weight)
+
+
+class QdqDepthwiseConv(QdqConvToVnni):
+    """The depthwise case (``groups == C == O``): ``kernels.int8_depthwise``, channels vectorized."""
+
+    name = "depthwise_conv2d"
+
+    @staticmethod
+    def _groups_match(groups: int) -> bool:
+        return groups > 1
+
+    @staticmethod
+    def _kernel_call(rw: Rewriter, shape: ConvShape, padded: Any, zero_point: Any, weight: np.ndarray) -> Any:
+        from tvm import relax
+
+        oh, ow = shape.out_hw
+        key = (*shape.padded_hw, shape.c, shape.kh, shape.kw, *shape.strides, shape.n)
+        kernel = rw.add_kernel(
+            "int8_depthwise_" + "x".join(str(v) for v in key),
+            lambda: int8_depthwise.depthwise_u8s8(
+                shape.n, *shape.padded_hw, shape.c, shape.kh, shape.kw, shape.strides, (oh, ow)
+            ),
+        )
+        colsum = weight.astype(np.int32).sum(axis=(1, 2, 3), dtype=np.int32)
+        args = [padded, relax.const(int8_depthwise.pack_weight(weight)), zero_point, relax.const(colsum)]
+        return relax.call_tir(kernel, args, relax.TensorType([shape.n, oh, ow, shape.o], "int32"))
 
 
 def _conv_call(rw: Rewriter, shape: ConvShape, padded: Any, zero_point: Any, weight: np.ndarray) -> Any:
