@@ -21,10 +21,9 @@ from typing import Any
 import numpy as np
 from tvm import s_tir, te
 
+from aotforge.targets.tvm.kernels.nhwc_input import OPAQUE
 from aotforge.targets.tvm.kernels.vnni_dense import LANES, largest_divisor
 
-#: ``OpPatternKind::kOpaque``.
-OPAQUE = 8
 #: fp32 holds every integer below this exactly.
 EXACT_LIMIT = 2**24
 #: Output pixels along a row per register tile (x 16 channels: 8 zmm accumulators).

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from aotforge.targets.tvm.kernels import int8_depthwise, vnni_conv, vnni_dense
+from aotforge.targets.tvm.kernels import int8_depthwise, nhwc_input, vnni_conv, vnni_dense
 from aotforge.targets.tvm.relax_util import constant_value, op_name, static_shape
 from aotforge.targets.tvm.rewrites.channels_last import Twins
 from aotforge.targets.tvm.rewrites.rule import MatchResult, Rewriter, Rule
@@ -80,20 +80,48 @@ def conv_shape(call: Any, x_shape: list[int], w_shape: list[int]) -> ConvShape |
     return (int8_depthwise.supports(c, o, kh, kw) or shape) if shape.groups > 1 else shape
 
 
-def pad_channels_last(q: Any, zero_point: Any, shape: ConvShape, *, nhwc: bool) -> Any:
-    """TE: uint8 ``[N, C, H, W]`` (or ``[N, H, W, C]`` when ``nhwc``) -> ``[N, H + pads, W + pads, C']``;
-    the padding is the zero point."""
+def pad_channels_last(q: Any, zero_point: Any, shape: ConvShape) -> Any:
+    """TE: uint8 ``[N, H, W, C]`` -> ``[N, H + pads, W + pads, C']``; the padding is the zero point."""
     from tvm import te, tirx
 
     top, left = shape.padding[:2]
 
     def value(n: Any, y: Any, x: Any, c: Any) -> Any:
         inside = tirx.all(c < shape.c, y >= top, y < top + shape.h, x >= left, x < left + shape.w)
-        cc = tirx.min(c, shape.c - 1)
-        read = q[n, y - top, x - left, cc] if nhwc else q[n, cc, y - top, x - left]
+        read = q[n, y - top, x - left, tirx.min(c, shape.c - 1)]
         return tirx.if_then_else(inside, read, zero_point[()])
 
     return te.compute((shape.n, *shape.padded_hw, shape.channels), value, name="pad_channels_last")
+
+
+def _equals_constant(expr: Any, value: np.ndarray) -> bool:
+    constant = constant_value(expr)
+    return constant is not None and np.array_equal(constant, value)
+
+
+def _from_nchw(match: ConvMatch, zero_point: Any, rw: Rewriter) -> Any:
+    """``match.q`` (NCHW) as the kernel's padded NHWC input, quantized on the way from the float
+    ``x`` of ``q = quantize(x)`` with the same scalar scale and zero point, else copied."""
+    from tvm import relax
+
+    shape, q = match.shape, match.q
+    producer = rw.bound(q)
+    quantize = (
+        op_name(producer) == "relax.quantize"
+        and str(producer.args[0].ty.dtype) == "float32"
+        and _equals_constant(producer.args[1], match.scale)
+        and _equals_constant(producer.args[2], match.zero)
+    )
+    dims = (shape.n, shape.c, shape.h, shape.w)
+    key = "x".join(str(v) for v in (*dims, *shape.padding, shape.channels))
+    kernel = rw.add_kernel(
+        ("quantize_nhwc_" if quantize else "nhwc_") + key,
+        lambda: nhwc_input.to_nhwc_padded(dims, shape.padding, shape.channels, quantize=quantize),
+    )
+    scale = [relax.const(match.scale.reshape(()).astype(np.float32))] if quantize else []
+    args = [producer.args[0] if quantize else q, *scale, zero_point]
+    out = relax.TensorType([shape.n, *shape.padded_hw, shape.channels], "uint8")
+    return rw.builder_.emit(relax.call_tir(kernel, args, out))
 
 
 @dataclass(frozen=True)
@@ -173,12 +201,14 @@ class QdqConvToVnni(Rule):
 
     def _kernel_input(self, match: ConvMatch, zero_point: Any, rw: Rewriter) -> Any:
         """``q`` channels-last and padded: its NHWC form as is where nothing is to pad, else one pad
-        pass (which the quantize producing ``q`` fuses into)."""
+        pass (which the quantize producing it fuses into); an NCHW ``q`` (where the quantized region
+        begins) through ``kernels.nhwc_input``, from the float before its quantize where there is one."""
         source = match.q if match.nhwc else self.twins.of(match.q, rw.bound)
-        if source is not None and not match.shape.needs_copy:
+        if source is None:
+            return _from_nchw(match, zero_point, rw)
+        if not match.shape.needs_copy:
             return source
-        pad = functools.partial(pad_channels_last, shape=match.shape, nhwc=source is not None)
-        source = match.q if source is None else source
+        pad = functools.partial(pad_channels_last, shape=match.shape)
         return rw.builder_.emit(rw.builder_.call_te(pad, source, zero_point, primfunc_name_hint="pad_nhwc"))
 
     @staticmethod
