@@ -44,6 +44,7 @@ def test_one_library_over_the_shared_weight_file(llama_tvm: Any) -> None:
     info = m.target.info["generative"]
     assert info["prompt_buckets"] == [16, 64] and info["batch_buckets"] == [1, 2]
     assert info["kv_cache"] == {"in_place": 2 * 2 * 2, "skipped": {}}  # K+V, layers, decode functions
+    assert info["transposed_weights"]["rewritten"] == 4  # the head of each function reads [vocab, hidden] as stored
     assert m.target.info["pipeline"]["schedules"]["unscheduled"] == 0
     # The library holds code only: the weights stay in weights.data, read once at load.
     lib = (llama_tvm.path / "lib.so").stat().st_size
@@ -108,3 +109,20 @@ def test_refuses_options_it_cannot_honour(tmp_path: Path) -> None:
         _build(model, tmp_path, target="tvm", target_options={"buckets": ("seq=16",)})
     with pytest.raises(OptionsError, match="dynamic"):
         _build(model, tmp_path, target="tvm", target_options={"dynamic": True})
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 500), (3, 32, 8)])
+def test_gemv_nt_kernel_is_exact(m: int, k: int, n: int) -> None:
+    import tvm
+
+    from aotforge.targets.tvm.kernels.gemv_nt import gemv_nt, supports
+    from aotforge.targets.tvm.options import TvmOptions, target_dict
+
+    assert supports(m, k, n) == "" and supports(9, k, n) and supports(m, 20, n)
+    func = gemv_nt(m, k, n).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target(target_dict(TvmOptions()))).jit()
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((n, k), dtype=np.float32)
+    out = tvm.runtime.tensor(np.zeros((m, n), dtype=np.float32))
+    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    np.testing.assert_allclose(out.numpy(), x @ w.T, rtol=1e-5, atol=1e-5)

@@ -97,6 +97,7 @@ def compile_generative(workdir: Path, spec: DecoderSpec, options: Any, say: Any)
     from aotforge.targets.tvm.options import target_dict
     from aotforge.targets.tvm.pipeline import compile_relax
     from aotforge.targets.tvm.rewrites.kv_inplace import kv_cache_in_place
+    from aotforge.targets.tvm.rewrites.transposed_weight import transposed_weights
 
     prompts, batches = plan_generative(spec, options)
     prefill, decode = weights_as_inputs(workdir / PREFILL_FILE), weights_as_inputs(workdir / DECODE_FILE)
@@ -109,6 +110,8 @@ def compile_generative(workdir: Path, spec: DecoderSpec, options: Any, say: Any)
             f"tvm: {kv_report['in_place']} of the decode graphs' {2 * spec.layers * len(batches)} KV-cache updates "
             f"could be made in place ({kv_report['skipped']}): the cache would be copied every token"
         )
+    mod, head_report = transposed_weights(mod)
+    mod = tvm.relax.transform.DeadCodeElimination()(mod)  # the transposes the kernels made unused
     target = tvm.target.Target(target_dict(options))
     try:
         executable, report = compile_relax(mod, target, fast_math=options.fast_math)
@@ -130,7 +133,12 @@ def compile_generative(workdir: Path, spec: DecoderSpec, options: Any, say: Any)
         "device": "cpu",
         "arch": built["mcpu"],
         "target": built,
-        "generative": {"prompt_buckets": list(prompts), "batch_buckets": list(batches), "kv_cache": kv_report},
+        "generative": {
+            "prompt_buckets": list(prompts),
+            "batch_buckets": list(batches),
+            "kv_cache": kv_report,
+            "transposed_weights": head_report,
+        },
         "pipeline": report,
         "platform": {"system": platform.system(), "machine": built["mtriple"].split("-")[0]},
         "cpu_features": isa_features(built),
