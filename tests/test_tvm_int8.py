@@ -45,6 +45,25 @@ def test_vnni_dense_is_exact(m: int, k: int, n: int) -> None:
     np.testing.assert_array_equal(args[-1].numpy(), expected)
 
 
+def test_a_ragged_row_count_is_padded_to_whole_row_tiles() -> None:
+    """37 rows (ViT's tokens) have no row tile but 1: the kernel runs on 40 rows and the 3 extra go."""
+    from tvm import relax
+
+    from aotforge.targets.tvm.relax_util import any_call, op_name
+    from aotforge.targets.tvm.rewrites.int8 import rewrite_integer_ops
+
+    mod, report = rewrite_integer_ops(_matmul_integer(rows=37))
+    assert report is not None and report["by_op"] == {"matmul": 1}
+    assert "vnni_dense_40x64x32" in [gv.name_hint for gv in mod.get_global_vars()]
+    assert any_call(mod, lambda e: op_name(e) == "relax.strided_slice")
+    if target_has_features("avx512vnni", _host()):
+        a = np.random.default_rng(7).integers(0, 256, (37, 64), dtype=np.uint8)
+        vm = relax.VirtualMachine(tvm.compile(mod, target=_host()), tvm.cpu())
+        w = [numpy_helper.to_array(t) for t in _matmul_integer_graph(rows=37).initializer if t.name == "w"][0]
+        expected = (a.astype(np.int64) - 7) @ w.astype(np.int64)
+        np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(a)).numpy(), expected)
+
+
 def test_shapes_the_kernel_cannot_take_say_why() -> None:
     assert vnni_dense.supports(128, 384, 1536) == ""
     assert "K=6" in vnni_dense.supports(4, 6, 16)
@@ -172,27 +191,34 @@ def test_minilm_tvm_int8_recipe_keeps_quality_with_every_projection_on_vnni(
     assert held_out["mean"] >= 0.995 and held_out["min"] >= 0.99
 
 
-def _matmul_integer(*, a_type: int = TensorProto.UINT8, weight_zero: int = 0, weight_const: bool = True) -> Any:
-    """``MatMulInteger(a, w, za, wz)`` as ``int8-dynamic`` emits it, through the Relax ONNX importer."""
-    from tvm.relax.frontend.onnx import from_onnx
-
+def _matmul_integer_graph(
+    *, a_type: int = TensorProto.UINT8, weight_zero: int = 0, weight_const: bool = True, rows: int = 4
+) -> Any:
+    """``MatMulInteger(a, w, za, wz)`` as ``int8-dynamic`` emits it (the ONNX graph)."""
     rng = np.random.default_rng(3)
     w = numpy_helper.from_array(rng.integers(-128, 128, (64, 32), dtype=np.int8), "w")
     zeros = [
         numpy_helper.from_array(np.array(7, np.uint8 if a_type == TensorProto.UINT8 else np.int8), "za"),
         numpy_helper.from_array(np.array(weight_zero, np.int8), "wz"),
     ]
-    inputs = [helper.make_tensor_value_info("a", a_type, [4, 64])]
+    inputs = [helper.make_tensor_value_info("a", a_type, [rows, 64])]
     if not weight_const:
         inputs.append(helper.make_tensor_value_info("w", TensorProto.INT8, [64, 32]))
-    graph = helper.make_graph(
+    return helper.make_graph(
         [helper.make_node("MatMulInteger", ["a", "w", "za", "wz"], ["y"])],
         "matmul_integer",
         inputs,
-        [helper.make_tensor_value_info("y", TensorProto.INT32, [4, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [rows, 32])],
         zeros + ([w] if weight_const else []),
     )
-    return from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
+
+
+def _matmul_integer(**graph: Any) -> Any:
+    """``_matmul_integer_graph`` through the Relax ONNX importer."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    model = helper.make_model(_matmul_integer_graph(**graph), opset_imports=[helper.make_opsetid("", 17)])
+    return from_onnx(model, keep_params_in_input=False)
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,9 @@ from aotforge.targets.tvm.kernels import vnni_dense
 from aotforge.targets.tvm.relax_util import constant_value, dtype_of, op_name, static_shape
 from aotforge.targets.tvm.rewrites.rule import MatchResult, Rewriter, Rule
 
+#: Row tiles below this many rows pad the rows instead (ragged token counts).
+MIN_ROW_TILE = 4
+
 
 @dataclasses.dataclass(frozen=True)
 class DenseMatch:
@@ -106,7 +109,13 @@ def _dense(rw: Rewriter, a: Any, za: Any, weight: np.ndarray) -> Any:
 
     m, k = static_shape(a) or []
     n = weight.shape[1]
-    kernel = rw.add_kernel(f"vnni_dense_{m}x{k}x{n}", lambda: vnni_dense.dense_u8s8(m, k, n))
+    # A ragged row count (ViT's 37 tokens: prime) leaves no row tile but 1, and every vpdpbusd
+    # then reloads its weights: pad the rows to whole tiles and drop the extra results.
+    rows = m if vnni_dense.largest_divisor(m, vnni_dense.TILE_M) >= MIN_ROW_TILE else -(-m // 8) * 8
+    if rows != m:
+        a = rw.builder_.emit(relax.op.nn.pad(a, [0, rows - m, 0, 0]))
+    kernel = rw.add_kernel(f"vnni_dense_{rows}x{k}x{n}", lambda: vnni_dense.dense_u8s8(rows, k, n))
     colsum = weight.astype(np.int32).sum(axis=0, dtype=np.int32)
     args = [a, relax.const(vnni_dense.pack_weight(weight)), za, relax.const(colsum)]
-    return rw.builder_.emit(relax.call_tir(kernel, args, relax.TensorType([m, n], "int32")))
+    out = rw.builder_.emit(relax.call_tir(kernel, args, relax.TensorType([rows, n], "int32")))
+    return out if rows == m else rw.builder_.emit(relax.op.strided_slice(out, [0], [0], [m]))
