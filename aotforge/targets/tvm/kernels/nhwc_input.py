@@ -14,6 +14,7 @@ from typing import Any
 
 from tvm import s_tir, te, tirx
 
+VECTOR = 16
 #: ``OpPatternKind::kOpaque``: fusion would rebuild it unscheduled.
 OPAQUE = 8
 
@@ -46,4 +47,29 @@ def to_nhwc_padded(
     b, y, _, ch = sch.get_loops(sch.get_sblock("nhwc_padded"))
     sch.parallel(sch.fuse(b, y))
     sch.unroll(ch)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("op_pattern", OPAQUE)
+
+
+def pad_nhwc(shape: tuple[int, int, int, int], padding: tuple[int, int, int, int], channels: int) -> Any:
+    """The scheduled PrimFunc ``(x u8[n,h,w,c], zero u8[]) -> u8[n, h', w', channels]``: zero-point padding.
+
+    Fused into the requantizing epilogue before it, the padding's bounds test ran per element of a
+    loop flattened over pixels and channels (2x the epilogue's time); here it is one test per pixel,
+    with the channels a vector.
+    """
+    n, h, w, c = shape
+    top, left, bottom, right = padding
+    x = te.placeholder(shape, "uint8", name="x")
+    zero = te.placeholder((), "uint8", name="zero")
+
+    def value(b: Any, y: Any, xx: Any, ch: Any) -> Any:
+        inside = tirx.all(ch < c, y >= top, y < top + h, xx >= left, xx < left + w)
+        return tirx.if_then_else(inside, x[b, y - top, xx - left, tirx.min(ch, c - 1)], zero[()])
+
+    out = te.compute((n, h + top + bottom, w + left + right, channels), value, name="nhwc_padded")
+    sch = s_tir.Schedule(te.create_prim_func([x, zero, out]))
+    b, y, _, ch = sch.get_loops(sch.get_sblock("nhwc_padded"))
+    sch.parallel(sch.fuse(b, y))
+    if channels == c and c % VECTOR == 0:
+        sch.vectorize(sch.split(ch, [None, VECTOR])[1])
     return sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("op_pattern", OPAQUE)

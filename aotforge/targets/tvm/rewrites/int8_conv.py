@@ -3,7 +3,7 @@
 The importer keeps ``conv2d(dequantize(q_u8, s, z), dequantize(w_s8, sw, 0))``: a float
 convolution on values that are integers underneath. Here it is computed in integers, as ONNX
 Runtime's QLinearConv does: the uint8 activation goes channels-last and padded with the zero
-point ``z`` (which dequantizes to 0) in one pass that the quantize producing it fuses into,
+point ``z`` (which dequantizes to 0) in one pass (``kernels.nhwc_input``),
 a kernel convolves it with the constant weight (``kernels.vnni_conv`` for plain convolutions,
 ``kernels.int8_depthwise`` for depthwise ones), and the int32 result is scaled back to float by
 ``s * sw`` per output channel. That result is NHWC; its NCHW form is bound as a transpose of it
@@ -14,7 +14,6 @@ with zero weights, so 3-channel stems qualify.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,20 +77,6 @@ def conv_shape(call: Any, x_shape: list[int], w_shape: list[int]) -> ConvShape |
     if shape.groups > 1 and shape.groups != c:
         return f"grouped convolution with {c // shape.groups} channels per group (only depthwise is supported)"
     return (int8_depthwise.supports(c, o, kh, kw) or shape) if shape.groups > 1 else shape
-
-
-def pad_channels_last(q: Any, zero_point: Any, shape: ConvShape) -> Any:
-    """TE: uint8 ``[N, H, W, C]`` -> ``[N, H + pads, W + pads, C']``; the padding is the zero point."""
-    from tvm import te, tirx
-
-    top, left = shape.padding[:2]
-
-    def value(n: Any, y: Any, x: Any, c: Any) -> Any:
-        inside = tirx.all(c < shape.c, y >= top, y < top + shape.h, x >= left, x < left + shape.w)
-        read = q[n, y - top, x - left, tirx.min(c, shape.c - 1)]
-        return tirx.if_then_else(inside, read, zero_point[()])
-
-    return te.compute((shape.n, *shape.padded_hw, shape.channels), value, name="pad_channels_last")
 
 
 def _equals_constant(expr: Any, value: np.ndarray) -> bool:
@@ -201,15 +186,23 @@ class QdqConvToVnni(Rule):
 
     def _kernel_input(self, match: ConvMatch, zero_point: Any, rw: Rewriter) -> Any:
         """``q`` channels-last and padded: its NHWC form as is where nothing is to pad, else one pad
-        pass (which the quantize producing it fuses into); an NCHW ``q`` (where the quantized region
+        pass; an NCHW ``q`` (where the quantized region
         begins) through ``kernels.nhwc_input``, from the float before its quantize where there is one."""
+        from tvm import relax
+
         source = match.q if match.nhwc else self.twins.of(match.q, rw.bound)
         if source is None:
             return _from_nchw(match, zero_point, rw)
         if not match.shape.needs_copy:
             return source
-        pad = functools.partial(pad_channels_last, shape=match.shape)
-        return rw.builder_.emit(rw.builder_.call_te(pad, source, zero_point, primfunc_name_hint="pad_nhwc"))
+        shape = match.shape
+        dims = (shape.n, shape.h, shape.w, shape.c)
+        kernel = rw.add_kernel(
+            "pad_nhwc_" + "x".join(str(v) for v in (*dims, *shape.padding, shape.channels)),
+            lambda: nhwc_input.pad_nhwc(dims, shape.padding, shape.channels),
+        )
+        out = relax.TensorType([shape.n, *shape.padded_hw, shape.channels], "uint8")
+        return rw.builder_.emit(relax.call_tir(kernel, [source, zero_point], out))
 
     @staticmethod
     def _kernel_call(rw: Rewriter, shape: ConvShape, padded: Any, zero_point: Any, weight: np.ndarray) -> Any:
