@@ -219,3 +219,34 @@ def test_device_targets_refuse_with_the_probe_reason(target: str, tmp_path: Path
         pytest.skip(f"{target} is available here: its text-generation path is not implemented yet")
     with pytest.raises(TargetUnavailableError, match=re.escape(probe.reason[:40])):
         _build(tiny_causal_lm("llama"), tmp_path, target=target)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_fused_decode_matches_the_masked_graph(arch: str) -> None:
+    """The GroupQueryAttention decode (eager reference of aotforge::slot_gqa) equals the masked graph: same
+    logits, the same cache at every filled position, two slots at different positions."""
+    import torch
+
+    from aotforge.compiler.generative.export import decoder_spec
+    from aotforge.compiler.generative.graphs import Decode
+
+    model = tiny_causal_lm(arch)
+    spec = decoder_spec(model, 32, 2)
+    torch.manual_seed(1)
+    cache = [torch.randn(2, spec.kv_heads, 32, spec.head_dim) for _ in range(2 * spec.layers)]
+    write_pos, ids = torch.tensor([5, 9]), torch.tensor([[3], [7]])
+    with torch.no_grad():
+        masked = Decode(model)(ids, write_pos[:, None], write_pos, *cache)
+        fused = Decode(model, fused_attention=True)(ids, write_pos[:, None], write_pos, *cache)
+    torch.testing.assert_close(fused[0], masked[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(fused[1:], masked[1:], strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_onnxruntime_decode_runs_group_query_attention(llama_ort: Any) -> None:
+    import onnx
+
+    decode = onnx.load(llama_ort.path / "decode.onnx", load_external_data=False)
+    ops = {(n.domain, n.op_type) for n in decode.graph.node}
+    assert ("com.microsoft", "GroupQueryAttention") in ops and ("", "ScatterElements") not in ops
+    assert llama_ort.manifest.target.info["decode_attention"] == "gqa"

@@ -50,13 +50,20 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target)
     with staging_dir(opts.out) as stage:
         say("exporting the prefill and decode graphs")
-        prefill, decode = export_graphs(source.model, spec, place.name)
+        attention = getattr(backend, "DECODE_ATTENTION", "masked")
+        prefill, decode = export_graphs(source.model, spec, place.name, decode_attention=attention)
         weights = save_shared({PREFILL_FILE: prefill, DECODE_FILE: decode}, stage)
         for rel, file in sorted(source.files.items()):
             shutil.copyfile(file, stage / rel)
         say(f"compiling for {opts.target}")
         compiled = backend.compile_generative(stage, spec, target_opts, say)
-        info = {**compiled.target_info, "task": TEXT_GENERATION, "decoder": spec.to_dict(), "weights": weights}
+        info = {
+            **compiled.target_info,
+            "task": TEXT_GENERATION,
+            "decoder": spec.to_dict(),
+            "decode_attention": attention,
+            "weights": weights,
+        }
         record = TargetRecord(target.name, dataclasses.asdict(target_opts), info)
         runner = backend.load_generative(stage, record)
         say("validating greedy generation against transformers")

@@ -18,6 +18,7 @@ import onnx_ir as ir
 from onnx import numpy_helper
 from onnx.external_data_helper import set_external_data
 
+from aotforge.compiler.generative import slot_attention
 from aotforge.compiler.generative.graphs import Decode, Prefill, kv_shape, num_layers
 from aotforge.core.decoder import WEIGHTS_FILE, DecoderSpec
 from aotforge.core.errors import UnsupportedModelError, describe
@@ -34,8 +35,15 @@ def decoder_spec(model: Any, max_seq_len: int, max_batch: int) -> DecoderSpec:
     return DecoderSpec(num_layers(model), kv_heads, head_dim, vocab, max_seq_len, max_batch)
 
 
-def export_graphs(model: Any, shape: DecoderSpec, name: str) -> tuple[ir.Model, ir.Model]:
-    """The prefill and decode graphs as IR, inputs/outputs named as ``generative.graphs`` documents."""
+def export_graphs(
+    model: Any, shape: DecoderSpec, name: str, decode_attention: str = "masked"
+) -> tuple[ir.Model, ir.Model]:
+    """The prefill and decode graphs as IR, inputs/outputs named as ``generative.graphs`` documents.
+
+    ``decode_attention``: ``"masked"`` (standard ONNX ops: the new token scattered into the cache, attention
+    over all of ``max_seq_len`` under a mask; any runtime) or ``"gqa"`` (onnxruntime's
+    ``com.microsoft::GroupQueryAttention``, in place over each slot's filled length: ``slot_attention``).
+    """
     import torch
 
     batch = torch.export.Dim("batch", min=1, max=max(shape.max_batch, 2))
@@ -55,18 +63,34 @@ def export_graphs(model: Any, shape: DecoderSpec, name: str) -> tuple[ir.Model, 
     )
     cache = [torch.zeros(2, shape.kv_heads, shape.max_seq_len, shape.head_dim) for _ in range(2 * shape.layers)]
     step = (torch.zeros(2, 1, dtype=torch.long), torch.full((2, 1), 4), torch.full((2,), 4), *cache)
+    if decode_attention not in DECODE_ATTENTION:
+        raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {decode_attention!r}")
+    fused = decode_attention == "gqa"
     decode = _export(
-        Decode(model),
+        Decode(model, fused_attention=fused),
         step,
         ["input_ids", "position_ids", "write_pos", *shape.kv_names("past")],
         prefill_out,
         ({0: batch}, {0: batch}, {0: batch}, tuple([{0: batch}] * len(cache))),  # *past arrives as one tuple
         name,
+        slot_attention.translation_table() if fused else None,
     )
     return prefill, decode
 
 
-def _export(module: Any, args: tuple, inputs: list[str], outputs: list[str], dims: tuple, name: str) -> ir.Model:
+#: The decode graph's attention kinds (``export_graphs``); a generative backend names the one it runs.
+DECODE_ATTENTION = ("masked", "gqa")
+
+
+def _export(
+    module: Any,
+    args: tuple,
+    inputs: list[str],
+    outputs: list[str],
+    dims: tuple,
+    name: str,
+    translations: dict[Any, Any] | None = None,
+) -> ir.Model:
     import torch
 
     try:
@@ -79,6 +103,7 @@ def _export(module: Any, args: tuple, inputs: list[str], outputs: list[str], dim
                 input_names=inputs,
                 output_names=outputs,
                 dynamic_shapes=dims,
+                custom_translation_table=translations,
             )
     except Exception as e:
         raise UnsupportedModelError(

@@ -12,14 +12,23 @@
 Both run the model's own layers (RoPE, RMSNorm, GQA, Conv1D ... whatever the architecture has);
 only the cache and the mask are ours: a :class:`transformers.Cache` whose layers scatter into the
 static buffers, and a ready 4D additive mask (transformers uses a 4D mask as given).
+
+``Decode(model, fused_attention=True)`` is the same graph for a runtime that has a fused
+attention with an in-place slot cache (onnxruntime's GroupQueryAttention, ``slot_attention``):
+the cache layers pass the new keys/values through, and each layer's attention writes and reads the
+cache itself, over each slot's filled length only. Inputs and outputs are the same.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+from aotforge.compiler.generative import slot_attention
 
 
 class _SlotLayer(CacheLayerMixin):
@@ -27,10 +36,17 @@ class _SlotLayer(CacheLayerMixin):
 
     is_sliding = False
 
-    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, write_pos: torch.Tensor | None) -> None:
+    def __init__(
+        self,
+        keys: torch.Tensor | None,
+        values: torch.Tensor | None,
+        write_pos: torch.Tensor | None,
+        fused: bool = False,
+    ) -> None:
         super().__init__()
         self.keys, self.values, self.write_pos = keys, values, write_pos
         self.is_initialized = keys is not None
+        self.fused = fused  # the attention writes this step's keys/values (slot_attention)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.is_initialized = True
@@ -39,6 +55,8 @@ class _SlotLayer(CacheLayerMixin):
         if self.keys is None or self.values is None or self.write_pos is None:
             # Prefill: the prompt's keys/values are the whole context; the runtime copies them into the cache.
             self.keys, self.values = key_states, value_states
+            return key_states, value_states
+        if self.fused:
             return key_states, value_states
         # One token per slot, each at its own position: ScatterElements on the sequence axis.
         index = self.write_pos.view(-1, 1, 1, 1).expand(-1, key_states.shape[1], 1, key_states.shape[3])
@@ -101,27 +119,43 @@ class Prefill(torch.nn.Module):
         return (logits, *kv)
 
 
+@contextmanager
+def _fused_attention(model: Any, layers: list[_SlotLayer]) -> Iterator[None]:
+    slot_attention.register()
+    before = model.config._attn_implementation
+    model.config._attn_implementation = slot_attention.ATTN_IMPL
+    slot_attention.ACTIVE.append(layers)
+    try:
+        yield
+    finally:
+        slot_attention.ACTIVE.pop()
+        model.config._attn_implementation = before
+
+
 class Decode(torch.nn.Module):
     """One token per slot against the static cache (see the module docstring)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, fused_attention: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.fused_attention = fused_attention
 
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, write_pos: torch.Tensor, *past: torch.Tensor
     ) -> Any:
-        layers = [_SlotLayer(past[2 * i], past[2 * i + 1], write_pos) for i in range(num_layers(self.model))]
+        fused = self.fused_attention
+        layers = [_SlotLayer(past[2 * i], past[2 * i + 1], write_pos, fused) for i in range(num_layers(self.model))]
         cache = _SlotCache(layers)
         max_seq = past[0].shape[2]
         allowed = torch.arange(max_seq)[None, :] <= write_pos[:, None]
-        out = self.model.base_model(
-            input_ids=input_ids,
-            attention_mask=_additive(allowed[:, None, None, :], self.model.dtype),
-            position_ids=position_ids,
-            cache=cache,
-            use_cache=True,
-        )
+        with _fused_attention(self.model, layers) if fused else nullcontext():
+            out = self.model.base_model(
+                input_ids=input_ids,
+                attention_mask=_additive(allowed[:, None, None, :], self.model.dtype),
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=True,
+            )
         logits = _head(self.model, out.last_hidden_state[:, -1])
         kv = [t for layer in layers for t in (layer.keys, layer.values)]
         return (logits, *kv)

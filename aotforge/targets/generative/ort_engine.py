@@ -2,8 +2,9 @@
 
 The cache is one numpy array per layer and kind, wrapped once per call as an ``OrtValue`` (same
 memory) and bound through I/O binding as both the decode graph's ``past_*`` input and its
-``present_*`` output: ORT's ScatterElements writes the result, the old cache plus the new token's
-keys/values, into the very buffer it reads, so no cache-sized tensor is allocated per token.
+``present_*`` output: GroupQueryAttention (or, in a graph exported with masked attention,
+ScatterElements) writes the new token's keys/values into the very buffer it reads, so no
+cache-sized tensor is allocated per token.
 ``cache_pointers`` lets a test check that the buffers never move.
 """
 
@@ -23,6 +24,9 @@ from aotforge.targets.base import CompileResult
 from aotforge.targets.generative.runner import GenerativeRunner
 
 SESSION_FILE = "session.json"
+#: The decode graph this engine runs (``compiler.generative.export``): ORT's GroupQueryAttention writes each
+#: slot's new key/value into the bound cache and attends over the slot's filled length only.
+DECODE_ATTENTION = "gqa"
 
 
 def compile_generative(workdir: Path, spec: DecoderSpec, options: Any, say: Any) -> CompileResult:

@@ -1,0 +1,187 @@
+"""Decode attention as one ``com.microsoft::GroupQueryAttention`` per layer (onnxruntime's decode graph).
+
+The plain decode graph (``graphs.Decode``) scatters the new token into the static cache and attends
+over all ``max_seq_len`` positions under a mask, with the KV heads repeated to the query heads: every
+step copies and reads the whole cache. ONNX Runtime's GroupQueryAttention does what ONNX Runtime
+GenAI's decoder does instead: with ``past_key`` and ``present_key`` bound to one buffer of
+``max_seq_len`` positions ("past_present_share_buffer"), it writes each slot's new key/value at
+``seqlens_k[b]`` and attends over the first ``seqlens_k[b] + 1`` positions only, sharing each KV head
+across its query heads without copies (ORT's contrib-op schema, ``GroupQueryAttention`` since
+version 1 of com.microsoft: BNSH cache, ``seqlens_k`` = total length - 1 per slot,
+``total_sequence_length`` the batch's longest total).
+
+How it gets into the graph: a torch custom op ``aotforge::slot_gqa`` (with an eager reference that
+the tests compare against transformers) stands in for the attention, reached through transformers'
+``AttentionInterface`` under the name :data:`ATTN_IMPL`; the ONNX exporter translates the op with
+:func:`slot_gqa_onnx`. RoPE stays the model's own (``do_rotary=0``), so any rotary variant the
+model computes is kept as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: The transformers attention implementation name the decode export switches the model to.
+ATTN_IMPL = "aotforge_slot_gqa"
+
+_INT32 = 6  # onnx.TensorProto.INT32
+
+#: The cache layers of the fused decode graph now running (``graphs.Decode`` pushes and pops them): each
+#: has ``keys``, ``values`` (the cache in, then the updated cache) and ``write_pos``.
+ACTIVE: list[list[Any]] = []
+
+
+@torch.library.custom_op("aotforge::slot_gqa", mutates_args=())
+def slot_gqa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    past_key: torch.Tensor,
+    past_value: torch.Tensor,
+    write_pos: torch.Tensor,
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``query [B, 1, H*D]``, ``key``/``value [B, 1, KV*D]``, caches ``[B, KV, max_seq, D]`` -> output, caches.
+
+    The eager meaning (what GroupQueryAttention computes): each slot's key/value written at its
+    ``write_pos``, its query attending to positions ``0 .. write_pos``.
+    """
+    batch, steps, _ = query.shape
+    head_dim = past_key.shape[-1]
+    q = query.view(batch, steps, num_heads, head_dim).transpose(1, 2)
+    k = key.view(batch, steps, kv_num_heads, head_dim).transpose(1, 2)
+    v = value.view(batch, steps, kv_num_heads, head_dim).transpose(1, 2)
+    index = write_pos.view(-1, 1, 1, 1).expand(-1, kv_num_heads, steps, head_dim)
+    present_key = past_key.scatter(2, index, k)
+    present_value = past_value.scatter(2, index, v)
+    groups = num_heads // kv_num_heads
+    scores = q @ present_key.repeat_interleave(groups, dim=1).transpose(2, 3) * scale
+    allowed = torch.arange(past_key.shape[2])[None, :] <= write_pos[:, None]
+    scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ present_value.repeat_interleave(groups, dim=1)
+    return out.transpose(1, 2).reshape(batch, steps, num_heads * head_dim), present_key, present_value
+
+
+@slot_gqa.register_fake
+def _(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    past_key: torch.Tensor,
+    past_value: torch.Tensor,
+    write_pos: torch.Tensor,
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
+
+
+def slot_gqa_onnx(
+    query: Any,
+    key: Any,
+    value: Any,
+    past_key: Any,
+    past_value: Any,
+    write_pos: Any,
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float,
+) -> Any:
+    """The ONNX translation: ``seqlens_k`` is ``write_pos`` (the total length after this token, minus 1)."""
+    from onnxscript import opset18 as op
+
+    seqlens_k = op.Cast(write_pos, to=_INT32)
+    total = op.Cast(op.Add(op.ReduceMax(write_pos, keepdims=0), op.Constant(value_int=1)), to=_INT32)
+    return _gqa_op()(
+        query,
+        key,
+        value,
+        past_key,
+        past_value,
+        seqlens_k,
+        total,
+        num_heads=num_heads,
+        kv_num_heads=kv_num_heads,
+        scale=scale,
+    )
+
+
+def _gqa_op() -> Any:
+    """GroupQueryAttention as an onnxscript op: ONNX's registry has no com.microsoft schemas, so the part of
+    ORT's schema this graph uses (its first seven inputs, three outputs, three attributes) is declared here."""
+    import onnx
+    from onnxscript.values import Op, Opset
+
+    param = onnx.defs.OpSchema.FormalParameter
+    attr = onnx.defs.OpSchema.Attribute
+    kinds = onnx.defs.OpSchema.AttrType
+    floats = ["tensor(float)"]
+    schema = onnx.defs.OpSchema(
+        "GroupQueryAttention",
+        "com.microsoft",
+        1,
+        inputs=[
+            *(param(n, "T") for n in ("query", "key", "value", "past_key", "past_value")),
+            param("seqlens_k", "M"),
+            param("total_sequence_length", "M"),
+        ],
+        outputs=[param(n, "T") for n in ("output", "present_key", "present_value")],
+        type_constraints=[("T", floats, ""), ("M", ["tensor(int32)"], "")],
+        attributes=[
+            attr("num_heads", kinds.INT, "", required=True),
+            attr("kv_num_heads", kinds.INT, "", required=True),
+            attr("scale", kinds.FLOAT, "", required=False),
+        ],
+    )
+    return Op(Opset("com.microsoft", 1), "GroupQueryAttention", schema)
+
+
+def translation_table() -> dict[Any, Any]:
+    """What ``torch.onnx.export(custom_translation_table=...)`` needs for a decode graph using this op."""
+    return {torch.ops.aotforge.slot_gqa.default: slot_gqa_onnx}
+
+
+def slot_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """A transformers attention function: ``key``/``value`` are this step's only (the slot cache passes them
+    through); the layer's cache and write positions come from the cache the decode graph installed."""
+    if not ACTIVE:
+        raise RuntimeError("slot attention runs only inside graphs.Decode(fused_attention=True)")
+    layer = ACTIVE[-1][int(module.layer_idx)]
+    batch, heads, steps, head_dim = query.shape
+    kv_heads = key.shape[1]
+    scale = float(scaling) if scaling is not None else head_dim**-0.5
+    out, layer.keys, layer.values = torch.ops.aotforge.slot_gqa(
+        query.transpose(1, 2).reshape(batch, steps, heads * head_dim),
+        key.transpose(1, 2).reshape(batch, steps, kv_heads * head_dim),
+        value.transpose(1, 2).reshape(batch, steps, kv_heads * head_dim),
+        layer.keys,
+        layer.values,
+        layer.write_pos,
+        heads,
+        kv_heads,
+        scale,
+    )
+    return out.view(batch, steps, heads, head_dim), None
+
+
+def register() -> None:
+    """Make :data:`ATTN_IMPL` a transformers attention implementation (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ATTN_IMPL, slot_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPL, sdpa_mask)
