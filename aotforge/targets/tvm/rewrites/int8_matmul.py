@@ -73,6 +73,10 @@ def weight(rhs: Any, bound: Callable[[Any], Any]) -> MatchResult[np.ndarray]:
 class IntegerMatmulToVnni(Rule):
     name = "matmul"
 
+    def __init__(self) -> None:
+        #: each uint8 activation as the kernel reads it (``_rows``), emitted once
+        self._rows: dict[Any, Any] = {}
+
     def matches(self, call: Any, bound: Callable[[Any], Any]) -> bool:
         return op_name(call) == "relax.matmul" and dtype_of(call) == "int32"
 
@@ -97,23 +101,30 @@ class IntegerMatmulToVnni(Rule):
 
         shape = match.shape
         m, n = int(np.prod(shape[:-1])), match.weight.shape[1]
-        a2 = rw.builder_.emit(relax.op.reshape(match.a, [m, shape[-1]])) if len(shape) != 2 else match.a
+        if match.a not in self._rows:  # Q, K and V read one activation: reshape and pad it once
+            self._rows[match.a] = _rows(rw, match.a, m, shape[-1])
         za = match.za if match.za is not None else relax.const(np.uint8(0), "uint8")
-        out = _dense(rw, a2, za, match.weight)
+        out = _dense(rw, self._rows[match.a], m, za, match.weight)
         return relax.op.reshape(out, [*shape[:-1], n]) if len(shape) != 2 else out
 
 
-def _dense(rw: Rewriter, a: Any, za: Any, weight: np.ndarray) -> Any:
-    """``a u8[m, k] x weight s8[k, n] - za * colsum`` on the VNNI kernel, as an i32 ``[m, n]``."""
+def _rows(rw: Rewriter, a: Any, m: int, k: int) -> Any:
+    """``a`` as the kernel's ``[rows, k]``: 2-D, and ``m`` rows padded to whole row tiles where it is
+    ragged (ViT's 37 tokens, a prime, left no row tile but 1, and every vpdpbusd reloaded its weights)."""
     from tvm import relax
 
-    m, k = static_shape(a) or []
-    n = weight.shape[1]
-    # A ragged row count (ViT's 37 tokens: prime) leaves no row tile but 1, and every vpdpbusd
-    # then reloads its weights: pad the rows to whole tiles and drop the extra results.
     rows = m if vnni_dense.largest_divisor(m, vnni_dense.TILE_M) >= MIN_ROW_TILE else -(-m // 8) * 8
-    if rows != m:
-        a = rw.builder_.emit(relax.op.nn.pad(a, [0, rows - m, 0, 0]))
+    if len(static_shape(a) or []) != 2:
+        a = rw.builder_.emit(relax.op.reshape(a, [m, k]))
+    return rw.builder_.emit(relax.op.nn.pad(a, [0, rows - m, 0, 0])) if rows != m else a
+
+
+def _dense(rw: Rewriter, a: Any, m: int, za: Any, weight: np.ndarray) -> Any:
+    """``a u8[rows, k] x weight s8[k, n] - za * colsum`` on the VNNI kernel: its first ``m`` rows, i32."""
+    from tvm import relax
+
+    rows, k = static_shape(a) or []
+    n = weight.shape[1]
     kernel = rw.add_kernel(f"vnni_dense_{rows}x{k}x{n}", lambda: vnni_dense.dense_u8s8(rows, k, n))
     colsum = weight.astype(np.int32).sum(axis=0, dtype=np.int32)
     args = [a, relax.const(vnni_dense.pack_weight(weight)), za, relax.const(colsum)]
