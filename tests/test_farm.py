@@ -168,3 +168,14 @@ def test_matrix_plan_local_is_cache_aware_and_keeps_going(tmp_path: Path) -> Non
     assert [r["path"] for r in again["rows"] if r["status"] == "cached"] == [
         r["path"] for r in summary["rows"] if r["status"] == "ok"
     ]
+
+
+def test_target_all_is_what_probes_here() -> None:
+    from aotforge.compiler.farm.multi import resolve_targets
+    from aotforge.targets import get_target
+
+    wanted, skipped = resolve_targets("all")
+    assert set(wanted) | set(skipped) == {"tvm", "onnxruntime", "tensorrt", "neuron"}
+    for name, why in skipped.items():
+        assert why == get_target(name).probe().reason
+    assert all(get_target(t).probe().compiles for t in wanted)

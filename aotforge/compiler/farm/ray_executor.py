@@ -46,7 +46,7 @@ def build_task(bundle_tar: bytes, bundle_sha256: str, job: Mapping[str, Any]) ->
     try:
         with tarfile.open(fileobj=io.BytesIO(bundle_tar), mode="r:gz") as tar:
             tar.extractall(scratch / "bundle", filter="data")
-        worker = {**dict(job.get("worker") or {}), **_node()}
+        worker = {**dict(job.get("worker") or {}), "executor": "ray", **_node()}
         outputs = scratch / "outputs.npz"
         here = {**job, "bundle": str(scratch / "bundle"), "out": str(scratch / "out"), "outputs": str(outputs)}
         result = run_job({**here, "cache_dir": None, "worker": worker})
