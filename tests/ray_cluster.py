@@ -54,12 +54,14 @@ def cluster(work: Path) -> Iterator[str]:
     node = [RAY, "start", f"--address={address}", "--num-cpus=1", '--resources={"accel": 1}']
     procs = []
     try:
+        logs: list[Path] = []
         for command in (head + common, node + common):
-            log = (work / f"ray-{len(procs)}.log").open("wb")
-            procs.append(
-                subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            )
-            _wait_nodes(address, procs)
+            logs.append(work / f"ray-{len(procs)}.log")
+            with logs[-1].open("wb") as log:
+                procs.append(
+                    subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                )
+            _wait_nodes(address, procs, logs)
         yield address
     finally:
         for proc in reversed(procs):
@@ -94,18 +96,20 @@ def _members(groups: set[int]) -> list[int]:
     return found
 
 
-def _wait_nodes(address: str, procs: list[subprocess.Popen[bytes]]) -> None:
-    code = f"import ray; ray.init(address={address!r}); print(sum(n['Alive'] for n in ray.nodes()))"
-    count = len(procs)
+def _wait_nodes(address: str, procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
+    """Until every ``ray start`` says it started (then one driver waits for them all to be alive)."""
     end = time.monotonic() + 180
-    while time.monotonic() < end:
+    while not all("Ray runtime started" in log.read_text(errors="replace") for log in logs):
         if any(p.poll() is not None for p in procs):
-            raise RuntimeError(f"ray start exited early (code {[p.poll() for p in procs]}): see ray-*.log")
-        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        if run.returncode == 0 and run.stdout.strip().splitlines()[-1:] == [str(count)]:
-            return
-        time.sleep(1)
-    raise RuntimeError(f"the Ray cluster at {address} did not reach {count} nodes")
+            raise RuntimeError(f"ray start exited early (codes {[p.poll() for p in procs]}): see ray-*.log")
+        if time.monotonic() > end:
+            raise RuntimeError(f"the Ray cluster at {address} did not start within 180 s: see ray-*.log")
+        time.sleep(0.5)
+    code = (
+        f"import ray, time; ray.init(address={address!r}); end = time.monotonic() + 60\n"
+        f"while sum(n['Alive'] for n in ray.nodes()) < {len(procs)} and time.monotonic() < end: time.sleep(0.5)"
+    )
+    subprocess.run([sys.executable, "-c", code], capture_output=True, check=True)
 
 
 def nodes(address: str) -> dict[str, dict[str, float]]:

@@ -20,6 +20,8 @@ from aotforge.compiler.farm.executors import LocalExecutor
 from aotforge.compiler.farm.prepare import Prepared, prepare
 from aotforge.compiler.farm.spec import MatrixResult, parse_targets
 from aotforge.compiler.options import BuildOptions
+from aotforge.core.decoder import TEXT_GENERATION
+from aotforge.core.errors import OptionsError
 from aotforge.targets import get_target
 
 Progress = Callable[[str], None]
@@ -54,6 +56,9 @@ def build_many(
     """Build ``model`` for every target in ``targets``; a failed target fails its row, after the others finished."""
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
+    if opts.prepare_only or opts.task == TEXT_GENERATION:
+        what = "--prepare-only" if opts.prepare_only else "--task text-generation"
+        raise OptionsError(f"{what} builds one target at a time: give one --target")
     wanted, skipped = resolve_targets(targets)
     opts.out.mkdir(parents=True, exist_ok=True)
     sweep(opts.out, WORK_PREFIX)
