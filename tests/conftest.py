@@ -29,6 +29,7 @@ def quick_build(model: Any, out: Path, **overrides: Any) -> BuildResult:
     overrides.setdefault("bench", False)
     overrides.setdefault("validation_samples", 2)
     overrides.setdefault("bench_options", FAST_BENCH)
+    overrides.setdefault("plots", False)  # matplotlib costs ~1 s a build; tests/test_model_card.py draws them
     return build(model, out=out, **overrides)
 
 

@@ -57,7 +57,7 @@ def test_verify_passes_then_catches_tampering(artifact: Path, tmp_path: Path) ->
     data[len(data) // 2] ^= 1
     (copy / "model.onnx").write_bytes(bytes(data))
     proc = run_cli("verify", str(copy))
-    assert proc.returncode == 2 and "model.onnx: sha256" in proc.stderr
+    assert proc.returncode == 4 and "model.onnx: sha256" in proc.stderr  # EXIT_INTEGRITY
 
 
 def test_run_saves_outputs(artifact: Path, tmp_path: Path) -> None:

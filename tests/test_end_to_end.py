@@ -84,7 +84,13 @@ def test_artifact_layout_and_model_card(tmp_path: Path) -> None:
     assert result.path == tmp_path / "cnn" / "1" / "onnxruntime"
     manifest = json.loads((result.path / "manifest.json").read_text())
     assert manifest["schema_version"] == 1
-    assert set(manifest["files"]) == {"model.onnx", "model.ort.onnx", "session.json", "MODEL_CARD.md"}
+    assert set(manifest["files"]) == {
+        "model.onnx",
+        "model.ort.onnx",
+        "session.json",
+        "MODEL_CARD.md",
+        "MODEL_CARD.html",
+    }
     assert [p["name"] for p in manifest["passes"]] == ["fold", "dce"]
     assert manifest["passes"][0]["nodes_before"] >= manifest["passes"][1]["nodes_after"]
     card = (result.path / "MODEL_CARD.md").read_text()

@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from aotforge.core.errors import EXIT_TARGET_UNAVAILABLE, EXIT_USER
 from tests.conftest import EXAMPLES, ONNX_LIGHT
 
 
@@ -73,7 +74,7 @@ def test_user_error_is_one_line_and_leaves_nothing(case: str, tmp_path: Path) ->
     args, expected = CASES[case]
     out = tmp_path / "out"
     proc = run_cli("compile", *args(tmp_path), "--out", str(out), "--no-bench")
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == (EXIT_TARGET_UNAVAILABLE if case == "unavailable target" else EXIT_USER), proc.stderr
     assert expected in proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].lower().startswith("error: ")

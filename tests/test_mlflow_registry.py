@@ -39,7 +39,7 @@ def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # a loaded 2-core host took over 60 s
         while True:
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=1):
@@ -82,7 +82,7 @@ def test_promotion_and_pull_by_alias(mlflow_url: str, built: Path, tmp_path: Pat
         reg.resolve(f"{name}@prod")
     assert promote(reg, f"{name}:{version}", "prod", Gates(min_cosine=0.99)) == (name, version)
     dest = reg.pull(f"{name}@prod", tmp_path / "p")
-    assert read_manifest(dest).name == name
+    assert read_manifest(dest).name == "mini_resnet" and name == "mini_resnet-onnxruntime"
 
 
 def test_cli_against_server_and_down_server(mlflow_url: str, built: Path, tmp_path: Path) -> None:
@@ -92,10 +92,61 @@ def test_cli_against_server_and_down_server(mlflow_url: str, built: Path, tmp_pa
     r = runner.invoke(main, ["push", str(built), "--registry", mlflow_url])
     assert r.exit_code == 0, r.output
     r = runner.invoke(main, ["list", "--registry", mlflow_url])
-    assert r.exit_code == 0 and "mini_resnet:" in r.output
+    assert r.exit_code == 0 and "mini_resnet-onnxruntime:" in r.output  # one registered model per target
     down = f"http://127.0.0.1:{_free_port()}"
     start = time.monotonic()
     r = runner.invoke(main, ["push", str(built), "--registry", down])
     assert r.exit_code != 0
     assert down in r.output and "unreachable" in r.output and "mlflow server" in r.output
     assert time.monotonic() - start < 10
+
+
+def test_push_logs_a_named_run_with_metrics_and_a_pyfunc_model(
+    mlflow_url: str, built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlflow
+    import numpy as np
+
+    from aotforge.artifacts import load
+
+    reg = MlflowRegistry(mlflow_url)
+    name, version = reg.push(built)
+    assert name == "mini_resnet-onnxruntime"
+    mv = reg.client.get_model_version(name, str(version))
+    run = reg.client.get_run(mv.run_id)
+    assert run.info.run_name == "mini_resnet-v1-onnxruntime"
+    assert run.data.params["target"] == "onnxruntime" and run.data.params["passes"] == "fold,dce"
+    assert "toolchain.onnxruntime" in run.data.params and "target.optimization_level" in run.data.params
+    metrics = run.data.metrics
+    assert metrics["validation_passed"] == 1.0 and metrics["model_size_mb"] > 0
+    assert 0.99 < metrics["validation.logits.cosine"] <= 1.0 and metrics["validation.logits.rel_l2"] < 1e-4
+    # The local and MLflow versions, each recorded against the other.
+    assert mv.tags["artifact_version"] == "1" and run.data.tags["registered_version"] == f"{name}:{version}"
+    model_id = mv.model_id or mv.source.removeprefix("models:/")  # the server may not echo model_id
+    logged = reg.client.get_logged_model(model_id)
+    assert logged.model_type == "aotforge" and logged.source_run_id == mv.run_id
+
+    reg.set_alias(name, "prod", version)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_url)
+    model = mlflow.pyfunc.load_model(f"models:/{name}@prod")
+    x = np.random.default_rng(0).random((2, 3, 32, 32), dtype=np.float32)
+    got = model.predict({"image": x})
+    np.testing.assert_array_equal(got["logits"], load(built).run({"image": x})["logits"])
+    np.testing.assert_array_equal(model.predict(x)["logits"], got["logits"])  # one input: a bare array too
+
+
+def test_promote_reads_the_run_metrics_and_downloads_nothing(
+    mlflow_url: str, built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reg = MlflowRegistry(mlflow_url)
+    name, version = reg.push(built)
+
+    def no_download(*_args: object) -> None:
+        raise AssertionError("promote downloaded the artifact")
+
+    monkeypatch.setattr(MlflowRegistry, "pull", no_download)
+    with pytest.raises(PromotionRefusedError, match="max-p50-ms: measured nothing"):
+        promote(reg, f"{name}:{version}", "fast", Gates(max_p50_ms=5.0))  # built with --no-bench
+    assert promote(reg, f"{name}:{version}", "staging", Gates(min_cosine=0.999)) == (name, version)
+    with pytest.raises(RegistryError, match="one per model and target .*mini_resnet-onnxruntime@staging"):
+        reg.resolve("mini_resnet@staging")

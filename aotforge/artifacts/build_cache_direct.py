@@ -14,6 +14,7 @@ version, so it is stored without a stat signature and always re-hashed (git's "r
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from aotforge.artifacts.hashing import sha256_file
+from aotforge.artifacts.manifest_shape import check_file_path
 
 SCHEMA_VERSION = 1
 DIRECT_DIR = "direct"
@@ -50,6 +52,8 @@ class DirectEntry:
     key: str
     manifest: Mapping[str, Any]
     built_at: str
+    #: The model card's plots of the build that stored the entry (``plots/NAME.png`` -> PNG bytes).
+    plots: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
 
 
 class NotCacheable(Exception):
@@ -119,6 +123,7 @@ def store(
     key: str,
     manifest: Mapping[str, Any],
     built_at: str,
+    plots: Mapping[str, bytes] | None = None,
 ) -> Path:
     """Write the entry atomically (temp file + ``os.replace``): readers see the old entry or the new one."""
     path = entry_path(cache_dir, direct_key)
@@ -132,6 +137,8 @@ def store(
         "listings": dict(listings),
         "manifest": dict(manifest),
         "built_at": built_at,
+        # Small PNGs, kept so a direct hit serves the same card without drawing (importing matplotlib).
+        "plots": {rel: base64.b64encode(data).decode() for rel, data in (plots or {}).items()},
     }
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
     try:
@@ -176,6 +183,8 @@ def lookup(
         files = [FileRecord(**f) for f in data["files"]]
         listings = dict(data["listings"])
         key, manifest, built_at = str(data["key"]), dict(data["manifest"]), str(data["built_at"])
+        stored = data.get("plots", {})
+        plots = {check_file_path(rel): base64.b64decode(b64, validate=True) for rel, b64 in stored.items()}
     except FileNotFoundError:
         return None, "no direct entry" + _nearest(cache_dir, components or {})
     except (OSError, ValueError, TypeError, KeyError) as e:
@@ -186,4 +195,4 @@ def lookup(
     for directory, digest in sorted(listings.items()):
         if listing_digest(directory) != digest:
             return None, f"listing of {directory} changed"
-    return DirectEntry(key, manifest, built_at), "all recorded files unchanged"
+    return DirectEntry(key, manifest, built_at, plots), "all recorded files unchanged"

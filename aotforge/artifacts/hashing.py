@@ -11,7 +11,9 @@ from aotforge.core.errors import ArtifactError
 #: The detached signature over ``manifest.json``'s bytes (``artifacts.signing``). Like the manifest it
 #: is not listed in the manifest's files (it cannot hash itself), but it travels in every tarball.
 SIGNATURE = "manifest.sig"
-_UNLISTED = (MANIFEST, SIGNATURE)
+#: The OpenSSF model-signing bundle over every file (``artifacts.openssf_signing``): unlisted, like the signature.
+BUNDLE = "model.sig"
+_UNLISTED = (MANIFEST, SIGNATURE, BUNDLE)
 
 
 def sha256_file(path: Path) -> str:

@@ -22,7 +22,7 @@ from aotforge.artifacts.hashing import require_intact, sha256_file
 from aotforge.artifacts.manifest import MANIFEST, read_manifest
 from aotforge.artifacts.names import check_alias, check_name
 from aotforge.artifacts.packing import PACK_PREFIX, pack, unpack
-from aotforge.core.errors import ArtifactError
+from aotforge.core.errors import ArtifactError, UnknownReferenceError
 
 INDEX = "index.sqlite"
 BLOBS = "blobs"
@@ -94,7 +94,9 @@ def parse_ref(ref: str) -> tuple[str, int | None, str | None]:
         name, _, version = ref.rpartition(":")
         if name and version.isdigit() and int(version) >= 1:
             return check_name(name, f"{ref!r}: the name"), int(version), None
-    raise ArtifactError(f"{ref!r} is not a registry reference: write NAME:VERSION (e.g. resnet:3) or NAME@ALIAS")
+    raise UnknownReferenceError(
+        f"{ref!r} is not a registry reference: write NAME:VERSION (e.g. resnet:3) or NAME@ALIAS"
+    )
 
 
 class LocalRegistry:
@@ -106,7 +108,7 @@ class LocalRegistry:
         self.root = Path(root)
         self.timeout_s = timeout_s
         if not create and not (self.root / INDEX).is_file():
-            raise ArtifactError(
+            raise UnknownReferenceError(
                 f"there is no registry at {self.root} (no {INDEX}): check --registry, or push an artifact there first"
             )
         try:
@@ -210,14 +212,14 @@ class LocalRegistry:
         entries = [e for e in self.list() if e.name == name]
         if not entries:
             names = sorted({e.name for e in self.list()})
-            raise ArtifactError(
+            raise UnknownReferenceError(
                 f"the registry {self.root} has no artifact named {name!r}; it has: {', '.join(names) or 'nothing yet'}"
             )
         if alias is not None:
             found = [e for e in entries if alias in e.aliases]
             if not found:
                 known = sorted({a for e in entries for a in e.aliases})
-                raise ArtifactError(
+                raise UnknownReferenceError(
                     f"{name} has no alias {alias!r}; its aliases are: {', '.join(known) or 'none'} "
                     f"(set one with `aotforge alias {name} {alias} VERSION`)"
                 )
@@ -225,7 +227,7 @@ class LocalRegistry:
         for e in entries:
             if e.version == version:
                 return e
-        raise ArtifactError(
+        raise UnknownReferenceError(
             f"{name} has no version {version}; its versions are: {', '.join(str(e.version) for e in entries)}"
         )
 

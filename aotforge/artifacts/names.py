@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from aotforge.core.errors import ArtifactError
+from aotforge.core.errors import UnknownReferenceError
 
 #: Starts with a letter or digit (so never ``.``, ``..`` or a hidden file), then letters, digits, ``._-``.
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -22,7 +22,7 @@ RULE = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
 def check_name(value: Any, what: str = "name") -> str:
     """``value`` if it is a safe artifact name; an :class:`ArtifactError` naming ``what`` otherwise."""
     if not isinstance(value, str) or not _SAFE.fullmatch(value):
-        raise ArtifactError(f"{what} {value!r} is not a valid artifact name: use {RULE} (no '/', no '..')")
+        raise UnknownReferenceError(f"{what} {value!r} is not a valid artifact name: use {RULE} (no '/', no '..')")
     return value
 
 
@@ -34,7 +34,7 @@ def check_alias(value: Any) -> str:
 def check_version(value: Any, what: str = "version") -> int:
     """A positive integer (``bool`` and strings of digits are not versions)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ArtifactError(f"{what} {value!r} is not a valid artifact version: use a positive integer")
+        raise UnknownReferenceError(f"{what} {value!r} is not a valid artifact version: use a positive integer")
     return value
 
 

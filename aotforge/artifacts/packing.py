@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 from aotforge.artifacts.debris import make_temp_dir, make_temp_file, sweep
 from aotforge.artifacts.hashing import require_intact, sha256_file
 from aotforge.artifacts.manifest import MANIFEST, read_manifest
-from aotforge.core.errors import ArtifactError
+from aotforge.core.errors import ArtifactError, UnknownReferenceError
 
 _FILE_MODE = 0o644
 _DIR_MODE = 0o755
@@ -86,7 +86,7 @@ def unpack(tar_path: str | Path, dest: str | Path, *, manifest_sha256: str | Non
     src = Path(tar_path)
     final = Path(dest)
     if final.exists():
-        raise ArtifactError(f"{final} already exists: unpack into a new directory or remove it first")
+        raise UnknownReferenceError(f"{final} already exists: unpack into a new directory or remove it first")
     final.parent.mkdir(parents=True, exist_ok=True)
     sweep(final.parent, UNPACK_PREFIX)  # what killed pulls left beside --dest
     stage = make_temp_dir(final.parent, UNPACK_PREFIX)

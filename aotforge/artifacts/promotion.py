@@ -1,18 +1,19 @@
 """Promotion gates: an alias moves to a version only if its validation passed and the user's thresholds hold.
 
-The gates read the manifest the registry stores (pulled and hash-verified), so they work for any registry
-behind the ``Registry`` protocol.
+The gates read the figures a registry keeps beside the version when it has a ``figures(entry)`` method
+(MLflow: the run's metrics, nothing downloaded); otherwise the manifest it stores (pulled and hash-verified).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from aotforge.artifacts.local_registry import Registry, parse_ref
-from aotforge.artifacts.manifest import Manifest, read_manifest
+from aotforge.artifacts.manifest import read_manifest
 from aotforge.core.errors import PromotionRefusedError
 
 
@@ -25,10 +26,12 @@ class Gates:
     max_p99_ms: float | None = None
 
 
-def failed_gates(manifest: Manifest, gates: Gates) -> list[str]:
-    """Each failed gate as 'gate: measured X, required Y'; empty when the artifact may be promoted."""
+def failed_gates(validation: Mapping[str, Any], bench: Mapping[str, Any], gates: Gates) -> list[str]:
+    """Each failed gate as 'gate: measured X, required Y'; empty when the artifact may be promoted.
+
+    ``validation`` and ``bench`` are the manifest's sections (or the same figures a registry keeps).
+    """
     failures: list[str] = []
-    validation: dict[str, Any] = manifest.validation or {}
     if validation.get("passed") is not True:
         failures.append(f"validation: passed={validation.get('passed')!r}, required True")
     if gates.min_cosine is not None:
@@ -36,7 +39,6 @@ def failed_gates(manifest: Manifest, gates: Gates) -> list[str]:
         worst = min(cosines) if cosines else None
         if worst is None or worst < gates.min_cosine:
             failures.append(f"min-cosine: measured {_fmt(worst)}, required >= {gates.min_cosine}")
-    bench = manifest.benchmark or {}
     for key, limit in (("p50_ms", gates.max_p50_ms), ("p99_ms", gates.max_p99_ms)):
         if limit is None:
             continue
@@ -54,9 +56,14 @@ def promote(registry: Registry, ref: str, alias: str, gates: Gates) -> tuple[str
     """Point ``alias`` at ``ref`` (NAME:VERSION) if every gate holds; else raise naming each failed gate."""
     parse_ref(ref)  # a NAME@ALIAS ref is allowed too: it resolves to the version the alias names now
     entry = registry.resolve(ref)
-    with tempfile.TemporaryDirectory(prefix="aotforge-promote-") as tmp:
-        manifest = read_manifest(registry.pull(entry.ref, Path(tmp) / "artifact"))
-    failures = failed_gates(manifest, gates)
+    figures = getattr(registry, "figures", None)
+    if figures is not None:  # the registry keeps the figures (MLflow: the run's metrics): no download
+        validation, bench = figures(entry)
+    else:
+        with tempfile.TemporaryDirectory(prefix="aotforge-promote-") as tmp:
+            manifest = read_manifest(registry.pull(entry.ref, Path(tmp) / "artifact"))
+        validation, bench = manifest.validation, manifest.benchmark or {}
+    failures = failed_gates(validation, bench, gates)
     if failures:
         raise PromotionRefusedError(
             f"refused to move {entry.name}@{alias} to {entry.ref}: "

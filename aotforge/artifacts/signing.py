@@ -86,12 +86,17 @@ def key_id(public_key: Ed25519PublicKey) -> str:
 
 
 def sign(artifact_dir: str | Path, private_key: str | Path | Ed25519PrivateKey) -> Path:
-    """Write ``manifest.sig`` beside the manifest: a signature over its exact bytes."""
+    """Write ``manifest.sig`` beside the manifest: a signature over its exact bytes. With an EC key, an OpenSSF
+    ``model_signing`` bundle ``model.sig`` over every file instead (``artifacts.openssf_signing``)."""
     root = Path(artifact_dir)
-    key = private_key if not isinstance(private_key, (str, Path)) else load_private_key(private_key)
     manifest = root / MANIFEST
     if not manifest.is_file():
         raise SignatureError(f"{root} is not an aotforge artifact: it has no {MANIFEST} to sign")
+    if isinstance(private_key, (str, Path)) and _is_ec(private_key, private=True):
+        from aotforge.artifacts.openssf_signing import sign_bundle
+
+        return sign_bundle(root, Path(private_key))  # an OpenSSF model-signing bundle, model.sig
+    key = private_key if not isinstance(private_key, (str, Path)) else load_private_key(private_key)
     signature = key.sign(manifest.read_bytes())
     record = {
         "algorithm": ALGORITHM,
@@ -106,7 +111,21 @@ def sign(artifact_dir: str | Path, private_key: str | Path | Ed25519PrivateKey) 
 
 
 def is_signed(artifact_dir: str | Path) -> bool:
-    return (Path(artifact_dir) / SIGNATURE).is_file()
+    from aotforge.artifacts.openssf_signing import BUNDLE
+
+    return any((Path(artifact_dir) / name).is_file() for name in (SIGNATURE, BUNDLE))
+
+
+def _is_ec(path: str | Path, *, private: bool) -> bool:
+    """Whether the PEM at ``path`` holds an elliptic-curve key (the OpenSSF model-signing scheme)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    if private:
+        key = _load_pem(path, lambda data: serialization.load_pem_private_key(data, password=None), "private")
+    else:
+        key = _load_pem(path, serialization.load_pem_public_key, "public")
+    return isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey))
 
 
 def verify_signature(artifact_dir: str | Path, public_key: str | Path | Ed25519PublicKey) -> bytes:
@@ -114,6 +133,11 @@ def verify_signature(artifact_dir: str | Path, public_key: str | Path | Ed25519P
     from cryptography.exceptions import InvalidSignature
 
     root = Path(artifact_dir)
+    if isinstance(public_key, (str, Path)) and _is_ec(public_key, private=False):
+        from aotforge.artifacts.openssf_signing import verify_bundle
+
+        verify_bundle(root, Path(public_key))  # every file, manifest.json included
+        return read_manifest_bytes(root)
     key = public_key if not isinstance(public_key, (str, Path)) else load_public_key(public_key)
     sig_path, manifest_path = root / SIGNATURE, root / MANIFEST
     if not sig_path.is_file():

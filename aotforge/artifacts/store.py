@@ -13,13 +13,16 @@ from pathlib import Path
 
 import jinja2
 
+from aotforge.artifacts.card_plots import PLOTS_DIR, available
 from aotforge.artifacts.debris import make_temp_dir, sweep
 from aotforge.artifacts.hashing import hash_tree, sha256_file
 from aotforge.artifacts.manifest import MANIFEST, Manifest
 from aotforge.artifacts.names import check_name, check_version
-from aotforge.core.errors import ArtifactError
+from aotforge.core.errors import ArtifactError, UnknownReferenceError
 
 MODEL_CARD = "MODEL_CARD.md"
+#: The same card as one HTML page (its plots beside it under ``plots/``).
+MODEL_CARD_HTML = "MODEL_CARD.html"
 #: The IR the target compiled, in every artifact (and every build cache entry).
 MODEL_FILE = "model.onnx"
 _STAGING_PREFIX = ".staging-"
@@ -65,18 +68,22 @@ def finalize(stage: Path, manifest: Manifest, out: Path, *, explicit: bool) -> t
     unless the user asked for this one (``explicit``), which is then refused: a version is never
     overwritten.
     """
+    drawn = sorted(p.relative_to(stage).as_posix() for p in (stage / PLOTS_DIR).glob("*.png"))
     files = hash_tree(stage)
     version = manifest.version
     for _ in range(_MAX_CLAIMS):
         claim = dataclasses.replace(manifest, version=version)
-        (stage / MODEL_CARD).write_text(render_model_card(claim))
-        claim = dataclasses.replace(claim, files={**files, MODEL_CARD: sha256_file(stage / MODEL_CARD)})
+        card = render_model_card(claim, drawn)
+        (stage / MODEL_CARD).write_text(card)
+        (stage / MODEL_CARD_HTML).write_text(card_html(card, f"{claim.name} v{claim.version} — {claim.target.name}"))
+        cards = {name: sha256_file(stage / name) for name in (MODEL_CARD, MODEL_CARD_HTML)}
+        claim = dataclasses.replace(claim, files={**files, **cards})
         (stage / MANIFEST).write_text(claim.to_json())
         final = artifact_path(out, claim.name, version, claim.target.name)
         if _claim(stage, final):
             return claim, final
         if explicit:
-            raise ArtifactError(
+            raise UnknownReferenceError(
                 f"{final} already exists: version {version} of {claim.name} for {claim.target.name} "
                 "was built before; give another --version or leave it out to get the next one"
             )
@@ -98,8 +105,33 @@ def _claim(stage: Path, final: Path) -> bool:
     return True
 
 
-def render_model_card(manifest: Manifest) -> str:
-    return _model_card_template().render(m=dataclasses.asdict(manifest))
+def render_model_card(manifest: Manifest, plots: list[str] | None = None) -> str:
+    """MODEL_CARD.md from the manifest; ``plots`` (paths under ``plots/``) are embedded where they belong."""
+    return _model_card_template().render(m=dataclasses.asdict(manifest), plots=plots or [], plots_drawn=available())
+
+
+def card_html(markdown: str, title: str) -> str:
+    """The card as one HTML page (CommonMark + tables, through rich's markdown-it) that opens in a browser."""
+    from html import escape
+
+    from markdown_it import MarkdownIt
+
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown)
+    return _HTML.format(title=escape(title), body=body)
+
+
+_HTML = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem; color: #222; }}
+table {{ border-collapse: collapse; margin: 0.5rem 0; }}
+th, td {{ border: 1px solid #ccc; padding: 0.2rem 0.5rem; text-align: left; }}
+code {{ background: #f3f3f3; padding: 0 0.2rem; }}
+img {{ max-width: 100%; }}
+</style></head>
+<body>
+{body}</body></html>
+"""
 
 
 @functools.cache

@@ -100,7 +100,7 @@ def serve(direct: DirectPlan, opts: BuildOptions, say: Progress) -> BuildResult 
     if not name:
         direct.reason = "direct entry names no artifact"
         return None
-    place = place_artifact(opts.out, opts.name or safe_name(name), opts.version, opts.target)
+    place = place_artifact(opts.out, opts.name or safe_name(name), opts.version, opts.target, plots=False)
     with staging_dir(opts.out) as stage:
         hit = build_cache.lookup(opts.cache_dir, entry.key, stage)
         if hit is None or MODEL_FILE not in hit.files:
@@ -128,13 +128,22 @@ def serve(direct: DirectPlan, opts: BuildOptions, say: Progress) -> BuildResult 
             direct.reason = "direct entry's manifest has other fields than this aotforge's"
             return None
         direct.reason = "hit"
+        for rel, png in entry.plots.items():  # the stored build's card plots: nothing is drawn here
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            (stage / rel).write_bytes(png)
         say(f"cache hit (direct) {entry.key[:12]}: skipping the frontend, passes and {opts.target} compile")
         manifest = store_artifact(stage, manifest, place)
     return BuildResult(place.path_of(manifest), manifest)
 
 
 def remember(
-    direct: DirectPlan, reads: Reads, key: str, manifest: Manifest, source_name: str, opts: BuildOptions
+    direct: DirectPlan,
+    reads: Reads,
+    key: str,
+    manifest: Manifest,
+    source_name: str,
+    opts: BuildOptions,
+    stage: Path | None = None,
 ) -> None:
     """After a full build (before ``finalize``), store its direct entry; one that read an unhashable file gets none."""
     assert direct.key is not None and opts.cache_dir is not None
@@ -159,7 +168,12 @@ def remember(
         template.pop(field)
     template["name"] = source_name
     built_at = str(manifest.build.get("created_at", ""))
-    build_cache_direct.store(opts.cache_dir, direct.key, direct.components, files, listings, key, template, built_at)
+    plots = (
+        {p.relative_to(stage).as_posix(): p.read_bytes() for p in sorted(stage.glob("plots/*.png"))} if stage else {}
+    )
+    build_cache_direct.store(
+        opts.cache_dir, direct.key, direct.components, files, listings, key, template, built_at, plots
+    )
     direct.reason = f"{direct.reason}; direct entry stored ({len(files)} files tracked)"
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aotforge.artifacts.card_plots import latency_plot, manifest_plots
 from aotforge.artifacts.hashing import sha256_file
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.names import check_name, check_version
@@ -54,13 +55,15 @@ class ArtifactPlace:
     version: int
     target: str
     explicit: bool
+    #: Draw the model card's plots (``artifacts.card_plots``; ~1 s of matplotlib per build).
+    plots: bool = True
 
     def path_of(self, manifest: Manifest) -> Path:
         """Where the stored artifact is (its version is the one its manifest says)."""
         return artifact_path(self.out, manifest.name, manifest.version, self.target)
 
 
-def place_artifact(out: Path, name: str, version: int | None, target: str) -> ArtifactPlace:
+def place_artifact(out: Path, name: str, version: int | None, target: str, *, plots: bool = True) -> ArtifactPlace:
     """The next version (or the one asked for) of ``name`` under ``out``; an existing explicit one is refused."""
     check_name(name, "--name")
     if version is not None:
@@ -69,8 +72,8 @@ def place_artifact(out: Path, name: str, version: int | None, target: str) -> Ar
         # Refused before the compile: an existing version costs the user no compile time.
         if final.exists():
             raise InputSpecError(f"{final} already exists: give another --version or leave it out to get the next one")
-        return ArtifactPlace(out, name, version, target, explicit=True)
-    return ArtifactPlace(out, name, next_version(out, name), target, explicit=False)
+        return ArtifactPlace(out, name, version, target, explicit=True, plots=plots)
+    return ArtifactPlace(out, name, next_version(out, name), target, explicit=False, plots=plots)
 
 
 def build_record(started: float, **extra: Any) -> dict[str, Any]:
@@ -186,6 +189,8 @@ def compile_and_store(
         say("benchmarking (in a process of its own)")
         (run,) = bench_artifact(stage, job.samples[0], batch=job.batch, options=job.bench, staged=(record, job.ctx.io))
         bench = run.result
+        if job.place.plots:
+            latency_plot(stage, run.times_ms, bench)
     manifest = Manifest(
         name=job.place.name,
         version=job.place.version,
@@ -200,6 +205,9 @@ def compile_and_store(
         files={},
         build=build_record(started, **job.build_extra, **({"cache": cache} if cache is not None else {})),
     )
+    if job.place.plots:  # before before_store: the direct cache keeps them for its hits
+        manifest_plots(stage, validation, bench, job.passes)
     if before_store is not None and cache is not None:
         before_store(manifest, cache)
+    say("writing the artifact (model card, plots, hashes)")
     return store_artifact(stage, manifest, job.place)

@@ -69,7 +69,7 @@ def build_resolved(
     if opts.prepare_only:
         return prepare_bundle(planned, opts, name)
     # Placed before the compile: an existing version costs the user no compile time.
-    place = place_artifact(opts.out, name, opts.version, opts.target)
+    place = place_artifact(opts.out, name, opts.version, opts.target, plots=opts.plots)
     with staging_dir(opts.out) as stage:
         ir.save(planned.source.ir, stage / MODEL_FILE)
         _copy_source_files(planned.source, stage)
@@ -77,7 +77,7 @@ def build_resolved(
 
         def remember(manifest: Manifest, cache: dict[str, Any]) -> None:
             if direct.key is not None:
-                remember_direct(direct, reads, cache["key"], manifest, planned.source.name, opts)
+                remember_direct(direct, reads, cache["key"], manifest, planned.source.name, opts, stage)
                 cache["direct"] = direct.reason
 
         manifest = compile_and_store(job, stage, started, say, before_store=remember)

@@ -34,7 +34,7 @@ from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolcha
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
 from aotforge.compiler.validation import validation_plan
-from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError
+from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError, UnknownReferenceError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import IOSpec
 from aotforge.core.target_record import TargetRecord
@@ -81,7 +81,7 @@ def write_bundle(draft: BundleDraft, out: Path, toolchain: Mapping[str, str]) ->
         )
     final = bundle_path(out, draft.name, draft.target)
     if final.exists():
-        raise ArtifactError(f"{final} already exists: remove it or give another --name")
+        raise UnknownReferenceError(f"{final} already exists: remove it or give another --name")
     target = get_target(draft.target)
     with staging_dir(out) as stage:
         ir.save(draft.model, stage / "model.onnx")

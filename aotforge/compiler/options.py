@@ -38,6 +38,8 @@ class BuildOptions:
     seed: int = 0
     bench: bool = True
     bench_options: BenchOptions = BenchOptions()
+    #: Draw the model card's plots (latency, accuracy, quantized layers, generation) with matplotlib.
+    plots: bool = True
     dump_ir: Path | None = None
     #: Directory of the build cache (``artifacts.build_cache``); None builds without one.
     cache_dir: Path | None = None
@@ -65,12 +67,17 @@ class BuildOptions:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildOptions:
-        """Options from loose values; unknown keys are rejected by name."""
+        """Options from loose values; unknown keys are rejected by name.
+
+        The ``aotforge compile`` flag names are accepted too (:data:`CLI_SPELLINGS`):
+        ``build(m, bench_seconds=2, precision="int8", target_opt={"mcpu": "znver4"})``.
+        """
         fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - fields)
+        unknown = sorted(set(data) - fields - set(CLI_SPELLINGS))
         if unknown:
-            raise OptionsError(f"unknown build option(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
-        values = dict(data)
+            valid = ", ".join(sorted(fields | set(CLI_SPELLINGS)))
+            raise OptionsError(f"unknown build option(s) {', '.join(unknown)}; valid: {valid}")
+        values = _from_cli_spellings(dict(data))
         if "passes" in values:
             values["passes"] = tuple(values["passes"])
         if "dynamic" in values:
@@ -120,3 +127,99 @@ def _dim_range(value: Any) -> DimRange:
     if isinstance(value, Mapping):
         return DimRange(**value)
     return DimRange.parse(str(value))
+
+
+#: ``--precision`` -> the pass it appends to the pass list (Olive's ``--precision``); fp32 appends none.
+PRECISIONS: dict[str, str | None] = {
+    "fp32": None,
+    "fp16": "fp16",
+    "bf16": "bf16",
+    "int8": "int8",
+    "int8-dynamic": "int8-dynamic",
+    "int4": "weight-only",
+}
+
+#: ``aotforge compile`` flag names (as Python keywords) that are not field names, and what they set.
+CLI_SPELLINGS: dict[str, str] = {
+    "bench_seconds": "bench_options.max_seconds",
+    "no_bench": "bench (negated)",
+    "precision": "passes (appends the precision's pass)",
+    "target_opt": "target_options",
+    "pass_opt": "pass_params (PASS.KEY=VALUE)",
+    "input_range": "input_ranges (NAME=LOW:HIGH)",
+    "tune_trials": "target_options['tune_trials']",
+    "tune_minutes": "target_options['tune_minutes']",
+    "backend_deadline": "backend_deadline_s",
+}
+
+
+def _from_cli_spellings(values: dict[str, Any]) -> dict[str, Any]:
+    """Fold the CLI's flag names into the fields they set (merged over those fields' values when both are given)."""
+    if "bench_seconds" in values:
+        bench = values.get("bench_options", BenchOptions())
+        bench = BenchOptions(**bench) if isinstance(bench, Mapping) else bench
+        values["bench_options"] = dataclasses.replace(bench, max_seconds=float(values.pop("bench_seconds")))
+    if "no_bench" in values:
+        values["bench"] = not values.pop("no_bench")
+    if "backend_deadline" in values:
+        values["backend_deadline_s"] = values.pop("backend_deadline")
+    if "target_opt" in values:
+        values["target_options"] = {
+            **values.get("target_options", {}),
+            **dict(_pairs(values.pop("target_opt"), "target_opt")),
+        }
+    for key in ("tune_trials", "tune_minutes"):
+        if key in values:
+            value = values.pop(key)
+            if value:
+                values["target_options"] = {**values.get("target_options", {}), key: str(value)}
+    if "pass_opt" in values:
+        params = {k: dict(v) for k, v in values.get("pass_params", {}).items()}
+        for key, value in _pairs(values.pop("pass_opt"), "pass_opt"):
+            name, dot, field = key.partition(".")
+            if not dot or not field:
+                raise OptionsError(f"pass_opt {key!r} is not PASS.KEY, e.g. int8.method")
+            params.setdefault(name, {})[field] = value
+        values["pass_params"] = params
+    if "input_range" in values:
+        from aotforge.core.spec import parse_value_range
+
+        ranges = values.pop("input_range")
+        given = [ranges] if isinstance(ranges, str) else ranges
+        values["input_ranges"] = {**values.get("input_ranges", {}), **dict(parse_value_range(r) for r in given)}
+    if "precision" in values:
+        values["passes"] = with_precision(values.get("passes", (_default_preset(),)), values.pop("precision"))
+    return values
+
+
+def with_precision(passes: Sequence[str], precision: str | None) -> tuple[str, ...]:
+    """``passes`` with the precision's pass appended; a pass list that already sets a precision is refused."""
+    if precision is None:
+        return tuple(passes)
+    if precision not in PRECISIONS:
+        raise OptionsError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    chosen = PRECISIONS[precision]
+    clash = [p for p in passes if p in {v for v in PRECISIONS.values() if v}]
+    if clash:
+        raise OptionsError(
+            f"precision {precision} and the pass(es) {', '.join(clash)} in the pass list both set the precision: "
+            "give one of them"
+        )
+    return (*passes, chosen) if chosen else tuple(passes)
+
+
+def _pairs(value: Any, what: str) -> list[tuple[str, Any]]:
+    """A mapping, or ``KEY=VALUE`` strings (one or several), as (key, value) pairs."""
+    if isinstance(value, Mapping):
+        return list(value.items())
+    items = [value] if isinstance(value, str) else list(value)
+    pairs = []
+    for item in items:
+        if isinstance(item, tuple) and len(item) == 2:
+            pairs.append((str(item[0]), item[1]))
+            continue
+        key, sep, val = str(item).partition("=")
+        if not sep or not key.strip():
+            raise OptionsError(f"{what} {item!r} is not KEY=VALUE")
+        pairs.append((key.strip(), val.strip()))
+    return pairs

@@ -1,16 +1,38 @@
 """The one exception family of aotforge.
 
 Every error a user can cause derives from :class:`AotforgeError`. Its message names the
-cause and the fix; the CLI prints it as one line and exits with :attr:`exit_code`.
+cause and the fix; the CLI prints it as one line and exits with :attr:`exit_code`, one of
+:data:`EXIT_CODES` (documented in ``aotforge --help`` and the README).
 """
 
 from __future__ import annotations
+
+#: A bug: an exception that is not an :class:`AotforgeError` (the CLI prints one line; --debug the traceback).
+EXIT_INTERNAL = 1
+#: The user's input: a model, option, input, name or registry reference that cannot work (click's usage errors too).
+EXIT_USER = 2
+#: The artifact does not reproduce the source model within tolerance, or a promotion gate failed.
+EXIT_VALIDATION = 3
+#: An artifact is not intact: a file's or the manifest's hash, or its signature, does not match.
+EXIT_INTEGRITY = 4
+#: The target (its SDK, device or a matching host) is not available here.
+EXIT_TARGET_UNAVAILABLE = 5
+
+#: Exit status -> what it means, in the order ``aotforge --help`` lists them.
+EXIT_CODES: dict[int, str] = {
+    0: "success",
+    EXIT_INTERNAL: "internal error (a bug: rerun with --debug and report the traceback)",
+    EXIT_USER: "user error (bad model, option, input, name or registry reference)",
+    EXIT_VALIDATION: "validation failed (artifact vs source model) or a promotion gate failed",
+    EXIT_INTEGRITY: "integrity or signature failure (a hash or signature does not match, not an artifact)",
+    EXIT_TARGET_UNAVAILABLE: "target unavailable on this host (SDK, device, or built for another host)",
+}
 
 
 class AotforgeError(Exception):
     """Base of every user-facing aotforge error."""
 
-    exit_code = 2
+    exit_code = EXIT_USER
 
 
 class ModelLoadError(AotforgeError):
@@ -32,6 +54,8 @@ class PassFailedError(AotforgeError):
 class TargetUnavailableError(AotforgeError):
     """The target cannot compile or run on this host (missing package or device)."""
 
+    exit_code = EXIT_TARGET_UNAVAILABLE
+
 
 class UnsupportedModelError(AotforgeError):
     """The target cannot honour the model or a pass that ran on it."""
@@ -44,11 +68,20 @@ class CompileError(AotforgeError):
 class ValidationFailedError(AotforgeError):
     """The compiled artifact does not reproduce the source model within tolerance."""
 
-    exit_code = 3
+    exit_code = EXIT_VALIDATION
 
 
 class ArtifactError(AotforgeError):
     """An artifact is missing, incomplete, tampered with or built for another host."""
+
+    exit_code = EXIT_INTEGRITY
+
+
+class UnknownReferenceError(ArtifactError):
+    """A user error about artifacts, not an integrity failure: a malformed or unknown name, version,
+    registry reference or registry path, or a destination that already exists."""
+
+    exit_code = EXIT_USER
 
 
 class SignatureError(ArtifactError):
@@ -57,6 +90,8 @@ class SignatureError(ArtifactError):
 
 class HostMismatchError(ArtifactError):
     """An artifact was built for a host or toolchain this one does not match."""
+
+    exit_code = EXIT_TARGET_UNAVAILABLE
 
 
 def describe(e: BaseException, *, last: bool = False, limit: int = 300) -> str:
@@ -73,3 +108,5 @@ class RegistryError(AotforgeError):
 
 class PromotionRefusedError(RegistryError):
     """An alias was not moved because a promotion gate (validation, quality, latency) failed."""
+
+    exit_code = EXIT_VALIDATION

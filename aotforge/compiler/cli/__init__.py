@@ -6,12 +6,11 @@ the heavy libraries inside their bodies, so ``aotforge --help`` and a direct cac
 
 from __future__ import annotations
 
-import logging
-import warnings
-
 import click
 
 from aotforge.compiler.cli import artifact, bench, build, bundle, farm, generate, integrity, registry
+from aotforge.compiler.cli.progress import quiet_libraries
+from aotforge.core.errors import EXIT_CODES
 
 #: Every command, by group; ``aotforge --help`` lists them by name.
 COMMANDS = (
@@ -35,14 +34,23 @@ COMMANDS = (
 )
 
 
-@click.group(commands=COMMANDS)
-@click.option("--debug", is_flag=True, help="Show full tracebacks.")
-def main(debug: bool) -> None:
+def _epilog() -> str:
+    codes = "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items())
+    return (
+        f"\b\nExit status:\n{codes}\n\n"
+        "\b\nShell completion (bash; zsh and fish alike, with zsh_source / fish_source):\n"
+        '  eval "$(_AOTFORGE_COMPLETE=bash_source aotforge)"'
+    )
+
+
+@click.group(commands=COMMANDS, epilog=_epilog())
+@click.option("--debug", is_flag=True, help="Show full tracebacks (and the libraries' logging).")
+@click.option("--verbose", "-v", is_flag=True, help="Show the libraries' warnings, logging and progress bars.")
+def main(debug: bool, verbose: bool) -> None:
     """aotforge: compile a model ahead of time into a validated, benchmarked artifact."""
-    if not debug:
-        # The exporters' deprecation chatter buries our one-line messages; --debug keeps it.
-        warnings.filterwarnings("ignore")
-        logging.getLogger("torch").setLevel(logging.ERROR)
+    if not (debug or verbose):
+        # The exporters' deprecation chatter, TVM / MLflow logging and tqdm bars bury our one-line messages.
+        quiet_libraries()
 
 
 __all__ = ["COMMANDS", "main"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -11,12 +12,26 @@ from aotforge.core.errors import InputSpecError
 
 
 @click.command()
-def targets() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list: name, available, compiles, reason, details.")
+def targets(as_json: bool) -> None:
     """List targets and whether this host can use them."""
     from aotforge.targets import TARGETS, get_target
 
-    for name in TARGETS:
-        probe = get_target(name).probe()
+    probes = {name: get_target(name).probe() for name in TARGETS}
+    if as_json:
+        rows = [
+            {
+                "name": n,
+                "available": p.available,
+                "compiles": p.compiles,
+                "reason": p.reason,
+                "details": dict(p.details),
+            }
+            for n, p in probes.items()
+        ]
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+        return
+    for name, probe in probes.items():
         state = "available" if probe.available else f"unavailable: {probe.reason}"
         if not probe.available and probe.compiles:
             state = f"compile only: {probe.reason}"

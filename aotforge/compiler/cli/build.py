@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 import click
 
 from aotforge.compiler.cli.common import DimRangeParam, KeyValueParam, manifest_summary, user_errors
+from aotforge.compiler.cli.progress import build_progress
 from aotforge.compiler.frontend_transformers import Task
 from aotforge.core.spec import parse_value_range
 
@@ -25,6 +28,12 @@ from aotforge.core.spec import parse_value_range
 @click.option("--name", help="Artifact name (default: the model file's stem).")
 @click.option("--version", type=click.IntRange(min=1), help="Artifact version (default: next free one).")
 @click.option("--passes", default="O1", show_default=True, help="Comma list of passes and presets (O0, O1, O2).")
+@click.option(
+    "--precision",
+    type=click.Choice(["fp32", "fp16", "bf16", "int8", "int8-dynamic", "int4"]),
+    help="Shortcut that appends the precision's pass to --passes: fp16, bf16, int8 (static QDQ, calibrated), "
+    "int8-dynamic, int4 (weight-only, MatMulNBits; onnxruntime).",
+)
 @click.option(
     "--dynamic", multiple=True, type=DimRangeParam(), help="Dynamic dim range, e.g. batch=1:32 or batch=1:8:32."
 )
@@ -80,18 +89,21 @@ from aotforge.core.spec import parse_value_range
 @click.option("--backend-memory-mb", type=click.IntRange(min=64), help="Memory limit of that child (default: none).")
 @click.option("--recipe", type=click.Path(path_type=Path), help="TOML recipe of passes and options; flags override it.")
 @click.option("--sign-key", type=click.Path(path_type=Path), help="Sign the artifact with this ed25519 private key.")
-@click.option("--push", "push_to", help="Then push it to this registry (a directory or an http(s):// MLflow URI).")
+@click.option(
+    "--push", "push_to", help="Then push it to this registry (a local directory or an http(s):// MLflow tracking URI)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (path, name, version, target, figures).")
 @user_errors
 def compile(model: str, **kw: Any) -> None:
     """Compile MODEL (.onnx file, .py model file or module, transformers model directory) into an artifact;
-    prints its path last."""
+    prints its path last (with --json: one JSON object, its path in "path")."""
     from rich.console import Console
 
     from aotforge.compiler.api import build
 
     # Only light modules here: a direct cache hit must not import torch, onnx or the targets.
     from aotforge.compiler.benchmark import BenchOptions
-    from aotforge.compiler.options import BuildOptions
+    from aotforge.compiler.options import BuildOptions, with_precision
 
     options = BuildOptions.from_dict(
         {
@@ -123,6 +135,8 @@ def compile(model: str, **kw: Any) -> None:
     )
     if kw["recipe"]:
         options = _with_recipe(kw["recipe"], options, click.get_current_context())
+    if kw["precision"]:  # after the recipe: its pass list is what the precision's pass is appended to
+        options = dataclasses.replace(options, passes=with_precision(options.passes, kw["precision"]))
     if "," in options.target or options.target == "all":  # compiler.farm: one artifact per target
         from aotforge.compiler.cli.farm import compile_many
 
@@ -130,15 +144,15 @@ def compile(model: str, **kw: Any) -> None:
     if kw["explain_cache"] and options.cache_dir is None:
         raise click.BadParameter("--explain-cache needs --cache-dir", param_hint="--explain-cache")
     console = Console(stderr=True)
-    with console.status("building") as status:
-        result = build(model, options, progress=status.update, direct_lookup=not kw["explain_cache"])
+    with build_progress(console) as progress:
+        result = build(model, options, progress=progress, direct_lookup=not kw["explain_cache"])
     if options.prepare_only:
         console.print(
             f"bundle for {options.target} written; finish it with: aotforge finish {result.path}",
             markup=False,
             soft_wrap=True,
         )
-        click.echo(str(result.path))
+        click.echo(json.dumps({"path": str(result.path), "bundle": True}) if kw["as_json"] else str(result.path))
         return
     m = result.manifest
     console.print(manifest_summary(m.to_dict()), markup=False, highlight=False)
@@ -150,12 +164,38 @@ def compile(model: str, **kw: Any) -> None:
 
         sign(result.path, kw["sign_key"])
         console.print(f"signed: {result.path / 'manifest.sig'}", markup=False, soft_wrap=True)
+    pushed = None
     if kw["push_to"]:
         from aotforge.artifacts.registry import open_registry
 
         ref_name, ref_version = open_registry(kw["push_to"]).push(result.path)
         console.print(f"pushed to {kw['push_to']} as {ref_name}:{ref_version}", markup=False, soft_wrap=True)
+        pushed = {"registry": kw["push_to"], "ref": f"{ref_name}:{ref_version}"}
+    if kw["as_json"]:
+        click.echo(json.dumps(compile_report(result.path, m.to_dict(), pushed), indent=2, sort_keys=True))
+        return
     click.echo(str(result.path))
+
+
+def compile_report(path: Path, m: dict[str, Any], pushed: dict[str, str] | None) -> dict[str, Any]:
+    """``compile --json``: where the artifact is, what it is, and its figures (the manifest has the rest)."""
+    from aotforge.artifacts.hashing import sha256_file
+
+    v = m["validation"]
+    return {
+        "path": str(path),
+        "name": m["name"],
+        "version": m["version"],
+        "target": m["target"]["name"],
+        "passes": [p["name"] for p in m["passes"]],
+        "manifest_sha256": sha256_file(path / "manifest.json"),
+        "validation": {k: v[k] for k in ("passed", "tolerance", "metrics", "token_agreement") if k in v},
+        "benchmark": m["benchmark"],
+        "files": sorted(m["files"]),
+        "cache": m["build"].get("cache"),
+        "signed": (path / "manifest.sig").is_file(),
+        "pushed": pushed,
+    }
 
 
 def _digest_line(path: Path) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from aotforge.core.errors import AotforgeError
+from aotforge.core.errors import EXIT_INTERNAL, AotforgeError, describe
 from aotforge.core.spec import DimRange
 
 
@@ -40,17 +40,29 @@ class KeyValueParam(click.ParamType):
 
 
 def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """One line on stderr and a non-zero exit for user errors; the traceback only with --debug."""
+    """One line on stderr and the error's exit status (``core.errors.EXIT_CODES``); the traceback only
+    with --debug. Anything else that escapes is a bug: one ``internal error:`` line and exit 1."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
         except AotforgeError as e:
             if click.get_current_context().find_root().params.get("debug"):
                 raise
             click.echo(f"error: {e}", err=True)
             sys.exit(e.exit_code)
+        except Exception as e:
+            if click.get_current_context().find_root().params.get("debug"):
+                raise
+            click.echo(
+                f"internal error: {type(e).__name__}: {describe(e)} (a bug in aotforge or a library it calls: "
+                "rerun with `aotforge --debug ...` for the traceback and report it)",
+                err=True,
+            )
+            sys.exit(EXIT_INTERNAL)
 
     return wrapper
 

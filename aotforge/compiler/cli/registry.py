@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +18,7 @@ _registry_option = click.option(
     "--registry",
     type=str,
     default=None,
-    help="Registry: a local directory (default: ~/.aotforge/registry) or an http(s):// MLflow URI.",
+    help="Registry: a local directory (default: ~/.aotforge/registry) or an http(s):// MLflow tracking URI.",
 )
 
 
@@ -48,10 +50,15 @@ def pull(ref: str, dest: Path, registry: str | None) -> None:
 
 @click.command(name="list")
 @_registry_option
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of the registry's entries.")
 @user_errors
-def list_(registry: str | None) -> None:
+def list_(registry: str | None, as_json: bool) -> None:
     """List the artifacts in the registry."""
     entries = _open(registry).list()
+    if as_json:
+        rows = [{**dataclasses.asdict(e), "ref": e.ref, "aliases": list(e.aliases)} for e in entries]
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+        return
     if not entries:
         click.echo("registry is empty")
         return

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aotforge.artifacts.card_plots import manifest_plots
 from aotforge.artifacts.hashing import sha256_file
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.store import staging_dir
@@ -47,7 +48,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
     plan = getattr(backend, "plan_generative", None)
     if plan is not None:  # options the target cannot honour are refused before the export
         plan(spec, target_opts)
-    place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target)
+    place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.plots)
     with staging_dir(opts.out) as stage:
         say("exporting the prefill and decode graphs")
         attention = getattr(backend, "DECODE_ATTENTION", "masked")
@@ -94,6 +95,8 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
             files={},
             build=build_record(started, toolchain_key=key_toolchain(opts.target, target.probe())),
         )
+        if place.plots:
+            manifest_plots(stage, manifest.validation, manifest.benchmark, manifest.passes)
         manifest = store_artifact(stage, manifest, place)
     return BuildResult(place.path_of(manifest), manifest)
 
