@@ -19,7 +19,7 @@ from aotforge.compiler.farm import report
 from aotforge.compiler.farm.plan import load_plan
 from aotforge.compiler.farm.prepare import options_per_target
 from aotforge.compiler.farm.spec import is_multi, parse_targets
-from aotforge.core.errors import OptionsError
+from aotforge.core.errors import EXIT_PARTIAL, OptionsError
 from tests.tiny_models import relu_add
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,7 +102,7 @@ def test_cli_failed_target_fails_its_row_and_the_exit(tmp_path: Path) -> None:
         [*CLI, "compile", str(model), "--target", "onnxruntime,tensorrt", "--out", str(tmp_path / "o"), "--no-bench"],
         capture_output=True, text=True, env=_env(), timeout=600,
     )  # fmt: skip
-    assert run.returncode == 1, run.stderr
+    assert run.returncode == EXIT_PARTIAL, run.stderr
     assert run.stdout.strip().splitlines() == [str(tmp_path / "o/m/1/onnxruntime")]
     assert "m / tensorrt: target tensorrt is not available on this host" in run.stderr
     md = (tmp_path / "o/m/1/matrix.md").read_text()
@@ -156,7 +156,7 @@ def test_matrix_plan_local_is_cache_aware_and_keeps_going(tmp_path: Path) -> Non
         )  # fmt: skip
 
     first = run()
-    assert first.returncode == 1, first.stderr
+    assert first.returncode == EXIT_PARTIAL, first.stderr
     summary = json.loads((tmp_path / "farm/matrix.json").read_text())
     status = [(r["model"], r["status"]) for r in summary["rows"]]
     assert status == [("a", "ok"), ("missing", "failed"), ("b", "ok")], first.stderr

@@ -18,6 +18,9 @@ EXIT_INTEGRITY = 4
 #: The target (its SDK, device or a matching host) is not available here.
 EXIT_TARGET_UNAVAILABLE = 5
 
+#: A multi-target compile or a matrix finished with some of its builds failed (the others are written).
+EXIT_PARTIAL = 6
+
 #: Exit status -> what it means, in the order ``aotforge --help`` lists them.
 EXIT_CODES: dict[int, str] = {
     0: "success",
@@ -26,6 +29,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_VALIDATION: "validation failed (artifact vs source model) or a promotion gate failed",
     EXIT_INTEGRITY: "integrity or signature failure (a hash or signature does not match, not an artifact)",
     EXIT_TARGET_UNAVAILABLE: "target unavailable on this host (SDK, device, or built for another host)",
+    EXIT_PARTIAL: "some builds of a multi-target compile or a matrix failed (the others finished)",
 }
 
 

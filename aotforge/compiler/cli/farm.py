@@ -9,9 +9,10 @@ from typing import Any
 import click
 
 from aotforge.compiler.cli.common import user_errors
+from aotforge.core.errors import EXIT_PARTIAL
 
 #: Exit status when a requested target (a plan entry) failed, after every other one finished.
-EXIT_SOME_FAILED = 1
+EXIT_SOME_FAILED = EXIT_PARTIAL
 
 
 def compile_many(model: str, options: Any, kw: dict[str, Any]) -> None:
