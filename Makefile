@@ -11,7 +11,7 @@ ARGS ?=
 # With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
 _flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
-.PHONY: compile test test-slow lint bench targets clean device-check neuron-env
+.PHONY: compile test test-slow lint bench bench-generation targets clean device-check neuron-env
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,8 +55,14 @@ lint: $(BIN)/.installed
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache
 
+# bench: the single-pass models, then the decoders side by side (bench-generation: aotforge onnxruntime and
+# tvm vs ONNX Runtime GenAI fp32 vs transformers eager on the SmolLM-135M shape, with the bandwidth floor).
 bench: $(BIN)/.installed
 	$(BIN)/python tools/bench.py
+	$(BIN)/python tools/bench_generation.py
+
+bench-generation: $(BIN)/.installed
+	$(BIN)/python tools/bench_generation.py $(ARGS)
 
 # The Neuron SDK in an environment of its own: torch-neuronx 2.9 pins torch 2.9, aotforge pins 2.13.
 # The neuron target compiles through it (targets/neuron/worker.py): --target-opt python=.venv-neuron/bin/python.

@@ -1,13 +1,21 @@
 """Decoder benchmark: aotforge text-generation artifacts vs transformers eager vs ONNX Runtime GenAI, fp32.
 
-On a SmolLM-135M-shaped Llama (random weights, built offline from its config), prompt 128, greedy,
-2 threads; each runtime in its own process, one after another in one run (ratios are what counts
-on a shared machine). ONNX Runtime GenAI is installed only into this bench's own venv (--genai-venv,
-created on first use; it borrows the dev venv's packages through a .pth line), never as a
-dependency of aotforge. Its model builder converts the same directory offline; it wants a tokenizer
-beside the weights, so a word-level stand-in is saved there.
+On a SmolLM-135M-shaped Llama (random weights, built offline from its config), prompt 128, 64 new
+tokens greedy, 2 threads. Each runtime runs in its own process, and the runtimes alternate for
+--rounds rounds (each figure is the median over rounds: ratios are what counts on a shared
+machine). Per runtime: TTFT, ITL p50/p90/p99 and tokens/s at batch 1, tokens/s at batch
+--max-batch, and the process CPU time per decoded token at batch 1 (a figure that load moves
+less than wall time). The bandwidth floor is measured here: weight bytes / the read bandwidth of
+THREADS threads summing their halves of a 512 MiB array. The load average is printed before and
+after.
 
-    python tools/bench_generation.py --work /tmp/gen-bench [--layers 30] [--targets onnxruntime]
+aotforge artifacts are built once per target (--targets onnxruntime,tvm) and reused from --work.
+ONNX Runtime GenAI is installed only into this bench's own venv (--genai-venv, created on first use;
+it borrows the dev venv's packages through a .pth line), never as a dependency of aotforge. Its
+model builder converts the same directory offline; it wants a tokenizer beside the weights, so a
+word-level stand-in is saved there.
+
+    python tools/bench_generation.py --work /tmp/gen-bench [--layers 30] [--targets onnxruntime,tvm] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -60,60 +68,66 @@ def prompt_ids(n: int) -> list[int]:
     return [int(x) for x in np.random.default_rng(0).integers(1, SMOLLM["vocab_size"], size=n)]
 
 
-def run_transformers(model_dir: Path, prompt: int, new: int) -> dict[str, Any]:
+def run_transformers(model_dir: Path, prompt: int, new: int, batch: int) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(THREADS)
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
-    ids = torch.tensor([prompt_ids(prompt)])
-    marks = []
-    with torch.inference_mode():
-        model(input_ids=ids[:, :8])  # warm-up
-        start = time.perf_counter()
-        out = model(input_ids=ids, use_cache=True)
-        marks.append(time.perf_counter() - start)
-        cache, token = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
-        for _ in range(new - 1):
-            out = model(input_ids=token, cache=cache, use_cache=True)
-            cache, token = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+
+    def once(rows: int, n: int) -> list[float]:
+        ids = torch.tensor([prompt_ids(prompt)] * rows)
+        marks, start = [], time.perf_counter()
+        with torch.inference_mode():
+            out = model(input_ids=ids, use_cache=True)
             marks.append(time.perf_counter() - start)
-    return _summary(marks)
+            cache, token = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+            for _ in range(n - 1):
+                out = model(input_ids=token, cache=cache, use_cache=True)
+                cache, token = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+                marks.append(time.perf_counter() - start)
+        return marks
+
+    return _measure(once, new, batch)
 
 
-def run_aotforge(model_dir: Path, work: Path, target: str, prompt: int, new: int, max_batch: int) -> dict[str, Any]:
+def build_aotforge(model_dir: Path, work: Path, target: str, prompt: int, new: int, max_batch: int) -> str:
+    """The artifact for ``target`` (built once: later runs and rounds load it)."""
     import aotforge
-    from aotforge.compiler.generative.benchmark import GenerationBenchOptions, benchmark_generation
 
-    out = work / "artifacts"
+    name = f"{model_dir.name}-{prompt + new}-{max_batch}"
+    done = sorted((work / "artifacts" / name).glob(f"*/{target}/manifest.json"), key=lambda p: int(p.parts[-3]))
+    if done:
+        return str(done[-1].parent)
     result = aotforge.build(
         model_dir,
         target=target,
         task="text-generation",
         max_seq_len=prompt + new,
         max_batch=max_batch,
-        out=out,
+        out=work / "artifacts",
+        name=name,
         bench=False,
         target_options={"intra_op_threads": THREADS} if target == "onnxruntime" else {},
     )
-    artifact = aotforge.load(result.path)
-    runner = artifact._generative()
-    opts = GenerationBenchOptions(prompt_lengths=(prompt,), decode_tokens=new, repeats=3)
-    record = benchmark_generation(
-        runner, runner.spec, result.manifest.target.info["weights"]["weights_file_bytes"], opts
-    )
-    marks = []
-    start = time.perf_counter()
-    for _ in artifact.stream(np.array([prompt_ids(prompt)]), new):
-        marks.append(time.perf_counter() - start)
-    return {
-        **_summary(marks),
-        "generation_record": {k: v for k, v in record.items() if k != "itl_by_position_ms"},
-        "validation": result.manifest.validation["token_agreement"],
-    }
+    return str(result.path)
 
 
-def run_genai(model_dir: Path, work: Path, prompt: int, new: int) -> dict[str, Any]:
+def run_aotforge(artifact_path: Path, prompt: int, new: int, batch: int) -> dict[str, Any]:
+    import aotforge
+
+    artifact = aotforge.load(artifact_path)
+
+    def once(rows: int, n: int) -> list[float]:
+        marks, start = [], time.perf_counter()
+        for _ in artifact.stream(np.array([prompt_ids(prompt)] * rows), n):
+            marks.append(time.perf_counter() - start)
+        return marks
+
+    return {**_measure(once, new, batch), "validation": artifact.manifest.validation.get("token_agreement")}
+
+
+def run_genai(model_dir: Path, work: Path, prompt: int, new: int, batch: int) -> dict[str, Any]:
     """Inside the genai venv: convert with its model builder (fp32, cpu), then time greedy decoding."""
     import onnxruntime_genai as og
 
@@ -130,25 +144,41 @@ def run_genai(model_dir: Path, work: Path, prompt: int, new: int) -> dict[str, A
         (built / "genai_config.json").write_text(json.dumps(config, indent=2))
     model = og.Model(str(built))
 
-    def once(n: int) -> list[float]:
+    def once(rows: int, n: int) -> list[float]:
         params = og.GeneratorParams(model)
-        params.set_search_options(max_length=prompt + n, do_sample=False)
+        params.set_search_options(max_length=prompt + n, do_sample=False, batch_size=rows)
         generator = og.Generator(model, params)
         marks, start = [], time.perf_counter()
-        generator.append_tokens(prompt_ids(prompt))
+        generator.append_tokens(np.array([prompt_ids(prompt)] * rows, dtype=np.int32))
         for _ in range(n):
             generator.generate_next_token()
             marks.append(time.perf_counter() - start)
         return marks
 
-    once(4)  # warm-up
-    return {**_summary(once(new)), "genai": og.__version__ if hasattr(og, "__version__") else "?"}
+    return {**_measure(once, new, batch), "genai": getattr(og, "__version__", "?")}
 
 
-def read_bandwidth_gbs() -> float:
-    """A single numpy read of 512 MiB (sum), best of 3: the floor's denominator."""
+def _measure(once: Any, new: int, batch: int) -> dict[str, Any]:
+    """Warm-up, batch 1 (wall marks per token and CPU time per decoded token), then batch ``batch``."""
+    once(1, 4)
+    cpu = time.process_time()
+    marks = once(1, new)
+    cpu_ms = (time.process_time() - cpu) * 1000.0 / new
+    summary = _summary(marks)
+    wide = once(batch, new)
+    tps = batch * (len(wide) - 1) / (wide[-1] - wide[0])
+    return {**summary, "cpu_ms_per_token": round(cpu_ms, 2), f"tokens_per_s_batch{batch}": round(tps, 2)}
+
+
+def read_bandwidth_gbs(threads: int = THREADS) -> float:
+    """``threads`` threads each summing its half of 512 MiB (numpy releases the GIL), best of 3: the floor's
+    denominator, read the way a decode step reads its weights."""
+    from concurrent.futures import ThreadPoolExecutor
+
     data = np.ones(128 * 1024 * 1024, dtype=np.float32)
-    best = min(_timed(data.sum) for _ in range(3))
+    parts = np.array_split(data, threads)
+    with ThreadPoolExecutor(threads) as pool:
+        best = min(_timed(lambda: list(pool.map(np.sum, parts))) for _ in range(3))
     return data.nbytes / best / 1e9
 
 
@@ -164,6 +194,7 @@ def _summary(marks: list[float]) -> dict[str, Any]:
         "ttft_ms": round(marks[0] * 1000.0, 2),
         "itl_p50_ms": round(float(np.percentile(itl, 50)), 3),
         "itl_p90_ms": round(float(np.percentile(itl, 90)), 3),
+        "itl_p99_ms": round(float(np.percentile(itl, 99)), 3),
         "tokens_per_s": round(len(itl) / (marks[-1] - marks[0]), 2),
     }
 
@@ -187,38 +218,109 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--max-batch", type=int, default=4)
-    parser.add_argument("--targets", default="onnxruntime")
+    parser.add_argument("--targets", default="onnxruntime,tvm")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--genai-venv", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: run one runtime, print JSON
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     model_dir = prepare(args.work, args.layers)
     if args.one:
-        kind, _, target = args.one.partition(":")
-        if kind == "transformers":
-            result = run_transformers(model_dir, args.prompt, args.new)
-        elif kind == "genai":
-            result = run_genai(model_dir, args.work, args.prompt, args.new)
-        else:
-            result = run_aotforge(model_dir, args.work, target, args.prompt, args.new, args.max_batch)
-        print("RESULT " + json.dumps(result))
+        print("RESULT " + json.dumps(_child(args, model_dir)))
         return
     venv = args.genai_venv or args.work / "genai-venv"
-    plan = [("transformers", Path(sys.executable))] + [
-        (f"aotforge:{t}", Path(sys.executable)) for t in args.targets.split(",")
-    ]
-    plan.append(("genai", genai_python(venv)))
-    results: dict[str, Any] = {"read_bandwidth_gbs": round(read_bandwidth_gbs(), 2), "load": os.getloadavg()}
-    for kind, python in plan:
-        cmd = [str(python), __file__, "--work", str(args.work), "--layers", str(args.layers), "--one", kind]
-        cmd += ["--prompt", str(args.prompt), "--new", str(args.new), "--max-batch", str(args.max_batch)]
-        env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-        results[kind] = json.loads(lines[-1][7:]) if lines else {"error": done.stderr.strip().splitlines()[-3:]}
+    runtimes: list[tuple[str, Path]] = [("transformers", Path(sys.executable)), ("genai", genai_python(venv))]
+    for target in filter(None, args.targets.split(",")):
+        built = _run(args, f"build:{target}", Path(sys.executable))
+        if "path" in built:
+            runtimes.append((f"aotforge:{built['path']}", Path(sys.executable)))
+        else:
+            print(f"aotforge {target}: not built: {built}", file=sys.stderr)
+    results: dict[str, Any] = {"load_before": os.getloadavg(), "threads": THREADS}
+    results["read_bandwidth_gbs"] = round(read_bandwidth_gbs(), 2)
+    rounds: dict[str, list[dict[str, Any]]] = {}
+    for _ in range(args.rounds):  # alternating: each round runs every runtime once
+        for kind, python in runtimes:
+            rounds.setdefault(_label(kind), []).append(_run(args, kind, python))
+    results["load_after"] = os.getloadavg()
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    results["weight_bytes"] = weights
     results["floor_itl_ms"] = round(weights / (results["read_bandwidth_gbs"] * 1e9) * 1000.0, 2)
+    results["runtimes"] = {label: _median(runs) for label, runs in rounds.items()}
     print(json.dumps(results, indent=2))
+    print(_table(results, args.max_batch))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def _child(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
+    kind, _, rest = args.one.partition(":")
+    if kind == "transformers":
+        return run_transformers(model_dir, args.prompt, args.new, args.max_batch)
+    if kind == "genai":
+        return run_genai(model_dir, args.work, args.prompt, args.new, args.max_batch)
+    if kind == "build":
+        return {"path": build_aotforge(model_dir, args.work, rest, args.prompt, args.new, args.max_batch)}
+    return run_aotforge(Path(rest), args.prompt, args.new, args.max_batch)
+
+
+def _label(kind: str) -> str:
+    return f"aotforge {Path(kind).name}" if kind.startswith("aotforge:") else kind
+
+
+def _run(args: argparse.Namespace, kind: str, python: Path) -> dict[str, Any]:
+    cmd = [str(python), __file__, "--work", str(args.work), "--layers", str(args.layers), "--one", kind]
+    cmd += ["--prompt", str(args.prompt), "--new", str(args.new), "--max-batch", str(args.max_batch)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    return json.loads(lines[-1][7:]) if lines else {"error": done.stderr.strip().splitlines()[-3:]}
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[-1]
+    merged: dict[str, Any] = dict(ok[-1])
+    for key, value in ok[-1].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            merged[key] = round(float(np.median([r[key] for r in ok])), 3)
+    merged["rounds"] = len(ok)
+    return merged
+
+
+def _load(avg: Any) -> str:
+    return " / ".join(f"{x:.1f}" for x in avg)
+
+
+def _table(results: dict[str, Any], batch: int) -> str:
+    """Markdown: each runtime's figures and its ratios to ONNX Runtime GenAI and to the floor."""
+    genai = results["runtimes"].get("genai", {})
+    floor = results["floor_itl_ms"]
+    head = (
+        f"| runtime | TTFT ms | ITL p50 | p90 | p99 | tok/s b1 | tok/s b{batch} | b{batch}/b1 | CPU ms/token "
+        "| ITL / GenAI | ITL / floor | TTFT / GenAI |"
+    )
+    rows = [head, "|" + "---|" * 12]
+    for label, r in results["runtimes"].items():
+        if "error" in r:
+            rows.append(f"| {label} | error: {' '.join(r['error'])[:200]} |")
+            continue
+        wide = r.get(f"tokens_per_s_batch{batch}", float("nan"))
+        itl_ratio = r["itl_p50_ms"] / genai["itl_p50_ms"] if "itl_p50_ms" in genai else float("nan")
+        ttft_ratio = r["ttft_ms"] / genai["ttft_ms"] if "ttft_ms" in genai else float("nan")
+        rows.append(
+            f"| {label} | {r['ttft_ms']:.1f} | {r['itl_p50_ms']:.1f} | {r['itl_p90_ms']:.1f} | {r['itl_p99_ms']:.1f} "
+            f"| {r['tokens_per_s']:.1f} | {wide:.1f} | {wide / r['tokens_per_s']:.2f}x | {r['cpu_ms_per_token']:.1f} "
+            f"| {itl_ratio:.2f}x | {r['itl_p50_ms'] / floor:.2f}x | {ttft_ratio:.2f}x |"
+        )
+    rows.append(
+        f"floor: {results['weight_bytes'] / 1e6:.0f} MB of weights / {results['read_bandwidth_gbs']} GB/s "
+        f"({results['threads']} threads) = {floor} ms; load average {_load(results['load_before'])} before, "
+        f"{_load(results['load_after'])} after"
+    )
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":
