@@ -21,7 +21,7 @@ def main(work: Path) -> None:
     # No runtime needs torch to run an artifact, but tvm_ffi imports it when it can (~300 MB): blocked here,
     # ``import torch`` raises ImportError, which tvm_ffi (and any optional use) already handles.
     for name in ("torch", "transformers"):
-        sys.modules.setdefault(name, None)  # type: ignore[assignment]
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
     from aotforge.compiler.benchmark import peak_rss_mb
 
     baseline = peak_rss_mb()  # the interpreter and aotforge, before the artifact's runtime loads
