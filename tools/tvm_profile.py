@@ -1,6 +1,6 @@
 """Per-kernel time of a tvm artifact: where one call's time goes, kernel by kernel.
 
-    python tools/tvm_profile.py ARTIFACT [--runs 200] [--top 25]
+    TVM_NUM_THREADS=1 python tools/tvm_profile.py ARTIFACT [--runs 200] [--top 25] [--function main]
 
 TVM 0.27's VM has no profiler; its instrument hook (``VirtualMachine.set_instrument``) sees every
 call the VM makes with its arguments, so one run records them and each kernel is then timed alone
@@ -23,7 +23,7 @@ from aotforge.compiler.sample_inputs import make_inputs
 from aotforge.core.spec import IOSpec
 
 
-def profile(artifact: Path, runs: int) -> tuple[dict[str, float], dict[str, int], float]:
+def profile(artifact: Path, runs: int, function: str = "main") -> tuple[dict[str, float], dict[str, int], float]:
     """Best-batch microseconds per call of each kernel timed alone on the arguments one run gave it, its calls
     per run, and the plain p50 of the whole call in ms."""
     import tvm
@@ -35,11 +35,11 @@ def profile(artifact: Path, runs: int) -> tuple[dict[str, float], dict[str, int]
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(artifact / "lib.so")), tvm.cpu())
     args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[s.name])) for s in io.inputs]
     for _ in range(20):
-        vm["main"](*args)
+        vm[function](*args)
     plain = []
     for _ in range(runs):
         started = time.perf_counter()
-        vm["main"](*args)
+        vm[function](*args)
         plain.append(time.perf_counter() - started)
     seen: dict[str, list[tuple[object, tuple[object, ...]]]] = collections.defaultdict(list)
 
@@ -49,7 +49,7 @@ def profile(artifact: Path, runs: int) -> tuple[dict[str, float], dict[str, int]
         return 0
 
     vm.set_instrument(instrument)
-    vm["main"](*args)
+    vm[function](*args)
     vm.set_instrument(None)
     per_call = {}
     for symbol, calls in seen.items():
@@ -76,8 +76,9 @@ def main() -> None:
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--function", default="main", help="the Relax function (a shape bucket's name)")
     args = parser.parse_args()
-    per_call, calls, p50 = profile(args.artifact, args.runs)
+    per_call, calls, p50 = profile(args.artifact, args.runs, args.function)
     total = {k: per_call[k] * calls[k] for k in per_call}
     whole = sum(total.values())
     builtins = sum(v for k, v in calls.items() if k.startswith("vm."))
