@@ -64,6 +64,23 @@ def test_a_ragged_row_count_is_padded_to_whole_row_tiles() -> None:
         np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(a)).numpy(), expected)
 
 
+def test_matmuls_reading_one_activation_pad_it_once() -> None:
+    """Q, K and V read one quantized activation: its row padding is emitted once, not per matmul."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from aotforge.targets.tvm.relax_util import relax_functions
+    from aotforge.targets.tvm.rewrites.int8 import rewrite_integer_ops
+
+    graph = _matmul_integer_graph(rows=37)
+    graph.node.append(helper.make_node("MatMulInteger", ["a", "w", "za", "wz"], ["y2"]))
+    graph.output.append(helper.make_tensor_value_info("y2", TensorProto.INT32, [37, 32]))
+    mod = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
+    mod, report = rewrite_integer_ops(mod)
+    assert report is not None and report["by_op"] == {"matmul": 2}
+    (_, main), *_ = relax_functions(mod)
+    assert main.script().count("R.nn.pad(") == 1
+
+
 def test_shapes_the_kernel_cannot_take_say_why() -> None:
     assert vnni_dense.supports(128, 384, 1536) == ""
     assert "K=6" in vnni_dense.supports(4, 6, 16)
