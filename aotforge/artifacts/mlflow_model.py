@@ -6,6 +6,7 @@ import the loader and the registry does not import it either).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,15 @@ def save_pyfunc(artifact_dir: Path, dest: Path, manifest: Manifest) -> Path:
     """Write an MLflow model directory at ``dest`` holding the artifact (``data/<target>/``) and its MLmodel."""
     import mlflow.pyfunc
 
-    mlflow.pyfunc.save_model(
+    with warnings.catch_warnings():
+        # "An input example was not provided": by design; the signature comes from the manifest's IO.
+        warnings.simplefilter("ignore", UserWarning)
+        _save(mlflow.pyfunc, dest, artifact_dir, manifest)
+    return dest
+
+
+def _save(pyfunc: Any, dest: Path, artifact_dir: Path, manifest: Manifest) -> None:
+    pyfunc.save_model(
         str(dest),
         loader_module=LOADER_MODULE,
         data_path=str(artifact_dir),
@@ -32,7 +41,6 @@ def save_pyfunc(artifact_dir: Path, dest: Path, manifest: Manifest) -> Path:
         signature=_signature(manifest),
         metadata={"aotforge": {"name": manifest.name, "version": manifest.version, "target": manifest.target.name}},
     )
-    return dest
 
 
 def _requirements(manifest: Manifest) -> list[str]:
