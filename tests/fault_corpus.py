@@ -1,9 +1,9 @@
 """The generated malformed-model corpus of the fault-injection suite (tests/test_fault_injection.py).
 
 Every case is a file a careless user or an attacker could hand to ``aotforge compile``: impossible
-shapes, unknown element types, graphs without outputs, NaN-producing sources, and the bytes of a
-good model truncated or overwritten. Cases are generated from a seed, so a failure names a case
-that reproduces.
+shapes, unknown element types, graphs without outputs, NaN-producing sources, a Loop of 2^30
+iterations, and the bytes of a good model truncated or overwritten. Cases are generated from a
+seed, so a failure names a case that reproduces.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def corpus(seed: int = 0) -> dict[str, Writer]:
     cases["string_input"] = _model(lambda: unary("g", [1, 4], TensorProto.STRING, "Identity"), "string_input")
     cases["no_outputs"] = _model(hostile_models._no_outputs, "no_outputs")
     cases["nan_source"] = _model(hostile_models._nan_source, "nan_source")
+    cases["loop_2_30"] = _model(hostile_models._long_loop, "loop_2_30")
     cases["unknown_op"] = _model(lambda: unary("g", [1, 4], op="NoSuchOp"), "unknown_op")
     cases["empty_file"] = _bytes("empty_file", lambda raw: b"")
     cases["not_onnx_text"] = _bytes("not_onnx_text", lambda raw: b"this is not a model\n" * 10)

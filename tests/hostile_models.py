@@ -36,6 +36,35 @@ def _nan_source() -> onnx.ModelProto:
     return _model(graph)
 
 
+def _long_loop(trips: int = 2**30) -> onnx.ModelProto:
+    """A Loop that really runs ``trips`` iterations (y = x + trips): hours in any runtime."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Add", ["acc_in", "one"], ["acc_out"]),
+        ],
+        "body",
+        [
+            _vi("i", TensorProto.INT64, []),
+            _vi("cond_in", TensorProto.BOOL, []),
+            _vi("acc_in", TensorProto.FLOAT, [1, 4]),
+        ],
+        [_vi("cond_out", TensorProto.BOOL, []), _vi("acc_out", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])],
+    )
+    nodes = [helper.make_node("Loop", ["trips", "cond"], ["y"], body=body)]
+    init = [
+        helper.make_tensor("trips", TensorProto.INT64, [], [trips]),
+        helper.make_tensor("cond", TensorProto.BOOL, [], [True]),
+    ]
+    nodes.insert(0, helper.make_node("Identity", ["x"], ["x0"]))
+    nodes[1].input.append("x0")
+    graph = helper.make_graph(
+        nodes, "g", [_vi("x", TensorProto.FLOAT, [1, 4])], [_vi("y", TensorProto.FLOAT, [1, 4])], init
+    )
+    return _model(graph)
+
+
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "dim_2_40": lambda: _unary("g", [1, 2**40]),
     "dim_2_62": lambda: _unary("g", [2**62]),
@@ -44,6 +73,7 @@ MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "elem_type_99": lambda: _unary("g", [1, 4], elem=99),
     "no_outputs": _no_outputs,
     "nan_source": _nan_source,
+    "loop_2_30": _long_loop,
 }
 
 

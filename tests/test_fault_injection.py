@@ -48,7 +48,20 @@ def _check_case(name: str, target: str, tmp_path: Path) -> None:
     model = CORPUS[name](tmp_path)
     out = tmp_path / "out"
     result = CliRunner().invoke(
-        main, ["compile", str(model), "--target", target, "--out", str(out), "--no-bench", "--backend-deadline", "120"]
+        main,
+        [
+            "compile",
+            str(model),
+            "--target",
+            target,
+            "--out",
+            str(out),
+            "--no-bench",
+            "--backend-deadline",
+            "120",
+            "--run-deadline",
+            "5",
+        ],
     )
     assert result.exception is None or isinstance(result.exception, SystemExit), (name, result.exception)
     assert "Traceback" not in result.output, result.output

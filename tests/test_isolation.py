@@ -1,116 +1,134 @@
-"""Backend stages run in a child process: a segfault, a hang or an OOM there is one error, not the end of the run.
+"""Backend stages run in a spawned worker: a segfault, a hang or an OOM there is one error, not the end of the run.
 
-The stand-ins below really crash (a NULL read through ctypes), really hang (sleep) and really
-allocate past the limit, in the forked child the build uses; the parent is untouched.
+The stand-ins (tests/isolation_stand_ins.py, tests/isolation_targets.py) really crash (a NULL read
+through ctypes), really hang (sleep) and really allocate past the limit, in the worker the build
+uses; the parent is untouched. The worker is spawned, never forked: a fork of a process running
+torch / ORT / rich threads deadlocked (one test below runs builds inside such a process).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from aotforge import targets
 from aotforge.compiler.cli import main
 from aotforge.compiler.isolation import Isolation, run_isolated
-from aotforge.core.errors import CompileError, UnsupportedModelError
-from aotforge.targets.onnxruntime import OrtTarget
+from aotforge.core.errors import CompileError, UnsupportedModelError, ValidationFailedError
+from tests import hostile_models
 from tests.tiny_models import relu_add
 
-
-def _segfault() -> None:
-    ctypes.string_at(0)  # a real SIGSEGV in the child
-
-
-def _hang() -> None:
-    time.sleep(3600)
+ROOT = Path(__file__).resolve().parent.parent
+STAND_INS = "tests.isolation_stand_ins:"
 
 
-def _hog() -> None:
-    blocks = []
-    while True:
-        blocks.append(bytearray(64 << 20))
+def _run(name: str, limits: Isolation = Isolation(), request: object = None, say=None) -> object:
+    return run_isolated(STAND_INS + name, request, stage="the tvm compile", limits=limits, say=say)
 
 
-def test_a_result_comes_back_as_json() -> None:
-    assert run_isolated(lambda: {"pid": os.getpid()}, stage="s", limits=Isolation())["pid"] != os.getpid()
+def test_a_result_and_progress_come_back() -> None:
+    said: list[str] = []
+    assert _run("echo", request={"a": [1, 2]}, say=said.append) == {"a": [1, 2]}
+    assert said == ["hello from the worker"]
+    assert _run("pid") != os.getpid()
 
 
 def test_a_segfault_is_one_error_naming_the_stage() -> None:
-    with pytest.raises(CompileError, match=r"the tvm compile crashed with SIGSEGV"):
-        run_isolated(_segfault, stage="the tvm compile", limits=Isolation())
+    with pytest.raises(CompileError, match=r"^the tvm compile crashed with SIGSEGV"):
+        _run("segfault")
 
 
 def test_an_abort_is_one_error() -> None:
     with pytest.raises(CompileError, match="crashed with SIGABRT"):
-        run_isolated(lambda: os.kill(os.getpid(), signal.SIGABRT), stage="s", limits=Isolation())
+        _run("abort")
 
 
 def test_a_hang_is_stopped_at_the_deadline() -> None:
     started = time.monotonic()
     with pytest.raises(CompileError, match="did not finish within 1 s"):
-        run_isolated(_hang, stage="s", limits=Isolation(deadline_s=1))
+        _run("hang", Isolation(deadline_s=1))
     assert time.monotonic() - started < 10
+
+
+def test_a_phase_has_its_own_deadline() -> None:
+    with pytest.raises(CompileError, match=r"^the validation run 1 of 1 did not finish within 1 s.*--run-deadline"):
+        _run("hang_in_a_phase")
 
 
 def test_the_memory_limit_holds() -> None:
     with pytest.raises(CompileError, match="out of memory|memory limit"):
-        run_isolated(_hog, stage="s", limits=Isolation(memory_mb=1024))
+        _run("hog", Isolation(memory_mb=1024))
 
 
-def test_our_errors_cross_back_with_their_type() -> None:
-    def refuse() -> None:
-        raise UnsupportedModelError("op X is not supported: drop it")
-
+def test_our_errors_cross_back_with_their_type_others_as_one_line() -> None:
     with pytest.raises(UnsupportedModelError, match="op X"):
-        run_isolated(refuse, stage="s", limits=Isolation())
+        _run("refuse")
+    with pytest.raises(CompileError, match=r"failed inside the backend \(KeyError"):
+        _run("raise_plain")
 
 
-@pytest.mark.parametrize(("stand_in", "message"), [(_segfault, "crashed with SIGSEGV"), (_hang, "did not finish")])
-def test_a_build_whose_backend_crashes_or_hangs_fails_cleanly(
-    stand_in, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The real onnxruntime target, its compile replaced by a stand-in that crashes or hangs in the child."""
-    monkeypatch.setattr(OrtTarget, "compile", lambda *a, **k: stand_in())
-    model = relu_add(tmp_path / "m.onnx")
-    out = tmp_path / "out"
-    args = [
-        "compile",
-        str(model),
-        "--target",
-        "onnxruntime",
-        "--out",
-        str(out),
-        "--no-bench",
-        "--isolate-backend",
-        "--backend-deadline",
-        "2",
-    ]
+def _compile(model: Path, out: Path, *extra: str) -> list[str]:
+    args = ["compile", str(model), "--target", "onnxruntime", "--out", str(out), "--no-bench", *extra]
     result = CliRunner().invoke(main, args)
-    assert result.exit_code != 0
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert lines[-1].startswith("error: the onnxruntime compile ") and message in lines[-1], result.output
+    assert result.exit_code != 0, result.output
+    return [ln for ln in result.output.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize(
+    ("stand_in", "deadline", "message"),
+    [
+        ("SegfaultingOrt", "300", "error: the onnxruntime compile crashed with SIGSEGV"),
+        ("HangingOrt", "3", "error: the onnxruntime compile did not finish within 3 s"),
+        (
+            "HangingRunOrt",
+            "300",
+            "error: the validation run 1 of 3 of the onnxruntime artifact did not finish within 2 s",
+        ),
+    ],
+)
+def test_a_build_whose_backend_crashes_or_hangs_fails_cleanly(
+    stand_in: str, deadline: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real onnxruntime target with its compile (or its artifact's run) replaced: isolation is the default."""
+    monkeypatch.setitem(targets.TARGETS, "onnxruntime", f"tests.isolation_targets:{stand_in}")
+    out = tmp_path / "out"
+    lines = _compile(relu_add(tmp_path / "m.onnx"), out, "--backend-deadline", deadline, "--run-deadline", "2")
+    assert lines[-1].startswith(message), lines
     assert list(out.iterdir()) == []  # nothing published, no staging left
 
 
-def test_the_child_dies_with_a_killed_build(tmp_path: Path) -> None:
-    """kill -9 of the build (not its group) must not leave the isolated compile running."""
-    import subprocess
-    import sys
+def test_a_loop_of_2_30_iterations_stops_at_the_run_deadline(tmp_path: Path) -> None:
+    """Before: validation's reference run of this model never returned, and the build with it."""
+    started = time.monotonic()
+    lines = _compile(hostile_models.write("loop_2_30", tmp_path), tmp_path / "out", "--run-deadline", "2")
+    assert len(lines) == 1 and lines[0].startswith("error: the source model loop_2_30.onnx did not finish"), lines
+    assert "raise --run-deadline" in lines[0]
+    assert time.monotonic() - started < 60
 
+
+def test_the_reference_deadline_is_a_validation_error(tmp_path: Path) -> None:
+    from aotforge.compiler.frontend_onnx import load_onnx
+
+    source = load_onnx(hostile_models.write("loop_2_30", tmp_path), run_deadline_s=1)
+    with pytest.raises(ValidationFailedError, match="within 1 s"):
+        source.reference({"x": __import__("numpy").zeros((1, 4), "float32")})
+
+
+def test_the_worker_dies_with_a_killed_build(tmp_path: Path) -> None:
+    """kill -9 of the build (not its group) must not leave the isolated compile running."""
     pid_file = tmp_path / "child.pid"
     code = (
-        "import os, sys, time; from pathlib import Path; "
-        "from aotforge.compiler.isolation import Isolation, run_isolated; "
-        "run_isolated(lambda: (Path(sys.argv[1]).write_text(str(os.getpid())), time.sleep(3600)), "
-        "stage='s', limits=Isolation())"
+        "import sys; from aotforge.compiler.isolation import Isolation, run_isolated; "
+        "run_isolated('tests.isolation_stand_ins:write_pid_and_hang', sys.argv[1], stage='s', limits=Isolation())"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    parent = subprocess.Popen([sys.executable, "-c", code, str(pid_file)], env=env)
+    parent = subprocess.Popen([sys.executable, "-c", code, str(pid_file)], env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 60
     while not pid_file.exists() or not pid_file.read_text():
         assert time.monotonic() < deadline and parent.poll() is None
@@ -125,4 +143,57 @@ def test_the_child_dies_with_a_killed_build(tmp_path: Path) -> None:
             return
         time.sleep(0.1)
     os.kill(child, signal.SIGKILL)
-    pytest.fail("the isolated child outlived the killed build")
+    pytest.fail("the isolated worker outlived the killed build")
+
+
+#: Threads that hold locks all the time (dataclasses.asdict, where the forked child deadlocked; torch's
+#: and ORT's pools; a rich live display), then isolated builds and stages from the main thread.
+_BUSY_PROCESS = """
+import dataclasses, sys, threading, time
+import numpy as np, onnxruntime as ort, torch
+from rich.console import Console
+from rich.live import Live
+from aotforge.compiler.isolation import Isolation, run_isolated
+from aotforge.compiler.options import BuildOptions
+import aotforge
+
+stop = threading.Event()
+def asdict_loop():
+    opts = BuildOptions()
+    while not stop.is_set():
+        dataclasses.asdict(opts)
+def torch_loop():
+    a = torch.randn(256, 256)
+    while not stop.is_set():
+        a @ a
+def ort_loop(path):
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    x = np.zeros((1, 8), np.float32)
+    while not stop.is_set():
+        session.run(None, {"x": x})
+threads = [threading.Thread(target=f, args=a, daemon=True)
+           for f, a in ((asdict_loop, ()), (asdict_loop, ()), (torch_loop, ()), (ort_loop, (sys.argv[1],)))]
+for t in threads:
+    t.start()
+with Live("building", console=Console(file=sys.stderr), refresh_per_second=20):
+    for i in range(int(sys.argv[3])):
+        assert run_isolated("tests.isolation_stand_ins:echo", i, stage="s", limits=Isolation()) == i
+    result = aotforge.build(sys.argv[1], target="onnxruntime", out=sys.argv[2], bench=False)
+stop.set()
+for t in threads:
+    t.join()
+print("ok", result.path)
+"""
+
+
+def test_isolated_builds_inside_a_process_running_torch_ort_and_rich_threads(tmp_path: Path) -> None:
+    model = relu_add(tmp_path / "m.onnx")
+    proc = subprocess.run(
+        [sys.executable, "-c", _BUSY_PROCESS, str(model), str(tmp_path / "out"), "20"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "ok " in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert (tmp_path / "out" / "m" / "1" / "onnxruntime" / "manifest.json").is_file()

@@ -43,7 +43,16 @@ from aotforge.core.errors import ArtifactError
 
 Progress = Callable[[str], None]
 #: Options that decide where the artifact goes, not what it holds.
-_UNKEYED = ("out", "name", "version", "cache_dir", "isolate_backend", "backend_deadline_s", "backend_memory_mb")
+_UNKEYED = (
+    "out",
+    "name",
+    "version",
+    "cache_dir",
+    "isolate_backend",
+    "backend_deadline_s",
+    "backend_memory_mb",
+    "run_deadline_s",
+)
 
 
 @dataclasses.dataclass

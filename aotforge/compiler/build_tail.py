@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import platform
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -22,10 +23,11 @@ from aotforge.artifacts.hashing import sha256_file
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.names import check_name, check_version
 from aotforge.artifacts.store import MODEL_FILE, artifact_path, finalize, next_version
+from aotforge.compiler.backend_stage import CALL, OUTPUTS, compiled_of, load_outputs, request_for
 from aotforge.compiler.bench import bench_artifact
 from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.compile_cache import compile_cached
-from aotforge.compiler.isolation import Isolation, run_isolated
+from aotforge.compiler.isolation import Isolation, Worker, run_isolated
 from aotforge.compiler.source import Arrays
 from aotforge.compiler.toolchain import toolchain_versions
 from aotforge.compiler.validation import validate
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from aotforge.targets.base import BuildContext, ProbeResult, Target
 
 Progress = Callable[[str], None]
+Outputs = list[Arrays] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +97,14 @@ def store_artifact(stage: Path, manifest: Manifest, place: ArtifactPlace) -> Man
     return stored
 
 
+def start_worker(target: Target, isolation: Isolation) -> Worker | None:
+    """A worker for the backend stage, importing what it will need while the build does its own work."""
+    if not isolation.enabled or target.compiles_torch_program:
+        return None
+    module = type(target).__module__
+    return Worker(isolation, preload=("aotforge.compiler.backend_stage", "onnx_ir", module, *target.worker_preload))
+
+
 def key_toolchain(target: str, probe: ProbeResult) -> dict[str, str]:
     """The toolchain as the cache key records it: the target compiler's version is known only after
     compiling, so its probe details (version, host CPU ...) stand in for it."""
@@ -124,36 +135,44 @@ class TailJob:
     build_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: Deadline and memory limit of the backend stages (the compile, a native artifact's first run).
     isolation: Isolation = Isolation()
+    #: The isolated worker, started while the build loaded the model and ran the passes (its imports
+    #: overlap that work); None starts one when the compile begins.
+    worker: Worker | None = None
 
 
-def _compile(job: TailJob, stage: Path, say: Progress) -> tuple[CompileResult, dict[str, Any] | None]:
-    """``compile_cached``, in this process or (``isolation.enabled``) in a child whose files land in
-    ``stage`` and whose result comes back as JSON."""
-
-    def compile_here(progress: Progress) -> tuple[CompileResult, dict[str, Any] | None]:
-        return compile_cached(
-            job.target,
-            job.model,
-            job.target_options,
-            job.ctx,
-            stage,
-            job.cache_dir,
-            job.toolchain,
-            job.passes,
-            progress,
+def _compile(job: TailJob, stage: Path, say: Progress) -> tuple[CompileResult, dict[str, Any] | None, Outputs]:
+    """``compile_cached`` in this process, or (``isolation.enabled``) the compile and the validation runs
+    in a spawned worker whose files land in ``stage`` (``compiler.backend_stage``); then the third
+    value is the artifact's outputs on ``job.samples``, in their order."""
+    if not job.isolation.enabled or job.target.compiles_torch_program:
+        # A torch program does not cross to a worker; Neuron's SDK runs in its own worker process anyway.
+        compiled, cache = compile_cached(
+            job.target, job.model, job.target_options, job.ctx, stage, job.cache_dir, job.toolchain, job.passes, say
         )
+        return compiled, cache, None
+    with tempfile.TemporaryDirectory(prefix="aotforge-worker-") as handoff:
+        request = request_for(
+            job.target,
+            options=job.target_options,
+            ctx=dataclasses.replace(job.ctx, torch_program=None),
+            stage=stage,
+            cache_dir=job.cache_dir,
+            toolchain=job.toolchain,
+            passes=job.passes,
+            samples=list(job.samples),
+            outputs_dir=Path(handoff),
+            run_deadline_s=job.isolation.run_deadline_s,
+        )
+        stage_name = f"the {job.target.name} compile"
+        result = run_isolated(CALL, request, stage=stage_name, limits=job.isolation, say=say, worker=job.worker)
+        outputs = load_outputs(Path(handoff) / OUTPUTS, result["outputs"])
+    return compiled_of(result), result["cache"], outputs
 
-    if not job.isolation.enabled:
-        return compile_here(say)
 
-    def work() -> dict[str, Any]:
-        compiled, cache = compile_here(lambda _msg: None)  # the child's progress has no terminal to reach
-        return {"compiled": dataclasses.asdict(compiled), "cache": cache}
-
-    say(f"compiling for {job.target.name} (in a child process, deadline {job.isolation.deadline_s:g} s)")
-    result = run_isolated(work, stage=f"the {job.target.name} compile", limits=job.isolation)
-    compiled = result["compiled"]
-    return CompileResult(tuple(compiled["files"]), compiled["target_info"], compiled["toolchain"]), result["cache"]
+def _replay(samples: Sequence[Arrays], outputs: Outputs) -> Callable[[Arrays], Arrays]:
+    """The worker's outputs, answered by sample (validation asks for exactly these samples)."""
+    by_id = {id(s): o for s, o in zip(samples, outputs or [], strict=True)}
+    return lambda sample: by_id[id(sample)]
 
 
 def compile_and_store(
@@ -168,29 +187,24 @@ def compile_and_store(
     ``before_store(manifest, cache_record)`` runs once the manifest is complete, before the rename:
     the direct cache records its entry there (and notes the outcome in the cache record).
     """
-    compiled, cache = _compile(job, stage, say)
+    compiled, cache, outputs = _compile(job, stage, say)
     record = TargetRecord(job.target.name, dataclasses.asdict(job.target_options), dict(compiled.target_info))
-    if job.isolation.enabled and record.info.get("platform"):
-        # Native code: its first run may crash or hang too; in a child first, then here for real.
-        # Not isolated, that child run would only load and run the artifact one extra time.
-        def first_run() -> None:
-            job.target.load(stage, record, job.ctx.io).run(job.samples[0])
-
-        say("first run of the compiled code (isolated)")
-        run_isolated(first_run, stage=f"the first run of the {job.target.name} artifact", limits=job.isolation)
-    runner = job.target.load(stage, record, job.ctx.io)
+    # Isolated, the artifact already ran every sample in the worker: this process never loads it
+    # (the benchmark runs in a process of its own too).
+    runner = job.target.load(stage, record, job.ctx.io) if outputs is None else None
+    run = runner.run if runner is not None else _replay(job.samples, outputs)
     say("validating against the source model")
-    validation = validate(
-        job.reference, runner.run, job.samples, job.validation, model=job.place.name, target=job.target.name
-    )
-    del runner  # its thread pool would spin beside the benchmark process
+    validation = validate(job.reference, run, job.samples, job.validation, model=job.place.name, target=job.target.name)
+    del runner, run  # its thread pool would spin beside the benchmark process
     bench = None
     if job.bench is not None:
         say("benchmarking (in a process of its own)")
-        (run,) = bench_artifact(stage, job.samples[0], batch=job.batch, options=job.bench, staged=(record, job.ctx.io))
-        bench = run.result
+        (timed,) = bench_artifact(
+            stage, job.samples[0], batch=job.batch, options=job.bench, staged=(record, job.ctx.io)
+        )
+        bench = timed.result
         if job.place.plots:
-            latency_plot(stage, run.times_ms, bench)
+            latency_plot(stage, timed.times_ms, bench)
     manifest = Manifest(
         name=job.place.name,
         version=job.place.version,

@@ -6,6 +6,7 @@ direct cache lookup happens before it (``compiler.api``), the tail after it (``c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import time
@@ -23,12 +24,12 @@ from aotforge.compiler.build_direct import DirectPlan
 from aotforge.compiler.build_direct import remember as remember_direct
 from aotforge.compiler.build_plan import PlannedBuild
 from aotforge.compiler.build_result import BuildResult
-from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact
+from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact, start_worker
 from aotforge.compiler.bundle import prepare_bundle
 from aotforge.compiler.frontend_onnx import load_onnx
 from aotforge.compiler.frontend_torch import load_torch_file, load_torch_module
 from aotforge.compiler.frontend_transformers import load_transformers_dir
-from aotforge.compiler.isolation import Isolation
+from aotforge.compiler.isolation import Isolation, Worker
 from aotforge.compiler.model_checks import check_compares_something, check_io
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.recipe import int8_shortcuts
@@ -62,18 +63,36 @@ def build_resolved(
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     direct = direct or DirectPlan(None, "not planned")
-    # Everything up to the IR after passes is what direct mode skips: record the files it reads.
-    with read_tracker.recording(enabled=direct.key is not None) as reads:
-        planned = plan_and_transform(model, opts, example_inputs, say)
-    name = opts.name or safe_name(planned.source.name)
-    if opts.prepare_only:
-        return prepare_bundle(planned, opts, name)
-    # Placed before the compile: an existing version costs the user no compile time.
-    place = place_artifact(opts.out, name, opts.version, opts.target, plots=opts.plots)
+    with contextlib.ExitStack() as resources:
+        # The backend stage's worker starts now: its imports overlap loading, validating and transforming.
+        worker = None if opts.prepare_only else _worker(opts)
+        if worker is not None:
+            resources.enter_context(worker)
+        # Everything up to the IR after passes is what direct mode skips: record the files it reads.
+        with read_tracker.recording(enabled=direct.key is not None) as reads:
+            planned = plan_and_transform(model, opts, example_inputs, say)
+        name = opts.name or safe_name(planned.source.name)
+        if opts.prepare_only:
+            return prepare_bundle(planned, opts, name)
+        # Placed before the compile: an existing version costs the user no compile time.
+        place = place_artifact(opts.out, name, opts.version, opts.target, plots=opts.plots)
+        return _compile_and_store(planned, opts, place, worker, direct, reads, started, say)
+
+
+def _compile_and_store(
+    planned: PlannedBuild,
+    opts: BuildOptions,
+    place: Any,
+    worker: Worker | None,
+    direct: DirectPlan,
+    reads: Any,
+    started: float,
+    say: Progress,
+) -> BuildResult:
     with staging_dir(opts.out) as stage:
         ir.save(planned.source.ir, stage / MODEL_FILE)
         _copy_source_files(planned.source, stage)
-        job = tail_job(planned, opts, place)
+        job = dataclasses.replace(tail_job(planned, opts, place), worker=worker)
 
         def remember(manifest: Manifest, cache: dict[str, Any]) -> None:
             if direct.key is not None:
@@ -156,6 +175,18 @@ def build_context(loaded: LoadedSource, pass_names: tuple[str, ...]) -> BuildCon
     )
 
 
+def _worker(opts: BuildOptions) -> Worker | None:
+    try:
+        target = get_target(opts.target)
+    except OptionsError:
+        return None  # plan_and_transform names the unknown target
+    return start_worker(target, isolation_of(opts))
+
+
+def isolation_of(opts: BuildOptions) -> Isolation:
+    return Isolation(opts.backend_deadline_s, opts.backend_memory_mb, opts.run_deadline_s, enabled=opts.isolate_backend)
+
+
 def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
     source = planned.source
     return TailJob(
@@ -175,7 +206,7 @@ def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
         passes=planned.pass_entries,
         toolchain=key_toolchain(opts.target, planned.probe),
         cache_dir=opts.cache_dir,
-        isolation=Isolation(opts.backend_deadline_s, opts.backend_memory_mb, enabled=opts.isolate_backend),
+        isolation=isolation_of(opts),
         build_extra={"pass_seconds": {f"{i + 1}:{r.name}": r.seconds for i, r in enumerate(planned.records)}},
     )
 
@@ -204,7 +235,7 @@ def _load(model: Any, opts: BuildOptions, example_inputs: Mapping[str, Any] | No
         if opts.task is not None:
             raise OptionsError(f"task {opts.task.value} is for a transformers model directory; {text} is not one")
         if text.endswith(".onnx"):
-            return load_onnx(Path(text), opts.input_ranges)
+            return load_onnx(Path(text), opts.input_ranges, run_deadline_s=opts.run_deadline_s)
         return load_torch_file(text, opts.dynamic, opts.input_ranges)
     if example_inputs is None:
         raise InputSpecError("build() of an nn.Module needs example_inputs={name: tensor, ...}")

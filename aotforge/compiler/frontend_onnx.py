@@ -12,12 +12,15 @@ import onnx_ir.passes.common as common
 
 from aotforge.artifacts.hashing import sha256_file
 from aotforge.compiler.source import Arrays, SourceModel, numpy_dtype, spec_shape, vocab_ranges
-from aotforge.core.errors import ModelLoadError, UnsupportedModelError, describe
+from aotforge.core.errors import ModelLoadError, UnsupportedModelError, ValidationFailedError, describe
 from aotforge.core.spec import IOSpec, TensorSpec
 
 
-def load_onnx(path: Path, ranges: Mapping[str, tuple[float, float]] | None = None) -> SourceModel:
-    """Load ``path`` as the IR; refuse missing, non-ONNX or truncated files with a clear message."""
+def load_onnx(
+    path: Path, ranges: Mapping[str, tuple[float, float]] | None = None, *, run_deadline_s: float = 600.0
+) -> SourceModel:
+    """Load ``path`` as the IR; refuse missing, non-ONNX or truncated files with a clear message.
+    Each run of the reference stops after ``run_deadline_s`` (a Loop of 2^30 iterations would not)."""
     if not path.is_file():
         raise ModelLoadError(f"model file {path} does not exist: check the path")
     try:
@@ -46,7 +49,7 @@ def load_onnx(path: Path, ranges: Mapping[str, tuple[float, float]] | None = Non
     model.ir_version = max(model.ir_version, 4)  # IR < 4 requires initializers to be inputs
     model = common.ShapeInferencePass()(model).model
     io = _io_spec(model, ranges or {})
-    reference = _ort_reference(path)
+    reference = _ort_reference(path, run_deadline_s)
     return SourceModel(ir=model, io=io, name=path.stem, format="onnx", sha256=sha256_file(path), reference=reference)
 
 
@@ -76,9 +79,9 @@ def _name_unknown_dims(name: str, shape: tuple[int | str, ...]) -> tuple[int | s
     return tuple(f"{name}_dim{i}" if d == "unk" else d for i, d in enumerate(shape))
 
 
-def _ort_reference(path: Path) -> Callable[[Arrays], Arrays]:
+def _ort_reference(path: Path, deadline_s: float) -> Callable[[Arrays], Arrays]:
     from aotforge.targets.onnxruntime import reference_session
-    from aotforge.targets.ort_io import run_session
+    from aotforge.targets.ort_io import run_with_deadline
 
     try:
         session = reference_session(str(path))
@@ -90,6 +93,13 @@ def _ort_reference(path: Path) -> Callable[[Arrays], Arrays]:
     names = [o.name for o in session.get_outputs()]
 
     def run(inputs: Arrays) -> Arrays:
-        return run_session(session, names, inputs)
+        try:
+            return run_with_deadline(session, names, inputs, deadline_s)
+        except TimeoutError:
+            raise ValidationFailedError(
+                f"the source model {path.name} did not finish one run on a validation input within {deadline_s:g} s "
+                "(onnxruntime, the reference): a Loop or Scan with a huge trip count, or a model too slow for this "
+                "host; raise --run-deadline if it only needs longer, or give smaller --sample-inputs"
+            ) from None
 
     return run

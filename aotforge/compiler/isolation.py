@@ -1,140 +1,225 @@
-"""Backend stages in a child process, with a deadline and a memory limit.
+"""Backend stages in a spawned worker process, with a deadline and a memory limit.
 
 A segfault, abort, OOM or hang inside TVM, ONNX Runtime or a vendor SDK would otherwise end (or
-freeze) the whole build. The stage runs in a forked child (the IR, the target and its options are
-inherited, nothing is serialised on the way in); what it writes lands in the stage directory, and
-its return value comes back as JSON through a pipe. A child that dies by a signal, runs past the
-deadline or exceeds the memory limit is one :class:`CompileError` naming the stage; nothing is
-published because the parent raises before the rename.
+freeze) the whole build. The stage runs in a fresh interpreter (``python -I``, the parent's
+``sys.path``: the same aotforge), never a fork: a fork of a process whose torch / ONNX Runtime /
+rich threads held a lock deadlocked the child on that lock (a futex in ``dataclasses.asdict``).
+
+The request goes to the worker's stdin as a pickle (parent to child only: the same code on both
+sides, nothing stored); what comes back is JSON lines on a pipe (progress, the phase the stage is
+in with its own deadline, then the result), and arrays as npz files read with
+``allow_pickle=False``: the child never hands the parent something to deserialise as code. A
+worker that dies by a signal, runs past a deadline or exceeds the memory limit is one
+:class:`CompileError` naming the stage (and the phase); nothing is published because the caller
+raises before the rename. Cost: one interpreter start and the stage's imports (README: figures).
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import faulthandler
 import json
 import os
-import resource
+import pickle
 import select
 import signal
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import IO, Any
 
 from aotforge.core import errors
-from aotforge.core.errors import AotforgeError, CompileError, describe
+from aotforge.core.errors import AotforgeError, CompileError
 
-_PR_SET_PDEATHSIG = 1
+#: The worker's entry: the parent's sys.path first (``-I`` dropped PYTHONPATH, the cwd, user site).
+_BOOT = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+    "from aotforge.compiler.isolation_child import main; sys.exit(main(sys.argv[2:]))"
+)
+#: How much of the worker's own output (a backend's C++ message before an abort) a crash error quotes.
+_LAST_WORDS = 300
 
 
 @dataclasses.dataclass(frozen=True)
 class Isolation:
-    """Limits of one isolated stage. ``memory_mb=None``: no limit beyond the host's."""
+    """Limits of one isolated stage. ``memory_mb=None``: no limit beyond the host's.
+
+    The memory limit is the worker's address space (``RLIMIT_AS``), its imports included.
+    """
 
     deadline_s: float = 3600.0
     memory_mb: int | None = None
+    #: Each validation run of the compiled artifact (a phase of the stage) has this deadline of its own.
+    run_deadline_s: float = 600.0
     #: False runs the stage in this process (for debugging a backend under a debugger).
     enabled: bool = True
 
 
-def run_isolated(work: Callable[[], Any], *, stage: str, limits: Isolation) -> Any:
-    """``work()`` (returning JSON values) in a child process; its value, or its error re-raised here."""
-    if not limits.enabled:
-        return work()
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(read_fd)
-        _child(work, write_fd, limits)
-    os.close(write_fd)
-    payload, timed_out = _collect(read_fd, pid, limits.deadline_s)
-    _, status = os.waitpid(pid, 0)
-    if timed_out:
-        raise CompileError(
-            f"{stage} did not finish within {limits.deadline_s:g} s and was stopped: a hang in the backend, or "
-            "a model too large for the deadline; raise backend_deadline_s if it only needs longer"
-        )
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        hint = f" (memory limit {limits.memory_mb} MB)" if limits.memory_mb and sig in (6, 9) else ""
-        raise CompileError(
-            f"{stage} crashed with {name}{hint} inside the backend: nothing was published; report the backend "
-            "bug with the model, or try another target or fewer passes"
-        )
-    return _result(payload, stage, limits)
+Say = Callable[[str], None]
 
 
-def _child(work: Callable[[], Any], write_fd: int, limits: Isolation) -> None:
-    code = 0
-    try:
-        faulthandler.disable()  # a crash is reported by the parent in one line, not as a stack dump
-        os.setpgid(0, 0)  # its own group: the deadline stops the compilers it started too
-        _die_with_parent()
-        if limits.memory_mb is not None:
-            size = limits.memory_mb << 20
-            resource.setrlimit(resource.RLIMIT_AS, (size, size))
+class Worker:
+    """One spawned worker: started (its ``preload`` modules imported) before its request is known, so
+    its start overlaps the caller's own work; :meth:`run` hands it one request. Use it as a context
+    manager: leaving it kills a worker still alive."""
+
+    def __init__(self, limits: Isolation, preload: Sequence[str] = ()) -> None:
+        self.limits = limits
+        read_fd, write_fd = os.pipe()
+        # Its output (a backend's messages) is kept for a crash's error line, never shown as it comes.
+        self._log: IO[bytes] | None = tempfile.TemporaryFile()
+        args = [json.dumps(sys.path), str(write_fd), str(os.getpid()), str(limits.memory_mb or 0), *preload]
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", _BOOT, *args],
+            stdin=subprocess.PIPE,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write_fd,),
+            process_group=0,  # its own group: a deadline stops the compilers it started too
+            close_fds=True,
+        )
+        os.close(write_fd)
+        self._pipe: IO[bytes] | None = os.fdopen(read_fd, "rb", buffering=0)
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            _kill(self._proc.pid)
+        self._proc.wait()
+        if self._pipe is not None:
+            self._pipe.close()
+            self._pipe = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def run(self, call: str, request: Any, *, stage: str, say: Say | None = None) -> Any:
+        """``call`` ("module:function", taking ``(request, channel)``) in the worker; its JSON value, or
+        its error re-raised here (our own error types keep their type)."""
+        assert self._proc.stdin is not None and self._pipe is not None, "a worker runs one request"
         try:
-            payload: dict[str, Any] = {"ok": work()}
-        except AotforgeError as e:
-            payload = {"error": type(e).__name__, "message": str(e)}
-        except MemoryError:
-            payload = {"memory": True}
-        except BaseException as e:  # the backend's own exception: reported, not a traceback
-            payload = {"crash": f"{type(e).__name__}: {describe(e)}"}
-        data = json.dumps(payload, default=str).encode()
-        with os.fdopen(write_fd, "wb") as pipe:
-            pipe.write(data)
-    except BaseException:
-        code = 70
-    finally:
-        os._exit(code)  # no atexit handlers, no parent cleanup run twice
+            pickle.dump({"call": call, "request": request}, self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            self._proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died starting up: its exit status says how
+        message, phase = self._collect(stage, say or (lambda _msg: None))
+        status = self._proc.wait()
+        if status < 0 or message is None:
+            raise self._crash(stage, phase, status)
+        return _result(message, stage, self.limits)
 
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this child when the build that forked it dies (a kill -9 of the build must not
-    leave its compile running, outside the build's process group, with nobody to enforce the deadline)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: the deadline still holds while the parent lives
-
-
-def _collect(read_fd: int, pid: int, deadline_s: float) -> tuple[bytes, bool]:
-    """Everything the child writes, until it closes the pipe or the deadline passes (then it is killed)."""
-    chunks: list[bytes] = []
-    end = time.monotonic() + deadline_s
-    with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+    def _collect(self, stage: str, say: Say) -> tuple[dict[str, Any] | None, str]:
+        """Messages until the result or EOF; a deadline passed (the stage's, or its phase's) kills the worker."""
+        assert self._pipe is not None
+        end = time.monotonic() + self.limits.deadline_s
+        phase, phase_end, phase_limit, buffer = "", end, 0.0, b""
         while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                _kill(pid)
-                return b"", True
-            ready, _, _ = select.select([pipe], [], [], min(left, 1.0))
-            if ready:
-                chunk = pipe.read(1 << 16)
-                if not chunk:
-                    return b"".join(chunks), False
-                chunks.append(chunk)
+            now = time.monotonic()
+            if now >= min(end, phase_end):
+                _kill(self._proc.pid)
+                raise _timeout(stage, (phase, phase_limit) if phase_end < end else None, self.limits)
+            ready, _, _ = select.select([self._pipe], [], [], min(min(end, phase_end) - now, 1.0))
+            if not ready:
+                continue
+            chunk = self._pipe.read(1 << 16)
+            if not chunk:
+                return None, phase
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                message = json.loads(line)
+                if "phase" in message:
+                    phase = str(message["phase"])
+                    phase_limit = float(message.get("deadline_s") or 0.0)
+                    phase_end = time.monotonic() + phase_limit if phase_limit else end
+                elif "say" in message:
+                    say(str(message["say"]))
+                else:
+                    return message, phase
+
+    def _crash(self, stage: str, phase: str, status: int) -> CompileError:
+        where = phase or stage
+        words = self._last_words()
+        said = f"; its last message: {words}" if words else ""
+        if status < 0:
+            sig = -status
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            hint = f" (memory limit {self.limits.memory_mb} MB)" if self.limits.memory_mb and sig in (6, 9) else ""
+            return CompileError(
+                f"{where} crashed with {name}{hint} inside the backend{said}: nothing was published; report the "
+                "backend bug with the model, or try another target or fewer passes"
+            )
+        return CompileError(f"{where} ended without a result (exit status {status}{said}): report the backend bug")
+
+    def _last_words(self) -> str:
+        """The worker's last line of output (a C++ backend prints its reason before aborting)."""
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        lines = [ln.strip() for ln in self._log.read().decode(errors="replace").splitlines() if ln.strip()]
+        return lines[-1][:_LAST_WORDS] if lines else ""
+
+
+def run_isolated(
+    call: str, request: Any, *, stage: str, limits: Isolation, say: Say | None = None, worker: Worker | None = None
+) -> Any:
+    """``call(request, channel)`` in ``worker`` (started ahead), else in a fresh one (see :class:`Worker`);
+    in this process if not ``limits.enabled``."""
+    if not limits.enabled:
+        return resolve(call)(request, LocalChannel(say))
+    with worker or Worker(limits) as started:
+        return started.run(call, request, stage=stage, say=say)
+
+
+def resolve(call: str) -> Callable[[Any, Any], Any]:
+    import importlib
+
+    module, _, name = call.partition(":")
+    fn: Callable[[Any, Any], Any] = getattr(importlib.import_module(module), name)
+    return fn
+
+
+class LocalChannel:
+    """What a stage function is handed when it runs in this process: progress only, no deadlines."""
+
+    def __init__(self, say: Say | None) -> None:
+        self._say = say or (lambda _msg: None)
+
+    def say(self, message: str) -> None:
+        self._say(message)
+
+    def phase(self, name: str, deadline_s: float | None = None) -> None:
+        """Entering a named part of the stage, with a deadline of its own (enforced only in a worker)."""
+
+
+def _timeout(stage: str, phase: tuple[str, float] | None, limits: Isolation) -> CompileError:
+    if phase is not None:  # a phase's name says which stage it is part of
+        return CompileError(
+            f"{phase[0]} did not finish within {phase[1]:g} s and was stopped: a model that runs for that "
+            "long (a Loop or Scan with a huge trip count), or a hang in the backend; raise --run-deadline if it "
+            "only needs longer"
+        )
+    return CompileError(
+        f"{stage} did not finish within {limits.deadline_s:g} s and was stopped: a hang in the backend, or "
+        "a model too large for the deadline; raise --backend-deadline if it only needs longer"
+    )
 
 
 def _kill(pid: int) -> None:
-    for target in (-pid, pid):  # its group (compilers it started), then itself if setpgid had not run yet
+    for target in (-pid, pid):  # its group (compilers it started), then itself
         try:
             os.kill(target, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
 
-def _result(payload: bytes, stage: str, limits: Isolation) -> Any:
-    try:
-        data = json.loads(payload)
-    except ValueError:
-        data = None
-    if not isinstance(data, dict):
-        raise CompileError(f"{stage} ended without a result (the child exited early): report the backend bug")
+def _result(data: dict[str, Any], stage: str, limits: Isolation) -> Any:
     if "ok" in data:
         return data["ok"]
     if "error" in data:
@@ -143,6 +228,6 @@ def _result(payload: bytes, stage: str, limits: Isolation) -> Any:
         raise kind(str(data["message"]))
     if data.get("memory"):
         raise CompileError(
-            f"{stage} ran out of memory (limit {limits.memory_mb} MB): raise backend_memory_mb or use a bigger host"
+            f"{stage} ran out of memory (limit {limits.memory_mb} MB): raise --backend-memory-mb or use a bigger host"
         )
     raise CompileError(f"{stage} failed inside the backend ({data.get('crash')}): report the backend bug")

@@ -47,12 +47,14 @@ class BuildOptions:
     prepare_only: bool = False
     #: int8 calibration data: a directory of .npy/.npz files or ``module.py:function`` (``compiler.calibration``).
     calibration: str | None = None
-    #: Run the backend compile and a native artifact's first run in a forked child (``compiler.isolation``)
-    #: with the deadline (s) and memory limit (MB, None: the host's) below. Off by default: forking a
-    #: process that already runs torch / ONNX Runtime thread pools deadlocked the child (a futex held
-    #: by a thread that does not exist in the child) in one of our full test runs.
-    isolate_backend: bool = False
+    #: Run the backend compile and the validation runs of the compiled artifact in a spawned worker
+    #: (``compiler.isolation``) with the deadline (s), per-run deadline (s) and memory limit (MB, None:
+    #: the host's) below; False runs them in this process (a backend under a debugger). A spawned
+    #: worker, never a fork: forking a process that runs torch / ONNX Runtime threads deadlocked.
+    isolate_backend: bool = True
     backend_deadline_s: float = 3600.0
+    #: Each run of the source model (the reference) and of the compiled artifact while validating.
+    run_deadline_s: float = 600.0
     backend_memory_mb: int | None = None
     #: Accuracy budget: the least mean output cosine vs fp32 the int8 / int8-dynamic pass must keep (``min_cosine``).
     accuracy_budget: float | None = None

@@ -20,7 +20,7 @@ from aotforge.artifacts.hashing import sha256_file
 from aotforge.compiler.sample_check import check_samples
 from aotforge.compiler.sample_files import read_samples
 from aotforge.compiler.source import Arrays
-from aotforge.core.errors import InputSpecError, describe
+from aotforge.core.errors import AotforgeError, InputSpecError, describe
 from aotforge.core.spec import IOSpec, TensorSpec
 
 #: Generated samples drawn at each range end (min, max), besides ``--validation-samples`` at opt.
@@ -139,6 +139,8 @@ def _run_reference(
 ) -> Arrays:
     try:
         return reference(sample)
+    except AotforgeError:  # already one clear error (a reference run past its deadline)
+        raise
     except Exception as e:  # the user's model, or ORT refusing the values: report, never a traceback
         if record["source"] == "generated":
             raise InputSpecError(

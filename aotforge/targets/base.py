@@ -103,6 +103,12 @@ class Target:
     options_type: ClassVar[type]
     #: Pass parameter defaults this target needs (TensorRT: signed symmetric Q/DQ); the user's win.
     pass_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    #: Compiles ``ctx.torch_program`` (not the IR): the program does not cross to an isolated worker,
+    #: so the compile runs in the build's process (Neuron's SDK runs in a worker of its own).
+    compiles_torch_program: ClassVar[bool] = False
+    #: Modules the isolated compile worker imports ahead, while the build still loads and transforms
+    #: the model (the vendor SDK, imported lazily by the target itself).
+    worker_preload: ClassVar[tuple[str, ...]] = ()
 
     def probe(self) -> ProbeResult:
         """Whether this host can compile / run for the target, and if not exactly why."""

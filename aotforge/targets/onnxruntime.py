@@ -47,6 +47,7 @@ class OrtOptions:
 class OrtTarget(Target):
     name = "onnxruntime"
     options_type = OrtOptions
+    worker_preload = ("onnxruntime",)
 
     def probe(self) -> ProbeResult:
         try:

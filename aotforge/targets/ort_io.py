@@ -28,24 +28,24 @@ def is_exotic(dtype: np.dtype) -> bool:
     return dtype.type.__module__.split(".")[0] == "ml_dtypes"
 
 
-def run_session(session: Any, output_names: Sequence[str], inputs: Arrays) -> Arrays:
+def run_session(session: Any, output_names: Sequence[str], inputs: Arrays, run_options: Any = None) -> Arrays:
     """``session.run`` that also feeds and returns ``ml_dtypes`` arrays (bfloat16, float8, int4)."""
     types = {o.name: o.type for o in session.get_outputs()}
     exotic_out = [n for n in output_names if _exotic_type(types.get(n, ""))]
     exotic_in = [n for n, v in inputs.items() if is_exotic(np.asarray(v).dtype)]
     if not exotic_in and not exotic_out:
-        return _named(output_names, session.run(list(output_names), inputs))
+        return _named(output_names, session.run(list(output_names), inputs, run_options))
     import onnxruntime as ort
 
     # session.run takes OrtValues beside numpy arrays; only run_with_ort_values returns OrtValues.
     feeds = {n: _ort_value(ort, np.asarray(v)) if n in exotic_in else v for n, v in inputs.items()}
     if not exotic_out:
-        return _named(output_names, session.run(list(output_names), feeds))
+        return _named(output_names, session.run(list(output_names), feeds, run_options))
     feeds = {
         n: v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(np.require(v, requirements="C"))
         for n, v in feeds.items()
     }
-    results = session.run_with_ort_values(list(output_names), feeds)
+    results = session.run_with_ort_values(list(output_names), feeds, run_options)
     return {n: _read(v) for n, v in zip(output_names, results, strict=True)}
 
 
@@ -89,3 +89,25 @@ def _read(value: Any) -> np.ndarray:
     raw = ctypes.string_at(value.data_ptr(), size) if size else b""
     proto = onnx.helper.make_tensor("out", element, list(value.shape()), raw, raw=True)
     return numpy_helper.to_array(proto)
+
+
+def run_with_deadline(session: Any, output_names: Sequence[str], inputs: Arrays, deadline_s: float) -> Arrays:
+    """:func:`run_session`, stopped after ``deadline_s``: ORT checks ``RunOptions.terminate`` between
+    nodes and between a Loop's iterations, so a run that would take hours ends in :class:`TimeoutError`."""
+    import threading
+
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.log_severity_level = 4  # the stopped run's own ERROR line would be a second message
+    timer = threading.Timer(deadline_s, lambda: setattr(options, "terminate", True))
+    timer.daemon = True
+    timer.start()
+    try:
+        return run_session(session, output_names, inputs, options)
+    except Exception as e:
+        if options.terminate:
+            raise TimeoutError(f"stopped after {deadline_s:g} s") from e
+        raise
+    finally:
+        timer.cancel()

@@ -78,13 +78,25 @@ from aotforge.core.spec import parse_value_range
     type=click.FloatRange(0, 1, min_open=True),
     help="Least mean cosine vs fp32 on held-out calibration data (int8, int8-dynamic search their method).",
 )
-@click.option("--isolate-backend", is_flag=True, help="Compile (and first-run native code) in a child with a deadline.")
+@click.option(
+    "--isolate-backend/--no-isolate-backend",
+    default=True,
+    show_default=True,
+    help="Compile and run the validation inputs in a spawned worker with deadlines (off: in this process).",
+)
 @click.option(
     "--backend-deadline",
     type=click.FloatRange(min=0, min_open=True),
     default=3600.0,
     show_default=True,
-    help="Seconds the backend compile (and a native artifact's first run) may take, in a child process.",
+    help="Seconds the backend compile and the artifact's validation runs may take together, in the worker.",
+)
+@click.option(
+    "--run-deadline",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Seconds one run of the source model or of the artifact may take while validating.",
 )
 @click.option("--backend-memory-mb", type=click.IntRange(min=64), help="Memory limit of that child (default: none).")
 @click.option("--recipe", type=click.Path(path_type=Path), help="TOML recipe of passes and options; flags override it.")
@@ -125,6 +137,7 @@ def compile(model: str, **kw: Any) -> None:
             "prepare_only": kw["prepare_only"],
             "isolate_backend": kw["isolate_backend"],
             "backend_deadline_s": kw["backend_deadline"],
+            "run_deadline_s": kw["run_deadline"],
             "backend_memory_mb": kw["backend_memory_mb"],
             "calibration": kw["calibration"],
             "accuracy_budget": kw["accuracy_budget"],

@@ -222,6 +222,7 @@ def unpad_outputs(io: IOSpec, outputs: list[np.ndarray], sizes: Mapping[str, int
 class NeuronTarget(Target):
     name = "neuron"
     options_type = NeuronOptions
+    compiles_torch_program = True
 
     def probe(self) -> ProbeResult:
         return sdk.probe()

@@ -51,6 +51,7 @@ LIBRARY = "lib.so"
 class TvmTarget(Target):
     name = "tvm"
     options_type = TvmOptions
+    worker_preload = ("tvm", "tvm.relax.frontend.onnx", "aotforge.targets.tvm.pipeline")
 
     def probe(self) -> ProbeResult:
         try:
