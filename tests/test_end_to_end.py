@@ -83,7 +83,7 @@ def test_artifact_layout_and_model_card(tmp_path: Path) -> None:
     result = quick_build(str(EXAMPLES / "mini_resnet.py"), tmp_path, target="onnxruntime", name="cnn")
     assert result.path == tmp_path / "cnn" / "1" / "onnxruntime"
     manifest = json.loads((result.path / "manifest.json").read_text())
-    assert manifest["schema_version"] == 1
+    assert manifest["schema_version"] == 2 and set(manifest["file_sizes"]) == set(manifest["files"])
     assert set(manifest["files"]) == {
         "model.onnx",
         "model.ort.onnx",

@@ -31,7 +31,7 @@ def test_pack_is_deterministic(artifact: Path, tmp_path: Path) -> None:
     with tarfile.open(a, "r:gz") as tar:
         members = tar.getmembers()
     names = [m.name for m in members]
-    assert names == sorted(names)
+    assert names == ["manifest.json", *sorted(n for n in names if n != "manifest.json")]  # unpack reads it first
     assert all(m.mtime == 0 and m.uid == 0 and m.gid == 0 and m.uname == "" and m.gname == "" for m in members)
     assert all(m.mode == (0o755 if m.isdir() else 0o644) for m in members)
 
@@ -130,3 +130,59 @@ def test_unpack_refuses_existing_dest(artifact: Path, tmp_path: Path) -> None:
     (tmp_path / "dest").mkdir()
     with pytest.raises(ArtifactError, match="already exists"):
         unpack(pack(artifact, tmp_path / "a.tar.gz"), tmp_path / "dest")
+
+
+def _rewritten(src: Path, dest: Path, change) -> Path:  # type: ignore[no-untyped-def]
+    """``src``'s entries, each passed through ``change(info, data) -> [(info, data), ...]``."""
+    with tarfile.open(src, "r:gz") as tar:
+        members = [(m, tar.extractfile(m).read() if m.isreg() else None) for m in tar.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(dest, "w:gz") as tar:
+        for m, data in members:
+            for info, new in change(m, data):
+                tar.addfile(info, io.BytesIO(new) if new is not None else None)
+    return dest
+
+
+def test_a_decompression_bomb_is_refused_before_it_is_written(artifact: Path, tmp_path: Path) -> None:
+    """Before: a 1 GiB member was written to disk in full, then refused by its hash. Now the manifest's
+    declared size bounds it: 64 MiB of zeros (64 KiB compressed) in place of session.json."""
+    bomb = 64 << 20
+
+    def inflate(info: tarfile.TarInfo, data: bytes | None) -> list:
+        if info.name == "session.json":
+            info.size = bomb
+            return [(info, bytes(bomb))]
+        return [(info, data)]
+
+    src = _rewritten(pack(artifact, tmp_path / "a.tar.gz"), tmp_path / "bomb.tar.gz", inflate)
+    assert src.stat().st_size < bomb // 100
+    with pytest.raises(ArtifactError, match=r"'session.json' holds 67108864 bytes where its manifest declares \d+"):
+        unpack(src, tmp_path / "dest")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tar.gz", "bomb.tar.gz"]
+
+
+def test_an_unlisted_member_is_refused_before_it_is_written(artifact: Path, tmp_path: Path) -> None:
+    def add(info: tarfile.TarInfo, data: bytes | None) -> list:
+        extra = tarfile.TarInfo("zz_extra.bin")
+        extra.size = 4
+        return [(info, data)] + ([(extra, b"abcd")] if info.name == "model.onnx" else [])
+
+    src = _rewritten(pack(artifact, tmp_path / "a.tar.gz"), tmp_path / "extra.tar.gz", add)
+    with pytest.raises(ArtifactError, match="a file its manifest does not list"):
+        unpack(src, tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
+
+
+def test_a_tarball_with_the_manifest_last_still_unpacks(artifact: Path, tmp_path: Path) -> None:
+    """Tarballs packed before the manifest went first (sorted by path) still unpack and verify."""
+    src = pack(artifact, tmp_path / "a.tar.gz")
+    with tarfile.open(src, "r:gz") as tar:
+        members = sorted(
+            ((m, tar.extractfile(m).read() if m.isreg() else None) for m in tar.getmembers()),  # type: ignore[union-attr]
+            key=lambda e: e[0].name,
+        )
+    old = tmp_path / "old.tar.gz"
+    with tarfile.open(old, "w:gz") as tar:
+        for m, data in members:
+            tar.addfile(m, io.BytesIO(data) if data is not None else None)
+    assert aotforge.load(unpack(old, tmp_path / "dest")).manifest.file_sizes

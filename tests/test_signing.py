@@ -71,6 +71,7 @@ def test_rehashed_tamper_is_caught_by_the_signature(signed: Path, keys: tuple[Pa
     (copy / "model.onnx").write_bytes((copy / "model.onnx").read_bytes() + b"\0")
     data = json.loads((copy / MANIFEST).read_text())
     data["files"]["model.onnx"] = sha256_file(copy / "model.onnx")
+    data["file_sizes"]["model.onnx"] = (copy / "model.onnx").stat().st_size
     (copy / MANIFEST).write_text(json.dumps(data, sort_keys=True, indent=2) + "\n")
     verified_manifest(copy)  # hashes alone are fooled ...
     with pytest.raises(SignatureError, match="does not match its signature"):

@@ -52,6 +52,8 @@ def verify_files(artifact_dir: Path, manifest: Manifest) -> list[str]:
             problems.append(f"{rel}: missing")
         elif actual[rel] != digest:
             problems.append(f"{rel}: sha256 {actual[rel][:12]}… != manifest {digest[:12]}…")
+        elif (size := (artifact_dir / rel).stat().st_size) != manifest.file_sizes.get(rel, size):
+            problems.append(f"{rel}: {size} bytes != manifest {manifest.file_sizes[rel]}")
     problems += [f"{rel}: not listed in the manifest" for rel in sorted(set(actual) - set(manifest.files))]
     return problems
 

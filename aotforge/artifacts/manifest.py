@@ -12,9 +12,11 @@ from aotforge.artifacts.manifest_shape import check_shape, parse_json
 from aotforge.core.errors import ArtifactError
 from aotforge.core.target_record import TargetRecord
 
-#: 1 since the first artifact. The JSON of ``target`` ({name, options, info}) did not change when
-#: it became a typed :class:`TargetRecord`, so artifacts built before still load.
-SCHEMA_VERSION = 1
+#: 1: the first artifacts. The JSON of ``target`` ({name, options, info}) did not change when it
+#: became a typed :class:`TargetRecord`. 2: ``file_sizes`` (bytes of each listed file), which bound
+#: what unpacking a tarball may write. Schema 1 manifests still read (and write back byte for byte).
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)
 MANIFEST = "manifest.json"
 
 
@@ -34,18 +36,23 @@ class Manifest:
     benchmark: dict[str, Any] | None
     files: dict[str, str]
     build: dict[str, Any]
+    #: Bytes of each file of ``files`` (schema 2; empty in a schema 1 manifest, which has no sizes).
+    file_sizes: dict[str, int] = dataclasses.field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        """The manifest as plain JSON values (the target record included)."""
-        return dataclasses.asdict(self)
+        """The manifest as plain JSON values (the target record included), in its own schema's fields."""
+        data = dataclasses.asdict(self)
+        if self.schema_version == 1:
+            data.pop("file_sizes")
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=2) + "\n"
 
     def reproducible_part(self) -> dict[str, Any]:
         """The manifest without ``build`` (timestamps, host, durations)."""
-        data = dataclasses.asdict(self)
+        data = self.to_dict()
         data.pop("build")
         return data
 
@@ -54,12 +61,13 @@ class Manifest:
         """A manifest from parsed JSON; anything of the wrong shape is one :class:`ArtifactError`, never a crash."""
         if not isinstance(data, Mapping):
             raise ArtifactError(f"manifest is a JSON {type(data).__name__}, not an object: it is corrupt; rebuild it")
-        if data.get("schema_version") != SCHEMA_VERSION:
+        schema = data.get("schema_version")
+        if isinstance(schema, bool) or schema not in READABLE_SCHEMAS:
             raise ArtifactError(
-                f"manifest schema_version {data.get('schema_version')!r} is not {SCHEMA_VERSION}: "
+                f"manifest schema_version {schema!r} is not one of {', '.join(map(str, READABLE_SCHEMAS))}: "
                 "this aotforge cannot read it; rebuild the artifact or use a matching aotforge"
             )
-        fields = {f.name for f in dataclasses.fields(cls)}
+        fields = {f.name for f in dataclasses.fields(cls)} - ({"file_sizes"} if schema == 1 else set())
         unknown = set(data) - fields
         missing = fields - set(data)
         if unknown or missing:

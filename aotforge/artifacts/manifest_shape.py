@@ -99,7 +99,18 @@ def check_shape(data: Mapping[str, Any]) -> None:
         check_file_path(rel)
         if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
             raise ArtifactError(f"manifest files[{rel!r}] is not a sha256 hex digest: the manifest is corrupt")
+    if "file_sizes" in data:
+        _check_sizes(data["file_sizes"], data["files"])
     _check_io(data["io"])
+
+
+def _check_sizes(sizes: Any, files: Mapping[str, Any]) -> None:
+    """Schema 2: one non-negative byte count per listed file, no more, no fewer."""
+    if not isinstance(sizes, dict) or set(sizes) != set(files):
+        raise ArtifactError("manifest file_sizes does not list exactly the manifest's files: it is corrupt; rebuild it")
+    for rel, size in sizes.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ArtifactError(f"manifest file_sizes[{rel!r}] is not a byte count: the manifest is corrupt")
 
 
 def check_file_path(rel: Any) -> str:

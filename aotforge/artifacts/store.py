@@ -16,7 +16,7 @@ import jinja2
 from aotforge.artifacts.card_plots import PLOTS_DIR, available
 from aotforge.artifacts.debris import make_temp_dir, sweep
 from aotforge.artifacts.hashing import hash_tree, sha256_file
-from aotforge.artifacts.manifest import MANIFEST, Manifest
+from aotforge.artifacts.manifest import MANIFEST, SCHEMA_VERSION, Manifest
 from aotforge.artifacts.names import check_name, check_version
 from aotforge.core.errors import ArtifactError, UnknownReferenceError
 
@@ -77,7 +77,9 @@ def finalize(stage: Path, manifest: Manifest, out: Path, *, explicit: bool) -> t
         (stage / MODEL_CARD).write_text(card)
         (stage / MODEL_CARD_HTML).write_text(card_html(card, f"{claim.name} v{claim.version} — {claim.target.name}"))
         cards = {name: sha256_file(stage / name) for name in (MODEL_CARD, MODEL_CARD_HTML)}
-        claim = dataclasses.replace(claim, files={**files, **cards})
+        listed = {**files, **cards}
+        sizes = {rel: (stage / rel).stat().st_size for rel in listed}
+        claim = dataclasses.replace(claim, files=listed, file_sizes=sizes, schema_version=SCHEMA_VERSION)
         (stage / MANIFEST).write_text(claim.to_json())
         final = artifact_path(out, claim.name, version, claim.target.name)
         if _claim(stage, final):
