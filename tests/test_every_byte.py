@@ -121,3 +121,28 @@ def test_every_file_byte_flip_is_caught_by_verify_and_load(built: tuple[Path, st
             caught += verify.exit_code != 0 and verify.output.startswith("error: ")
             shutil.rmtree(flipped)
     assert caught == tried and tried >= 15
+
+
+@pytest.mark.slow  # one flip per byte of every file: ~10k verify + load calls, a few minutes
+def test_a_flip_of_any_byte_of_any_file_is_caught(built: tuple[Path, str], tmp_path: Path) -> None:
+    """The whole sweep: every byte of every file (the manifest included) flipped in turn, a random bit each."""
+    path, digest = built
+    work = _copy(path, tmp_path / "a")
+    rng = random.Random(16)
+    tried = missed = 0
+    for rel in sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file()):
+        good = (work / rel).read_bytes()
+        for offset in range(len(good)):
+            raw = bytearray(good)
+            raw[offset] ^= 0x01 << rng.randrange(8)
+            (work / rel).write_bytes(bytes(raw))
+            verify = CliRunner().invoke(main, ["verify", str(work), "--manifest-sha256", digest])
+            try:
+                aotforge.load(work, manifest_sha256=digest)
+                loaded = True
+            except ArtifactError:
+                loaded = False
+            missed += verify.exit_code == 0 or not verify.output.startswith("error: ") or loaded
+            tried += 1
+        (work / rel).write_bytes(good)
+    assert missed == 0 and tried > 1000, (missed, tried)
