@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from aotforge.targets.tvm.tuning.tune import TuneSettings
 
 #: Step reports filed next to the default schedules' report, in this order.
-_EXTRA_REPORTS = ("int8_vnni", "bf16", "clip", "tuning")
+_EXTRA_REPORTS = ("int8_vnni", "bf16", "clip", "ieee_nan", "tuning")
 
 
 def rewrite_phase(*, fast_math: bool, conv_nhwc: bool) -> list[Step]:
@@ -41,6 +41,8 @@ def rewrite_phase(*, fast_math: bool, conv_nhwc: bool) -> list[Step]:
         steps.INT8_VNNI,  # before NHWC: QDQ convolutions become VNNI kernels that are channels-last themselves
         steps.CLIP,  # before NHWC: a Clip the importers leave opaque pins its input to NCHW
         *([steps.NHWC] if conv_nhwc else []),
+        # Last: after Clip became max / min, and on NHWC's ops (ConvertLayout does not know isnan / where).
+        *([] if fast_math else [steps.IEEE_NAN]),
     ]
 
 

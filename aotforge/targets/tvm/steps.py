@@ -68,6 +68,13 @@ def _clip(mod: Any, _target: Any) -> tuple[Any, Report]:
     return clip_as_min_max(mod)
 
 
+def _ieee_nan(mod: Any, _target: Any) -> tuple[Any, Report]:
+    """fast_math=false: NaN through max / min / relu / Clip as ORT gives it (``rewrites/ieee_nan.py``)."""
+    from aotforge.targets.tvm.rewrites.ieee_nan import propagate_nan
+
+    return propagate_nan(mod)
+
+
 def _nhwc(mod: Any, _target: Any) -> tuple[Any, Report]:
     """NHWC activations + HWIO weights put output channels last: the tiled rule then vectorizes
     over them (16 lanes for widths 32-256) with contiguous weight loads, where NCHW would
@@ -105,6 +112,7 @@ BF16 = Step("bf16", _bf16)
 FAST_MATH = Step("fast_math", _fast_math)
 INT8_VNNI = Step("int8_vnni", _int8_vnni)
 CLIP = Step("clip", _clip)
+IEEE_NAN = Step("ieee_nan", _ieee_nan)
 NHWC = Step("conv_nhwc", _nhwc)
 LEGALIZE = Step("legalize", _legalize)
 DEFAULT_SCHEDULES = Step("default_schedules", _default_schedules)
