@@ -45,6 +45,7 @@ def test_one_library_over_the_shared_weight_file(llama_tvm: Any) -> None:
     assert info["prompt_buckets"] == [16, 64] and info["batch_buckets"] == [1, 2]
     assert info["kv_cache"] == {"in_place": 2 * 2 * 2, "skipped": {}}  # K+V, layers, decode functions
     assert info["transposed_weights"]["rewritten"] == 4  # the head of each function reads [vocab, hidden] as stored
+    assert info["decode_attention"]["rewritten"] == 2 * 2  # layers x decode functions: over the filled cache only
     assert m.target.info["pipeline"]["schedules"]["unscheduled"] == 0
     # The library holds code only: the weights stay in weights.data, read once at load.
     lib = (llama_tvm.path / "lib.so").stat().st_size
@@ -126,3 +127,29 @@ def test_gemv_nt_kernel_is_exact(m: int, k: int, n: int) -> None:
     out = tvm.runtime.tensor(np.zeros((m, n), dtype=np.float32))
     lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
     np.testing.assert_allclose(out.numpy(), x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_attention_kernel_reads_only_the_filled_cache() -> None:
+    """Grouped heads, two slots of different lengths; what lies past a slot's length is never read."""
+    import tvm
+
+    from aotforge.targets.tvm.kernels.decode_attention import decode_attention
+    from aotforge.targets.tvm.options import TvmOptions, target_dict
+
+    b, h, kv, s, d, scale = 2, 4, 2, 32, 16, 0.25
+    func = decode_attention(b, h, kv, s, d, scale).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target(target_dict(TvmOptions()))).jit()
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((b, h, 1, d), dtype=np.float32)
+    k, v = (rng.standard_normal((b, kv, s, d), dtype=np.float32) for _ in range(2))
+    pos = np.array([3, 20])
+    k[0, :, 4:], v[0, :, 4:] = np.nan, np.nan  # past slot 0's length
+    out = tvm.runtime.tensor(np.zeros((b, h, 1, d), dtype=np.float32))
+    lib["main"](*map(tvm.runtime.tensor, (q, k, v, pos)), out)
+    for slot in range(b):
+        for head in range(h):
+            group, n = head // (h // kv), pos[slot] + 1
+            scores = k[slot, group, :n] @ q[slot, head, 0] * scale
+            p = np.exp(scores - scores.max())
+            want = (p / p.sum()) @ v[slot, group, :n]
+            np.testing.assert_allclose(out.numpy()[slot, head, 0], want, rtol=1e-5, atol=1e-5)

@@ -96,6 +96,7 @@ def compile_generative(workdir: Path, spec: DecoderSpec, options: Any, say: Any)
     from aotforge.targets.tvm.host import isa_features
     from aotforge.targets.tvm.options import target_dict
     from aotforge.targets.tvm.pipeline import compile_relax
+    from aotforge.targets.tvm.rewrites.decode_attention import attention_over_filled_cache
     from aotforge.targets.tvm.rewrites.kv_inplace import kv_cache_in_place
     from aotforge.targets.tvm.rewrites.transposed_weight import transposed_weights
 
@@ -110,6 +111,9 @@ def compile_generative(workdir: Path, spec: DecoderSpec, options: Any, say: Any)
             f"tvm: {kv_report['in_place']} of the decode graphs' {2 * spec.layers * len(batches)} KV-cache updates "
             f"could be made in place ({kv_report['skipped']}): the cache would be copied every token"
         )
+    mod, attention_report = attention_over_filled_cache(mod)
+    if attention_report["rewritten"] != spec.layers * len(batches):
+        say(f"tvm: decode attention stays over all of max_seq_len in some layers: {attention_report}")
     mod, head_report = transposed_weights(mod)
     mod = tvm.relax.transform.DeadCodeElimination()(mod)  # the transposes the kernels made unused
     target = tvm.target.Target(target_dict(options))
@@ -138,6 +142,7 @@ def compile_generative(workdir: Path, spec: DecoderSpec, options: Any, say: Any)
             "batch_buckets": list(batches),
             "kv_cache": kv_report,
             "transposed_weights": head_report,
+            "decode_attention": attention_report,
         },
         "pipeline": report,
         "platform": {"system": platform.system(), "machine": built["mtriple"].split("-")[0]},

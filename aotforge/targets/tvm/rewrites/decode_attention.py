@@ -1,0 +1,110 @@
+"""A decode step's attention over the whole static cache -> ``kernels/decode_attention`` over its filled part.
+
+The decode graph (``compiler.generative.graphs.Decode``) attends over all ``max_seq_len`` positions
+of the cache with a mask that allows ``position <= write_pos`` of each slot; the exporter spells it
+``softmax(q * c1 @ (K^T * c2) + mask) @ V`` with K and V reached from the in-place cache update
+(``rewrites/kv_inplace``) through the head expansion of grouped-query attention (expand /
+broadcast / reshape / transpose). That is matched from the final matmul back to the two caches and
+replaced by one kernel that reads ``write_pos + 1`` positions of each slot, with each query head
+reading its KV head as stored. The mask is not read: only this graph's mask, which the kernel's
+bound computes, makes the rewrite exact, so it runs on generative decode functions only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from aotforge.targets.tvm.kernels import decode_attention as kernel
+from aotforge.targets.tvm.relax_util import constant_value, op_name, static_shape
+from aotforge.targets.tvm.rewrites.rule import MatchResult, Rewriter, Rule, apply_rules
+
+#: Ops that only move or repeat a tensor's elements (the GQA head expansion, K's transpose).
+_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.broadcast_to", "relax.expand_dims")
+
+
+@dataclasses.dataclass(frozen=True)
+class Attention:
+    q: Any
+    keys: Any
+    values: Any
+    pos: Any
+    scale: float
+
+
+def _trace(expr: Any, bound: Callable[[Any], Any], until: str) -> Any:
+    """The var bound to an ``until`` call that ``expr`` is a view of (``None`` if it is not one)."""
+    from tvm import relax
+
+    while True:
+        value = bound(expr) if isinstance(expr, relax.Var) else expr
+        if value is None:
+            return expr if until == "" else None
+        if op_name(value) == until:
+            return expr
+        if op_name(value) not in _VIEWS:
+            return None
+        expr = value.args[0]
+
+
+def _scaled(expr: Any, bound: Callable[[Any], Any]) -> tuple[Any, float]:
+    """``(x, c)`` for ``multiply(x, constant c)``, else ``(expr, 1.0)``."""
+    value = bound(expr)
+    if op_name(value) == "relax.multiply":
+        for x, c in ((value.args[0], value.args[1]), (value.args[1], value.args[0])):
+            number = constant_value(c)
+            if number is not None and number.size == 1:
+                return x, float(number.reshape(()))
+    return expr, 1.0
+
+
+class DecodeAttention(Rule):
+    name = "decode_attention"
+
+    def matches(self, call: Any, bound: Callable[[Any], Any]) -> bool:
+        return op_name(call) == "relax.matmul" and op_name(bound(call.args[0])) == "relax.nn.softmax"
+
+    def check(self, call: Any, rw: Rewriter) -> MatchResult[Any]:
+        bound = rw.bound
+        total = bound(bound(call.args[0]).args[0])
+        if op_name(total) != "relax.add":
+            return MatchResult.fail("softmax of something else than scores + mask")
+        for term in total.args:
+            raw, after = _scaled(term, bound)
+            if op_name(bound(raw)) == "relax.matmul":
+                break
+        else:
+            return MatchResult.fail("no q @ K^T under the softmax")
+        q, c1 = _scaled(bound(raw).args[0], bound)
+        kt, c2 = _scaled(bound(raw).args[1], bound)
+        keys = _trace(kt, bound, "relax.call_tir_inplace")
+        values = _trace(call.args[1], bound, "relax.call_tir_inplace")
+        if keys is None or values is None:
+            return MatchResult.fail("K or V is not a view of the in-place cache")
+        index = bound(keys).args[1].fields[1]
+        pos = _trace(index, bound, "")
+        return self._shapes(Attention(q, keys, values, pos, c1 * c2 * after))
+
+    def _shapes(self, att: Attention) -> MatchResult[Any]:
+        q, cache, pos = static_shape(att.q), static_shape(att.keys), static_shape(att.pos)
+        if q is None or cache is None or len(q) != 4 or len(cache) != 4 or q[2] != 1 or pos != q[:1]:
+            return MatchResult.fail("not one query per slot over a [batch, kv_heads, seq, dim] cache")
+        if q[1] % cache[1] or q[3] != cache[3] or static_shape(att.values) != cache:
+            return MatchResult.fail("query heads do not group over the cache's heads")
+        why = kernel.supports(q[3])
+        return MatchResult.fail(why) if why else MatchResult((att, (*q[:2], cache[1], cache[2], q[3])))
+
+    def rewrite(self, call: Any, value: Any, rw: Rewriter) -> Any:
+        from tvm import relax
+
+        att, (b, h, kv, s, d) = value
+        name = f"decode_attention_{b}x{h}x{kv}x{s}x{d}_{att.scale:.6g}".replace(".", "p").replace("-", "m")
+        prim = rw.add_kernel(name, lambda: kernel.decode_attention(b, h, kv, s, d, att.scale))
+        return relax.call_tir(prim, [att.q, att.keys, att.values, att.pos], call.ty)
+
+
+def attention_over_filled_cache(mod: Any) -> tuple[Any, dict[str, Any]]:
+    """``mod`` with each matched decode attention on the kernel; what was and was not."""
+    mod, stats = apply_rules(mod, [DecodeAttention()])
+    return mod, {"rewritten": sum(stats.applied.values()), "skipped": dict(stats.skipped)}
