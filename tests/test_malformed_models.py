@@ -49,3 +49,43 @@ def test_a_source_producing_nan_is_said_to(tmp_path: Path) -> None:
     code, output = compile_cli(hostile_models.write("nan_source", tmp_path), "tvm", tmp_path / "out")
     assert code != 0 and output.startswith("error: ")
     assert "the source model itself outputs NaN / Inf on the validation inputs (y" in output, output
+
+
+def _garbage_npz(path: Path) -> None:
+    path.write_bytes(bytes(range(256)) * 4)
+
+
+def _truncated_npz(path: Path) -> None:
+    path.write_bytes(b"PK\x03\x04" + b"\0" * 20)
+
+
+def _object_npz(path: Path) -> None:
+    import io
+    import zipfile
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("x.npy", buffer.getvalue())
+
+
+@pytest.mark.parametrize(
+    ("write", "message"),
+    [
+        (_garbage_npz, "is not a .npz file"),  # before: "This file contains pickled (object) data"
+        (_truncated_npz, "is a damaged or incomplete .npz file"),  # before: an internal error (BadZipFile)
+        (_object_npz, "save plain numeric arrays, not Python objects"),
+    ],
+)
+def test_a_bad_sample_inputs_file_is_one_clear_line(write, message: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tests.tiny_models import relu_add
+
+    samples = tmp_path / "s.npz"
+    write(samples)
+    code, output = compile_cli(
+        relu_add(tmp_path / "m.onnx"), "onnxruntime", tmp_path / "out", "--sample-inputs", str(samples)
+    )
+    errors = [ln for ln in output.splitlines() if ln.startswith("error: ")]
+    assert code != 0 and len(errors) == 1 and message in errors[0] and "Traceback" not in output, output

@@ -16,7 +16,9 @@ bfloat16 / float8 arrays come back as ``ml_dtypes`` arrays (``np.savez`` stores 
 from __future__ import annotations
 
 import re
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,12 +58,42 @@ def _natural(path: Path) -> tuple[int, str]:
     return (int(digits[-1]) if digits else -1, path.name)
 
 
+#: How each file kind starts: numpy reads anything else as a pickle, and says "pickled data".
+_MAGIC = {".npz": (b"PK\x03\x04", b"PK\x05\x06"), ".npy": (b"\x93NUMPY",)}
+
+
+def _load(path: Path) -> Any:
+    """``np.load`` without pickles, every failure one :class:`InputSpecError` saying what the file is not."""
+    kind = path.suffix.lower()
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise InputSpecError(f"cannot read sample inputs {path}: {e}") from e
+    if not head.startswith(_MAGIC[kind]):
+        raise InputSpecError(
+            f"sample inputs {path} is not a {kind} file (its first bytes are not numpy's {kind} header): "
+            f"write it with numpy.{'savez' if kind == '.npz' else 'save'}"
+        )
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise InputSpecError(
+            f"sample inputs {path} is a damaged or incomplete {kind} file ({e}): write it again"
+        ) from e
+
+
 def _npz(path: Path, io: IOSpec) -> Arrays:
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with _load(path) as data:
             arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError) as e:
-        raise InputSpecError(f"cannot read sample inputs {path}: {e}") from e
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        raise InputSpecError(f"sample inputs {path} is a damaged or incomplete .npz file ({e}): write it again") from e
+    except ValueError as e:
+        raise InputSpecError(
+            f"sample inputs {path} holds an array aotforge does not load ({e}): save plain numeric arrays, "
+            "not Python objects"
+        ) from e
     return {name: _typed(array, io, name) for name, array in arrays.items()}
 
 
@@ -71,10 +103,7 @@ def _npy(path: Path, io: IOSpec) -> Arrays:
         raise InputSpecError(
             f"sample file {path} is a .npy, but the model has inputs {names}: use .npz files naming each input"
         )
-    try:
-        array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise InputSpecError(f"cannot read sample inputs {path}: {e}") from e
+    array = _load(path)
     name = io.inputs[0].name
     return {name: _typed(array, io, name)}
 
