@@ -7,7 +7,8 @@ pipeline did (recorded in the manifest as ``pipeline``, the steps' reports under
 Phases (all inside ``with target:``):
 
 1. rewrites: bf16 graphs' NaN / Inf tests, matmul sums and transcendentals on fp32
-   (``rewrites/bf16``); fast math (optional); integer matmuls (``int8-dynamic``) and QDQ
+   (``rewrites/bf16``); fast math (optional); projections of one input merged into one matmul
+   (Q/K/V, ``rewrites/combine_matmuls``); integer matmuls (``int8-dynamic``) and QDQ
    convolutions (``int8``) with constant int8 weights -> AVX-512 VNNI kernels (depthwise ones ->
    an integer depthwise kernel; NHWC kept between them) where the target has VNNI
    (``rewrites/int8``: the ``int8_vnni`` report says which and why not); Clip as
@@ -31,13 +32,14 @@ if TYPE_CHECKING:
     from aotforge.targets.tvm.tuning.tune import TuneSettings
 
 #: Step reports filed next to the default schedules' report, in this order.
-_EXTRA_REPORTS = ("int8_vnni", "bf16", "clip", "ieee_nan", "tuning")
+_EXTRA_REPORTS = ("combine_matmuls", "int8_vnni", "bf16", "clip", "ieee_nan", "tuning")
 
 
 def rewrite_phase(*, fast_math: bool, conv_nhwc: bool) -> list[Step]:
     return [
         steps.BF16,  # first: fast math is fp32-only, and a FoldConstant of a bf16 isnan would compile it
         *([steps.FAST_MATH] if fast_math else []),
+        steps.COMBINE_MATMULS,  # before legalize: fusion then gives the merged matmul its bias epilogue
         steps.INT8_VNNI,  # before NHWC: QDQ convolutions become VNNI kernels that are channels-last themselves
         steps.CLIP,  # before NHWC: a Clip the importers leave opaque pins its input to NCHW
         *([steps.NHWC] if conv_nhwc else []),

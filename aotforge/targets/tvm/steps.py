@@ -53,6 +53,14 @@ def _fast_math(mod: Any, _target: Any) -> tuple[Any, Report]:
     return relax.transform.FastMathTransform()(mod), None
 
 
+def _combine_matmuls(mod: Any, _target: Any) -> tuple[Any, Report]:
+    """Projections of one input with constant weights (Q/K/V) -> one matmul and a split
+    (``rewrites/combine_matmuls.py``): one kernel with 3x the columns instead of three."""
+    from aotforge.targets.tvm.rewrites.combine_matmuls import combine_matmuls
+
+    return combine_matmuls(mod)
+
+
 def _int8_vnni(mod: Any, target: Any) -> tuple[Any, Report]:
     """Integer matmuls and QDQ convolutions -> AVX-512 VNNI kernels (``rewrites/int8.py``)."""
     from aotforge.targets.tvm.rewrites.int8 import integer_ops_on_vnni
@@ -110,6 +118,7 @@ def _default_schedules(mod: Any, _target: Any) -> tuple[Any, Report]:
 
 BF16 = Step("bf16", _bf16)
 FAST_MATH = Step("fast_math", _fast_math)
+COMBINE_MATMULS = Step("combine_matmuls", _combine_matmuls)
 INT8_VNNI = Step("int8_vnni", _int8_vnni)
 CLIP = Step("clip", _clip)
 IEEE_NAN = Step("ieee_nan", _ieee_nan)

@@ -14,8 +14,9 @@ from tvm.target import Target
 from aotforge.targets.tvm.schedules.rule import CpuRule
 
 VECTOR = 16
-#: Below this many elements a parallel loop costs more than it saves.
-PARALLEL_MIN = 4096
+#: Below this many elements a parallel loop costs more than it saves (a fork/join per launch, and
+#: a stall of a time slice when a worker is descheduled on a loaded machine).
+PARALLEL_MIN = 32768
 
 
 def schedule_spatial_block(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:

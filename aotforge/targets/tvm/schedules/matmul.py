@@ -6,7 +6,8 @@ One rule covers every PrimFunc whose single reduction block is a sum of products
 - the last spatial axis ``j`` is the vector axis, tiled by up to 32 (2 x 16 lanes; 48 with AVX-512);
 - ``i`` is the innermost spatial axis of the operand that does not depend on ``j`` (the
   "broadcast" operand: ``A`` of a matmul, the weights of a convolution), tiled by up to 8;
-- outer spatial loops and the tile loops (j tiles outside i tiles) are fused and run in parallel;
+- outer spatial loops and the tile loops (j tiles outside i tiles) are fused and run in parallel
+  (when the kernel is big enough to pay for a fork/join);
 - the accumulator tile lives in a ``local`` buffer, its write-back carries the fused
   elementwise epilogue (bias, residual add, activation);
 - tile sizes are divisors of the extents, so no tail predicate ever reaches a vector loop
@@ -38,6 +39,11 @@ VECTOR = 16
 K_BLOCK = 256
 ACC_BLOCK_BYTES = 64 * 1024
 MIN_PARALLEL_CHUNKS = 8
+#: Below this many multiply-adds (~10-15 us on one AVX-512 core) a kernel runs on the calling
+#: thread: TVM splits a parallel loop statically, so every launch is a fork/join that waits for
+#: the slowest thread (ViT's 37-token kernels: 64 launches per call, 2 threads slower than 1; on a
+#: loaded machine a descheduled worker stalls each join by a time slice).
+PARALLEL_MIN_MACS = 1 << 21
 
 
 def _largest_divisor(n: int, limit: int, step: int = 1) -> int:
@@ -134,6 +140,8 @@ class _Matmul:
     j: int
     m: int
     n: int
+    #: multiply-adds: the product of every loop extent of the reduction block
+    macs: int
 
 
 def _broadcast_axis(block: tirx.SBlock, spatial: list[Any], j: int) -> int:
@@ -176,7 +184,10 @@ def _match(sch: s_tir.Schedule, infos: list[Any]) -> _Matmul | None:
     n = int(spatial[j].dom)  # type: ignore[arg-type]
     if n * m < 4:
         return None  # nothing to tile: let GEMV / Reduction take it
-    return _Matmul(at, red_info.block_rv, n_s, i, j, m, n)
+    macs = 1
+    for d in red_info.dom():
+        macs *= int(d)
+    return _Matmul(at, red_info.block_rv, n_s, i, j, m, n, macs)
 
 
 def _i_tile(m: int) -> int:
@@ -312,7 +323,8 @@ class TiledMatmul(CpuRule):
         vec = _vector_width(mm.n)
         tj = _largest_divisor(mm.n, max(tile_j, vec), vec) or vec
         fused, r_loops, ii, ji = _tile(sch, mm, tj, ti)
-        sch.parallel(fused)
+        if mm.macs >= PARALLEL_MIN_MACS:
+            sch.parallel(fused)
         sch.reverse_compute_at(writeback, fused)
         _vectorize(sch, mm.block, writeback, r_loops[0], ii, ji, vec)
         for b in separate:
