@@ -235,6 +235,27 @@ def test_int8_dynamic_turns_fused_attention_into_qattention(tmp_path: Path) -> N
         assert rel_l2(quant_models.run(model, f), e) < 0.05
 
 
+def test_qattention_mask_index_is_the_mask_not_token_ids_zero_at_the_same_places(tmp_path: Path) -> None:
+    """A tokenizer's ids are 0 exactly where it pads: on calibration text they look like the mask too."""
+    stacks = quant_models.attention_inputs(6, seed=3)
+    ids = np.random.default_rng(4).integers(2, 1000, stacks["mask"].shape) * stacks["mask"]
+    stacks = {"input_ids": ids, **stacks}
+    calib = quant_models.save_stack(tmp_path / "calib", stacks)
+    model = quant_models.attention_block()
+    shape = ir.Shape([1, quant_models.SEQ])
+    model.graph.inputs.insert(0, ir.Value(name="input_ids", type=ir.TensorType(ir.DataType.INT64), shape=shape))
+    fp32 = quant_models.attention_block()
+    pass_ = QuantizeDynamicPass(QuantizeDynamicParams(op_types=("Attention",), calibration_dir=calib))
+    pass_(model)
+    assert pass_.stats["attention"]["mask_index"] == 1
+    cast = next(n for n in model.graph if n.op_type == "Cast" and str(n.name).endswith("_mask_index"))
+    assert cast.inputs[0] is not None and cast.inputs[0].name == "mask"
+    feed = {k: v[0] for k, v in stacks.items()}
+    feed["mask"] = np.ones_like(feed["mask"])  # no padding: every key attended, whatever the ids say
+    expected = quant_models.run(fp32, {"x": feed["x"], "mask": feed["mask"]})
+    assert rel_l2(quant_models.run(model, feed), expected) < 0.05
+
+
 def test_int8_dynamic_keeps_attention_bias_it_cannot_prove_is_a_mask(tmp_path: Path) -> None:
     calib = quant_models.save_stack(tmp_path / "calib", quant_models.attention_inputs(4, seed=3))
     model = quant_models.attention_block()

@@ -5,7 +5,10 @@ only when its weight is an initializer, it has no ``qkv_hidden_sizes`` and no
 ``attention_bias`` (QAttention has no such input). The fusion leaves the packed QKV weight
 behind a Concat of initializers and the padding mask as an additive 4-D bias; both are
 rewritten here, the mask only where calibration data shows it is exactly a key-padding mask of
-an integer graph input (then ``mask_index`` carries that input and ORT rebuilds the same mask).
+a 0/1 integer graph input, and stays one when that input changes (then ``mask_index`` carries
+that input and ORT rebuilds the same mask). Token ids are 0 exactly where a tokenizer pads too:
+taken for the mask, they gave QAttention a "mask" of token ids, right on padded sentences and
+wrong on any other mask (cosine 0.65 with every token attended).
 
 ``split_skip_layer_norm`` undoes the SkipLayerNormalization fusion: ONNX Runtime 1.32's CPU
 kernel for it took 3.6 ms for MiniLM's 12 calls at seq 128 where Add + LayerNormalization took
@@ -71,9 +74,12 @@ def bias_to_mask_index(model: ir.Model, feeds: list[Feeds]) -> list[str]:
     matches: dict[ir.Value, ir.Value] = {}
     for bias in biases:
         for mask in masks:
+            if not all(_is_binary(f[str(mask.name)]) for f in feeds):
+                continue  # token ids are 0 exactly where a tokenizer pads, too: only a 0/1 input is a mask
             if all(_is_padding_bias(v[str(bias.name)], f[str(mask.name)]) for v, f in zip(values, feeds, strict=True)):
-                matches[bias] = mask
-                break
+                if _follows(model, bias, mask, feeds):
+                    matches[bias] = mask
+                    break
     converted, casts = [], {}
     for node in users:
         node_bias = node.inputs[5]
@@ -90,6 +96,26 @@ def bias_to_mask_index(model: ir.Model, feeds: list[Feeds]) -> list[str]:
         node.replace_input_with(3, casts[source])
         converted.append(str(node.name))
     return converted
+
+
+def _is_binary(array: np.ndarray) -> bool:
+    return bool(np.isin(array, (0, 1)).all())
+
+
+def _follows(model: ir.Model, bias: ir.Value, mask: ir.Value, feeds: list[Feeds]) -> bool:
+    """Whether ``bias`` is still ``mask``'s padding bias when ``mask`` changes (random 0/1, first key kept).
+
+    Calibration text pads at the end and the input ids are 0 exactly there: agreeing on it does not
+    show that the bias is computed from ``mask``. Changed masks do.
+    """
+    rng = np.random.default_rng(0)
+    changed = []
+    for feed in feeds:
+        other = rng.integers(0, 2, feed[str(mask.name)].shape).astype(feed[str(mask.name)].dtype)
+        other[..., 0] = 1
+        changed.append({**feed, str(mask.name): other})
+    got = tensor_values(model, [bias], changed)
+    return all(_is_padding_bias(v[str(bias.name)], f[str(mask.name)]) for v, f in zip(got, changed, strict=True))
 
 
 def _is_padding_bias(bias: np.ndarray, mask: np.ndarray) -> bool:
