@@ -13,7 +13,8 @@ pools spin after a call), median of --runs after 10 warm-up runs, --rounds round
 
 ``--user-export`` measures a user's own export instead (tests/user_minilm.py: the real weights as
 ``BertModel`` + mean pooling, ``torch.onnx.export(dynamo=True)`` with dynamic batch / seq; not
-examples/minilm.py), built as a user would: ``--passes O1,int8`` or ``O1,int8-dynamic`` with
+examples/minilm.py), built as a user would: ``--passes O1,int8``, ``O1,int8-dynamic`` or (onnxruntime)
+``optimize,fuse-ort,int8-dynamic`` (QAttention, SkipLayerNormalization split) with
 ``--calibration`` (128 stdlib docstring sentences) and ``--accuracy-budget 0.995`` (and a least
 per-sentence cosine of 0.99), for onnxruntime and tvm; quality on 64 other sentences vs the source
 ONNX on ORT fp32; every artifact timed through ``aotforge.load`` in its own process
@@ -127,9 +128,9 @@ def user_export(args: argparse.Namespace) -> None:
     budget = {"calibration": str(calib_dir), "accuracy_budget": 0.995}
     artifacts, stats = {}, {}
     for target in args.targets:
-        for passes in (["O1"], ["O1", "int8"], ["O1", "int8-dynamic"]):
+        for passes in (["O1"], ["O1", "int8"], ["O1", "int8-dynamic"], ["optimize", "fuse-ort", "int8-dynamic"]):
             if target == "tvm" and passes[-1] == "int8-dynamic":
-                continue  # the same dynamic graph as int8's choice here; tvm runs either
+                continue  # the same dynamic graph as int8's choice here; tvm runs either, and refuses fuse-ort
             name = f"{target} {'+'.join(passes)}"
             extra = {**budget, "pass_params": {passes[-1]: {"min_sample_cosine": 0.99}}} if len(passes) > 1 else {}
             # Validation runs on random token ids, where int8's rel L2 is ~0.2: the table below is on text.
