@@ -102,3 +102,16 @@ def test_validation_failure_leaves_no_artifact(tmp_path: Path) -> None:
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     proc = run_cli("--debug", "compile", "/nonexistent/model.onnx")
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_an_ort_message_keeps_the_cause_from_its_later_lines() -> None:
+    """Before: ORT's run-time shape error lost its cause, which ORT prints on the lines after the first."""
+    from aotforge.core.errors import describe
+
+    ort_text = (
+        "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got invalid dimensions for input: x for the following indices\n"
+        " index: 1 Got: 3 Expected: 8\n Please fix either the inputs/outputs or the model."
+    )
+    text = describe(RuntimeError(ort_text))
+    assert "\n" not in text and "index: 1 Got: 3 Expected: 8" in text
+    assert describe(RuntimeError("first\nsecond")) == "first"

@@ -103,6 +103,10 @@ def describe(e: BaseException, *, last: bool = False, limit: int = 300) -> str:
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     if not lines:
         return type(e).__name__
+    if lines[0].startswith("[ONNXRuntimeError]"):
+        # ORT puts the cause on the lines after its first ("... for the following indices" / "index: 1
+        # Got: 3 Expected: 8"): all of them, joined, and no C++ stack (ORT's messages carry none).
+        return "; ".join(lines)[:limit]
     return (lines[-1] if last else lines[0])[:limit]
 
 
