@@ -250,3 +250,30 @@ def test_onnxruntime_decode_runs_group_query_attention(llama_ort: Any) -> None:
     ops = {(n.domain, n.op_type) for n in decode.graph.node}
     assert ("com.microsoft", "GroupQueryAttention") in ops and ("", "ScatterElements") not in ops
     assert llama_ort.manifest.target.info["decode_attention"] == "gqa"
+
+
+@pytest.mark.slow  # three builds of the tiny Llama (about a minute on a quiet 2-core machine)
+def test_weight_only_int8_on_both_graphs(tmp_path: Path) -> None:
+    """The weight-only pass runs on prefill and decode; the quantized weights are still stored once, the
+    manifest records each graph's pass and the token agreement; a tolerance the numerics miss fails."""
+    import onnx
+
+    from aotforge.core.errors import ValidationFailedError
+
+    model = tiny_causal_lm("llama")
+    quant = {"passes": ["weight-only"], "pass_params": {"weight-only": {"bits": 8}}}
+    result = _build(model, tmp_path / "ok", tolerance=0.1, min_token_agreement=0.5, **quant)
+    decode = onnx.load(result.path / "decode.onnx", load_external_data=False)
+    assert any(n.op_type == "MatMulNBits" for n in decode.graph.node)
+    passes = result.manifest.passes
+    assert [(p["name"], p["graph"]) for p in passes] == [("weight-only", "prefill"), ("weight-only", "decode")]
+    assert all(p["stats"]["nodes_quantized"] > 0 for p in passes)
+    weights = result.manifest.target.info["weights"]
+    assert weights["weights_file_bytes"] < 0.6 * weights["unshared_bytes"]
+    assert result.manifest.validation["token_agreement"] >= 0.5
+    ids = np.array([PROMPTS[0]])
+    assert aotforge.load(result.path).generate(ids, 5).shape == (1, len(PROMPTS[0]) + 5)
+    with pytest.raises(ValidationFailedError, match="agrees with transformers"):
+        _build(model, tmp_path / "strict", tolerance=1e-9, **quant)
+    with pytest.raises(OptionsError, match="text-generation builds"):
+        _build(model, tmp_path / "int8", passes=["int8-dynamic"])

@@ -71,6 +71,13 @@ from aotforge.core.spec import parse_value_range
 @click.option(
     "--max-batch", type=click.IntRange(min=1), default=4, show_default=True, help="text-generation: sequences per call."
 )
+@click.option(
+    "--min-token-agreement",
+    type=click.FloatRange(0.0, 1.0),
+    default=1.0,
+    show_default=True,
+    help="text-generation: the share of greedy tokens that must match transformers (below it the build fails).",
+)
 @click.option("--prepare-only", is_flag=True, help="Write a build bundle for `aotforge finish` on the device host.")
 @click.option("--calibration", help="int8 calibration data: a directory of .npy/.npz files, or module.py:function.")
 @click.option(
@@ -144,6 +151,7 @@ def compile(model: str, **kw: Any) -> None:
             "task": kw["task"],
             "max_seq_len": kw["max_seq_len"],
             "max_batch": kw["max_batch"],
+            "min_token_agreement": kw["min_token_agreement"],
         }
     )
     if kw["recipe"]:

@@ -16,8 +16,10 @@ from aotforge.artifacts.card_plots import manifest_plots
 from aotforge.artifacts.hashing import sha256_file
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.store import staging_dir
+from aotforge.compiler.build_plan import pass_entry
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import build_record, key_toolchain, place_artifact, store_artifact
+from aotforge.compiler.builder import target_passes
 from aotforge.compiler.generative.benchmark import benchmark_generation
 from aotforge.compiler.generative.export import decoder_spec, export_graphs, save_shared
 from aotforge.compiler.generative.source import load_causal_lm
@@ -29,7 +31,8 @@ from aotforge.core.errors import OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
 from aotforge.core.target_record import TargetRecord
-from aotforge.passes import DEFAULT_PRESET
+from aotforge.passes import DEFAULT_PRESET, contrib_op_passes
+from aotforge.passes.manager import run_passes
 from aotforge.targets import get_target
 from aotforge.targets.generative import generative_backend
 
@@ -48,11 +51,18 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
     plan = getattr(backend, "plan_generative", None)
     if plan is not None:  # options the target cannot honour are refused before the export
         plan(spec, target_opts)
+    graph_passes = _graph_passes(opts, target)
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.plots)
     with staging_dir(opts.out) as stage:
         say("exporting the prefill and decode graphs")
         attention = getattr(backend, "DECODE_ATTENTION", "masked")
         prefill, decode = export_graphs(source.model, spec, place.name, decode_attention=attention)
+        pass_entries = []
+        for graph_name, graph in (("prefill", prefill), ("decode", decode)):
+            if graph_passes:
+                say(f"running passes on the {graph_name} graph: {', '.join(p.name for p in graph_passes())}")
+                pass_entries += [{**pass_entry(r), "graph": graph_name} for r in run_passes(graph, graph_passes())]
+        # The passes are deterministic, so equal weights stay equal and save_shared still stores them once.
         weights = save_shared({PREFILL_FILE: prefill, DECODE_FILE: decode}, stage)
         for rel, file in sorted(source.files.items()):
             shutil.copyfile(file, stage / rel)
@@ -88,7 +98,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
             toolchain={**toolchain_versions(), **compiled.toolchain},
             source={"format": source.format, "sha256": source.sha256, "task": TEXT_GENERATION},
             ir={"sha256": _graphs_sha(stage), "opset": prefill.opset_imports.get("", 0)},
-            passes=[],
+            passes=pass_entries,
             io=prefill_io(spec).to_dict(),
             validation=validation,
             benchmark=bench,
@@ -105,15 +115,37 @@ def _backend(opts: BuildOptions) -> Any:
     """The target's generative backend; a target without one is refused before any work."""
     if opts.prepare_only:
         raise OptionsError("--prepare-only bundles of text-generation builds are not supported yet: build on the host")
-    if tuple(opts.passes) not in ((DEFAULT_PRESET,), ()):
-        raise OptionsError(
-            f"passes {', '.join(opts.passes)} do not apply to text-generation builds yet: leave --passes out"
-        )
     target = get_target(opts.target)
     probe = target.probe()
     if not probe.compiles:
         raise TargetUnavailableError(f"target {opts.target} is not available on this host: {probe.reason}")
     return generative_backend(opts.target)
+
+
+#: Passes a text-generation build runs on both graphs (the rest are refused at planning).
+GENERATIVE_PASSES = frozenset({"weight-only"})
+
+
+def _graph_passes(opts: BuildOptions, target: Any) -> Callable[[], list[Any]] | None:
+    """A factory of fresh pass instances (each graph records its own stats), or None without passes.
+
+    Weight-only quantization is what a memory-bound decoder wants, and it needs no calibration;
+    the build's token-agreement validation is what gates its numerics (``--min-token-agreement``)."""
+    if tuple(opts.passes) in ((DEFAULT_PRESET,), ()):
+        return None
+    names, _ = target_passes(opts, target)
+    refused = [n for n in names if n not in GENERATIVE_PASSES]
+    if refused:
+        raise OptionsError(
+            f"passes {', '.join(refused)} do not apply to text-generation builds: they take "
+            f"{', '.join(sorted(GENERATIVE_PASSES))} (e.g. --passes weight-only --pass-opt weight-only.bits=8)"
+        )
+    contrib = contrib_op_passes(names)
+    if contrib and opts.target != "onnxruntime":
+        raise OptionsError(
+            f"pass {', '.join(contrib)} emits ONNX Runtime contrib ops (MatMulNBits) that {opts.target} cannot run"
+        )
+    return lambda: target_passes(opts, target)[1]
 
 
 def prefill_io(spec: DecoderSpec) -> IOSpec:
