@@ -11,7 +11,7 @@ ARGS ?=
 # With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
 _flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
-.PHONY: compile test test-slow lint bench bench-generation targets clean device-check neuron-env
+.PHONY: compile test test-slow lint bench bench-generation targets clean device-check neuron-env tvm-ops-table
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,11 @@ lint: $(BIN)/.installed
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache
+
+# The ONNX node suite (shape-like inputs bound) through the tvm target, per op: docs/tvm_onnx_ops.md (~1 h on 2 cores).
+tvm-ops-table: $(BIN)/.installed
+	mkdir -p docs
+	$(BIN)/python tools/node_suite.py --target tvm --variant constants --table docs/tvm_onnx_ops.md
 
 # bench: the single-pass models, then the decoders side by side (bench-generation: aotforge onnxruntime and
 # tvm vs ONNX Runtime GenAI fp32 vs transformers eager on the SmolLM-135M shape, with the bandwidth floor).

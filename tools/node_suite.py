@@ -44,11 +44,13 @@ class Case:
     expected: list[list[Any]]  # per data set, in graph-output order
     rtol: float
     atol: float
+    family: str = ""
 
 
 @dataclasses.dataclass
 class Report:
     target: str
+    variant: str = "generated"
     cases: int = 0
     ort_passes: int = 0
     aotforge_passes: int = 0
@@ -56,11 +58,41 @@ class Report:
     failures: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Cases ORT fails alone: name -> reason (not counted against aotforge).
     ort_failures: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: op family -> [cases ORT passes alone, of those passing through aotforge]
+    families: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
 
     @property
     def ratio(self) -> float:
         return self.aotforge_passes / self.ort_passes if self.ort_passes else 0.0
+
+    def merge(self, other: Report) -> None:
+        for field in ("cases", "ort_passes", "aotforge_passes", "seconds"):
+            setattr(self, field, getattr(self, field) + getattr(other, field))
+        self.failures.update(other.failures)
+        self.ort_failures.update(other.ort_failures)
+        for name, (ort_count, passed) in other.families.items():
+            counts = self.families.setdefault(name, [0, 0])
+            counts[0] += ort_count
+            counts[1] += passed
+
+    def table(self) -> str:
+        """The per-op pass table, markdown: families with a failure first, then those that all pass."""
+        rows = sorted(self.families.items(), key=lambda kv: (kv[1][1] == kv[1][0], kv[0]))
+        lines = [
+            f"# ONNX node suite through the {self.target} target",
+            "",
+            f"`tools/node_suite.py --target {self.target} --variant {self.variant}` (`make tvm-ops-table`): "
+            f"{self.aotforge_passes} / {self.ort_passes} of the cases ONNX Runtime passes alone "
+            f"({100 * self.ratio:.1f}%), each built and run on its own test data.",
+            "",
+            "| op | cases ORT passes | pass through aotforge |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {name} | {ort_count} | {passed} |" for name, (ort_count, passed) in rows if ort_count]
+        lines += ["", "Cases ONNX Runtime passes that fail through aotforge, and why:", ""]
+        lines += [f"- `{name}`: {reason.replace('|', '/')}" for name, reason in sorted(self.failures.items())]
+        return "\n".join(lines) + "\n"
 
 
 def collect(match: str | None = None) -> list[Any]:
@@ -74,15 +106,78 @@ def collect(match: str | None = None) -> list[Any]:
     return [c for c in cases if pattern is None or pattern.search(c.name)]
 
 
-def write_case(case: Any, root: Path) -> Case:
-    """``model.onnx`` and ``test_data_set_<k>/input_<i>.pb, output_<i>.pb``, as onnx's generate-data writes them."""
+#: Input positions that exported models feed from constants (shapes, axes, sizes, counts, scalar settings,
+#: quantization parameters, recurrent weights): op type -> input indices. The "constants" variant binds
+#: a graph input found there to its test value (an initializer) when every data set gives the same one.
+CONSTANT_INPUTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,),
+    "Expand": (1,),
+    "Tile": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Pad": (1, 2, 3),
+    "Resize": (1, 2, 3),
+    "Upsample": (1,),
+    "TopK": (1,),
+    "Split": (1,),
+    "Squeeze": (1,),
+    "Unsqueeze": (1,),
+    **{
+        f"Reduce{r}": (1,)
+        for r in ("Sum", "Mean", "Max", "Min", "Prod", "L1", "L2", "LogSum", "LogSumExp", "SumSquare")
+    },
+    "ConstantOfShape": (0,),
+    "Range": (0, 1, 2),
+    "OneHot": (1, 2),
+    "Trilu": (1,),
+    "CumSum": (1,),
+    "CumProd": (1,),
+    "CenterCropPad": (1,),
+    "Clip": (1, 2),
+    "Col2Im": (1, 2),
+    "DFT": (1, 2),
+    "STFT": (1, 3),
+    "HannWindow": (0,),
+    "HammingWindow": (0,),
+    "BlackmanWindow": (0,),
+    "MelWeightMatrix": (0, 1, 2, 3, 4),
+    "NonMaxSuppression": (2, 3, 4),
+    "Dropout": (1, 2),
+    "AffineGrid": (1,),
+    "Loop": (0,),
+    "SplitToSequence": (1,),
+    "SequenceAt": (1,),
+    "SequenceErase": (1,),
+    "SequenceInsert": (2,),
+    "QuantizeLinear": (1, 2),
+    "DequantizeLinear": (1, 2),
+    "ConvInteger": (2, 3),
+    "MatMulInteger": (2, 3),
+    "QLinearMatMul": (1, 2, 4, 5, 6, 7),
+    "QLinearConv": (1, 2, 4, 5, 6, 7),
+    "LSTM": (1, 2, 3),
+    "GRU": (1, 2, 3),
+    "RNN": (1, 2, 3),
+    "Bernoulli": (),
+    "RoiAlign": (),
+    "StringSplit": (),
+}
+VARIANTS = ("generated", "constants")
+
+
+def write_case(case: Any, root: Path, variant: str = "generated") -> Case:
+    """``model.onnx`` and ``test_data_set_<k>/input_<i>.pb, output_<i>.pb``, as onnx's generate-data writes them.
+
+    ``variant="constants"`` first binds the inputs at :data:`CONSTANT_INPUTS` positions to their values.
+    """
     directory = root / case.name
     (directory).mkdir(parents=True, exist_ok=True)
     model_path = directory / "model.onnx"
-    onnx.save(case.model, model_path)
-    graph = case.model.graph
+    model, kept = bind_constant_inputs(case.model, case.data_sets) if variant == "constants" else (case.model, None)
+    onnx.save(model, model_path)
+    graph = model.graph
     all_inputs, all_expected = [], []
     for k, (inputs, outputs) in enumerate(case.data_sets):
+        inputs = list(inputs) if kept is None else [inputs[i] for i in kept]
         data = directory / f"test_data_set_{k}"
         data.mkdir(exist_ok=True)
         for prefix, values, infos in (("input", inputs, graph.input), ("output", outputs, graph.output)):
@@ -90,7 +185,86 @@ def write_case(case: Any, root: Path) -> Case:
                 (data / f"{prefix}_{j}.pb").write_bytes(_proto(value, infos[j]).SerializeToString())
         all_inputs.append([_array(v) for v in inputs])
         all_expected.append([_array(v) for v in outputs])
-    return Case(case.name, model_path, all_inputs, all_expected, float(case.rtol), float(case.atol))
+    return Case(
+        case.name, model_path, all_inputs, all_expected, float(case.rtol), float(case.atol), family(case.name, model)
+    )
+
+
+def bind_constant_inputs(model: onnx.ModelProto, data_sets: Sequence[Any]) -> tuple[onnx.ModelProto, list[int]]:
+    """A copy of ``model`` whose shape-like inputs are initializers; the indices of the inputs still fed.
+
+    An ``*_expanded`` model (a function op's body) binds the inputs its op's model binds, by name.
+    """
+    graph = model.graph
+    names = _constant_input_names(model)
+    op = _expanded_op(model)
+    if op is not None:
+        names |= {name for k in CONSTANT_INPUTS.get(op, ()) if k < len(graph.input) for name in [graph.input[k].name]}
+    bound = set()
+    for n, value_info in enumerate(graph.input):
+        values = [_array(inputs[n]) for inputs, _ in data_sets] if value_info.name in names else []
+        if values and isinstance(values[0], np.ndarray) and all(np.array_equal(v, values[0]) for v in values):
+            bound.add(n)
+    if not bound:
+        return model, list(range(len(graph.input)))
+    bound_model = onnx.ModelProto()
+    bound_model.CopyFrom(model)
+    graph = bound_model.graph
+    for n in sorted(bound):
+        value = data_sets[0][0][n]
+        tensor = value if isinstance(value, onnx.TensorProto) else numpy_helper.from_array(np.asarray(value))
+        tensor = onnx.TensorProto.FromString(tensor.SerializeToString())
+        tensor.name = graph.input[n].name
+        graph.initializer.append(tensor)
+    kept = [n for n in range(len(graph.input)) if n not in bound]
+    inputs = [graph.input[n] for n in kept]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    return bound_model, kept
+
+
+def _constant_input_names(model: onnx.ModelProto) -> set[str]:
+    inputs = {i.name for i in model.graph.input}
+    names = set()
+    for node in model.graph.node:
+        for index in CONSTANT_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ():
+            if index < len(node.input) and node.input[index] in inputs:
+                names.add(node.input[index])
+    return names
+
+
+def _expanded_op(model: onnx.ModelProto) -> str | None:
+    """The op whose function body an ``*_expanded`` case is (onnx prefixes its values ``<Op>_<case>_expanded_``)."""
+    for node in model.graph.node:
+        for name in node.output:
+            if "_expanded_function_" in name:
+                return name.split("_", 1)[0]
+    return None
+
+
+def family(case_name: str, model: onnx.ModelProto) -> str:
+    """The op a case tests: the longest schema name whose snake_case the case name starts with."""
+    rest = case_name.removeprefix("test_")
+    best = ""
+    best_length = 0
+    for name, snake in _snake_ops().items():
+        for form in (snake, name.lower()):
+            if (rest == form or rest.startswith(form + "_")) and len(form) > best_length:
+                best, best_length = name, len(form)
+    return best or (model.graph.node[0].op_type if model.graph.node else "?")
+
+
+_SNAKE: dict[str, str] = {}
+
+
+def _snake_ops() -> dict[str, str]:
+    if not _SNAKE:
+        for schema in onnx.defs.get_all_schemas_with_history():
+            if schema.domain in ("", "ai.onnx"):
+                _SNAKE[schema.name] = re.sub(
+                    r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", schema.name
+                ).lower()
+    return _SNAKE
 
 
 def _proto(value: Any, info: onnx.ValueInfoProto) -> Any:
@@ -166,20 +340,25 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {' | '.join(lines[:3])[:300]}"
 
 
-def run_suite(cases: Iterable[Any], target: str, work: Path, progress: bool = False) -> Report:
-    report = Report(target)
+def run_suite(
+    cases: Iterable[Any], target: str, work: Path, progress: bool = False, variant: str = "generated"
+) -> Report:
+    report = Report(target, variant)
     started = time.perf_counter()
     for case in cases:
-        files = write_case(case, work / "cases")
+        files = write_case(case, work / "cases", variant)
         report.cases += 1
         reason = ort_alone(files)
         if reason is not None:
             report.ort_failures[files.name] = reason
             continue
         report.ort_passes += 1
+        counts = report.families.setdefault(files.family, [0, 0])
+        counts[0] += 1
         reason = through_aotforge(files, target, work / "out")
         if reason is None:
             report.aotforge_passes += 1
+            counts[1] += 1
         else:
             report.failures[files.name] = reason
         if progress and report.cases % 100 == 0:
@@ -194,12 +373,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--match", help="only cases whose name matches this regular expression")
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--workdir", type=Path, help="keep the cases and artifacts here (default: a temp dir)")
+    parser.add_argument("--variant", choices=VARIANTS, default="generated", help="constants: shape-like inputs bound")
+    parser.add_argument("--shard", default="0/1", help="K/N: only every N-th case from the K-th (parallel runs)")
+    parser.add_argument("--merge", type=Path, nargs="*", help="merge these --json reports instead of running")
+    parser.add_argument("--table", type=Path, help="write the per-op markdown table here")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
-    with tempfile.TemporaryDirectory() as tmp:
-        report = run_suite(collect(args.match), args.target, args.workdir or Path(tmp), progress=True)
+    if args.merge:
+        report = Report(args.target, args.variant)
+        for path in args.merge:
+            report.merge(Report(**{k: v for k, v in json.loads(path.read_text()).items() if k != "ratio"}))
+    else:
+        shard, shards = (int(x) for x in args.shard.split("/"))
+        cases = collect(args.match)[shard::shards]
+        with tempfile.TemporaryDirectory() as tmp:
+            report = run_suite(cases, args.target, args.workdir or Path(tmp), progress=True, variant=args.variant)
     print(
-        f"target {report.target}: {report.cases} cases, ORT alone passes {report.ort_passes}, "
+        f"target {report.target} ({report.variant}): {report.cases} cases, ORT alone passes {report.ort_passes}, "
         f"aotforge passes {report.aotforge_passes} of those ({100 * report.ratio:.2f}%), {report.seconds} s"
     )
     for name, reason in sorted(report.failures.items()):
@@ -208,6 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(
             json.dumps({**dataclasses.asdict(report), "ratio": report.ratio}, indent=2, sort_keys=True)
         )
+    if args.table:
+        args.table.write_text(report.table())
     return 0
 
 

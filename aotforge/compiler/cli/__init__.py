@@ -18,6 +18,7 @@ COMMANDS = (
     bundle.finish,
     farm.matrix,
     artifact.targets,
+    artifact.check,
     artifact.inspect,
     artifact.run,
     bench.bench,

@@ -1,13 +1,15 @@
-"""``aotforge targets / inspect / run``: what this host can target, and what an artifact is and does."""
+"""``aotforge targets / check / inspect / run``: what this host can target, what a target takes of a model,
+and what an artifact is and does."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
-from aotforge.compiler.cli.common import manifest_summary, user_errors
+from aotforge.compiler.cli.common import DimRangeParam, KeyValueParam, manifest_summary, user_errors
 from aotforge.core.errors import InputSpecError
 
 
@@ -76,3 +78,30 @@ def run(artifact: Path, inputs_path: Path, save: Path | None) -> None:
     for name, value in outputs.items():
         click.echo(f"{name}: {value.dtype}{list(value.shape)}")
         click.echo(np.array2string(value, threshold=20, precision=5))
+
+
+@click.command()
+@click.argument("model", type=click.Path(exists=True, path_type=Path))
+@click.option("--target", default="tvm", show_default=True, help="Target whose importer is checked.")
+@click.option("--target-opt", multiple=True, type=KeyValueParam(), help="Target option, e.g. buckets=seq=32/64.")
+@click.option("--dynamic", multiple=True, type=DimRangeParam(), help="Dynamic dim range, e.g. batch=1:32.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@user_errors
+def check(model: Path, target: str, target_opt: Any, dynamic: Any, as_json: bool) -> None:
+    """Say in seconds which ops TARGET imports, which aotforge rewrites, and which it cannot take (exit 1)."""
+    import json
+
+    from aotforge.compiler.check import check_model
+
+    report = check_model(str(model), target, dict(target_opt), tuple(dynamic))
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        direct = ", ".join(f"{op} x{n}" for op, n in report["direct"].items()) or "none"
+        click.echo(f"{target}: imported as they are: {direct}")
+        for step, what in report["rewritten"].items():
+            click.echo(f"{target}: {step}: {what}")
+        for refused in report["refused"]:
+            click.echo(f"{target}: cannot take {refused}")
+    if report["refused"]:
+        raise SystemExit(1)

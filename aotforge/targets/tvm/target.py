@@ -75,6 +75,7 @@ class TvmTarget(Target):
             check_tunable(options)
         if not options.dynamic:  # refuse a range no bucket plan covers before anything compiles
             plan_buckets(ctx.io, options.buckets, options.max_buckets)
+        check_coverage(model, ctx.io, options)
 
     def with_cache_dir(self, options: TvmOptions, cache_dir: Path) -> TvmOptions:
         """Keep the tuning store in the build cache unless one was given (entries are keyed by target)."""
@@ -88,7 +89,8 @@ class TvmTarget(Target):
         from aotforge.targets.tvm.pipeline import compile_relax
 
         plan = None if options.dynamic else plan_buckets(ctx.io, options.buckets, options.max_buckets)
-        mod = _import_dynamic(model, ctx.io) if plan is None else _import_buckets(model, ctx.io, plan)
+        prepared: dict[str, Any] = {}  # ops imported as they are, rewritten by the import steps, refused
+        mod = _import_dynamic(model, ctx.io) if plan is None else _import_buckets(model, ctx.io, plan, prepared)
         target = tvm.target.Target(target_dict(options))
         try:
             with tempfile.TemporaryDirectory(prefix="aotforge-tune-") as tune_dir:
@@ -108,6 +110,7 @@ class TvmTarget(Target):
             # Which shapes run and how: per dim split / pad / exact, and every compiled bucket.
             "shape_buckets": None if plan is None else plan.to_info(),
             "pipeline": report,
+            "coverage": prepared,
             # lib.so is native code for this OS and the triple's arch: the loader checks both.
             "platform": {"system": platform.system(), "machine": target_dict(options)["mtriple"].split("-")[0]},
             "cpu_features": isa_features(target_dict(options)),
@@ -161,14 +164,34 @@ class TvmRunner:
         return [v.numpy() for v in values]
 
 
-def _import_buckets(model: ir.Model, io: IOSpec, plan: BucketPlan) -> Any:
+def coverage_of(model: ir.Model, io: IOSpec, options: TvmOptions) -> Any:
+    """What tvm's importer takes of ``model`` as built with ``options`` (the first bucket's shapes)."""
+    from aotforge.targets.tvm.importable.coverage import check
+
+    if options.dynamic:
+        return check(model, {s.name: list(s.shape) for s in io.inputs})
+    bucket = plan_buckets(io, options.buckets, options.max_buckets).buckets[0]
+    return check(model, {s.name: list(s.bind(dict(bucket.sizes))) for s in io.inputs})
+
+
+def check_coverage(model: ir.Model, io: IOSpec, options: TvmOptions) -> None:
+    """One error naming every node tvm cannot take, in seconds, before any compile."""
+    refused = coverage_of(model, io, options).refused
+    if refused:
+        lines = "\n".join(f"  {r}" for r in refused)
+        raise UnsupportedModelError(
+            f"tvm cannot import {len(refused)} node(s) of the model:\n{lines}\ntry --target onnxruntime"
+        )
+
+
+def _import_buckets(model: ir.Model, io: IOSpec, plan: BucketPlan, report: dict[str, Any]) -> Any:
     """One Relax module holding a static-shape function per bucket (named as the plan says)."""
     from aotforge.targets.tvm.bucket_module import merge_buckets
 
     imports = []
     for bucket in plan.buckets:
         shapes = {s.name: list(s.bind(dict(bucket.sizes))) for s in io.inputs}
-        imports.append((bucket.function, _from_onnx(_static_proto(model, shapes), shapes, io)))
+        imports.append((bucket.function, _from_onnx(_static_proto(model, shapes, report), shapes, io)))
     return imports[0][1] if len(imports) == 1 else merge_buckets(imports)
 
 
@@ -192,17 +215,17 @@ def _from_onnx(proto: Any, shapes: Mapping[str, list[Any]], io: IOSpec) -> Any:
         ) from e
 
 
-def _static_proto(model: ir.Model, shapes: Mapping[str, list[Any]]) -> Any:
-    """The IR with input dims bound and shape arithmetic folded away.
+def _static_proto(model: ir.Model, shapes: Mapping[str, list[Any]], report: dict[str, Any]) -> Any:
+    """The IR with input dims bound, shape arithmetic folded away, and legalized for the importer.
 
-    The Relax ONNX importer mishandles ``Shape -> Gather -> Reshape`` chains on scalars; once
-    every shape is static, onnxscript's optimizer turns them into constants.
+    The Relax ONNX importer mishandles ``Shape -> Gather -> Reshape`` chains on scalars and takes
+    many ``axes`` / ``shape`` inputs only as constants; once every shape is static, onnxscript's
+    optimizer turns them into constants (``targets.tvm.importable``, which also expands function ops).
     """
-    from onnxscript.optimizer import optimize_ir
+    from aotforge.targets.tvm.importable import prepare
+    from aotforge.targets.tvm.importable.coverage import of_prepared
 
-    static = ir.serde.deserialize_model(ir.serde.serialize_model(model))
-    for value in static.graph.inputs:
-        if value.name is not None and value.name in shapes:
-            value.shape = ir.Shape(shapes[value.name])
-    optimize_ir(static, onnx_shape_inference=True)
-    return ir.serde.serialize_model(static)
+    proto, steps = prepare(model, shapes)
+    if not report:  # the first bucket's: the manifest's coverage report
+        report.update(of_prepared(model, proto, steps).to_info())
+    return proto

@@ -1,0 +1,137 @@
+"""Unroll Scan loops whose trip count is static into straight-line graphs (the importer has no Scan).
+
+Each iteration's copy of the body reads the scan inputs' slice for that step (a Gather at the step)
+and the previous iteration's states; the scan outputs are stacked at the end (Unsqueeze + Concat).
+Bodies that hold subgraphs of their own are left alone, as are Scans of opset 8 (batch-major).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+#: More steps than this stay a Scan (and the importer refuses it): an unrolled graph grows per step.
+MAX_STEPS = 1024
+
+
+def unroll_scans(model: onnx.ModelProto) -> Counter[str]:
+    """Unroll, in place, every main-graph Scan with static scan lengths; counts by op."""
+    if not any(n.op_type == "Scan" for n in model.graph.node) or _opset(model) < 9:
+        return Counter()
+    shapes = _shapes(model)
+    nodes: list[onnx.NodeProto] = []
+    counts: Counter[str] = Counter()
+    for k, node in enumerate(model.graph.node):
+        prefix = f"{node.name or 'scan'}_{k}"
+        unrolled = _unroll(node, shapes, prefix, _opset(model)) if node.op_type == "Scan" else None
+        if unrolled is None:
+            nodes.append(node)
+        else:
+            nodes.extend(unrolled)
+            counts["Scan"] += 1
+    if counts:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return counts
+
+
+def _unroll(
+    node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]], prefix: str, opset: int
+) -> list[onnx.NodeProto] | None:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    body: onnx.GraphProto = attrs["body"]
+    m = int(attrs["num_scan_inputs"])
+    n = len(node.input) - m
+    k_out = len(body.output) - n
+    in_axes = list(attrs.get("scan_input_axes", [0] * m))
+    in_dirs = list(attrs.get("scan_input_directions", [0] * m))
+    out_axes = list(attrs.get("scan_output_axes", [0] * k_out))
+    out_dirs = list(attrs.get("scan_output_directions", [0] * k_out))
+    scanned = [shapes.get(name) for name in node.input[n:]]
+    if any(s is None for s in scanned) or any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for b in body.node for a in b.attribute
+    ):
+        return None
+    steps = {s[a % len(s)] for s, a in zip(scanned, in_axes, strict=True) if s is not None}
+    if len(steps) != 1 or not 0 < (t_count := steps.pop()) <= MAX_STEPS:
+        return None
+    nodes: list[onnx.NodeProto] = []
+    states = list(node.input[:n])
+    per_step: list[list[str]] = [[] for _ in range(k_out)]
+    for t in range(t_count):
+        step = f"{prefix}__t{t}__"
+        renamed = {v.name: states[i] for i, v in enumerate(body.input[:n])}
+        for j, value in enumerate(body.input[n:]):
+            index = t if in_dirs[j] == 0 else t_count - 1 - t
+            position = step + f"index{j}"
+            nodes.append(_constant(position, np.array(index, np.int64)))
+            renamed[value.name] = step + value.name
+            axis = in_axes[j] % len(scanned[j])  # type: ignore[arg-type]
+            nodes.append(helper.make_node("Gather", [node.input[n + j], position], [renamed[value.name]], axis=axis))
+        for tensor in body.initializer:
+            renamed[tensor.name] = step + tensor.name
+            nodes.append(_constant(renamed[tensor.name], numpy_helper.to_array(tensor)))
+        for b in body.node:
+            for name in b.output:
+                if name:
+                    renamed[name] = step + name
+        for b in body.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(b)
+            copy.name = step + b.name
+            copy.ClearField("input")
+            copy.ClearField("output")
+            copy.input.extend(renamed.get(x, x) for x in b.input)
+            copy.output.extend(renamed.get(x, x) for x in b.output)
+            nodes.append(copy)
+        outputs = [renamed.get(v.name, v.name) for v in body.output]
+        states = outputs[:n]
+        for k in range(k_out):
+            per_step[k].append(outputs[n + k])
+    for i, final in enumerate(node.output[:n]):
+        if final:
+            nodes.append(helper.make_node("Identity", [states[i]], [final]))
+    for k, final in enumerate(node.output[n:]):
+        if not final:
+            continue
+        values = per_step[k] if out_dirs[k] == 0 else per_step[k][::-1]
+        rank = len(shapes.get(final, ())) or None
+        axis = out_axes[k] if out_axes[k] >= 0 or rank is None else out_axes[k] + rank
+        axes = f"{prefix}__out{k}_axis"
+        if opset >= 13:  # Unsqueeze's axes became an input in opset 13
+            nodes.append(_constant(axes, np.array([axis], np.int64)))
+        stacked = []
+        for t, value in enumerate(values):
+            stacked.append(f"{prefix}__out{k}_t{t}")
+            if opset >= 13:
+                nodes.append(helper.make_node("Unsqueeze", [value, axes], [stacked[-1]]))
+            else:
+                nodes.append(helper.make_node("Unsqueeze", [value], [stacked[-1]], axes=[axis]))
+        nodes.append(helper.make_node("Concat", stacked, [final], axis=axis))
+    return nodes
+
+
+def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name))
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    try:
+        graph = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+    except Exception:  # no shapes: nothing unrolls
+        return {}
+    shapes = {}
+    for v in [*graph.input, *graph.value_info, *graph.output]:
+        t = v.type.tensor_type
+        if v.type.HasField("tensor_type") and t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            shapes[v.name] = tuple(d.dim_value for d in t.shape.dim)
+    for tensor in graph.initializer:
+        shapes[tensor.name] = tuple(tensor.dims)
+    return shapes

@@ -1,0 +1,148 @@
+"""The ONNX-level steps in front of tvm's importer (targets/tvm/importable), each on its own.
+
+Every case is an ONNX node-suite model (constants variant: shape-like inputs bound): the prepared
+graph must compute what the source computes (ONNX Runtime on both, the case's own data), say which
+step changed it, and be accepted by TVM's Relax importer; no compile, so each takes well under a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+import pytest
+
+from tests.test_node_suite import _tool
+
+pytest.importorskip("tvm")
+
+#: case -> (report key, what it names): one case per expansion, unrolling and legalization rule.
+CASES = {
+    "test_sce_mean": ("expanded", "SoftmaxCrossEntropyLoss"),
+    "test_nllloss_NCd1_weight": ("expanded", "NegativeLogLikelihoodLoss"),
+    "test_attention_3d_gqa": ("expanded", "Attention"),
+    "test_rotary_embedding": ("expanded", "RotaryEmbedding"),
+    "test_rms_normalization_2d_axis0": ("expanded", "RMSNormalization"),
+    "test_layer_normalization_2d_axis0": ("expanded", "LayerNormalization"),
+    "test_spacetodepth_crd_mode_example": ("expanded", "SpaceToDepth"),
+    "test_swish": ("expanded", "Swish"),
+    "test_linear_attention_linear": ("unrolled", "Scan"),
+    "test_scan9_sum": ("unrolled", "Scan"),
+    "test_expand_dim_changed": ("legalized", "expand_against_ones"),
+    "test_bitshift_left_int32_shift_ge_width": ("legalized", "shift_left_out_of_range"),
+    "test_bitshift_left_int32_negative_shift": ("legalized", "shift_left_out_of_range"),
+    "test_cosh": ("legalized", "sinh_by_exp"),
+    "test_isinf_negative": ("legalized", "isinf_one_sign"),
+    "test_convtranspose_output_shape": ("legalized", "conv_transpose_output_shape"),
+    "test_pow_types_int64_int64": ("legalized", "pow_mixed_types"),
+    "test_pow_types_float32_int32": ("legalized", "pow_mixed_types"),
+    "test_sinh": ("legalized", "sinh_by_exp"),
+    "test_l2normalization_axis_0": ("legalized", "lp_normalization"),
+    "test_cumprod_2d_axis_0": ("legalized", "cum_prod"),
+    "test_cumprod_1d_reverse_exclusive": ("legalized", "cum_prod"),
+    "test_onehot_negative_indices": ("legalized", "one_hot"),
+    "test_reduce_max_bool_inputs": ("legalized", "reduce_bool"),
+    "test_shape_start_1_end_2": ("constants_as_tensors", None),
+}
+
+
+@pytest.fixture(scope="module")
+def suite() -> Any:
+    return _tool()
+
+
+@pytest.fixture(scope="module")
+def cases(suite: Any) -> dict[str, Any]:
+    return {
+        c.name: c
+        for c in suite.collect(
+            "|".join(f"^{n}$" for n in [*CASES, "test_relu", "test_layer_normalization_2d_axis0_expanded"])
+        )
+    }
+
+
+def _prepared(case: Any) -> tuple[onnx.ModelProto, dict[str, Any], dict[str, list[Any]]]:
+    from aotforge.targets.tvm.importable import prepare
+
+    model = onnx.load(case.model)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
+    proto, report = prepare(ir.serde.deserialize_model(model), shapes)
+    return proto, report, shapes
+
+
+def _same_outputs(suite: Any, case: Any, proto: onnx.ModelProto) -> None:
+    import onnxruntime as ort
+
+    from aotforge.targets.ort_io import run_session
+
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    names, outputs = [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]
+    got = run_session(session, outputs, dict(zip(names, case.inputs[0], strict=True)))
+    suite.check_outputs(case, 0, [got[n] for n in outputs])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_step_rewrites_into_what_the_importer_takes(
+    suite: Any, cases: dict[str, Any], tmp_path: Path, name: str
+) -> None:
+    from tvm.relax.frontend.onnx import from_onnx
+
+    case = suite.write_case(cases[name], tmp_path, "constants")
+    proto, report, shapes = _prepared(case)
+    key, what = CASES[name]
+    assert report.get(key) and (what is None or what in report[key]), report
+    _same_outputs(suite, case, proto)
+    from_onnx(proto, shape_dict=shapes)
+
+
+@pytest.mark.parametrize("name", ["test_relu", "test_layer_normalization_2d_axis0_expanded"])
+def test_skips_what_the_importer_takes(suite: Any, cases: dict[str, Any], tmp_path: Path, name: str) -> None:
+    case = suite.write_case(cases[name], tmp_path, "constants")
+    proto, report, _ = _prepared(case)
+    assert not report, report
+
+
+@pytest.mark.parametrize("name", ["test_sce_mean", "test_cumprod_2d_axis_0", "test_scan9_sum"])
+def test_idempotent(suite: Any, cases: dict[str, Any], tmp_path: Path, name: str) -> None:
+    from aotforge.targets.tvm.importable import prepare
+
+    case = suite.write_case(cases[name], tmp_path, "constants")
+    proto, report, shapes = _prepared(case)
+    _, again = prepare(ir.serde.deserialize_model(proto), shapes)
+    assert report and not again, again
+
+
+def test_wrong_bodies_are_not_picked_by_opset() -> None:
+    """The body of an op is the newest at or below the model's opset (ReduceMean's axes moved to an input at 18)."""
+    from aotforge.targets.tvm.importable.expand import function_body
+
+    node = onnx.helper.make_node("LayerNormalization", ["x", "s"], ["y", "mean", "inv"], axis=-1)
+    float_2d = onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, [2, 3])
+    for opset, axes_as_input in ((17, False), (18, True)):
+        body = function_body(node, opset, {"x": float_2d, "s": float_2d})
+        assert body is not None
+        reduce = next(n for n in body.node if n.op_type == "ReduceMean")
+        assert (len(reduce.input) == 2) == axes_as_input, (opset, reduce)
+    assert function_body(onnx.helper.make_node("Relu", ["x"], ["y"]), 18, {}) is not None
+    assert function_body(onnx.helper.make_node("Conv", ["x", "w"], ["y"]), 13, {}) is None
+
+
+def test_check_command_names_what_tvm_takes_and_what_it_cannot(suite: Any, tmp_path: Path) -> None:
+    """``aotforge check`` in seconds: expansions reported, a node tvm cannot take named, exit 1."""
+    import json
+
+    from click.testing import CliRunner
+
+    from aotforge.compiler.cli import main
+
+    paths = {}
+    for name in ("test_sce_mean", "test_det_2d"):
+        (case,) = suite.collect(f"^{name}$")
+        paths[name] = str(suite.write_case(case, tmp_path, "constants").model)
+    good = CliRunner().invoke(main, ["check", paths["test_sce_mean"], "--json"])
+    assert good.exit_code == 0, good.output
+    assert json.loads(good.output)["rewritten"]["expanded"]["SoftmaxCrossEntropyLoss"] == 1
+    bad = CliRunner().invoke(main, ["check", paths["test_det_2d"]])
+    assert bad.exit_code == 1 and "cannot take ai.onnx::Det-22" in bad.output, bad.output
