@@ -65,11 +65,10 @@ class StageProgress:
 
 @contextmanager
 def build_progress(console: Any) -> Iterator[StageProgress]:
-    """A live status line updated per stage, its summary printed after (also when the build fails)."""
+    """A live status line updated per stage, its summary printed after a build that succeeds. A failed build
+    prints nothing more: its one ``error:`` line is all a user (or a CI log grep) should have to read."""
     with console.status("starting") as status:
         progress = StageProgress(status)
-        try:
-            yield progress
-        finally:
-            if progress.stages or progress._current:
-                console.print(progress.summary())
+        yield progress
+    if progress.stages or progress._current:
+        console.print(progress.summary())
