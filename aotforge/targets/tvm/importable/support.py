@@ -22,7 +22,8 @@ def importer_ops() -> frozenset[str]:
     """The ONNX ops the installed TVM importer has a converter for."""
     from tvm.relax.frontend.onnx import onnx_frontend
 
-    return frozenset(onnx_frontend._get_convert_map())
+    # If is converted by the graph walk itself (its ``directly_handled_ops``), not through the table.
+    return frozenset(onnx_frontend._get_convert_map()) | {"If"}
 
 
 def wants_expansion(node: onnx.NodeProto) -> bool:
