@@ -133,3 +133,19 @@ def test_refusals(
         model = str(saved("bert"))
     with pytest.raises(error, match=message):
         quick_build(model, tmp_path / "out", target="onnxruntime", **overrides)
+
+
+def test_a_bundle_carries_the_tokenizer_and_the_source_details(saved: Callable[[str], Path], tmp_path: Path) -> None:
+    """--prepare-only + finish (and so every multi-target and farm build) ships what a direct build ships."""
+    from aotforge.compiler.bundle import finish
+
+    prepared = aotforge.build(
+        saved("bert"), task="feature-extraction", target="onnxruntime", prepare_only=True, out=tmp_path
+    )
+    artifact = finish(prepared.path, tmp_path / "art", bench=False).path
+    manifest = read_manifest(artifact)
+    assert manifest.validation["passed"]
+    assert manifest.source["frontend"] == "transformers" and manifest.source["task"] == "feature-extraction"
+    assert "preprocessing/config.json" in manifest.files
+    assert set(manifest.source["preprocessing"]) <= set(manifest.files)
+    assert all((artifact / rel).is_file() for rel in manifest.source["preprocessing"])

@@ -66,6 +66,9 @@ class BundleDraft:
     bench: Mapping[str, Any] | None
     samples: Sequence[Arrays]
     reference: Callable[[Arrays], Arrays]
+    #: Files the frontend hands on as they are (a transformers directory's tokenizer, by artifact-relative path):
+    #: they travel in the bundle, so the finished artifact carries them as a direct build's does.
+    files: Mapping[str, Path] = dataclasses.field(default_factory=dict)
 
 
 def bundle_path(out: Path, name: str, target: str) -> Path:
@@ -85,6 +88,9 @@ def write_bundle(draft: BundleDraft, out: Path, toolchain: Mapping[str, str]) ->
     target = get_target(draft.target)
     with staging_dir(out) as stage:
         ir.save(draft.model, stage / "model.onnx")
+        for rel, file in sorted(draft.files.items()):
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, stage / rel)
         arrays, index = _validation_arrays(draft.samples, draft.reference)
         np.savez(stage / VALIDATION_NPZ, **arrays)  # type: ignore[arg-type]
         ctx = BuildContext(
@@ -164,12 +170,13 @@ def prepare_bundle(planned: PlannedBuild, opts: BuildOptions, name: str) -> Buil
         target=opts.target,
         target_options=planned.target_options,
         passes=planned.ctx.passes,
-        source={"format": source.format, "sha256": source.sha256},
+        source={"format": source.format, "sha256": source.sha256, **source.details},
         pass_entries=planned.pass_entries,
         validation=validation,
         bench=dataclasses.asdict(opts.bench_options) if opts.bench else None,
         samples=planned.samples,
         reference=source.reference,
+        files=source.files,
     )
     path = write_bundle(draft, opts.out, toolchain_versions())
     manifest = Manifest(
@@ -227,7 +234,8 @@ def finish(
     place = place_artifact(out, draft["name"], draft["version"], name)
     with staging_dir(out) as stage:
         for rel in data["files"]:
-            if rel != VALIDATION_NPZ:  # the IR and its external data, byte for byte
+            if rel != VALIDATION_NPZ:  # the IR, its external data and the source's files, byte for byte
+                (stage / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path / rel, stage / rel)
         job = TailJob(
             place=place,
