@@ -11,7 +11,6 @@ elliptic-curve key, offline. So ``model_signing verify key ARTIFACT --signature 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from aotforge.core.errors import SignatureError, describe
 __all__ = ["BUNDLE", "keygen_ec", "sign_bundle", "verify_bundle"]
 
 from aotforge.artifacts.hashing import BUNDLE
+from aotforge.artifacts.key_files import write_key_pair
 
 PRIVATE_KEY = "aotforge-ec.key.pem"
 PUBLIC_KEY = "aotforge-ec.pub.pem"
@@ -27,22 +27,10 @@ PUBLIC_KEY = "aotforge-ec.pub.pem"
 
 def keygen_ec(out_dir: Path) -> tuple[Path, Path]:
     """An EC P-256 key pair for ``model_signing``: private key PEM (0600) and public key PEM."""
-    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    private, public = out_dir / PRIVATE_KEY, out_dir / PUBLIC_KEY
-    if private.exists() or public.exists():
-        raise SignatureError(f"{out_dir} already holds an EC key pair: pick another --out, or remove the old keys")
-    key = ec.generate_private_key(ec.SECP256R1())
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    public.write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    )
-    return private, public
+    return write_key_pair(ec.generate_private_key(ec.SECP256R1()), out_dir / PRIVATE_KEY, out_dir / PUBLIC_KEY)
 
 
 def _hashing() -> Any:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aotforge.artifacts.hashing import SIGNATURE, require_intact
+from aotforge.artifacts.key_files import write_key_pair
 from aotforge.artifacts.manifest import MANIFEST, Manifest, manifest_from_bytes, read_manifest_bytes
 from aotforge.core.errors import ArtifactError, SignatureError
 
@@ -29,24 +30,11 @@ PUBLIC_KEY = "aotforge.pub.pem"
 
 def keygen(out_dir: str | Path) -> tuple[Path, Path]:
     """Write a new key pair into ``out_dir``: the private key readable by its owner only (0600)."""
-    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    private, public = out / PRIVATE_KEY, out / PUBLIC_KEY
-    if private.exists() or public.exists():
-        raise SignatureError(f"{out} already holds a key pair: pick another --out, or remove the old keys first")
-    key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    # O_EXCL + mode at creation: the private key is never readable by others, not even briefly.
-    fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    public.write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    )
-    return private, public
+    return write_key_pair(Ed25519PrivateKey.generate(), out / PRIVATE_KEY, out / PUBLIC_KEY)
 
 
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:
