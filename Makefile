@@ -11,7 +11,7 @@ ARGS ?=
 # With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
 _flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
-.PHONY: compile test test-slow lint bench bench-generation targets clean device-check neuron-env tvm-ops-table
+.PHONY: compile test test-slow lint bench bench-generation bench-speculative targets clean device-check neuron-env tvm-ops-table
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,10 @@ bench: $(BIN)/.installed
 
 bench-generation: $(BIN)/.installed
 	$(BIN)/python tools/bench_generation.py $(ARGS)
+
+# bench-speculative: target-only vs speculative decoding (k chosen over --ks) on the trained pair of tests/lm_pair.py.
+bench-speculative: $(BIN)/.installed
+	$(BIN)/python tools/bench_generation.py --speculative --work /tmp/aotforge-spec-bench $(ARGS)
 
 # The Neuron SDK in an environment of its own: torch-neuronx 2.9 pins torch 2.9, aotforge pins 2.13.
 # The neuron target compiles through it (targets/neuron/worker.py): --target-opt python=.venv-neuron/bin/python.

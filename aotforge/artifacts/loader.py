@@ -14,8 +14,8 @@ import numpy as np
 from aotforge.artifacts.debris import make_temp_dir, sweep
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.signing import verified_manifest
-from aotforge.core.decoder import TEXT_GENERATION
-from aotforge.core.errors import HostMismatchError, InputSpecError
+from aotforge.core.decoder import TEXT_GENERATION, TOKENIZER_FILES
+from aotforge.core.errors import DraftMismatchError, HostMismatchError, InputSpecError
 from aotforge.core.spec import IOSpec
 from aotforge.targets import get_target
 from aotforge.targets.base import Runner, Target
@@ -51,12 +51,30 @@ class LoadedArtifact:
         return self._runner.run(ordered)
 
     def generate(self, input_ids: np.ndarray, max_new_tokens: int, **kwargs: Any) -> np.ndarray:
-        """Decode ``max_new_tokens`` after each prompt (a text-generation artifact; see its runner)."""
-        return self._generative().generate(input_ids, max_new_tokens, **kwargs)
+        """Decode ``max_new_tokens`` after each prompt (a text-generation artifact; see its runner).
+
+        ``draft=`` (a loaded text-generation artifact or its path) with ``num_speculative_tokens=k``:
+        speculative decoding, this artifact's verify graph checking the draft's proposals; the draft
+        must have this artifact's vocabulary and tokenizer files (refused by name otherwise)."""
+        return self._generative().generate(input_ids, max_new_tokens, **self._with_draft(kwargs))
 
     def stream(self, input_ids: np.ndarray, max_new_tokens: int, **kwargs: Any) -> Iterator[np.ndarray]:
         """Each step's new tokens ``[batch]`` as they are decoded (a text-generation artifact)."""
-        return self._generative().stream(input_ids, max_new_tokens, **kwargs)
+        return self._generative().stream(input_ids, max_new_tokens, **self._with_draft(kwargs))
+
+    @property
+    def speculative_stats(self) -> dict[str, Any]:
+        """The last speculative call's draft tokens proposed / accepted, acceptance rate, rounds."""
+        return dict(getattr(self._generative(), "speculative_stats", {}))
+
+    def _with_draft(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        draft = kwargs.get("draft")
+        if draft is None:
+            return kwargs
+        if not isinstance(draft, LoadedArtifact):
+            draft = load(draft)
+        check_draft(self.manifest, draft.manifest)
+        return {**kwargs, "draft": draft._generative()}
 
     def _generative(self) -> Any:
         if not hasattr(self._runner, "generate"):
@@ -65,6 +83,31 @@ class LoadedArtifact:
                 "or build the causal LM with --task text-generation"
             )
         return self._runner
+
+
+def check_draft(target: Manifest, draft: Manifest) -> None:
+    """Refuse, before any token, a draft whose vocabulary or tokenizer files differ from the target's."""
+    who = f"draft {draft.name} v{draft.version}"
+    if draft.target.info.get("task") != TEXT_GENERATION:
+        raise DraftMismatchError(
+            f"{who} is not a text-generation artifact: build the draft with --task text-generation"
+        )
+    vocab = (target.target.info["decoder"]["vocab"], draft.target.info["decoder"]["vocab"])
+    if vocab[0] != vocab[1]:
+        raise DraftMismatchError(
+            f"{who} has a vocabulary of {vocab[1]} tokens, target {target.name} v{target.version} has {vocab[0]}: "
+            "the draft must share the target's vocabulary and tokenizer"
+        )
+    differ = sorted(
+        f
+        for f in TOKENIZER_FILES
+        if (f in target.files or f in draft.files) and target.files.get(f) != draft.files.get(f)
+    )
+    if differ:
+        raise DraftMismatchError(
+            f"{who} and target {target.name} v{target.version} differ in tokenizer file(s) {', '.join(differ)} "
+            "(missing in one, or different bytes): the draft must share the target's tokenizer"
+        )
 
 
 def load(

@@ -66,6 +66,9 @@ class BuildOptions:
     max_batch: int = 4
     #: text-generation: the least share of greedy tokens that must match the source model.
     min_token_agreement: float = 1.0
+    #: text-generation: compile a verify graph taking up to this many draft tokens (+1) for speculative
+    #: decoding (``generate(draft=...)``); 0 compiles none.
+    speculative_k: int = 0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildOptions:
@@ -99,6 +102,11 @@ class BuildOptions:
         if options.max_seq_len < 2 or options.max_batch < 1:
             raise OptionsError(
                 f"max_seq_len must be >= 2 and max_batch >= 1, got {options.max_seq_len} and {options.max_batch}"
+            )
+        if not 0 <= options.speculative_k < options.max_seq_len - 1:
+            raise OptionsError(
+                f"speculative_k must be in 0..{options.max_seq_len - 2} (below max_seq_len - 1), "
+                f"got {options.speculative_k}"
             )
         if not 0 <= options.min_token_agreement <= 1:
             raise OptionsError(f"min_token_agreement is a share in [0, 1], got {options.min_token_agreement}")

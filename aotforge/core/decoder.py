@@ -15,6 +15,18 @@ TEXT_GENERATION = "text-generation"
 PREFILL_FILE = "prefill.onnx"
 DECODE_FILE = "decode.onnx"
 WEIGHTS_FILE = "weights.data"
+#: Tokenizer files a generative artifact carries when its model directory has them (``generate --prompt``);
+#: a draft artifact must carry the same ones as its target.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+#: The speculative-decoding verify graph (``--speculative-k``): k+1 query tokens per slot -> logits of each.
+VERIFY_FILE = "verify.onnx"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,6 +47,10 @@ class InputSpecError(AotforgeError):
     """The input description (names, shapes, dynamic dims, ranges) does not fit the model."""
 
 
+class DraftMismatchError(InputSpecError):
+    """A speculative-decoding draft artifact whose vocabulary or tokenizer differs from its target's."""
+
+
 class OptionsError(AotforgeError):
     """An option, preset or recipe key is unknown or has a bad value."""
 

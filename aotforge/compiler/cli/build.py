@@ -78,6 +78,13 @@ from aotforge.core.spec import parse_value_range
     show_default=True,
     help="text-generation: the share of greedy tokens that must match transformers (below it the build fails).",
 )
+@click.option(
+    "--speculative-k",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="text-generation: compile a verify graph for up to K draft tokens (generate --draft); 0: none.",
+)
 @click.option("--prepare-only", is_flag=True, help="Write a build bundle for `aotforge finish` on the device host.")
 @click.option("--calibration", help="int8 calibration data: a directory of .npy/.npz files, or module.py:function.")
 @click.option(
@@ -152,6 +159,7 @@ def compile(model: str, **kw: Any) -> None:
             "max_seq_len": kw["max_seq_len"],
             "max_batch": kw["max_batch"],
             "min_token_agreement": kw["min_token_agreement"],
+            "speculative_k": kw["speculative_k"],
         }
     )
     if kw["recipe"]:

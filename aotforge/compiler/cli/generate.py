@@ -22,8 +22,20 @@ from aotforge.core.errors import InputSpecError
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--seed", type=int, help="Seed of the sampler (reproducible sampling).")
 @click.option("--eos-token-id", type=int, help="Stop when this token is generated.")
+@click.option(
+    "--draft",
+    type=click.Path(path_type=Path),
+    help="Speculative decoding: a smaller text-generation artifact (same vocabulary and tokenizer) proposes "
+    "tokens that ARTIFACT's verify graph (built with --speculative-k) checks.",
+)
+@click.option(
+    "--num-speculative-tokens",
+    type=click.IntRange(min=1),
+    help="Draft tokens proposed per verify call (default: the artifact's --speculative-k).",
+)
+@click.option("--stats", is_flag=True, help="With --draft: print the draft's acceptance rate after the tokens.")
 @user_errors
-def generate(artifact: Path, prompt_ids: str | None, prompt: str | None, **kw: object) -> None:
+def generate(artifact: Path, prompt_ids: str | None, prompt: str | None, stats: bool, **kw: object) -> None:
     """Generate tokens after a prompt with a text-generation ARTIFACT; prints the new token ids (and text)."""
     import numpy as np
 
@@ -42,6 +54,10 @@ def generate(artifact: Path, prompt_ids: str | None, prompt: str | None, **kw: o
                 f"{prompt_ids!r} is not comma-separated integers", param_hint="--prompt-ids"
             ) from None
     loaded = load(artifact)
+    if kw["draft"] is None:
+        del kw["draft"], kw["num_speculative_tokens"]
+    else:
+        kw["draft"] = load(kw["draft"])  # type: ignore[arg-type]
     new: list[int] = []
     for tokens in loaded.stream(np.array([ids], dtype=np.int64), **kw):  # type: ignore[arg-type]
         new.append(int(tokens[0]))
@@ -50,6 +66,12 @@ def generate(artifact: Path, prompt_ids: str | None, prompt: str | None, **kw: o
     click.echo()
     if tokenizer is not None:
         click.echo(tokenizer.decode(new))
+    if stats and "draft" in kw:
+        s = loaded.speculative_stats
+        click.echo(
+            f"speculative: {s['accepted']}/{s['proposed']} draft tokens accepted ({s['acceptance_rate']:.0%}), "
+            f"{s['rounds']} verify calls for {len(new)} tokens"
+        )
 
 
 def _tokenizer(artifact: Path) -> Any:

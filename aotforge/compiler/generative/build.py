@@ -21,12 +21,12 @@ from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import build_record, key_toolchain, place_artifact, store_artifact
 from aotforge.compiler.builder import target_passes
 from aotforge.compiler.generative.benchmark import benchmark_generation
-from aotforge.compiler.generative.export import decoder_spec, export_graphs, save_shared
+from aotforge.compiler.generative.export import decoder_spec, export_graphs, export_verify, save_shared
 from aotforge.compiler.generative.source import load_causal_lm
 from aotforge.compiler.generative.validation import validate_generation
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
-from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, DecoderSpec
+from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, VERIFY_FILE, DecoderSpec
 from aotforge.core.errors import OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
@@ -51,29 +51,43 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
     plan = getattr(backend, "plan_generative", None)
     if plan is not None:  # options the target cannot honour are refused before the export
         plan(spec, target_opts)
+    if opts.speculative_k and not getattr(backend, "SPECULATIVE", False):
+        raise OptionsError(f"--speculative-k: {opts.target} text-generation artifacts have no verify graph yet")
     graph_passes = _graph_passes(opts, target)
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.plots)
     with staging_dir(opts.out) as stage:
         say("exporting the prefill and decode graphs")
         attention = getattr(backend, "DECODE_ATTENTION", "masked")
         prefill, decode = export_graphs(source.model, spec, place.name, decode_attention=attention)
+        graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
+        verify_width = opts.speculative_k + 1 if opts.speculative_k else 0
+        if verify_width:
+            say(f"exporting the verify graph (speculative decoding, up to {opts.speculative_k} draft tokens)")
+            graphs[VERIFY_FILE] = export_verify(source.model, spec, place.name, decode_attention=attention)
         pass_entries = []
-        for graph_name, graph in (("prefill", prefill), ("decode", decode)):
+        for file_name, graph in graphs.items():
+            graph_name = file_name.removesuffix(".onnx")
             if graph_passes:
                 say(f"running passes on the {graph_name} graph: {', '.join(p.name for p in graph_passes())}")
                 pass_entries += [{**pass_entry(r), "graph": graph_name} for r in run_passes(graph, graph_passes())]
         # The passes are deterministic, so equal weights stay equal and save_shared still stores them once.
-        weights = save_shared({PREFILL_FILE: prefill, DECODE_FILE: decode}, stage)
+        weights = save_shared(graphs, stage)
         for rel, file in sorted(source.files.items()):
             shutil.copyfile(file, stage / rel)
         say(f"compiling for {opts.target}")
-        compiled = backend.compile_generative(stage, spec, target_opts, say)
+        extra = {"verify_width": verify_width} if verify_width else {}
+        compiled = backend.compile_generative(stage, spec, target_opts, say, **extra)
         info = {
             **compiled.target_info,
             "task": TEXT_GENERATION,
             "decoder": spec.to_dict(),
             "decode_attention": attention,
             "weights": weights,
+            **(
+                {"speculative": {"max_tokens": opts.speculative_k, "verify_width": verify_width}}
+                if verify_width
+                else {}
+            ),
         }
         record = TargetRecord(target.name, dataclasses.asdict(target_opts), info)
         runner = backend.load_generative(stage, record)
@@ -165,6 +179,8 @@ def prefill_io(spec: DecoderSpec) -> IOSpec:
 def _graphs_sha(stage: Path) -> str:
     """One digest over both graphs (their weights are in ``files`` like every file)."""
     digest = hashlib.sha256()
-    for name in (PREFILL_FILE, DECODE_FILE):
+    for name in (PREFILL_FILE, DECODE_FILE, VERIFY_FILE):
+        if name == VERIFY_FILE and not (stage / name).is_file():
+            continue
         digest.update(sha256_file(stage / name).encode())
     return digest.hexdigest()

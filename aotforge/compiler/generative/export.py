@@ -19,7 +19,7 @@ from onnx import numpy_helper
 from onnx.external_data_helper import set_external_data
 
 from aotforge.compiler.generative import slot_attention
-from aotforge.compiler.generative.graphs import Decode, Prefill, kv_shape, num_layers
+from aotforge.compiler.generative.graphs import Decode, Prefill, Verify, kv_shape, num_layers
 from aotforge.core.decoder import WEIGHTS_FILE, DecoderSpec
 from aotforge.core.errors import UnsupportedModelError, describe
 
@@ -76,6 +76,31 @@ def export_graphs(
         slot_attention.translation_table() if fused else None,
     )
     return prefill, decode
+
+
+def export_verify(model: Any, shape: DecoderSpec, name: str, decode_attention: str = "masked") -> ir.Model:
+    """The verify graph (``graphs.Verify``): a dynamic number of query tokens per slot against the cache, the
+    logits of every position; same inputs and caches as decode, ``logits [batch, steps, vocab]``."""
+    import torch
+
+    if decode_attention not in DECODE_ATTENTION:
+        raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {decode_attention!r}")
+    batch = torch.export.Dim("batch", min=1, max=max(shape.max_batch, 2))
+    steps = torch.export.Dim("steps", min=1, max=shape.max_seq_len)
+    cache = [torch.zeros(2, shape.kv_heads, shape.max_seq_len, shape.head_dim) for _ in range(2 * shape.layers)]
+    width = 3  # an example size of 1 would specialize the dim
+    ids = torch.zeros(2, width, dtype=torch.long)
+    pos = (torch.arange(width) + 4).repeat(2, 1)
+    fused = decode_attention == "gqa"
+    return _export(
+        Verify(model, fused_attention=fused),
+        (ids, pos, torch.full((2,), 4), *cache),
+        ["input_ids", "position_ids", "write_pos", *shape.kv_names("past")],
+        ["logits", *shape.kv_names("present")],
+        ({0: batch, 1: steps}, {0: batch, 1: steps}, {0: batch}, tuple([{0: batch}] * len(cache))),
+        name,
+        slot_attention.translation_table() if fused else None,
+    )
 
 
 #: The decode graph's attention kinds (``export_graphs``); a generative backend names the one it runs.

@@ -42,9 +42,11 @@ class _SlotLayer(CacheLayerMixin):
         values: torch.Tensor | None,
         write_pos: torch.Tensor | None,
         fused: bool = False,
+        steps: Any = 1,
     ) -> None:
         super().__init__()
         self.keys, self.values, self.write_pos = keys, values, write_pos
+        self.steps = steps  # query tokens per slot: 1 (decode) or the verify graph's width
         self.is_initialized = keys is not None
         self.fused = fused  # the attention writes this step's keys/values (slot_attention)
 
@@ -59,7 +61,11 @@ class _SlotLayer(CacheLayerMixin):
         if self.fused:
             return key_states, value_states
         # One token per slot, each at its own position: ScatterElements on the sequence axis.
-        index = self.write_pos.view(-1, 1, 1, 1).expand(-1, key_states.shape[1], 1, key_states.shape[3])
+        if isinstance(self.steps, int) and self.steps == 1:
+            index = self.write_pos.view(-1, 1, 1, 1).expand(-1, key_states.shape[1], 1, key_states.shape[3])
+        else:  # verify: `steps` tokens per slot at write_pos, write_pos + 1, ...
+            at = self.write_pos[:, None] + torch.arange(key_states.shape[2])[None, :]
+            index = at[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
         self.keys = self.keys.scatter(2, index, key_states)
         self.values = self.values.scatter(2, index, value_states)
         return self.keys, self.values
@@ -157,6 +163,45 @@ class Decode(torch.nn.Module):
                 use_cache=True,
             )
         logits = _head(self.model, out.last_hidden_state[:, -1])
+        kv = [t for layer in layers for t in (layer.keys, layer.values)]
+        return (logits, *kv)
+
+
+class Verify(torch.nn.Module):
+    """``steps`` tokens per slot against the static cache: the target's check of a draft's proposals.
+
+    ``input_ids``/``position_ids [batch, steps]``, ``write_pos [batch]`` (where the first of them goes)
+    and the caches -> ``logits [batch, steps, vocab]`` (one row per position) and the caches with the
+    ``steps`` new keys/values written at ``write_pos .. write_pos + steps - 1``. Query ``i`` of a slot
+    attends to positions ``0 .. write_pos + i``: whatever a rejected proposal left beyond is masked.
+    """
+
+    def __init__(self, model: Any, fused_attention: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.fused_attention = fused_attention
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, write_pos: torch.Tensor, *past: torch.Tensor
+    ) -> Any:
+        fused = self.fused_attention
+        steps = input_ids.shape[1]
+        layers = [
+            _SlotLayer(past[2 * i], past[2 * i + 1], write_pos, fused, steps) for i in range(num_layers(self.model))
+        ]
+        cache = _SlotCache(layers)
+        max_seq = past[0].shape[2]
+        last = write_pos[:, None] + torch.arange(steps)[None, :]  # [batch, steps]
+        allowed = torch.arange(max_seq)[None, None, :] <= last[:, :, None]
+        with _fused_attention(self.model, layers) if fused else nullcontext():
+            out = self.model.base_model(
+                input_ids=input_ids,
+                attention_mask=_additive(allowed[:, None], self.model.dtype),
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=True,
+            )
+        logits = _head(self.model, out.last_hidden_state)
         kv = [t for layer in layers for t in (layer.keys, layer.values)]
         return (logits, *kv)
 

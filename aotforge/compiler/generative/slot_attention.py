@@ -45,23 +45,26 @@ def slot_gqa(
     kv_num_heads: int,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``query [B, 1, H*D]``, ``key``/``value [B, 1, KV*D]``, caches ``[B, KV, max_seq, D]`` -> output, caches.
+    """``query [B, S, H*D]``, ``key``/``value [B, S, KV*D]``, caches ``[B, KV, max_seq, D]`` -> output, caches.
 
-    The eager meaning (what GroupQueryAttention computes): each slot's key/value written at its
-    ``write_pos``, its query attending to positions ``0 .. write_pos``.
+    The eager meaning (what GroupQueryAttention computes): ``write_pos`` is each slot's *last* new
+    position (GQA's ``seqlens_k``): its ``S`` new keys/values are written at ``write_pos - S + 1 ..
+    write_pos``, and new query ``i`` attends to positions ``0 .. write_pos - S + 1 + i``. Decode has
+    ``S = 1``; the verify graph ``S`` = its width.
     """
     batch, steps, _ = query.shape
     head_dim = past_key.shape[-1]
     q = query.view(batch, steps, num_heads, head_dim).transpose(1, 2)
     k = key.view(batch, steps, kv_num_heads, head_dim).transpose(1, 2)
     v = value.view(batch, steps, kv_num_heads, head_dim).transpose(1, 2)
-    index = write_pos.view(-1, 1, 1, 1).expand(-1, kv_num_heads, steps, head_dim)
+    at = write_pos[:, None] - steps + 1 + torch.arange(steps)[None, :]  # [B, S]
+    index = at[:, None, :, None].expand(-1, kv_num_heads, steps, head_dim)
     present_key = past_key.scatter(2, index, k)
     present_value = past_value.scatter(2, index, v)
     groups = num_heads // kv_num_heads
     scores = q @ present_key.repeat_interleave(groups, dim=1).transpose(2, 3) * scale
-    allowed = torch.arange(past_key.shape[2])[None, :] <= write_pos[:, None]
-    scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
+    allowed = torch.arange(past_key.shape[2])[None, None, :] <= at[:, :, None]  # [B, S, max_seq]
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     out = torch.softmax(scores, dim=-1) @ present_value.repeat_interleave(groups, dim=1)
     return out.transpose(1, 2).reshape(batch, steps, num_heads * head_dim), present_key, present_value
 
@@ -92,7 +95,7 @@ def slot_gqa_onnx(
     kv_num_heads: int,
     scale: float,
 ) -> Any:
-    """The ONNX translation: ``seqlens_k`` is ``write_pos`` (the total length after this token, minus 1)."""
+    """The ONNX translation: ``seqlens_k`` is ``write_pos`` (the total length after these tokens, minus 1)."""
     from onnxscript import opset18 as op
 
     seqlens_k = op.Cast(write_pos, to=_INT32)
@@ -164,13 +167,15 @@ def slot_attention(
     batch, heads, steps, head_dim = query.shape
     kv_heads = key.shape[1]
     scale = float(scaling) if scaling is not None else head_dim**-0.5
+    steps_in = layer.steps  # decode: 1; verify: its width, and the op takes each slot's last position
+    last_pos = layer.write_pos if isinstance(steps_in, int) and steps_in == 1 else layer.write_pos + (steps - 1)
     out, layer.keys, layer.values = torch.ops.aotforge.slot_gqa(
         query.transpose(1, 2).reshape(batch, steps, heads * head_dim),
         key.transpose(1, 2).reshape(batch, steps, kv_heads * head_dim),
         value.transpose(1, 2).reshape(batch, steps, kv_heads * head_dim),
         layer.keys,
         layer.values,
-        layer.write_pos,
+        last_pos,
         heads,
         kv_heads,
         scale,

@@ -7,17 +7,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from aotforge.core.decoder import TOKENIZER_FILES
 from aotforge.core.errors import ModelLoadError, UnsupportedModelError, describe
-
-#: Tokenizer files copied into the artifact when the model directory has them (``generate --prompt``).
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
 
 
 @dataclasses.dataclass

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
+from aotforge.core.errors import InputSpecError
 from aotforge.targets.base import Arrays
 from aotforge.targets.generative.decoding import StepEngine, generate_tokens, stream_tokens
 from aotforge.targets.generative.sampling import SamplingOptions
+from aotforge.targets.generative.speculative import stream_speculative
 
 
 class GenerativeRunner:
@@ -17,6 +20,8 @@ class GenerativeRunner:
     def __init__(self, engine: StepEngine) -> None:
         self.engine = engine
         self.spec = engine.spec
+        #: After a speculative call: proposed / accepted draft tokens, acceptance_rate, rounds, draft calls.
+        self.speculative_stats: dict[str, Any] = {}
 
     def run(self, inputs: Arrays) -> Arrays:
         ids = np.asarray(inputs["input_ids"])
@@ -35,10 +40,24 @@ class GenerativeRunner:
         top_p: float = 1.0,
         seed: int | None = None,
         eos_token_id: int | None = None,
+        draft: GenerativeRunner | None = None,
+        num_speculative_tokens: int | None = None,
     ) -> np.ndarray:
-        """``[batch, prompt + new tokens]``: the prompts as given, then what was decoded."""
-        sampling = SamplingOptions(do_sample, temperature, top_k, top_p, seed)
-        return generate_tokens(self.engine, input_ids, max_new_tokens, attention_mask, sampling, eos_token_id)
+        """``[batch, prompt + new tokens]``: the prompts as given, then what was decoded.
+
+        With ``draft`` (another text-generation runner over the same vocabulary), speculative decoding:
+        the draft proposes ``num_speculative_tokens`` (default: as many as the verify graph takes) and
+        this artifact's verify graph checks them (``speculative``)."""
+        if draft is None:
+            sampling = SamplingOptions(do_sample, temperature, top_k, top_p, seed)
+            return generate_tokens(self.engine, input_ids, max_new_tokens, attention_mask, sampling, eos_token_id)
+        ids = np.asarray(input_ids)
+        ids = ids[None, :] if ids.ndim == 1 else ids
+        stream = self.stream(
+            ids, max_new_tokens, attention_mask, do_sample, temperature, top_k, top_p, seed, eos_token_id, draft,
+            num_speculative_tokens,
+        )  # fmt: skip
+        return np.concatenate([ids.astype(np.int64), np.stack(list(stream), axis=1)], axis=1)
 
     def stream(
         self,
@@ -51,7 +70,31 @@ class GenerativeRunner:
         top_p: float = 1.0,
         seed: int | None = None,
         eos_token_id: int | None = None,
+        draft: GenerativeRunner | None = None,
+        num_speculative_tokens: int | None = None,
     ) -> Iterator[np.ndarray]:
-        """Each step's new tokens ``[batch]`` as soon as they are decoded."""
+        """Each step's new tokens ``[batch]`` as soon as they are decoded (a speculative round's all at once)."""
         sampling = SamplingOptions(do_sample, temperature, top_k, top_p, seed)
-        return stream_tokens(self.engine, input_ids, max_new_tokens, attention_mask, sampling, eos_token_id)
+        if draft is None:
+            return stream_tokens(self.engine, input_ids, max_new_tokens, attention_mask, sampling, eos_token_id)
+        width = int(getattr(self.engine, "verify_width", 0))
+        if not width:
+            raise InputSpecError(
+                "this artifact has no verify graph for speculative decoding: rebuild it with --speculative-k K "
+                "(speculative_k=K), or generate without a draft"
+            )
+        if draft is self:
+            raise InputSpecError("the draft must be another loaded artifact (each needs its own KV cache)")
+        k = width - 1 if num_speculative_tokens is None else num_speculative_tokens
+        self.speculative_stats = {}
+        return stream_speculative(
+            self.engine,  # type: ignore[arg-type]
+            draft.engine,
+            input_ids,
+            max_new_tokens,
+            k,
+            attention_mask,
+            sampling,
+            eos_token_id,
+            self.speculative_stats,
+        )

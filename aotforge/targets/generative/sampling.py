@@ -42,6 +42,11 @@ class Sampler:
         return np.array([self._sample(row) for row in logits], dtype=np.int64)
 
     def _sample(self, row: np.ndarray) -> int:
+        order, probs = self._kept(row)
+        return int(order[self.rng.choice(len(order), p=probs)])
+
+    def _kept(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The tokens temperature / top-k / top-p keep (best first) and their renormalized probabilities."""
         scaled = row.astype(np.float64) / self.options.temperature
         order = np.argsort(-scaled, kind="stable")
         if self.options.top_k > 0:
@@ -52,4 +57,15 @@ class Sampler:
             # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
             keep = int(np.searchsorted(np.cumsum(probs), self.options.top_p) + 1)
             order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
-        return int(order[self.rng.choice(len(order), p=probs)])
+        return order, probs
+
+    def distribution(self, row: np.ndarray) -> np.ndarray:
+        """``logits [vocab]`` -> the full-vocabulary distribution ``__call__`` samples from (sampling only)."""
+        order, probs = self._kept(row)
+        out = np.zeros(row.shape[-1], dtype=np.float64)
+        out[order] = probs
+        return out
+
+    def draw(self, probs: np.ndarray) -> int:
+        """One token from a full-vocabulary distribution, with this sampler's generator."""
+        return int(self.rng.choice(probs.shape[-1], p=probs))

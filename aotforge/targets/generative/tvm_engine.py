@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, WEIGHTS_FILE, DecoderSpec
+from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, VERIFY_FILE, WEIGHTS_FILE, DecoderSpec
 from aotforge.core.errors import AotforgeError, CompileError, OptionsError, UnsupportedModelError, describe
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets.base import CompileResult
@@ -40,6 +40,8 @@ from aotforge.targets.generative.tvm_graphs import (
 
 LIBRARY = "lib.so"
 INFO_FILE = "tvm_generative.json"
+#: This engine runs a verify graph (``--speculative-k``): one function per batch bucket at ``verify_width`` tokens.
+SPECULATIVE = True
 #: Smallest prompt bucket; the others double up to ``max_seq_len`` (which is always one).
 MIN_PROMPT_BUCKET = 16
 
@@ -89,7 +91,9 @@ def plan_generative(spec: DecoderSpec, options: Any) -> tuple[tuple[int, ...], t
     return prompt_buckets(spec, declared), batch_buckets(spec, declared)
 
 
-def compile_generative(workdir: Path, spec: DecoderSpec, options: Any, say: Any) -> CompileResult:
+def compile_generative(
+    workdir: Path, spec: DecoderSpec, options: Any, say: Any, verify_width: int = 0
+) -> CompileResult:
     import tvm
 
     from aotforge.targets.tvm.bucket_module import merge_buckets
@@ -105,10 +109,15 @@ def compile_generative(workdir: Path, spec: DecoderSpec, options: Any, say: Any)
     say(f"importing prefill (prompt buckets {_sizes(prompts)}) and decode (batch buckets {_sizes(batches)})")
     imports = [(f"prefill_{p}", _import(prefill, {"batch": 1, "prompt": p})) for p in prompts]
     imports += [(f"decode_{b}", _import(decode, {"batch": b})) for b in batches]
+    verify = weights_as_inputs(workdir / VERIFY_FILE) if verify_width else None
+    if verify is not None:
+        say(f"importing verify ({verify_width} tokens, batch buckets {_sizes(batches)})")
+        imports += [(f"verify_{b}", _import(verify, {"batch": b, "steps": verify_width})) for b in batches]
     mod, kv_report = kv_cache_in_place(merge_buckets(imports))
-    if kv_report["in_place"] != 2 * spec.layers * len(batches):
+    updates = 2 * spec.layers * len(batches) * (2 if verify is not None else 1)
+    if kv_report["in_place"] != updates:
         raise CompileError(
-            f"tvm: {kv_report['in_place']} of the decode graphs' {2 * spec.layers * len(batches)} KV-cache updates "
+            f"tvm: {kv_report['in_place']} of the decode graphs' {updates} KV-cache updates "
             f"could be made in place ({kv_report['skipped']}): the cache would be copied every token"
         )
     mod, attention_report = attention_over_filled_cache(mod)
@@ -126,11 +135,16 @@ def compile_generative(workdir: Path, spec: DecoderSpec, options: Any, say: Any)
         raise CompileError(
             f"tvm failed to compile the decoder for {target_dict(options)}: {describe(e, last=True)}"
         ) from e
-    functions = {
-        name: [w.name for w in (prefill if name.startswith("prefill") else decode).weights] for name, _ in imports
+    graphs = {"prefill": prefill, "decode": decode, "verify": verify}
+    functions = {name: [w.name for w in graphs[name.split("_")[0]].weights] for name, _ in imports}  # type: ignore[union-attr]
+    refs = {w.name: w.to_dict() for g in graphs.values() if g is not None for w in g.weights}
+    info = {
+        "prompt_buckets": list(prompts),
+        "batch_buckets": list(batches),
+        "functions": functions,
+        "weights": refs,
+        "verify_width": verify_width,
     }
-    refs = {w.name: w.to_dict() for w in (*prefill.weights, *decode.weights)}
-    info = {"prompt_buckets": list(prompts), "batch_buckets": list(batches), "functions": functions, "weights": refs}
     (workdir / INFO_FILE).write_text(json.dumps(info, sort_keys=True, indent=1) + "\n")
     built = target_dict(options)
     target_info = {
@@ -199,6 +213,7 @@ class TvmStepEngine:
         info = json.loads((artifact_dir / INFO_FILE).read_text())
         self.prompt_buckets = tuple(info["prompt_buckets"])
         self.batch_buckets = tuple(info["batch_buckets"])
+        self.verify_width = int(info.get("verify_width", 0))
         try:
             vm = relax.VirtualMachine(tvm.runtime.load_module(str(artifact_dir / LIBRARY)), tvm.cpu())
         except Exception as e:
@@ -256,6 +271,25 @@ class TvmStepEngine:
             tensor(ids), tensor(pos[:, None].copy()), tensor(pos), *self.cache, *self._weights[name]
         )
         return logits.numpy()[:batch]
+
+    def verify(self, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
+        """``[batch, w]`` tokens at ``write_pos ..`` -> ``logits [batch, w, vocab]``: the function takes
+        ``verify_width`` tokens, so a shorter call is padded (its padding writes positions nobody reads
+        before they are written again; ``verify_positions``)."""
+        batch, width = input_ids.shape
+        ids = np.zeros((self._slots, self.verify_width), dtype=np.int64)
+        pos = np.zeros(self._slots, dtype=np.int64)
+        ids[:batch, :width], pos[:batch] = input_ids, write_pos
+        positions = pos[:, None] + np.arange(self.verify_width, dtype=np.int64)[None, :]
+        name = f"verify_{self._slots}"
+        tensor = self._tvm.runtime.tensor
+        logits, *self._written = self._functions[name](
+            tensor(ids), tensor(positions), tensor(pos), *self.cache, *self._weights[name]
+        )
+        return logits.numpy()[:batch, :width]
+
+    def verify_positions(self, width: int) -> int:
+        return self.verify_width
 
     def cache_pointers(self) -> list[int]:
         """Where the last decode step's ``present_*`` outputs live (the cache, if it was updated in place)."""

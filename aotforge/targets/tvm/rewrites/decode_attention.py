@@ -84,6 +84,8 @@ class DecodeAttention(Rule):
             return MatchResult.fail("K or V is not a view of the in-place cache")
         index = bound(keys).args[1].fields[1]
         pos = _trace(index, bound, "")
+        if pos is None:  # a verify graph's positions are write_pos + 0..w-1, computed
+            return MatchResult.fail("the cache index is not a view of a write position input")
         return self._shapes(Attention(q, keys, values, pos, c1 * c2 * after))
 
     def _shapes(self, att: Attention) -> MatchResult[Any]:

@@ -1,0 +1,187 @@
+"""Speculative decoding: a draft artifact proposes, the target's verify graph checks (both CPU targets).
+
+The tiny random Llama of ``llm_models`` (initializer_range 0.2, so greedy tokens vary) is the target,
+built with ``--speculative-k 4``; the same artifact loaded a second time is a perfect draft, and an
+unrelated random Llama (other seed, 1 layer, narrower) a bad one: greedy speculative output must be
+the target's own greedy output token for token with either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import aotforge
+from aotforge.artifacts.loader import LoadedArtifact
+from aotforge.compiler.cli import main
+from aotforge.core.errors import DraftMismatchError, InputSpecError
+from aotforge.targets.generative.sampling import Sampler, SamplingOptions
+from aotforge.targets.generative.speculative import _accept_sampled
+from tests.llm_models import VOCAB, save_tiny_causal_lm
+
+MAX_SEQ = 64
+K = 4
+PROMPTS = ([5, 17, 42, 99, 3, 250, 7], [8, 1, 300])
+NEW = 24
+
+
+def _left_padded(prompts: tuple[list[int], ...]) -> tuple[np.ndarray, np.ndarray]:
+    width = max(len(p) for p in prompts)
+    ids = np.zeros((len(prompts), width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :], mask[row, width - len(p) :] = p, 1
+    return ids, mask
+
+
+def _bad_draft_model() -> Any:
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(123)
+    config = tf.LlamaConfig(
+        vocab_size=VOCAB,
+        initializer_range=0.2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    return tf.LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("spec")
+    return {"llama": save_tiny_causal_lm("llama", root / "llama-tiny"), "root": root}
+
+
+@pytest.fixture(scope="module")
+def bad_draft(models: dict[str, Path]) -> Path:
+    """An unrelated random Llama over the same vocabulary (onnxruntime, no verify graph)."""
+    kw = {"bench": False, "max_seq_len": MAX_SEQ, "max_batch": 2}
+    result = aotforge.build(
+        _bad_draft_model(), target="onnxruntime", task="text-generation", out=models["root"] / "bad", name="bad", **kw
+    )
+    return result.path
+
+
+@pytest.fixture(scope="module", params=["onnxruntime", "tvm"])
+def target(request: pytest.FixtureRequest, models: dict[str, Path]) -> Path:
+    kw: dict[str, Any] = {"bench": False, "max_seq_len": MAX_SEQ, "max_batch": 2, "speculative_k": K}
+    if request.param == "tvm":  # two prefill buckets, not three (the tvm build's time is its compiles)
+        kw["target_options"] = {"buckets": ("prompt=16/64",)}
+    out = models["root"] / f"out-{request.param}"
+    result = aotforge.build(models["llama"], target=request.param, task="text-generation", out=out, **kw)
+    assert result.manifest.target.info["speculative"] == {"max_tokens": K, "verify_width": K + 1}
+    assert "verify.onnx" in result.manifest.files
+    return result.path
+
+
+def test_greedy_speculative_is_the_targets_greedy(target: Path, bad_draft: Path) -> None:
+    """Batch 2 of different prompt lengths: perfect draft (every k), bad draft, token for token."""
+    artifact, twin = aotforge.load(target), aotforge.load(target)
+    ids, mask = _left_padded(PROMPTS)
+    plain = artifact.generate(ids, NEW, attention_mask=mask)
+    assert len(set(plain[0, ids.shape[1] :].tolist())) > 3
+    for k in (1, 2, K):
+        out = artifact.generate(ids, NEW, attention_mask=mask, draft=twin, num_speculative_tokens=k)
+        np.testing.assert_array_equal(out, plain)
+        stats = artifact.speculative_stats
+        assert stats["acceptance_rate"] == 1.0 and stats["rounds"] < NEW / k + 2, stats
+    out = artifact.generate(ids, NEW, attention_mask=mask, draft=bad_draft, num_speculative_tokens=3)
+    np.testing.assert_array_equal(out, plain)
+    assert artifact.speculative_stats["acceptance_rate"] < 0.3
+    # One prompt alone (the batch-1 path, a loaded draft passed as a path string).
+    alone = artifact.generate(np.array([PROMPTS[1]]), NEW, draft=str(bad_draft))
+    np.testing.assert_array_equal(alone, artifact.generate(np.array([PROMPTS[1]]), NEW))
+
+
+def test_stops_at_eos_max_new_tokens_and_the_end_of_the_cache(target: Path, bad_draft: Path) -> None:
+    artifact, twin = aotforge.load(target), aotforge.load(target)
+    ids, mask = _left_padded(PROMPTS)
+    free = artifact.generate(ids, NEW, attention_mask=mask)
+    eos = int(free[0, ids.shape[1] + 5])
+    for draft in (twin, bad_draft):
+        for new in (1, 2, 7):
+            got = artifact.generate(ids, new, attention_mask=mask, draft=draft)
+            np.testing.assert_array_equal(got, free[:, : ids.shape[1] + new])
+        want = artifact.generate(ids, NEW, attention_mask=mask, eos_token_id=eos)
+        got = artifact.generate(ids, NEW, attention_mask=mask, eos_token_id=eos, draft=draft)
+        np.testing.assert_array_equal(got, want)
+        steps = list(artifact.stream(ids, NEW, attention_mask=mask, eos_token_id=eos, draft=draft))
+        np.testing.assert_array_equal(np.stack(steps, axis=1), want[:, ids.shape[1] :])
+    # Up to the last cache position: 56 + 9 new tokens write all 64 (the last rounds go plain).
+    prompt = np.arange(3, 59)[None, :]
+    np.testing.assert_array_equal(artifact.generate(prompt, 9, draft=twin), artifact.generate(prompt, 9))
+    with pytest.raises(InputSpecError, match="max_seq_len=64"):
+        artifact.generate(prompt, 10, draft=twin)
+
+
+def test_seeded_sampled_speculation_repeats(target: Path, bad_draft: Path) -> None:
+    artifact, twin = aotforge.load(target), aotforge.load(target)
+    ids, mask = _left_padded(PROMPTS)
+    kw = {"attention_mask": mask, "do_sample": True, "top_k": 50, "temperature": 1.3}
+    a = artifact.generate(ids, NEW, seed=7, draft=bad_draft, **kw)
+    np.testing.assert_array_equal(a, artifact.generate(ids, NEW, seed=7, draft=bad_draft, **kw))
+    assert not np.array_equal(a, artifact.generate(ids, NEW, seed=8, draft=bad_draft, **kw))
+    # A draft with the target's own distribution is always accepted.
+    artifact.generate(ids, NEW, seed=7, draft=twin, **kw)
+    assert artifact.speculative_stats["acceptance_rate"] == 1.0
+    # top_k=1 sampling is greedy, speculative or not.
+    top1 = artifact.generate(ids, NEW, attention_mask=mask, do_sample=True, top_k=1, seed=3, draft=bad_draft)
+    np.testing.assert_array_equal(top1, artifact.generate(ids, NEW, attention_mask=mask))
+
+
+def test_rejection_rule_samples_the_targets_distribution() -> None:
+    """One proposal from q, the rule's output token: distributed as p (the standard result), not as q."""
+    rng = np.random.default_rng(0)
+    p_logits, q_logits = rng.normal(size=(2, 6)), rng.normal(size=6) * 2
+    sample = Sampler(SamplingOptions(do_sample=True, seed=1))
+    p, q = sample.distribution(p_logits[0]), sample.distribution(q_logits)
+    counts = np.zeros(6)
+    for _ in range(20000):
+        d = sample.draw(q)
+        kept, extra = _accept_sampled(np.array([d]), p_logits, [q], sample)
+        counts[d if kept else extra] += 1
+    np.testing.assert_allclose(counts / counts.sum(), p, atol=0.015)
+
+
+def test_refusals(target: Path, bad_draft: Path) -> None:
+    artifact, draft = aotforge.load(target), aotforge.load(bad_draft)
+    ids = np.array([PROMPTS[0]])
+    other_vocab = dataclasses.replace(
+        draft.manifest,
+        target=dataclasses.replace(
+            draft.manifest.target, info={**draft.manifest.target.info, "decoder": {"vocab": VOCAB + 8}}
+        ),
+    )
+    with pytest.raises(DraftMismatchError, match=f"vocabulary of {VOCAB + 8} tokens.*has {VOCAB}"):
+        artifact.generate(ids, 4, draft=LoadedArtifact(draft.path, other_vocab, draft._runner))
+    other_tokenizer = dataclasses.replace(draft.manifest, files={**draft.manifest.files, "tokenizer.json": "0" * 64})
+    with pytest.raises(DraftMismatchError, match=r"tokenizer file\(s\) tokenizer.json"):
+        artifact.generate(ids, 4, draft=LoadedArtifact(draft.path, other_tokenizer, draft._runner))
+    with pytest.raises(InputSpecError, match="no verify graph.*--speculative-k"):
+        draft.generate(ids, 4, draft=artifact)
+    with pytest.raises(InputSpecError, match=f"num_speculative_tokens must be in 1..{K}"):
+        artifact.generate(ids, 4, draft=draft, num_speculative_tokens=K + 1)
+
+
+def test_cli_generate_with_a_draft(target: Path, bad_draft: Path) -> None:
+    if "tvm" in target.parts:
+        pytest.skip("the CLI path is the same for both targets")
+    ids = ",".join(map(str, PROMPTS[0]))
+    plain = CliRunner().invoke(main, ["generate", str(target), "--prompt-ids", ids, "--max-new-tokens", "8"])
+    assert plain.exit_code == 0, plain.output
+    args = ["--draft", str(target), "--num-speculative-tokens", "2", "--stats"]
+    spec = CliRunner().invoke(main, ["generate", str(target), "--prompt-ids", ids, "--max-new-tokens", "8", *args])
+    assert spec.exit_code == 0, spec.output
+    lines = spec.output.splitlines()
+    assert lines[0] == plain.output.splitlines()[0]
+    assert lines[-1].startswith("speculative: ") and "(100%)" in lines[-1]
