@@ -10,8 +10,6 @@ version and the sha256 of every file. ``finish`` re-checks all of that before an
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import platform
 import shutil
@@ -31,9 +29,20 @@ from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.build_plan import PlannedBuild
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact
+from aotforge.compiler.bundle_format import (
+    BUNDLE_FORMAT,
+    BUNDLE_JSON,
+    VALIDATION_NPZ,
+    _digest,
+    _dump,
+    _jsonable,
+    bundle_path,
+    read_bundle,
+)
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
 from aotforge.compiler.validation import validation_plan
+from aotforge.core.decoder import TEXT_GENERATION
 from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError, UnknownReferenceError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import IOSpec
@@ -42,9 +51,6 @@ from aotforge.passes import contrib_op_passes
 from aotforge.targets import get_target
 from aotforge.targets.base import Arrays, BuildContext, Target
 
-BUNDLE_FORMAT = 1
-BUNDLE_JSON = "bundle.json"
-VALIDATION_NPZ = "validation.npz"
 #: Targets whose compile needs only the ONNX IR; neuron compiles from the torch program instead.
 _NEEDS_TORCH_PROGRAM = ("neuron",)
 
@@ -69,10 +75,6 @@ class BundleDraft:
     #: Files the frontend hands on as they are (a transformers directory's tokenizer, by artifact-relative path):
     #: they travel in the bundle, so the finished artifact carries them as a direct build's does.
     files: Mapping[str, Path] = dataclasses.field(default_factory=dict)
-
-
-def bundle_path(out: Path, name: str, target: str) -> Path:
-    return out / "bundles" / f"{name}.{target}.bundle"
 
 
 def write_bundle(draft: BundleDraft, out: Path, toolchain: Mapping[str, str]) -> Path:
@@ -124,36 +126,6 @@ def write_bundle(draft: BundleDraft, out: Path, toolchain: Mapping[str, str]) ->
         final.parent.mkdir(parents=True, exist_ok=True)
         os.rename(stage, final)
     return final
-
-
-def read_bundle(path: Path) -> dict[str, Any]:
-    """The bundle's description after checking its format version, its own digest and every file's hash."""
-    meta = path / BUNDLE_JSON
-    if not meta.is_file():
-        raise ArtifactError(
-            f"{path} is not a build bundle (no {BUNDLE_JSON}): give a directory written by --prepare-only"
-        )
-    try:
-        data = json.loads(meta.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ArtifactError(f"{meta} is not valid JSON ({e}): prepare the bundle again") from e
-    if data.get("format_version") != BUNDLE_FORMAT:
-        raise ArtifactError(
-            f"{path} has bundle format {data.get('format_version')!r}, this aotforge reads {BUNDLE_FORMAT}: "
-            "prepare it again with this aotforge version"
-        )
-    claimed = data.pop("bundle_sha256", None)
-    if claimed != _digest(data):
-        raise ArtifactError(f"{meta} was modified after it was written (digest mismatch): prepare the bundle again")
-    actual = hash_tree(path)
-    actual.pop(BUNDLE_JSON, None)
-    expected = data["files"]
-    bad = sorted(n for n in set(expected) | set(actual) if expected.get(n) != actual.get(n))
-    if bad:
-        raise ArtifactError(
-            f"{path}: {', '.join(bad)} missing, added or changed since the bundle was prepared: prepare it again"
-        )
-    return dict(data)
 
 
 def prepare_bundle(planned: PlannedBuild, opts: BuildOptions, name: str) -> BuildResult:
@@ -212,6 +184,11 @@ def finish(
     """
     started = time.perf_counter()
     data = read_bundle(path)
+    if data.get("task") == TEXT_GENERATION:
+        raise OptionsError(
+            f"{path} is a text-generation bundle: finish it with `aotforge finish` "
+            "(aotforge.compiler.generative.bundled.finish_bundle)"
+        )
     name = target_name or data["target"]
     target = get_target(name)
     probe = target.probe()
@@ -300,15 +277,3 @@ def _bench_options(prepared: Mapping[str, Any] | None, override: bool | None) ->
     if override is False or (override is None and prepared is None):
         return None
     return BenchOptions(**prepared) if prepared else BenchOptions()
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
-
-
-def _dump(data: Mapping[str, Any]) -> str:
-    return json.dumps(data, sort_keys=True, indent=2) + "\n"
-
-
-def _digest(data: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()

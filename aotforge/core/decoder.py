@@ -10,6 +10,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from aotforge.core.spec import DimRange, IOSpec, TensorSpec
+
 #: The task name a generative artifact records (``target.info["task"]``).
 TEXT_GENERATION = "text-generation"
 PREFILL_FILE = "prefill.onnx"
@@ -53,3 +55,17 @@ class DecoderSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DecoderSpec:
         return cls(**{f.name: int(data[f.name]) for f in dataclasses.fields(cls)})
+
+
+def prefill_io(spec: DecoderSpec) -> IOSpec:
+    """What ``LoadedArtifact.run`` accepts: the prefill graph (``generate`` drives both graphs)."""
+    ids = ("batch", "prompt")
+    return IOSpec(
+        inputs=(
+            TensorSpec("input_ids", "int64", ids, (0.0, float(spec.vocab))),
+            TensorSpec("attention_mask", "int64", ids, (1.0, 2.0)),
+            TensorSpec("position_ids", "int64", ids),
+        ),
+        outputs=(TensorSpec("logits", "float32", ("batch", spec.vocab)),),
+        dims=(DimRange("batch", 1, 1, spec.max_batch), DimRange("prompt", 1, 16, spec.max_seq_len)),
+    )

@@ -18,10 +18,18 @@ from aotforge.compiler.cli.common import user_errors
 @user_errors
 def finish(bundle: Path, out: Path, target: str | None, no_bench: bool, cache_dir: Path | None) -> None:
     """Check BUNDLE's hashes, compile it for its target, validate, benchmark and store the artifact."""
-    from aotforge.compiler.bundle import finish as finish_bundle
+    from aotforge.compiler.generative.bundled import finish_bundle
 
     result = finish_bundle(bundle, out, target_name=target, bench=False if no_bench else None, cache_dir=cache_dir)
     v = result.manifest.validation
+    if "token_agreement" in v:  # a text-generation bundle
+        click.echo(
+            f"validation passed (greedy token agreement {v['token_agreement']:.1%}, worst per-step logits rel L2 "
+            f"{v['max_logits_rel_l2']:.3g}, tolerance {v['tolerance']})",
+            err=True,
+        )
+        click.echo(str(result.path))
+        return
     worst = max((m["rel_l2"] for m in v["metrics"].values()), default=0.0)
     click.echo(f"validation passed (worst rel L2 {worst:.3g}, tolerance {v['tolerance']})", err=True)
     click.echo(str(result.path))

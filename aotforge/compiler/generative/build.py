@@ -26,10 +26,9 @@ from aotforge.compiler.generative.source import load_causal_lm
 from aotforge.compiler.generative.validation import validate_generation
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
-from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, VERIFY_FILE, DecoderSpec
+from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, VERIFY_FILE, prefill_io
 from aotforge.core.errors import OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
-from aotforge.core.spec import DimRange, IOSpec, TensorSpec
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET, contrib_op_passes
 from aotforge.passes.manager import run_passes
@@ -37,10 +36,16 @@ from aotforge.targets import get_target
 from aotforge.targets.generative import generative_backend
 
 Progress = Callable[[str], None]
+#: Targets whose text-generation builds are prepared as a bundle and finished on the device host.
+BUNDLED_TARGETS = ("tensorrt", "neuron")
 
 
 def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResult:
     """Compile a causal LM for ``opts.target`` as a generative artifact (``load(path).generate``)."""
+    if opts.prepare_only or opts.target in BUNDLED_TARGETS:  # device targets: through a bundle (bundled.py)
+        from aotforge.compiler.generative.bundled import build_bundled
+
+        return build_bundled(model, opts, say)
     started = time.perf_counter()
     backend = _backend(opts)
     target = get_target(opts.target)
@@ -127,8 +132,6 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
 
 def _backend(opts: BuildOptions) -> Any:
     """The target's generative backend; a target without one is refused before any work."""
-    if opts.prepare_only:
-        raise OptionsError("--prepare-only bundles of text-generation builds are not supported yet: build on the host")
     target = get_target(opts.target)
     probe = target.probe()
     if not probe.compiles:
@@ -160,20 +163,6 @@ def _graph_passes(opts: BuildOptions, target: Any) -> Callable[[], list[Any]] | 
             f"pass {', '.join(contrib)} emits ONNX Runtime contrib ops (MatMulNBits) that {opts.target} cannot run"
         )
     return lambda: target_passes(opts, target)[1]
-
-
-def prefill_io(spec: DecoderSpec) -> IOSpec:
-    """What ``LoadedArtifact.run`` accepts: the prefill graph (``generate`` drives both graphs)."""
-    ids = ("batch", "prompt")
-    return IOSpec(
-        inputs=(
-            TensorSpec("input_ids", "int64", ids, (0.0, float(spec.vocab))),
-            TensorSpec("attention_mask", "int64", ids, (1.0, 2.0)),
-            TensorSpec("position_ids", "int64", ids),
-        ),
-        outputs=(TensorSpec("logits", "float32", ("batch", spec.vocab)),),
-        dims=(DimRange("batch", 1, 1, spec.max_batch), DimRange("prompt", 1, 16, spec.max_seq_len)),
-    )
 
 
 def _graphs_sha(stage: Path) -> str:

@@ -62,6 +62,25 @@ def validate_generation(
     """The manifest's validation record; raises if tokens or logits leave the tolerance."""
     prompts, new = validation_prompts(spec, seed)
     references = [reference_greedy(model, p, new) for p in prompts]
+    return check_generation(
+        prompts, references, runner, spec, seed=seed, tolerance=tolerance, min_agreement=min_agreement, name=name
+    )
+
+
+def check_generation(
+    prompts: list[np.ndarray],
+    references: list[tuple[list[int], list[np.ndarray]]],
+    runner: Any,
+    spec: DecoderSpec,
+    *,
+    seed: int,
+    tolerance: float,
+    min_agreement: float,
+    name: str,
+) -> dict[str, Any]:
+    """:func:`validate_generation` against references computed elsewhere (a bundle carries them to the device
+    host, which lacks the source model): ``references[i]`` is ``(tokens, per-step logits)`` of ``prompts[i]``."""
+    new = len(references[0][0])
     got = _batched_generate(runner, prompts, new, spec.max_batch)
     per_prompt: list[dict[str, Any]] = []
     worst = 0.0

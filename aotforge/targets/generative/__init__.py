@@ -12,6 +12,9 @@ from aotforge.core.errors import UnsupportedModelError
 GENERATIVE_BACKENDS = {
     "onnxruntime": "aotforge.targets.generative.ort_engine",
     "tvm": "aotforge.targets.generative.tvm_engine",
+    # Planned here, compiled and run on the device host (--prepare-only + aotforge finish).
+    "tensorrt": "aotforge.targets.tensorrt.generative",
+    "neuron": "aotforge.targets.neuron.generative",
 }
 
 

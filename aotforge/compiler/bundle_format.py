@@ -1,0 +1,66 @@
+"""The build-bundle format both kinds of bundle share (``compiler.bundle``, ``compiler.generative.bundled``).
+
+A bundle is a directory with ``bundle.json`` (its format version, the description of the build, the sha256 of
+every other file, and a digest over all of that) beside the files it names. Reading one checks all of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from aotforge.artifacts.hashing import hash_tree
+from aotforge.core.errors import ArtifactError
+
+BUNDLE_FORMAT = 1
+BUNDLE_JSON = "bundle.json"
+VALIDATION_NPZ = "validation.npz"
+
+
+def bundle_path(out: Path, name: str, target: str) -> Path:
+    return out / "bundles" / f"{name}.{target}.bundle"
+
+
+def read_bundle(path: Path) -> dict[str, Any]:
+    """The bundle's description after checking its format version, its own digest and every file's hash."""
+    meta = path / BUNDLE_JSON
+    if not meta.is_file():
+        raise ArtifactError(
+            f"{path} is not a build bundle (no {BUNDLE_JSON}): give a directory written by --prepare-only"
+        )
+    try:
+        data = json.loads(meta.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ArtifactError(f"{meta} is not valid JSON ({e}): prepare the bundle again") from e
+    if data.get("format_version") != BUNDLE_FORMAT:
+        raise ArtifactError(
+            f"{path} has bundle format {data.get('format_version')!r}, this aotforge reads {BUNDLE_FORMAT}: "
+            "prepare it again with this aotforge version"
+        )
+    claimed = data.pop("bundle_sha256", None)
+    if claimed != _digest(data):
+        raise ArtifactError(f"{meta} was modified after it was written (digest mismatch): prepare the bundle again")
+    actual = hash_tree(path)
+    actual.pop(BUNDLE_JSON, None)
+    expected = data["files"]
+    bad = sorted(n for n in set(expected) | set(actual) if expected.get(n) != actual.get(n))
+    if bad:
+        raise ArtifactError(
+            f"{path}: {', '.join(bad)} missing, added or changed since the bundle was prepared: prepare it again"
+        )
+    return dict(data)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _dump(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, sort_keys=True, indent=2) + "\n"
+
+
+def _digest(data: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
