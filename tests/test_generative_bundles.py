@@ -148,6 +148,52 @@ def test_tensorrt_bundle_finishes_on_onnxruntime_token_exact(trt_bundle: Path, t
         finish(trt_bundle, tmp_path, target_name="tvm")
 
 
+def test_tensorrt_bundle_finishes_through_a_stand_in_sdk(
+    trt_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``finish`` for tensorrt with the SDK stood in (an "engine" is its ONNX file's name; the step engine is ONNX
+    Runtime over those files): both engines are built from their plans, one timing cache threads through both
+    builds, and the artifact validates, records both engines and loads through ``aotforge.load``."""
+    from aotforge.targets.base import ProbeResult
+    from aotforge.targets.generative.ort_engine import OrtStepEngine
+    from aotforge.targets.tensorrt import generative, sdk, target
+    from aotforge.targets.tensorrt.sdk import EngineBuild
+
+    built: list[tuple[str, tuple[str, ...], bytes]] = []
+
+    def build_engine(onnx_path: Path, plan: Any, cache: bytes) -> EngineBuild:
+        built.append((onnx_path.name, tuple(p.input for p in plan.profiles), cache))
+        return EngineBuild(str(onnx_path).encode(), cache + b"+" + onnx_path.name.encode(), "", "10.99")
+
+    def step_engine(prefill: bytes, decode: bytes, spec: DecoderSpec, *, allow_host_code: bool) -> Any:
+        from aotforge.targets.onnxruntime import OrtOptions, session_options
+
+        assert Path(prefill.decode()).name == "prefill.onnx" and Path(decode.decode()).name == "decode.onnx"
+        return OrtStepEngine(
+            Path(prefill.decode()).parent, spec, session_options(OrtOptions()), ["CPUExecutionProvider"]
+        )
+
+    gpu = {"name": "stand-in", "compute_capability": "9.0"}
+    monkeypatch.setattr(target, "probe_host", lambda: ProbeResult(True))
+    monkeypatch.setattr(sdk, "probe_host", lambda: ProbeResult(True))
+    monkeypatch.setattr(sdk, "build_engine", build_engine)
+    monkeypatch.setattr(sdk, "step_engine", step_engine)
+    monkeypatch.setattr(sdk, "version", lambda: "10.99")
+    monkeypatch.setattr(generative, "query_gpu", lambda: gpu)
+    cache = tmp_path / "timing.cache"
+    data = read_bundle(trt_bundle)
+    assert data["target_options"]["timing_cache"] == ""
+    result = finish(trt_bundle, tmp_path / "out", bench=False)
+    assert [(b[0], b[2]) for b in built] == [("prefill.onnx", b""), ("decode.onnx", b"+prefill.onnx")]
+    assert built[0][1] == ("input_ids", "attention_mask", "position_ids") and "past_key_0" in built[1][1]
+    m = result.manifest
+    assert m.validation["passed"] and m.validation["token_agreement"] == 1.0
+    assert {"prefill.engine", "decode.engine", "prefill.onnx", "decode.onnx", "weights.data"} <= set(m.files)
+    assert set(m.target.info["engines"]) == {"prefill", "decode"} and m.toolchain["tensorrt"] == "10.99"
+    assert not cache.exists()  # no timing_cache option in the bundle: none written
+    assert (result.path / "prefill.engine").read_bytes().endswith(b"prefill.onnx")
+
+
 def test_a_changed_bundle_is_refused(trt_bundle: Path, tmp_path: Path) -> None:
     copy = tmp_path / "b"
     shutil.copytree(trt_bundle, copy)
@@ -158,15 +204,29 @@ def test_a_changed_bundle_is_refused(trt_bundle: Path, tmp_path: Path) -> None:
         finish(copy, tmp_path / "out", target_name="onnxruntime")
 
 
+NEURON_BUCKETS = "buckets=prompt=8/16/64,cache=16/32/64"
+
+
+def _neuron_bundle(arch: str, root: Path) -> Path:
+    model_dir = save_tiny_causal_lm(arch, root / arch)
+    result = _compile(model_dir, root / "out", "neuron", "--prepare-only", "--target-opt", NEURON_BUCKETS)
+    assert result.exit_code == 0, result.output
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def gpt2_neuron_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _neuron_bundle("gpt2", tmp_path_factory.mktemp("neuron"))
+
+
 #: The CPU check decodes 3 prompts x 24 tokens through the torch modules (~10 s quiet, ~40 s on 2 loaded cores).
 @pytest.mark.parametrize("arch", ["gpt2", pytest.param("llama", marks=pytest.mark.slow)])
-def test_neuron_bundle_lays_out_nxdi_buckets_and_runs_them_on_cpu(arch: str, tmp_path: Path) -> None:
+def test_neuron_bundle_lays_out_nxdi_buckets_and_runs_them_on_cpu(
+    arch: str, gpt2_neuron_bundle: Path, tmp_path: Path
+) -> None:
     """Context-encoding and token-generation buckets; the CPU check pads and routes as the Neuron runtime does."""
-    model_dir = save_tiny_causal_lm(arch, tmp_path / arch)
-    buckets = "buckets=prompt=8/16/64,cache=16/32/64"
-    result = _compile(model_dir, tmp_path / "out", "neuron", "--prepare-only", "--target-opt", buckets)
-    assert result.exit_code == 0, result.output
-    data = read_bundle(Path(result.stdout.strip().splitlines()[-1]))
+    bundle = gpt2_neuron_bundle if arch == "gpt2" else _neuron_bundle(arch, tmp_path)
+    data = read_bundle(bundle)
     plan = data["plan"]
     assert plan["buckets"] == {"batch": [2], "prompt": [8, 16, 64], "cache": [16, 32, 64]}
     kinds = [(g["kind"], g["batch"], g["length"]) for g in plan["graphs"]]
@@ -182,8 +242,42 @@ def test_neuron_bundle_lays_out_nxdi_buckets_and_runs_them_on_cpu(arch: str, tmp
     assert {"context_encoding.b2-8", "context_encoding.b2-16", "context_encoding.b2-64"} <= set(check["graphs_run"])
     assert {"token_generation.b2-16", "token_generation.b2-32", "token_generation.b2-64"} <= set(check["graphs_run"])
     if not get_target("neuron").probe().available:
-        done = CliRunner().invoke(main, ["finish", str(result.stdout.strip().splitlines()[-1]), "-o", str(tmp_path)])
+        done = CliRunner().invoke(main, ["finish", str(bundle), "-o", str(tmp_path)])
         assert done.exit_code == 5, done.output
+
+
+def test_neuron_bundle_finishes_through_a_stand_in_sdk(
+    gpt2_neuron_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``finish`` for neuron with the four torch-neuronx calls stood in by torch on CPU: every bucket is
+    traced with its example inputs, the artifact holds one file per bucket, validates token for token
+    against the references in the bundle, and loads and generates through ``aotforge.load``."""
+    import torch
+
+    from aotforge.targets.base import ProbeResult
+    from aotforge.targets.neuron import sdk
+
+    traced: dict[str, Any] = {}
+
+    def trace_to_file(module: Any, examples: list[np.ndarray], args: list[str], workdir: Path, out: Path) -> None:
+        with torch.inference_mode():
+            module(*(torch.from_numpy(a) for a in examples))  # what torch_neuronx.trace runs first
+        assert args[:2] == ["--target", "inf2"]
+        out.write_bytes(b"stand-in for a traced Neuron graph")
+        traced[out.name] = module
+
+    monkeypatch.setattr(sdk, "probe", lambda python="": ProbeResult(True))
+    monkeypatch.setattr(sdk, "trace_to_file", trace_to_file)
+    monkeypatch.setattr(sdk, "versions", lambda: {"torch-neuronx": "stand-in"})
+    monkeypatch.setattr(sdk, "host_instance_type", lambda: "inf2.xlarge")
+    monkeypatch.setattr(sdk, "load_traced", lambda path: traced[Path(path).name])
+    result = finish(gpt2_neuron_bundle, tmp_path, bench=False)
+    m = result.manifest
+    assert m.validation["passed"] and m.validation["token_agreement"] == 1.0
+    files = {g["file"] for g in m.target.info["graphs"]}
+    assert len(files) == 6 and files <= set(m.files) and files == set(traced)
+    assert not any(f.startswith("model/") for f in m.files)  # the source weights stay in the bundle
+    _token_exact(aotforge.load(result.path), tiny_causal_lm("gpt2"))
 
 
 def test_neuron_bucket_engine_is_token_exact_against_transformers() -> None:

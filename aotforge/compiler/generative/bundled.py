@@ -147,7 +147,7 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
             "task": TEXT_GENERATION,
             "target": opts.target,
             "target_options": _jsonable(dataclasses.asdict(target_opts)),
-            "plan": plan,
+            "plan": _jsonable(plan),
             "decoder": spec.to_dict(),
             "graphs_from": graphs_from,
             "decode_attention": attention,
@@ -275,7 +275,7 @@ def finish_generative(
         target.options_type, data["target_options"] if name == data["target"] else {}, what=name
     )
     spec = DecoderSpec.from_dict(data["decoder"])
-    if name == data["target"] and backend.bundle_plan_generative(spec, target_opts) != data["plan"]:
+    if name == data["target"] and _jsonable(backend.bundle_plan_generative(spec, target_opts)) != data["plan"]:
         raise ArtifactError(
             f"the {name} plan in the bundle differs from what this aotforge plans for it: prepare the bundle "
             "with the same aotforge version as the device host"
