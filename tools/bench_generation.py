@@ -99,11 +99,21 @@ def run_transformers(model_dir: Path, prompt: int, new: int, batch: int) -> dict
     return _measure(once, new, batch)
 
 
-def build_aotforge(model_dir: Path, work: Path, target: str, prompt: int, new: int, max_batch: int) -> str:
-    """The artifact for ``target`` (built once: later runs and rounds load it)."""
+#: ``--precisions``: the weight-only pass's parameters per precision (the same recipe on every target).
+WEIGHT_ONLY = {"int4": {"bits": 4, "block_size": 32}, "int8": {"bits": 8, "block_size": 32}}
+
+
+def build_aotforge(
+    model_dir: Path, work: Path, target: str, prompt: int, new: int, max_batch: int, precision: str = "fp32"
+) -> str:
+    """The artifact for ``target`` at ``precision`` (built once: later runs and rounds load it)."""
     import aotforge
 
-    name = f"{model_dir.name}-{prompt + new}-{max_batch}"
+    name = f"{model_dir.name}-{prompt + new}-{max_batch}" + ("" if precision == "fp32" else f"-{precision}")
+    quant: dict[str, Any] = {}
+    if precision != "fp32":  # validation still reports token agreement; it does not gate the bench's build
+        quant = {"passes": ["weight-only"], "pass_params": {"weight-only": WEIGHT_ONLY[precision]}}
+        quant |= {"tolerance": 10.0, "min_token_agreement": 0.0}
     done = sorted((work / "artifacts" / name).glob(f"*/{target}/manifest.json"), key=lambda p: int(p.parts[-3]))
     if done:
         return str(done[-1].parent)
@@ -117,6 +127,7 @@ def build_aotforge(model_dir: Path, work: Path, target: str, prompt: int, new: i
         name=name,
         bench=False,
         target_options={"intra_op_threads": THREADS} if target == "onnxruntime" else {},
+        **quant,
     )
     return str(result.path)
 
@@ -135,15 +146,17 @@ def run_aotforge(artifact_path: Path, prompt: int, new: int, batch: int) -> dict
     return {**_measure(once, new, batch), "validation": artifact.manifest.validation.get("token_agreement")}
 
 
-def run_genai(model_dir: Path, work: Path, prompt: int, new: int, batch: int) -> dict[str, Any]:
-    """Inside the genai venv: convert with its model builder (fp32, cpu), then time greedy decoding."""
+def run_genai(
+    model_dir: Path, work: Path, prompt: int, new: int, batch: int, precision: str = "fp32"
+) -> dict[str, Any]:
+    """Inside the genai venv: convert with its model builder (fp32 or int4, cpu), then time greedy decoding."""
     import onnxruntime_genai as og
 
-    built = work / "genai-fp32"
+    built = work / f"genai-{precision}"
     if not (built / "genai_config.json").is_file():
         subprocess.run(
             [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(model_dir), "-o", str(built)]
-            + ["-p", "fp32", "-e", "cpu", "-c", str(work / "genai-cache")],
+            + ["-p", precision, "-e", "cpu", "-c", str(work / f"genai-cache-{precision}")],
             check=True,
         )
         config = json.loads((built / "genai_config.json").read_text())
@@ -362,6 +375,13 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=4)
     parser.add_argument("--targets", default="onnxruntime,tvm")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--precisions",
+        default="fp32",
+        help="fp32,int4,int8: aotforge builds each with --passes weight-only (int4 g32 / int8); "
+        "ONNX Runtime GenAI runs fp32 and int4 (its builder's -p)",
+    )
+    parser.add_argument("--no-transformers", action="store_true", help="leave transformers eager out")
     parser.add_argument("--genai-venv", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: run one runtime, print JSON
@@ -379,13 +399,17 @@ def main() -> None:
         print("RESULT " + json.dumps(_child(args, model_dir)))
         return
     venv = args.genai_venv or args.work / "genai-venv"
-    runtimes: list[tuple[str, Path]] = [("transformers", Path(sys.executable)), ("genai", genai_python(venv))]
+    precisions = [p for p in args.precisions.split(",") if p]
+    runtimes: list[tuple[str, Path]] = [] if args.no_transformers else [("transformers", Path(sys.executable))]
+    genai = genai_python(venv)
+    runtimes += [("genai" if p == "fp32" else f"genai:{p}", genai) for p in precisions if p in ("fp32", "int4")]
     for target in filter(None, args.targets.split(",")):
-        built = _run(args, f"build:{target}", Path(sys.executable))
-        if "path" in built:
-            runtimes.append((f"aotforge:{built['path']}", Path(sys.executable)))
-        else:
-            print(f"aotforge {target}: not built: {built}", file=sys.stderr)
+        for precision in precisions:
+            built = _run(args, f"build:{target}:{precision}", Path(sys.executable))
+            if "path" in built:
+                runtimes.append((f"aotforge:{built['path']}", Path(sys.executable)))
+            else:
+                print(f"aotforge {target} {precision}: not built: {built}", file=sys.stderr)
     results: dict[str, Any] = {"load_before": os.getloadavg(), "threads": THREADS}
     results["read_bandwidth_gbs"] = round(read_bandwidth_gbs(), 2)
     rounds: dict[str, list[dict[str, Any]]] = {}
@@ -408,14 +432,20 @@ def _child(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     if kind == "transformers":
         return run_transformers(model_dir, args.prompt, args.new, args.max_batch)
     if kind == "genai":
-        return run_genai(model_dir, args.work, args.prompt, args.new, args.max_batch)
+        return run_genai(model_dir, args.work, args.prompt, args.new, args.max_batch, rest or "fp32")
     if kind == "build":
-        return {"path": build_aotforge(model_dir, args.work, rest, args.prompt, args.new, args.max_batch)}
+        target, _, precision = rest.partition(":")
+        path = build_aotforge(model_dir, args.work, target, args.prompt, args.new, args.max_batch, precision or "fp32")
+        return {"path": path}
     return run_aotforge(Path(rest), args.prompt, args.new, args.max_batch)
 
 
 def _label(kind: str) -> str:
-    return f"aotforge {Path(kind).name}" if kind.startswith("aotforge:") else kind
+    if kind.startswith("aotforge:"):  # .../<name>/<version>/<target>: name (precision) and target
+        path = Path(kind)
+        suffix = path.parent.parent.name.rsplit("-", 1)[-1]
+        return f"aotforge {path.name} {suffix if suffix in WEIGHT_ONLY else 'fp32'}"
+    return kind.replace(":", " ")
 
 
 def _run(args: argparse.Namespace, kind: str, python: Path) -> dict[str, Any]:
@@ -453,7 +483,7 @@ def _load(avg: Any) -> str:
 
 def _table(results: dict[str, Any], batch: int) -> str:
     """Markdown: each runtime's figures and its ratios to ONNX Runtime GenAI and to the floor."""
-    genai = results["runtimes"].get("genai", {})
+    genai = results["runtimes"].get("genai", results["runtimes"].get("genai int4", {}))
     floor = results["floor_itl_ms"]
     head = (
         f"| runtime | TTFT ms | ITL p50 | p90 | p99 | tok/s b1 | tok/s b{batch} | b{batch}/b1 | CPU ms/token "

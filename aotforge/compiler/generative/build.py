@@ -58,7 +58,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
         plan(spec, target_opts)
     if opts.speculative_k and not getattr(backend, "SPECULATIVE", False):
         raise OptionsError(f"--speculative-k: {opts.target} text-generation artifacts have no verify graph yet")
-    graph_passes = _graph_passes(opts, target)
+    graph_passes, compile_passes = _graph_passes(opts, target, backend), _compile_passes(opts, target, backend)
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.plots)
     with staging_dir(opts.out) as stage:
         say("exporting the prefill and decode graphs")
@@ -80,8 +80,10 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
         for rel, file in sorted(source.files.items()):
             shutil.copyfile(file, stage / rel)
         say(f"compiling for {opts.target}")
-        extra = {"verify_width": verify_width} if verify_width else {}
+        extra: dict[str, Any] = {"verify_width": verify_width} if verify_width else {}
+        extra |= {"passes": compile_passes} if compile_passes else {}
         compiled = backend.compile_generative(stage, spec, target_opts, say, **extra)
+        pass_entries += _compile_pass_entries(compile_passes, compiled.target_info)
         info = {
             **compiled.target_info,
             "task": TEXT_GENERATION,
@@ -143,7 +145,34 @@ def _backend(opts: BuildOptions) -> Any:
 GENERATIVE_PASSES = frozenset({"weight-only"})
 
 
-def _graph_passes(opts: BuildOptions, target: Any) -> Callable[[], list[Any]] | None:
+def _compile_passes(opts: BuildOptions, target: Any, backend: Any) -> dict[str, Any]:
+    """Parameters of the passes the backend applies itself (tvm packs weight-only weights in its own
+    format from the same parameters, so one recipe means the same on both targets); refused early."""
+    handled: frozenset[str] = getattr(backend, "COMPILE_PASSES", frozenset())
+    if not handled or tuple(opts.passes) in ((DEFAULT_PRESET,), ()):
+        return {}
+    passes = {p.name: p.params for p in target_passes(opts, target)[1] if p.name in handled}
+    check = getattr(backend, "check_compile_passes", None)
+    if check is not None:
+        check(passes)
+    return passes
+
+
+def _compile_pass_entries(passes: dict[str, Any], target_info: dict[str, Any]) -> list[dict[str, Any]]:
+    stats = target_info.get("generative", {})
+    return [
+        {
+            "name": name,
+            "params": dataclasses.asdict(params),
+            "stats": stats.get(name.replace("-", "_"), {}),
+            "graph": "prefill+decode (target kernels)",
+            "changes_numerics": True,
+        }
+        for name, params in passes.items()
+    ]
+
+
+def _graph_passes(opts: BuildOptions, target: Any, backend: Any = None) -> Callable[[], list[Any]] | None:
     """A factory of fresh pass instances (each graph records its own stats), or None without passes.
 
     Weight-only quantization is what a memory-bound decoder wants, and it needs no calibration;
@@ -151,6 +180,9 @@ def _graph_passes(opts: BuildOptions, target: Any) -> Callable[[], list[Any]] | 
     if tuple(opts.passes) in ((DEFAULT_PRESET,), ()):
         return None
     names, _ = target_passes(opts, target)
+    handled: frozenset[str] = getattr(backend, "COMPILE_PASSES", frozenset())
+    if names and all(n in handled for n in names):
+        return None
     refused = [n for n in names if n not in GENERATIVE_PASSES]
     if refused:
         raise OptionsError(

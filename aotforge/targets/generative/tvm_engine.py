@@ -37,6 +37,7 @@ from aotforge.targets.generative.tvm_graphs import (
     input_shapes,
     weights_as_inputs,
 )
+from aotforge.targets.generative.tvm_weight_only import PACKED_FILE, pack_weights, weight_only_format
 
 LIBRARY = "lib.so"
 INFO_FILE = "tvm_generative.json"
@@ -91,8 +92,23 @@ def plan_generative(spec: DecoderSpec, options: Any) -> tuple[tuple[int, ...], t
     return prompt_buckets(spec, declared), batch_buckets(spec, declared)
 
 
+#: Passes this backend runs itself, on the imported module (``tvm_weight_only``), not on the ONNX graphs.
+COMPILE_PASSES = frozenset({"weight-only"})
+
+
+def check_compile_passes(passes: dict[str, Any]) -> None:
+    """Refuse, before the export, parameters of ``COMPILE_PASSES`` this backend cannot honour."""
+    if "weight-only" in passes:
+        weight_only_format(passes["weight-only"])
+
+
 def compile_generative(
-    workdir: Path, spec: DecoderSpec, options: Any, say: Any, verify_width: int = 0
+    workdir: Path,
+    spec: DecoderSpec,
+    options: Any,
+    say: Any,
+    verify_width: int = 0,
+    passes: dict[str, Any] | None = None,
 ) -> CompileResult:
     import tvm
 
@@ -123,9 +139,16 @@ def compile_generative(
     mod, attention_report = attention_over_filled_cache(mod)
     if attention_report["rewritten"] != spec.layers * len(batches):
         say(f"tvm: decode attention stays over all of max_seq_len in some layers: {attention_report}")
+    target = tvm.target.Target(target_dict(options))
+    refs = {w.name: w for g in (prefill, decode, verify) if g is not None for w in g.weights}
+    weight_only = None
+    if passes and "weight-only" in passes:
+        say("packing the matmul weights (weight-only)")
+        fmt = weight_only_format(passes["weight-only"])
+        mod, packed, weight_only = pack_weights(mod, workdir, WEIGHTS_FILE, refs, fmt, target)
+        refs.update({w.name: w for w in packed})
     mod, head_report = transposed_weights(mod)
     mod = tvm.relax.transform.DeadCodeElimination()(mod)  # the transposes the kernels made unused
-    target = tvm.target.Target(target_dict(options))
     try:
         executable, report = compile_relax(mod, target, fast_math=options.fast_math)
         executable.export_library(str(workdir / LIBRARY), **({"cc": options.cc} if options.cc else {}))
@@ -135,14 +158,13 @@ def compile_generative(
         raise CompileError(
             f"tvm failed to compile the decoder for {target_dict(options)}: {describe(e, last=True)}"
         ) from e
-    graphs = {"prefill": prefill, "decode": decode, "verify": verify}
-    functions = {name: [w.name for w in graphs[name.split("_")[0]].weights] for name, _ in imports}  # type: ignore[union-attr]
-    refs = {w.name: w.to_dict() for g in graphs.values() if g is not None for w in g.weights}
+    functions = {name: _weight_arguments(mod[name]) for name, _ in imports}
+    used = {w for names in functions.values() for w in names}
     info = {
         "prompt_buckets": list(prompts),
         "batch_buckets": list(batches),
         "functions": functions,
-        "weights": refs,
+        "weights": {name: ref.to_dict() for name, ref in refs.items() if name in used},
         "verify_width": verify_width,
     }
     (workdir / INFO_FILE).write_text(json.dumps(info, sort_keys=True, indent=1) + "\n")
@@ -157,12 +179,19 @@ def compile_generative(
             "kv_cache": kv_report,
             "transposed_weights": head_report,
             "decode_attention": attention_report,
+            **({"weight_only": weight_only} if weight_only is not None else {}),
         },
         "pipeline": report,
         "platform": {"system": platform.system(), "machine": built["mtriple"].split("-")[0]},
         "cpu_features": isa_features(built),
     }
-    return CompileResult(files=(LIBRARY, INFO_FILE), target_info=target_info, toolchain={"tvm": tvm.__version__})
+    files = (LIBRARY, INFO_FILE, *((PACKED_FILE,) if weight_only is not None else ()))
+    return CompileResult(files=files, target_info=target_info, toolchain={"tvm": tvm.__version__})
+
+
+def _weight_arguments(func: Any) -> list[str]:
+    """The weight arguments a function takes, in order (after its ``num_input`` runtime inputs)."""
+    return [str(p.name) for p in func.params[int(func.attrs["num_input"]) :]]
 
 
 def _sizes(sizes: tuple[int, ...]) -> str:
@@ -187,13 +216,16 @@ def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunne
     return GenerativeRunner(TvmStepEngine(artifact_dir, spec))
 
 
-def read_weights(path: Path, refs: list[WeightRef]) -> dict[str, Any]:
-    """Each tensor of ``weights.data`` as a tvm tensor (64-byte aligned, what the kernels assume), read once."""
+def read_weights(artifact_dir: Path, refs: list[WeightRef]) -> dict[str, Any]:
+    """Each weight tensor (``weights.data``, packed ones beside it) as a tvm tensor (64-byte aligned), read once."""
     import tvm
 
     out = {}
-    with path.open("rb") as f:
-        for ref in refs:
+    for ref in refs:
+        if ref.file not in (WEIGHTS_FILE, PACKED_FILE):
+            raise CompileError(f"{artifact_dir / INFO_FILE} names a weight file {ref.file!r} of no tvm artifact")
+        path = artifact_dir / ref.file
+        with path.open("rb") as f:
             tensor = tvm.runtime.empty(ref.shape, ref.dtype)
             view = np.from_dlpack(tensor)
             f.seek(ref.offset)
@@ -218,7 +250,7 @@ class TvmStepEngine:
             vm = relax.VirtualMachine(tvm.runtime.load_module(str(artifact_dir / LIBRARY)), tvm.cpu())
         except Exception as e:
             raise CompileError(f"tvm cannot load {artifact_dir / LIBRARY}: {describe(e, last=True)}") from e
-        weights = read_weights(artifact_dir / WEIGHTS_FILE, [WeightRef.from_dict(w) for w in info["weights"].values()])
+        weights = read_weights(artifact_dir, [WeightRef.from_dict(w) for w in info["weights"].values()])
         self._functions = {name: vm[name] for name in info["functions"]}
         self._weights = {name: [weights[w] for w in names] for name, names in info["functions"].items()}
         self.weights = weights

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from aotforge.core.decoder import WEIGHTS_FILE
+
 _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 
 
@@ -30,6 +32,8 @@ class WeightRef:
     length: int
     dtype: str
     shape: tuple[int, ...]
+    #: the artifact file holding it: ``weights.data``, or the tvm build's own packed weights
+    file: str = WEIGHTS_FILE
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -37,7 +41,12 @@ class WeightRef:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WeightRef:
         return cls(
-            str(data["name"]), int(data["offset"]), int(data["length"]), str(data["dtype"]), tuple(data["shape"])
+            str(data["name"]),
+            int(data["offset"]),
+            int(data["length"]),
+            str(data["dtype"]),
+            tuple(data["shape"]),
+            str(data.get("file", WEIGHTS_FILE)),
         )
 
 

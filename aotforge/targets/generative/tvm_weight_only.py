@@ -1,0 +1,80 @@
+"""The ``weight-only`` pass on a tvm text-generation build: weights packed at compile time, beside ``weights.data``.
+
+ONNX Runtime's pass rewrites the graphs into ``MatMulNBits``, which tvm cannot import; on tvm the
+same parameters (``bits``, ``block_size``) instead pick the packed format of
+``targets/tvm/rewrites/weight_only``, applied to the imported module. The packed bytes and
+scales go to ``tvm_weights.data`` (page-aligned, like ``weights.data``), and the functions take
+them as weight arguments like any other (``WeightRef.file`` says which file holds one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE
+from aotforge.core.errors import OptionsError
+from aotforge.targets.generative.tvm_graphs import WeightRef
+from aotforge.targets.tvm.rewrites.weight_only import WeightOnlyFormat
+
+PACKED_FILE = "tvm_weights.data"
+#: Parameters of the pass tvm honours; the others must keep their defaults.
+_ALIGN = 4096
+
+
+def weight_only_format(params: Any) -> WeightOnlyFormat:
+    """The tvm format ``weight-only``'s parameters ask for, or a refusal naming the parameter."""
+    if not params.symmetric:
+        raise OptionsError("tvm weight-only packs symmetric weights only: leave weight-only.symmetric at true")
+    if params.nodes_to_exclude:
+        raise OptionsError("tvm weight-only takes no nodes_to_exclude (its matmuls are not ONNX nodes by then)")
+    if params.accuracy_level not in (0, 4):
+        raise OptionsError(
+            "tvm weight-only computes with int8 activations (accuracy_level 4); "
+            f"accuracy_level {params.accuracy_level} asks for float compute: leave it out or set 4"
+        )
+    return WeightOnlyFormat(params.bits, params.block_size)
+
+
+def pack_weights(
+    mod: Any, workdir: Path, weights_file: str, refs: dict[str, WeightRef], fmt: WeightOnlyFormat, target: Any
+) -> tuple[Any, list[WeightRef], dict[str, Any]]:
+    """``mod`` on the packed kernels, the packed tensors' refs (written to ``PACKED_FILE``), the report."""
+    from tvm.target import codegen
+
+    from aotforge.targets.tvm.rewrites.weight_only import weight_only_matmuls
+
+    def read(name: str) -> np.ndarray:
+        ref = refs[name]
+        with (workdir / weights_file).open("rb") as f:
+            f.seek(ref.offset)
+            raw = f.read(ref.length)
+        return np.frombuffer(raw, dtype=ref.dtype).reshape(ref.shape).astype(np.float32)
+
+    vnni = bool(codegen.target_has_features("avx512vnni", target))
+    mod, packed, report = weight_only_matmuls(mod, read, fmt, vnni, str(target.attrs["mcpu"]))
+    labels = _labels(workdir)
+    report["weights_taken"] = {f"{labels.get(w, '?')} ({w})": what for w, what in report["weights_taken"].items()}
+    out: list[WeightRef] = []
+    with (workdir / PACKED_FILE).open("wb") as f:
+        for name, array in packed.items():
+            offset = -(-f.tell() // _ALIGN) * _ALIGN
+            f.seek(offset)
+            f.write(array.tobytes())
+            out.append(WeightRef(name, offset, array.nbytes, str(array.dtype), tuple(array.shape), PACKED_FILE))
+    return mod, out, report
+
+
+def _labels(workdir: Path) -> dict[str, str]:
+    """The exporter's name of each weight argument ``w<offset>`` (what the manifest calls a taken weight)."""
+    import onnx
+
+    out: dict[str, str] = {}
+    for file in (PREFILL_FILE, DECODE_FILE):
+        for tensor in onnx.load(str(workdir / file), load_external_data=False).graph.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                entries = {e.key: e.value for e in tensor.external_data}
+                out.setdefault(f"w{int(entries.get('offset', 0))}", tensor.name)
+    return out

@@ -1,0 +1,170 @@
+"""Weight-only int4 / int8 for a generative build: ``matmul(x, w)`` on a weight argument -> the packed kernel.
+
+The weights of a generative module are function arguments (``generative/tvm_graphs``), read from
+``weights.data`` at load time. Here each matmul whose right operand is such an argument, ``[K, N]``
+as it is or ``permute_dims`` of an ``[N, K]`` one (a head tied to the embedding), is replaced by
+``kernels/weight_only`` on the weight packed now (int4 with a scale per group, or int8 per
+channel): the function takes the packed bytes and scales as two new arguments instead of the
+float weight, which it drops where nothing else reads it (a tied embedding's lookup still does).
+The packed arrays are the caller's to store; their names say what they are
+(``w4096.int4g32.q`` / ``.s``, ``t`` for a weight read transposed). Every matmul left alone is
+counted under the reason; on a CPU without AVX-512 VNNI none is taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from aotforge.targets.tvm.kernels import weight_only as kernel
+from aotforge.targets.tvm.relax_util import op_name, relax_functions, static_shape
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightOnlyFormat:
+    """What the ``weight-only`` pass's parameters mean on tvm: bits, and the int4 group (``block_size``)."""
+
+    bits: int = 4
+    group: int = 32
+
+    def __post_init__(self) -> None:
+        kernel.check_format(self.bits, self.group)
+
+    @property
+    def tag(self) -> str:
+        return f"int4g{self.group}" if self.bits == 4 else f"int8g{self.group}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Match:
+    x: Any
+    weight: Any  # the Relax argument
+    transposed: bool
+    rows: int
+    k: int
+    n: int
+    shape: list[int]
+
+
+def _match(call: Any, params: set[Any], bound: Callable[[Any], Any]) -> _Match | str:
+    """The weight matmul ``call`` is, or why it is not one the kernel takes."""
+    from tvm import relax
+
+    w, transposed = call.args[1], False
+    if op_name(bound(w)) == "relax.permute_dims" and len(static_shape(w) or []) == 2:
+        w, transposed = bound(w).args[0], True
+    if not isinstance(w, relax.Var) or w not in params:
+        return "the right operand is not a weight argument"
+    shape, w_shape = static_shape(call.args[0]), static_shape(w)
+    if shape is None or w_shape is None or len(w_shape) != 2:
+        return "not a static [.., K] x 2-D weight"
+    if str(call.args[0].ty.dtype) != "float32" or str(w.ty.dtype) != "float32":
+        return "not float32"
+    k, n = (w_shape[1], w_shape[0]) if transposed else (w_shape[0], w_shape[1])
+    if shape[-1] != k:
+        return "not a [.., K] x [K, N] matmul"
+    return _Match(call.args[0], w, transposed, int(np.prod(shape[:-1])), k, n, shape)
+
+
+def weight_only_matmuls(
+    mod: Any, read: Callable[[str], np.ndarray], fmt: WeightOnlyFormat, vnni: bool, cpu: str
+) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]]:
+    """``mod`` with the weight matmuls on the packed kernel, the packed arrays by argument name, the report.
+
+    ``read(name)`` is a weight argument's float value (read once per weight, only if it is taken).
+    """
+    from tvm import relax
+    from tvm.relax import PyExprMutator, expr_functor
+
+    packed: dict[str, np.ndarray] = {}
+    taken: dict[str, str] = {}
+    skipped: Counter[str] = Counter()
+    calls: Counter[str] = Counter()
+    kernels: dict[str, Any] = {}
+
+    @expr_functor.mutator
+    class _Mutator(PyExprMutator):  # type: ignore[misc]
+        params: set[Any] = set()
+        added: dict[str, Any] = {}
+
+        def bound(self, expr: Any) -> Any:
+            return self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+
+        def argument(self, name: str, value: np.ndarray) -> Any:
+            if name not in self.added:
+                self.added[name] = relax.Var(name, relax.TensorType(value.shape, str(value.dtype)))
+            return self.added[name]
+
+        def visit_call_(self, call: Any) -> Any:
+            call = super().visit_call_(call)
+            if op_name(call) != "relax.matmul":
+                return call
+            match = _match(call, self.params, self.bound)
+            why = match if isinstance(match, str) else kernel.supports(match.k, match.n, fmt.bits, fmt.group)
+            if isinstance(match, str) or why:
+                skipped[str(why)] += 1
+                return call
+            if not vnni:
+                skipped[f"target {cpu} has no avx512vnni"] += 1
+                return call
+            return self.rewrite(match)
+
+        def rewrite(self, m: _Match) -> Any:
+            base = f"{m.weight.name}{'.t' if m.transposed else ''}.{fmt.tag}"
+            if f"{base}.q" not in packed:
+                w = read(m.weight.name)
+                packed[f"{base}.q"], packed[f"{base}.s"] = kernel.pack(w if m.transposed else w.T, fmt.bits, fmt.group)
+            taken[m.weight.name] = f"[{m.k}, {m.n}]{' (read transposed)' if m.transposed else ''}"
+            calls[m.weight.name] += 1
+            q = self.argument(f"{base}.q", packed[f"{base}.q"])
+            s = self.argument(f"{base}.s", packed[f"{base}.s"])
+            name = f"weight_only_{fmt.tag}_{m.rows}x{m.k}x{m.n}"
+            if name not in kernels:
+                func = kernel.weight_only_matmul(m.rows, m.k, m.n, fmt.bits, fmt.group)
+                kernels[name] = self.builder_.add_func(func.with_attr("global_symbol", name), name)
+            flat = self.builder_.emit(relax.op.reshape(m.x, (m.rows, m.k)))
+            out_type = relax.TensorType((m.rows, m.n), "float32")
+            out = self.builder_.emit(relax.call_tir(kernels[name], [flat, q, s], out_type))
+            return relax.op.reshape(out, (*m.shape[:-1], m.n))
+
+    mutator = _Mutator(mod)
+    for gv, func in relax_functions(mod):
+        mutator.params = set(func.params)
+        mutator.added = {}
+        new = mutator.visit_expr(func)
+        mutator.builder_.update_func(gv, _with_arguments(new, list(mutator.added.values())))
+    mod = mutator.builder_.get()
+    report = _report(fmt, taken, calls, skipped, packed)
+    return mod, packed, report
+
+
+def _with_arguments(func: Any, added: list[Any]) -> Any:
+    """``func`` taking ``added`` after its arguments, less the weight arguments its body no longer reads."""
+    from tvm import relax
+
+    if not added:
+        return func
+    used = set(relax.analysis.free_vars(func.body))
+    inputs = int(func.attrs["num_input"]) if func.attrs and "num_input" in func.attrs else 0
+    params = list(func.params[:inputs]) + [p for p in func.params[inputs:] if p in used] + added
+    return relax.Function(params, func.body, func.ret_ty, func.is_pure, func.attrs)
+
+
+def _report(
+    fmt: WeightOnlyFormat, taken: dict[str, str], calls: Counter[str], skipped: Counter[str], packed: dict[str, Any]
+) -> dict[str, Any]:
+    """Which weights were packed (``[K, N]``) and the calls they serve, and why each other matmul was not."""
+    return {
+        "bits": fmt.bits,
+        "block_size": fmt.group,
+        "scales": "per group of block_size along K" if fmt.bits == 4 else "per output channel",
+        "activations": "int8, a scale per block_size along K, quantized per call",
+        "weights_taken": dict(sorted(taken.items())),
+        "matmuls_taken": sum(calls.values()),
+        "matmuls_skipped": dict(skipped),
+        "packed_mb": round(sum(a.nbytes for a in packed.values()) / 2**20, 3),
+    }

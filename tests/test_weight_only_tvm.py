@@ -1,0 +1,176 @@
+"""Weight-only int4 / int8 on tvm text-generation builds: packing, the VNNI kernel against numpy, the build."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aotforge
+from aotforge.core.errors import OptionsError
+from aotforge.targets.tvm.kernels import weight_only as wo
+from tests.test_generative import MAX_SEQ, PROMPTS
+
+FORMATS = [(4, 32), (4, 64), (4, 128), (8, 32)]
+ROWS = (1, 3, 8)
+
+
+def _host_has_vnni() -> bool:
+    import tvm
+    from tvm.target.codegen import target_has_features
+
+    from aotforge.targets.tvm.options import TvmOptions, target_dict
+
+    return bool(target_has_features("avx512vnni", tvm.target.Target(target_dict(TvmOptions()))))
+
+
+needs_vnni = pytest.mark.skipif(not _host_has_vnni(), reason="the packed kernel runs on AVX-512 VNNI only")
+
+
+@pytest.mark.parametrize(("bits", "group"), FORMATS)
+def test_packing_round_trips(bits: int, group: int) -> None:
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((48, 256)).astype(np.float32)  # [N, K]
+    w[3, :group] = 0.0  # an all-zero group keeps a usable scale
+    packed, scales = wo.pack(w, bits, group)
+    assert (packed.shape, scales.shape) == wo.packed_shapes(256, 48, bits, group)
+    back = wo.unpack(packed, scales, bits, group)
+    if bits == 4:
+        q, s = wo.quantize_int4(w, group)
+        assert q.min() >= -8 and q.max() <= 7
+        expected = (q.reshape(48, -1, group) * s[:, :, None]).reshape(48, 256)
+        step = np.repeat(s, group, axis=1)
+    else:
+        q, s = wo.quantize_int8(w)
+        assert q.min() >= -127 and q.max() <= 127
+        expected, step = q * s[:, None], np.broadcast_to(s[:, None], w.shape)
+    np.testing.assert_array_equal(back, expected.astype(np.float32))
+    # round to nearest: within half a step (int4: a whole one where the far side clips at +7)
+    assert np.all(np.abs(back - w) <= np.abs(step) * (1.0 if bits == 4 else 0.5) + 1e-6)
+    assert np.all(back[3, :group] == 0)
+    # the packed bytes are what they say: repacking the dequantized weight gives the same bytes
+    again, _ = wo.pack(back, bits, group)
+    np.testing.assert_array_equal(again, packed)
+
+
+def test_refusals() -> None:
+    from aotforge.targets.tvm.rewrites.weight_only import WeightOnlyFormat
+
+    for bits, group in ((4, 16), (4, 256), (4, 48), (3, 32)):
+        with pytest.raises(OptionsError, match="tvm weight-only"):
+            WeightOnlyFormat(bits, group)
+    assert wo.supports(576, 500, 4, 32) == "N=500 is not a multiple of 16"
+    assert wo.supports(576, 1536, 4, 128) == "K=576 is not a multiple of the group 128"
+    assert wo.supports(576, 1536, 8, 64) == ""
+    with pytest.raises(ValueError, match="multiple of 16"):
+        wo.pack(np.zeros((20, 64), np.float32), 4, 32)
+    with pytest.raises(ValueError, match="group 64"):
+        wo.pack(np.zeros((16, 96), np.float32), 4, 64)
+
+
+@needs_vnni
+@pytest.mark.parametrize(("bits", "group"), FORMATS)
+def test_kernel_matches_numpy(bits: int, group: int) -> None:
+    """Decode rows (1, 3) and a prefill tile (8): the kernel equals its numpy model, fp32 within the format's error."""
+    import tvm
+
+    from aotforge.targets.tvm.options import TvmOptions, target_dict
+
+    k, n = 256, 96
+    rng = np.random.default_rng(2)
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    packed, scales = wo.pack(w, bits, group)
+    funcs = {
+        f"m{m}": wo.weight_only_matmul(m, k, n, bits, group).with_attr("global_symbol", f"m{m}") for m in (1, 3, 8)
+    }
+    lib = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(target_dict(TvmOptions()))).jit()
+    for m in ROWS:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        x[0, :group] = 0.0  # an all-zero activation block
+        out = tvm.runtime.tensor(np.zeros((m, n), np.float32))
+        lib[f"m{m}"](tvm.runtime.tensor(x), tvm.runtime.tensor(packed), tvm.runtime.tensor(scales), out)
+        np.testing.assert_allclose(out.numpy(), wo.reference(x, packed, scales, bits, group), rtol=1e-5, atol=1e-5)
+        exact = x @ w.T
+        rel = np.linalg.norm(out.numpy() - exact) / np.linalg.norm(exact)
+        assert rel < (0.15 if bits == 4 else 0.02), rel
+
+
+def _tied_llama(directory: Path) -> Path:
+    """A tied-head tiny Llama whose vocabulary (512) the kernel takes, so the head is packed too."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(
+        vocab_size=512,
+        initializer_range=0.05,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    tf.LlamaForCausalLM(config).eval().save_pretrained(directory)
+    return directory
+
+
+@needs_vnni
+def test_tiny_llama_int4_through_tvm(tmp_path: Path) -> None:
+    """--passes weight-only on tvm: every projection and the tied head packed, the embedding lookup kept float;
+    the build validates (token agreement vs transformers fp32, reported) and generates."""
+    model = _tied_llama(tmp_path / "llama")
+    result = aotforge.build(
+        model,
+        target="tvm",
+        task="text-generation",
+        out=tmp_path / "out",
+        bench=False,
+        max_seq_len=MAX_SEQ,
+        max_batch=2,
+        passes=["weight-only"],
+        pass_params={"weight-only": {"bits": 4, "block_size": 32}},
+        tolerance=1.0,
+        min_token_agreement=0.0,
+        target_options={"buckets": ("prompt=16/64",)},
+    )
+    report = result.manifest.target.info["generative"]["weight_only"]
+    taken = report["weights_taken"]
+    assert len(taken) == 2 * 7 + 1, taken  # q, k, v, o, gate, up, down per layer + the head
+    assert any("(read transposed)" in v for v in taken.values())
+    assert report["matmuls_skipped"] == {"the right operand is not a weight argument": 12}  # attention
+    (entry,) = result.manifest.passes
+    assert entry["name"] == "weight-only" and entry["params"]["bits"] == 4 and entry["stats"] == report
+    agreement = result.manifest.validation["token_agreement"]
+    print(f"int4 g32 token agreement vs fp32: {agreement}")
+    info = json.loads((result.path / "tvm_generative.json").read_text())
+    assert {w["file"] for w in info["weights"].values()} == {"weights.data", "tvm_weights.data"}
+    floats = [w for w in info["weights"].values() if w["file"] == "weights.data"]
+    assert [w["shape"] for w in floats if len(w["shape"]) == 2] == [[512, 64]]  # the embedding, for its lookup
+    out = aotforge.load(result.path).generate(np.array([PROMPTS[0]]), 5)
+    assert out.shape == (1, len(PROMPTS[0]) + 5)
+
+
+def test_refused_before_export(tmp_path: Path) -> None:
+    from tests.llm_models import tiny_causal_lm
+
+    model: Any = tiny_causal_lm("llama")
+    for params, match in (
+        ({"block_size": 16}, "block_size is one of 32, 64, 128"),
+        ({"symmetric": False}, "symmetric"),
+        ({"accuracy_level": 1}, "accuracy_level"),
+    ):
+        with pytest.raises(OptionsError, match=match):
+            aotforge.build(
+                model,
+                target="tvm",
+                task="text-generation",
+                out=tmp_path,
+                bench=False,
+                max_seq_len=MAX_SEQ,
+                passes=["weight-only"],
+                pass_params={"weight-only": params},
+            )
