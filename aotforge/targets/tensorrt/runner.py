@@ -217,6 +217,7 @@ class TrtStepEngine:
         self.caches: tuple[list[Any], list[Any]] = ([], [])
         self._current = 0  # which of the two caches holds the sequence so far
         self._logits: Any = None
+        self._steps: dict[str, Any] = {}
         self._batch = 0
 
     def start(self, batch: int, prompt_len: int) -> None:
@@ -230,10 +231,16 @@ class TrtStepEngine:
         )  # type: ignore[assignment]
         self._current, self._batch = 0, batch
         self._logits = torch.empty((batch, spec.vocab), dtype=torch.float32, device="cuda")
-        context = self.contexts["decode"]
-        for name in ("input_ids", "position_ids"):
-            self._set_shape(context, name, (batch, 1))
-        self._set_shape(context, "write_pos", (batch,))
+        context, dtypes = self.contexts["decode"], self.dtypes["decode"]
+        # The decode engine's token inputs, bound once: each step copies into them.
+        self._steps = {
+            "input_ids": torch.empty((batch, 1), dtype=dtypes["input_ids"], device="cuda"),
+            "position_ids": torch.empty((batch, 1), dtype=dtypes["position_ids"], device="cuda"),
+            "write_pos": torch.empty((batch,), dtype=dtypes["write_pos"], device="cuda"),
+        }
+        for name, tensor in self._steps.items():
+            self._set_shape(context, name, tuple(tensor.shape))
+            context.set_tensor_address(name, tensor.data_ptr())
         for name in self._past:
             self._set_shape(context, name, shape)
         context.set_tensor_address("logits", self._logits.data_ptr())
@@ -274,9 +281,8 @@ class TrtStepEngine:
         feeds = {"input_ids": input_ids, "position_ids": positions[:, None], "write_pos": positions}
         read, write = self.caches[self._current], self.caches[1 - self._current]
         with torch.cuda.stream(self.stream):
-            keep = [to_torch(np.ascontiguousarray(a), dtypes[n]).to("cuda") for n, a in feeds.items()]
-            for name, tensor in zip(feeds, keep, strict=True):
-                context.set_tensor_address(name, tensor.data_ptr())
+            for name, array in feeds.items():
+                self._steps[name].copy_(to_torch(np.ascontiguousarray(array), dtypes[name]))
             for past, present, src, dst in zip(self._past, self._present, read, write, strict=True):
                 context.set_tensor_address(past, src.data_ptr())
                 context.set_tensor_address(present, dst.data_ptr())
