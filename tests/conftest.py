@@ -14,6 +14,7 @@ import pytest
 from aotforge.compiler.api import BuildResult, build
 from aotforge.compiler.benchmark import BenchOptions
 from aotforge.targets import get_target
+from tests.lm_pair import LmPair, trained_pair
 
 warnings.filterwarnings("ignore")
 
@@ -31,6 +32,13 @@ def quick_build(model: Any, out: Path, **overrides: Any) -> BuildResult:
     overrides.setdefault("bench_options", FAST_BENCH)
     overrides.setdefault("plots", False)  # matplotlib costs ~1 s a build; tests/test_model_card.py draws them
     return build(model, out=out, **overrides)
+
+
+@pytest.fixture(scope="session")
+def lm_pair() -> LmPair:
+    """The trained target + draft Llama pair (``tests/lm_pair.py``): trained once, then loaded from its cache."""
+
+    return trained_pair()
 
 
 @pytest.fixture(params=CPU_TARGETS)

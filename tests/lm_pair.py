@@ -1,0 +1,282 @@
+"""A trained Llama pair (target + smaller draft) on real English that ships with Python, made here.
+
+No weights are downloaded: :func:`trained_pair` trains both models with torch on the CPU from a fixed
+recipe (seeded, 2 threads) on stdlib module sources (docstrings, comments and code), holds out other
+modules for perplexity, and caches the result under ``~/.cache/aotforge-tests/lm-pair-<key>``, the key
+a hash of the recipe, the training text and the torch / transformers versions. A cold run trains in
+about 2 minutes on 2 cores; a warm one loads in well under a second. Concurrent callers (several
+pytest processes) wait on a file lock instead of training twice.
+
+The vocabulary is bytes: ids 0-255 are the UTF-8 bytes, then ``BOS``, ``EOS``, ``PAD`` and reserved
+ids up to ``VOCAB`` (264, a multiple of 8). :func:`encode` / :func:`decode` convert text.
+The target's LM head is untied, the draft's is tied to its embedding, so one pair covers both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+import sysconfig
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+VOCAB = 264
+BOS, EOS, PAD = 256, 257, 258
+
+#: Stdlib modules the models learn from, and the ones they never see (the held-out text).
+TRAIN_MODULES = (
+    "argparse", "difflib", "functools", "collections/__init__", "dataclasses", "enum", "pathlib",
+    "shutil", "tempfile", "logging/__init__", "csv", "calendar", "statistics", "random", "queue",
+    "contextlib", "copy", "pprint", "weakref", "inspect", "threading", "subprocess", "doctest",
+    "optparse", "gettext", "configparser", "tokenize", "codecs", "pickle", "shlex", "timeit",
+    "trace", "base64", "selectors", "ipaddress", "platform", "traceback", "pkgutil", "bdb",
+    "filecmp", "fileinput", "gzip", "mimetypes", "os", "posixpath", "runpy", "types",
+)  # fmt: skip
+HELDOUT_MODULES = ("textwrap", "heapq", "fractions", "string")
+HELDOUT_CHARS = 16384
+
+#: Everything that decides the weights; its hash (with the text and library versions) keys the cache.
+RECIPE: dict[str, Any] = {
+    "version": 1,
+    "seed": 0,
+    # One thread: on a shared 2-core machine two OpenMP threads spin at every barrier while the other is
+    # descheduled (a 500-step run took over 40 min under load 12); one thread took 260 ms a step at load 4.
+    "threads": 1,
+    "seq_len": 256,
+    "batch": 16,
+    "lr": 3e-3,
+    "warmup": 30,
+    "weight_decay": 0.01,
+    "target": {
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": False,
+        "steps": 500,
+    },
+    "draft": {
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "tie_word_embeddings": True,
+        "steps": 400,
+    },
+}
+#: The window held-out perplexity is measured over (non-overlapping; each window scores its last N-1 tokens).
+PPL_WINDOW = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class LmPair:
+    target_dir: Path
+    draft_dir: Path
+    heldout_text: str
+    train_text: str
+    target_ppl: float
+    draft_ppl: float
+    #: How the pair was made: the recipe, each model's parameter count and training seconds (cold run).
+    meta: dict[str, Any]
+
+
+def encode(text: str, bos: bool = False) -> list[int]:
+    return ([BOS] if bos else []) + list(text.encode("utf-8"))
+
+
+def decode(ids: list[int]) -> str:
+    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def byte_tokenizer() -> Any:
+    """A transformers tokenizer whose ids are the UTF-8 bytes (what ``encode`` gives), saved beside the weights.
+
+    ``tokenizers``' ByteLevel pre-tokenizer maps each byte to one printable character (GPT-2's table),
+    split into single characters, each looked up in a word-level vocabulary that maps it back to its byte."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    shifted = [b for b in range(256) if b not in printable]
+    chars = {b: chr(b) for b in printable} | {b: chr(256 + n) for n, b in enumerate(shifted)}
+    vocab = {chars[b]: b for b in range(256)} | {"<s>": BOS, "</s>": EOS, "<pad>": PAD}
+    vocab |= {f"<reserved_{i}>": i for i in range(PAD + 1, VOCAB)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False), pre_tokenizers.Split("", "isolated")]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def corpus() -> tuple[str, str]:
+    """``(train_text, heldout_text)`` from the running Python's stdlib sources, in a fixed order."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+
+    def read(modules: tuple[str, ...]) -> str:
+        return "\n".join((stdlib / f"{m}.py").read_text(encoding="utf-8") for m in modules)
+
+    return read(TRAIN_MODULES), read(HELDOUT_MODULES)[:HELDOUT_CHARS]
+
+
+def cache_key(train_text: str, heldout_text: str) -> str:
+    import torch
+    import transformers
+
+    blob = json.dumps(
+        {"recipe": RECIPE, "torch": torch.__version__, "transformers": transformers.__version__}, sort_keys=True
+    )
+    digest = hashlib.sha256(blob.encode())
+    digest.update(hashlib.sha256(train_text.encode()).digest())
+    digest.update(hashlib.sha256(heldout_text.encode()).digest())
+    return digest.hexdigest()[:16]
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "aotforge-tests"
+
+
+def trained_pair(cache_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> LmPair:
+    """The pair, trained on first use and loaded from ``cache_dir`` afterwards."""
+    train_text, heldout_text = corpus()
+    root = (cache_dir or default_cache_dir()) / f"lm-pair-{cache_key(train_text, heldout_text)}"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process training the same pair: wait for it
+        if not (root / "meta.json").is_file():
+            _train_into(root, train_text, heldout_text, progress)
+    meta = json.loads((root / "meta.json").read_text())
+    return LmPair(
+        target_dir=root / "target",
+        draft_dir=root / "draft",
+        heldout_text=heldout_text,
+        train_text=train_text,
+        target_ppl=meta["target"]["heldout_ppl"],
+        draft_ppl=meta["draft"]["heldout_ppl"],
+        meta=meta,
+    )
+
+
+def _train_into(root: Path, train_text: str, heldout_text: str, progress: Callable[[str], None] | None) -> None:
+    tmp = root.with_name(f"{root.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    meta: dict[str, Any] = {"recipe": RECIPE, "heldout_modules": HELDOUT_MODULES, "ppl_window": PPL_WINDOW}
+    for role in ("target", "draft"):
+        started = time.perf_counter()
+        model = train_model(role, train_text, progress)
+        seconds = time.perf_counter() - started
+        model.save_pretrained(tmp / role)
+        byte_tokenizer().save_pretrained(tmp / role)
+        meta[role] = {
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "train_seconds": round(seconds, 1),
+            "heldout_ppl": round(torch_perplexity(model, encode(heldout_text)), 4),
+        }
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(root, ignore_errors=True)
+    tmp.rename(root)
+
+
+def llama_config(role: str) -> Any:
+    import transformers as tf
+
+    shape = {k: v for k, v in RECIPE[role].items() if k != "steps"}
+    return tf.LlamaConfig(
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        **shape,
+    )
+
+
+def train_model(role: str, train_text: str, progress: Callable[[str], None] | None = None) -> Any:
+    """One model trained from scratch on next-byte prediction (AdamW, warmup then cosine decay)."""
+    import numpy as np
+    import torch
+    import transformers as tf
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(RECIPE["threads"])
+    try:
+        torch.manual_seed(RECIPE["seed"])
+        model = tf.LlamaForCausalLM(llama_config(role)).train()
+        data = torch.tensor(np.frombuffer(train_text.encode("utf-8"), dtype=np.uint8).astype(np.int64))
+        rng = np.random.default_rng(RECIPE["seed"])
+        steps, seq, batch = RECIPE[role]["steps"], RECIPE["seq_len"], RECIPE["batch"]
+        optim = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=RECIPE["weight_decay"])
+        warmup = RECIPE["warmup"]
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optim,
+            lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)),
+        )
+        for step in range(steps):
+            if progress is not None and step % 50 == 0:
+                progress(f"{role}: step {step}/{steps}")
+            starts = rng.integers(0, len(data) - seq - 1, size=batch)
+            ids = torch.stack([data[s : s + seq] for s in starts])
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # AMX / AVX512-BF16 matmuls: ~8x fp32 here
+                loss = model(input_ids=ids, labels=ids).loss
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optim.step()
+            schedule.step()
+        return model.eval()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def torch_perplexity(model: Any, ids: list[int], window: int = PPL_WINDOW) -> float:
+    """exp(mean next-token NLL) over non-overlapping ``window``-token slices (each scores its last N-1)."""
+    import torch
+
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for start in range(0, len(ids), window):
+            chunk = ids[start : start + window]
+            if len(chunk) < 2:
+                continue
+            x = torch.tensor([chunk])
+            logits = model(input_ids=x).logits[0, :-1].float()
+            total += float(torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum"))
+            count += len(chunk) - 1
+    return math.exp(total / count)
+
+
+def greedy_acceptance(target: Any, draft: Any, prompt: list[int], new_tokens: int, k: int = 4) -> dict[str, float]:
+    """Greedy speculative decoding in plain torch (no caches): the fraction of draft proposals the target keeps.
+
+    Each round the draft proposes ``k`` tokens greedily, the target scores them in one forward pass,
+    the longest agreeing prefix is kept plus the target's own next token."""
+    import torch
+
+    ids = list(prompt)
+    proposed = accepted = rounds = 0
+    with torch.inference_mode():
+        while len(ids) - len(prompt) < new_tokens:
+            guess = list(ids)
+            for _ in range(k):
+                guess.append(int(draft(input_ids=torch.tensor([guess])).logits[0, -1].argmax()))
+            logits = target(input_ids=torch.tensor([guess])).logits[0]
+            want = logits[len(ids) - 1 :].argmax(-1).tolist()  # the target's choice after each prefix
+            n = 0
+            while n < k and guess[len(ids) + n] == want[n]:
+                n += 1
+            ids += guess[len(ids) : len(ids) + n] + [want[n]]
+            proposed, accepted, rounds = proposed + k, accepted + n, rounds + 1
+    return {
+        "acceptance_rate": accepted / proposed,
+        "tokens_per_round": (len(ids) - len(prompt)) / rounds,
+        "rounds": rounds,
+    }
