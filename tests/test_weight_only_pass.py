@@ -20,7 +20,9 @@ def test_weight_only_packs_matmul_weights_within_tolerance(bits: int, tolerance:
     expected = run(model, feeds)[0]
     (record,) = run_passes(model, [make_pass("weight-only", {"bits": str(bits)})])
     stats = record.stats
-    assert stats["nodes_quantized"] == 1 and op_counts(model) == {"MatMulNBits": 1}  # fc1; fc2 is a Gemm
+    # fc1 is a MatMul, fc2 a Gemm with a bias: both taken, fc2 as MatMulNBits + Add.
+    assert stats["nodes_quantized"] == 2 and op_counts(model) == {"MatMulNBits": 2}
+    assert stats["taken"] == ["fc1", "fc2"] and stats["not_taken"] == {}
     assert stats["weight_mb_after"] < stats["weight_mb_before"]
     assert rel_l2(run(model, feeds)[0], expected) < tolerance
 
@@ -28,7 +30,7 @@ def test_weight_only_packs_matmul_weights_within_tolerance(bits: int, tolerance:
 def test_weight_only_skips_a_graph_without_constant_matmul_weights() -> None:
     model = elementwise()
     (record,) = run_passes(model, [make_pass("weight-only")])
-    assert record.stats["skipped"] == "no MatMul with a constant 2-D weight"
+    assert record.stats["skipped"] == "no MatMul or Gemm with a constant 2-D weight"
 
 
 def test_weight_only_is_idempotent_and_exclusions_must_name_nodes() -> None:
@@ -38,8 +40,12 @@ def test_weight_only_is_idempotent_and_exclusions_must_name_nodes() -> None:
     assert again.stats["skipped"] == "already quantized"
     with pytest.raises(PassFailedError, match="names no node"):
         run_passes(mlp(), [make_pass("weight-only", {"nodes_to_exclude": "fc9"})])
-    (kept,) = run_passes(mlp(), [make_pass("weight-only", {"nodes_to_exclude": "fc1"})])
-    assert kept.stats["skipped"] == "no MatMul with a constant 2-D weight"
+    model = mlp()
+    (kept,) = run_passes(model, [make_pass("weight-only", {"nodes_to_exclude": "fc1"})])
+    assert kept.stats["taken"] == ["fc2"] and kept.stats["not_taken"] == {"fc1": "excluded (nodes_to_exclude)"}
+    assert [n.op_type for n in model.graph if n.name == "fc1"] == ["MatMul"]
+    (both,) = run_passes(mlp(), [make_pass("weight-only", {"nodes_to_exclude": "fc1,fc2"})])
+    assert both.stats["skipped"] == "no MatMul or Gemm with a constant 2-D weight"
 
 
 def test_weight_only_parameters_are_validated() -> None:

@@ -1,17 +1,20 @@
-"""Weight-only INT4 / INT8: MatMul weights stored blockwise in ``com.microsoft.MatMulNBits``.
+"""Weight-only INT4 / INT8: MatMul and Gemm weights stored blockwise in ``com.microsoft.MatMulNBits``.
 
 Activations stay float, so nothing needs calibrating; what shrinks is the weight (4 or 8 bits
 plus one scale per ``block_size`` values along K), which is what memory-bound decoders and large
 embeddings want. ONNX Runtime's ``MatMulNBitsQuantizer`` does the work (round-to-nearest,
 ``DEFAULT`` algorithm). MatMulNBits is an ONNX Runtime contrib op: other targets refuse this
-pass at planning time (``passes.CONTRIB_OP_PASSES``).
+pass at planning time (``passes.CONTRIB_OP_PASSES``). The stats name each MatMul / Gemm taken and
+why each other one was not (``survey``): a decoder's LM head is a Gemm, tied to the embedding or not.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
+import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes
 
@@ -39,16 +42,76 @@ class QuantizeWeightOnlyParams:
             raise OptionsError(f"pass weight-only: accuracy_level is 0-4, got {self.accuracy_level}")
 
 
-def _candidates(model: ir.Model, exclude: tuple[str, ...]) -> list[str]:
-    """MatMuls whose weight is a constant 2-D matrix: the only ones MatMulNBits replaces."""
-    names = []
+def _weight_shape(node: ir.Node) -> tuple[object, ...] | None:
+    """The shape of ``node``'s constant weight (input 1), or None when it is computed at run time."""
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    if weight is None or weight.const_value is None:
+        return None
+    return tuple(weight.const_value.shape)
+
+
+def _gemm_refusal(node: ir.Node) -> str | None:
+    """Why a Gemm cannot become ``MatMul(A, B) + C`` with a constant 2-D B (None: it can)."""
+    attrs = node.attributes
+    if attrs.get_int("transA", 0) or attrs.get_float("alpha", 1.0) != 1.0:
+        return "Gemm with transA or alpha != 1"
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    if bias is not None and (bias.const_value is None or attrs.get_float("beta", 1.0) != 1.0):
+        return "Gemm whose bias is computed at run time or scaled (beta != 1)"
+    return None
+
+
+def survey(model: ir.Model, exclude: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """Which MatMul / Gemm nodes MatMulNBits can replace, and why each of the others cannot.
+
+    A Gemm (``torch.nn.Linear`` of a 2-D activation, a decoder's LM head, tied or not) is taken as
+    ``MatMul`` against its constant weight (transposed at compile time when ``transB``) plus its bias."""
+    taken: list[str] = []
+    not_taken: dict[str, str] = {}
     for node in model.graph:
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or str(node.name) in exclude:
+        if node.op_type not in ("MatMul", "Gemm") or node.domain not in ("", "ai.onnx"):
             continue
+        name, shape = str(node.name), _weight_shape(node)
+        reason = _gemm_refusal(node) if node.op_type == "Gemm" else None
+        if name in exclude:
+            reason = "excluded (nodes_to_exclude)"
+        elif shape is None:
+            reason = "weight computed at run time (activation x activation)"
+        elif len(shape) != 2:
+            reason = f"weight of rank {len(shape)}, not a 2-D matrix"
+        if reason is None:
+            taken.append(name)
+        else:
+            not_taken[name] = reason
+    return taken, not_taken
+
+
+def gemms_as_matmuls(model: ir.Model, names: list[str]) -> None:
+    """Rewrite the named Gemms as ``MatMul(A, B or B^T)`` (+ ``Add(C)``), the MatMul keeping the Gemm's name."""
+    graph = model.graph
+    for node in [n for n in graph if n.op_type == "Gemm" and str(n.name) in names]:
         weight = node.inputs[1]
-        if weight is not None and weight.const_value is not None and len(weight.const_value.shape) == 2:
-            names.append(str(node.name))
-    return names
+        assert weight is not None and weight.const_value is not None
+        array = weight.const_value.numpy()
+        if node.attributes.get_int("transB", 0):
+            array = np.ascontiguousarray(array.T)
+        name = f"{weight.name}_kn" if f"{weight.name}_kn" not in graph.initializers else f"{node.name}_weight_kn"
+        matrix = ir.Value(
+            name=name,
+            shape=ir.Shape(array.shape),
+            type=ir.TensorType(weight.const_value.dtype),
+            const_value=ir.tensor(array, name=name),
+        )
+        graph.register_initializer(matrix)
+        new = [ir.node("MatMul", [node.inputs[0], matrix], name=str(node.name))]
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if bias is not None:
+            new.append(ir.node("Add", [new[0].outputs[0], bias], name=f"{node.name}_bias"))
+        ir.convenience.replace_nodes_and_values(graph, node, [node], new, [node.outputs[0]], [new[-1].outputs[0]])
+        if (
+            not weight.uses() and weight.name is not None and weight.name in graph.initializers
+        ):  # a tied head: the embedding still reads it
+            del graph.initializers[weight.name]
 
 
 class QuantizeWeightOnlyPass(GraphPass):
@@ -61,12 +124,13 @@ class QuantizeWeightOnlyPass(GraphPass):
         unknown = sorted(set(p.nodes_to_exclude) - {str(n.name) for n in model.graph})
         if unknown:
             raise OptionsError(f"pass weight-only: nodes_to_exclude names no node of the graph: {', '.join(unknown)}")
-        candidates = _candidates(model, p.nodes_to_exclude)
+        candidates, not_taken = survey(model, p.nodes_to_exclude)
         if op_counts(model) or not candidates:
-            reason = "already quantized" if op_counts(model) else "no MatMul with a constant 2-D weight"
+            reason = "already quantized" if op_counts(model) else "no MatMul or Gemm with a constant 2-D weight"
             self.stats = {"nodes_quantized": 0, "skipped": reason}
             return onnx_ir.passes.PassResult(model, modified=False)
         float_bytes = sum(_weight_bytes(model, n) for n in candidates)
+        gemms_as_matmuls(model, candidates)
 
         def quantize(src: Path, dst: Path) -> None:
             import logging
@@ -90,6 +154,8 @@ class QuantizeWeightOnlyPass(GraphPass):
         quantize_through_files(model, quantize)
         packed = [n for n in model.graph if n.op_type == "MatMulNBits"]
         packed_bytes = sum(_packed_bytes(n) for n in packed)
+        taken = sorted(set(candidates) & {_source_name(n) for n in packed})
+        not_taken |= {n: "left float by the quantizer" for n in candidates if n not in taken}
         self.stats = {
             "nodes_quantized": len(packed),
             "candidates": len(candidates),
@@ -98,6 +164,8 @@ class QuantizeWeightOnlyPass(GraphPass):
             "weight_mb_before": round(float_bytes / 2**20, 3),
             "weight_mb_after": round(packed_bytes / 2**20, 3),
             "excluded": list(p.nodes_to_exclude),
+            "taken": taken,
+            "not_taken": dict(sorted(not_taken.items())),
         }
         return onnx_ir.passes.PassResult(model, modified=bool(packed))
 
@@ -107,6 +175,11 @@ def _weight_bytes(model: ir.Model, node_name: str) -> int:
     weight = node.inputs[1]
     assert weight is not None and weight.const_value is not None
     return int(weight.const_value.nbytes)
+
+
+def _source_name(node: ir.Node) -> str:
+    """The MatMul a MatMulNBits node replaced (ORT's quantizer names it ``<matmul>_Q<bits>``)."""
+    return re.sub(r"_Q[48]$", "", str(node.name))
 
 
 def _packed_bytes(node: ir.Node) -> int:

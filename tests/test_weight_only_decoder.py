@@ -1,0 +1,98 @@
+"""Weight-only int4 / int8 on decoders (onnxruntime): the LM head (a Gemm, tied or untied) is taken, the
+manifest names what was taken and why not the rest; quality gates on the trained pair are slow tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from aotforge.passes import make_pass
+from aotforge.passes.manager import run_passes
+from aotforge.passes.ort_quantization import op_counts
+from tests.llm_models import tiny_causal_lm
+from tests.pass_models import _finish, run
+
+VOCAB, HIDDEN = 96, 64
+
+
+def tied_lm(bias: bool = False) -> ir.Model:
+    """ids -> Gather(embed) -> Gemm(h, embed, transB=1) -> logits: the shape of a tied LM head."""
+    rng = np.random.default_rng(0)
+    embed = numpy_helper.from_array((rng.standard_normal((VOCAB, HIDDEN)) * 0.3).astype(np.float32), "embed")
+    inits = [embed]
+    gemm_inputs = ["h", "embed"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(VOCAB).astype(np.float32), "head_bias"))
+        gemm_inputs.append("head_bias")
+    nodes = [
+        helper.make_node("Gather", ["embed", "ids"], ["h"], name="embedding"),
+        helper.make_node("Gemm", gemm_inputs, ["logits"], name="lm_head", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [5])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [5, VOCAB])],
+        inits,
+    )
+    return _finish(graph)
+
+
+def _producer(model: ir.Model, output: str) -> ir.Node:
+    value = next(v for v in model.graph.outputs if v.name == output)
+    node = value.producer()
+    assert node is not None
+    return node
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(("bits", "block", "tolerance"), [(4, 32, 0.15), (8, 64, 0.01)])
+def test_tied_head_is_taken_and_the_embedding_stays_float(bits: int, block: int, tolerance: float, bias: bool) -> None:
+    model = tied_lm(bias)
+    feeds = {"ids": np.array([0, 5, 17, 42, 95], dtype=np.int64)}
+    expected = run(model, feeds)[0]
+    (record,) = run_passes(model, [make_pass("weight-only", {"bits": str(bits), "block_size": str(block)})])
+    assert record.stats["taken"] == ["lm_head"] and record.stats["not_taken"] == {}
+    head = _producer(model, "logits")
+    assert head.op_type == ("Add" if bias else "MatMulNBits")
+    gather = next(n for n in model.graph if n.op_type == "Gather")
+    assert gather.inputs[0] is not None and gather.inputs[0].name == "embed"  # the tied embedding is still fp32
+    assert op_counts(model) == {"MatMulNBits": 1}
+    got = run(model, feeds)[0]
+    assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < tolerance
+
+
+def test_a_gemm_it_cannot_take_is_reported_with_its_reason() -> None:
+    model = tied_lm()
+    head = next(n for n in model.graph if n.op_type == "Gemm")
+    head.attributes["alpha"] = ir.AttrFloat32("alpha", 0.5)
+    (record,) = run_passes(model, [make_pass("weight-only")])
+    assert record.stats["skipped"] == "no MatMul or Gemm with a constant 2-D weight"
+    assert op_counts(model) == {} and head.op_type == "Gemm"
+
+
+@pytest.fixture(scope="module", params=["llama", "llama-tied"])
+def decoder_graphs(request: pytest.FixtureRequest) -> tuple[str, ir.Model, ir.Model]:
+    from aotforge.compiler.generative.export import decoder_spec, export_graphs
+
+    model = tiny_causal_lm(request.param)
+    prefill, decode = export_graphs(model, decoder_spec(model, 32, 1), "tiny", decode_attention="gqa")
+    return str(request.param), prefill, decode
+
+
+def test_both_decoder_graphs_take_every_linear_and_the_head(decoder_graphs: tuple[str, ir.Model, ir.Model]) -> None:
+    """Every projection and the LM head of the exported graphs becomes MatMulNBits; in prefill only the
+    attention's activation x activation MatMuls stay, each named with its reason."""
+    arch, prefill, decode = decoder_graphs
+    for name, graph in (("prefill", prefill), ("decode", decode)):
+        graph = ir.from_proto(ir.to_proto(graph))  # a copy: the fixture serves both checks
+        head = _producer(graph, "logits")
+        (record,) = run_passes(graph, [make_pass("weight-only", {"block_size": "32"})])
+        stats = record.stats
+        assert str(head.name) in stats["taken"], (arch, name)
+        assert _producer(graph, "logits").op_type == "MatMulNBits"
+        # 2 layers x (q, k, v, o, gate, up, down) + the head
+        assert stats["nodes_quantized"] == len(stats["taken"]) == 2 * 7 + 1, (arch, name, stats)
+        assert set(stats["not_taken"].values()) <= {"weight computed at run time (activation x activation)"}
