@@ -271,13 +271,16 @@ def test_neuron_bundle_finishes_through_a_stand_in_sdk(
     monkeypatch.setattr(sdk, "versions", lambda: {"torch-neuronx": "stand-in"})
     monkeypatch.setattr(sdk, "host_instance_type", lambda: "inf2.xlarge")
     monkeypatch.setattr(sdk, "load_traced", lambda path: traced[Path(path).name])
-    result = finish(gpt2_neuron_bundle, tmp_path, bench=False)
-    m = result.manifest
-    assert m.validation["passed"] and m.validation["token_agreement"] == 1.0
+    done = CliRunner().invoke(main, ["finish", str(gpt2_neuron_bundle), "--out", str(tmp_path), "--no-bench"])
+    assert done.exit_code == 0, done.output
+    assert "greedy token agreement 100.0%" in done.stderr
+    loaded = aotforge.load(done.stdout.strip().splitlines()[-1])
+    m = loaded.manifest
+    assert m.validation["passed"] and m.validation["token_agreement"] == 1.0 and m.benchmark is None
     files = {g["file"] for g in m.target.info["graphs"]}
     assert len(files) == 6 and files <= set(m.files) and files == set(traced)
     assert not any(f.startswith("model/") for f in m.files)  # the source weights stay in the bundle
-    _token_exact(aotforge.load(result.path), tiny_causal_lm("gpt2"))
+    _token_exact(loaded, tiny_causal_lm("gpt2"))
 
 
 def test_neuron_bucket_engine_is_token_exact_against_transformers() -> None:
