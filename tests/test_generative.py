@@ -177,6 +177,29 @@ def test_cli_generate(llama_ort: Any) -> None:
     assert no_text.exit_code != 0 and "no tokenizer" in no_text.output
 
 
+def test_cli_perplexity_equals_torch_on_the_same_windows(llama_ort: Any, tmp_path: Path) -> None:
+    """``aotforge perplexity`` (prefill + decode steps, windows batched) == torch's full-sequence forward."""
+    from aotforge.core.errors import EXIT_VALIDATION
+    from tests.lm_pair import torch_perplexity
+
+    ids = np.random.default_rng(1).integers(0, VOCAB, size=150).tolist()
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)))
+    runner, path = CliRunner(), str(llama_ort.path)
+    ran = runner.invoke(main, ["perplexity", path, "--ids-file", str(tmp_path / "ids.txt"), "--window", "40", "--json"])
+    assert ran.exit_code == 0, ran.output
+    got = json.loads(ran.output)
+    assert (got["windows"], got["scored_tokens"]) == (4, 3 * 39 + 29)
+    want = torch_perplexity(tiny_causal_lm("llama"), ids, window=40)
+    assert got["perplexity"] == pytest.approx(want, rel=1e-4)
+    gate = ["perplexity", path, "--ids-file", str(tmp_path / "ids.txt"), "--max-perplexity", "1.5"]
+    gated = runner.invoke(main, gate)
+    assert gated.exit_code == EXIT_VALIDATION and "above --max-perplexity 1.5" in gated.output, gated.output
+    too_wide = runner.invoke(main, ["perplexity", path, "--ids-file", str(tmp_path / "ids.txt"), "--window", "66"])
+    assert too_wide.exit_code != 0 and "use a window of 2 to 65" in too_wide.output
+    no_text = runner.invoke(main, ["perplexity", path, "--text-file", str(tmp_path / "ids.txt")])
+    assert no_text.exit_code != 0 and "no tokenizer" in no_text.output
+
+
 @pytest.mark.slow
 def test_cli_compile(tmp_path: Path) -> None:
     model_dir = save_tiny_causal_lm("llama-tied", tmp_path / "tied")

@@ -76,6 +76,10 @@ class LoadedArtifact:
         check_draft(self.manifest, draft.manifest)
         return {**kwargs, "draft": draft._generative()}
 
+    def perplexity(self, input_ids: np.ndarray, window: int | None = None) -> Any:
+        """Perplexity of token ids under the artifact (a text-generation artifact; ``generative.perplexity``)."""
+        return self._generative().perplexity(input_ids, window)
+
     def _generative(self) -> Any:
         if not hasattr(self._runner, "generate"):
             raise InputSpecError(

@@ -23,6 +23,7 @@ COMMANDS = (
     artifact.run,
     bench.bench,
     generate.generate,
+    generate.perplexity,
     integrity.keygen,
     integrity.sign,
     integrity.verify,

@@ -82,3 +82,70 @@ def _tokenizer(artifact: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(artifact), local_files_only=True)
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option(
+    "--text-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Text, tokenized by the artifact's tokenizer.",
+)
+@click.option(
+    "--ids-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Token ids instead: whitespace- or comma-separated integers.",
+)
+@click.option(
+    "--window", type=click.IntRange(min=2), help="Tokens per window (default: the artifact's max_seq_len + 1)."
+)
+@click.option("--max-tokens", type=click.IntRange(min=2), help="Score only the first N tokens.")
+@click.option("--max-perplexity", type=float, help="Exit with the validation status if the perplexity is above this.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@user_errors
+def perplexity(
+    artifact: Path,
+    text_file: Path | None,
+    ids_file: Path | None,
+    window: int | None,
+    max_tokens: int | None,
+    max_perplexity: float | None,
+    as_json: bool,
+) -> None:
+    """Perplexity of a text under a text-generation ARTIFACT (through its prefill and decode graphs).
+
+    Score the same text with the fp32 artifact and a quantized one to gate the quantization."""
+    import json
+
+    import numpy as np
+
+    from aotforge.artifacts.loader import load
+    from aotforge.core.errors import ValidationFailedError
+
+    if (text_file is None) == (ids_file is None):
+        raise click.BadParameter("give exactly one of --text-file and --ids-file", param_hint="--text-file")
+    if text_file is not None:
+        ids = list(_tokenizer(artifact)(text_file.read_text(encoding="utf-8"))["input_ids"])
+    else:
+        ids = _read_ids(Path(str(ids_file)))
+    ids = ids[:max_tokens] if max_tokens else ids
+    result = load(artifact).perplexity(np.array(ids, dtype=np.int64), window)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), sort_keys=True))
+    else:
+        click.echo(
+            f"perplexity {result.perplexity:.4f} (mean NLL {result.nll:.4f} nats) over {result.scored_tokens} tokens "
+            f"in {result.windows} windows of {result.window}, {result.seconds:.1f} s"
+        )
+    if max_perplexity is not None and result.perplexity > max_perplexity:
+        raise ValidationFailedError(
+            f"{artifact}: perplexity {result.perplexity:.4f} is above --max-perplexity {max_perplexity:g}"
+        )
+
+
+def _read_ids(path: Path) -> list[int]:
+    text = path.read_text(encoding="utf-8").replace(",", " ")
+    try:
+        return [int(t) for t in text.split()]
+    except ValueError:
+        raise InputSpecError(f"{path} holds something other than integer token ids: use --text-file for text") from None

@@ -10,6 +10,7 @@ import numpy as np
 from aotforge.core.errors import InputSpecError
 from aotforge.targets.base import Arrays
 from aotforge.targets.generative.decoding import StepEngine, generate_tokens, stream_tokens
+from aotforge.targets.generative.perplexity import Perplexity, perplexity
 from aotforge.targets.generative.sampling import SamplingOptions
 from aotforge.targets.generative.speculative import stream_speculative
 
@@ -98,3 +99,7 @@ class GenerativeRunner:
             eos_token_id,
             self.speculative_stats,
         )
+
+    def perplexity(self, input_ids: np.ndarray, window: int | None = None) -> Perplexity:
+        """Perplexity of a token sequence, in non-overlapping windows (default ``max_seq_len + 1`` tokens)."""
+        return perplexity(self.engine, input_ids, window)
