@@ -246,12 +246,8 @@ def test_neuron_bundle_lays_out_nxdi_buckets_and_runs_them_on_cpu(
         assert done.exit_code == 5, done.output
 
 
-def test_neuron_bundle_finishes_through_a_stand_in_sdk(
-    gpt2_neuron_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``finish`` for neuron with the four torch-neuronx calls stood in by torch on CPU: every bucket is
-    traced with its example inputs, the artifact holds one file per bucket, validates token for token
-    against the references in the bundle, and loads and generates through ``aotforge.load``."""
+def _stand_in_neuron_sdk(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """torch-neuronx's calls stood in by torch on CPU; returns the "traced" modules by file name."""
     import torch
 
     from aotforge.targets.base import ProbeResult
@@ -271,6 +267,16 @@ def test_neuron_bundle_finishes_through_a_stand_in_sdk(
     monkeypatch.setattr(sdk, "versions", lambda: {"torch-neuronx": "stand-in"})
     monkeypatch.setattr(sdk, "host_instance_type", lambda: "inf2.xlarge")
     monkeypatch.setattr(sdk, "load_traced", lambda path: traced[Path(path).name])
+    return traced
+
+
+def test_neuron_bundle_finishes_through_a_stand_in_sdk(
+    gpt2_neuron_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``finish`` for neuron with the four torch-neuronx calls stood in by torch on CPU: every bucket is
+    traced with its example inputs, the artifact holds one file per bucket, validates token for token
+    against the references in the bundle, and loads and generates through ``aotforge.load``."""
+    traced = _stand_in_neuron_sdk(monkeypatch)
     done = CliRunner().invoke(main, ["finish", str(gpt2_neuron_bundle), "--out", str(tmp_path), "--no-bench"])
     assert done.exit_code == 0, done.output
     assert "greedy token agreement 100.0%" in done.stderr
@@ -380,3 +386,25 @@ def test_tensorrt_bundle_finishes_on_the_gpu_host(trt_bundle: Path, tmp_path: Pa
 @pytest.mark.neuron
 def test_neuron_text_generation_end_to_end(llama_dir: Path, tmp_path: Path) -> None:
     _device_build("neuron", llama_dir, tmp_path)
+
+
+def test_direct_neuron_build_prepares_and_finishes_in_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a host whose probe passes (stood in), a direct build is the bundle's two halves: no bundle is left."""
+    traced = _stand_in_neuron_sdk(monkeypatch)
+    model_dir = save_tiny_causal_lm("gpt2", tmp_path / "gpt2")
+    result = aotforge.build(
+        str(model_dir),
+        target="neuron",
+        task="text-generation",
+        out=tmp_path / "out",
+        max_seq_len=16,
+        max_batch=1,
+        bench=False,
+        plots=False,
+    )
+    m = result.manifest
+    assert m.validation["passed"] and m.validation["token_agreement"] == 1.0
+    assert sorted(traced) == ["context_encoding.b1-p16.neuron.pt", "token_generation.b1-c16.neuron.pt"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpt2"]  # no bundle or temp dir left

@@ -84,7 +84,8 @@ def build_bundled(model: Any, opts: BuildOptions, say: Progress) -> BuildResult:
     opts.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="aotforge-bundle-", dir=opts.out) as tmp:
         prepared = prepare_generative(model, dataclasses.replace(opts, out=Path(tmp)), say, cpu_check=False)
-        return finish_generative(prepared.path, read_bundle(prepared.path), opts.out, bench=opts.bench, progress=say)
+        data = read_bundle(prepared.path)
+        return finish_generative(prepared.path, data, opts.out, bench=opts.bench, progress=say, plots=opts.plots)
 
 
 def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_check: bool) -> BuildResult:
@@ -254,6 +255,7 @@ def finish_generative(
     bench: bool | None = None,
     progress: Progress | None = None,
     worker: Mapping[str, Any] | None = None,
+    plots: bool = True,
 ) -> BuildResult:
     """Compile a checked text-generation bundle (``compiler.bundle.read_bundle``), validate it token for token
     against the references it carries, benchmark, and store the artifact."""
@@ -282,7 +284,7 @@ def finish_generative(
         )
     prompts, references = _load_references(path, int(data["validation"]["prompts"]))
     draft = data["manifest_draft"]
-    place = place_artifact(out, draft["name"], draft["version"], name)
+    place = place_artifact(out, draft["name"], draft["version"], name, plots=plots)
     with staging_dir(out) as stage:
         for rel in data["files"]:
             if rel != VALIDATION_NPZ:
