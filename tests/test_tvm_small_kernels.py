@@ -106,3 +106,56 @@ def test_short_odd_softmax_rows_are_vectorized_and_exact() -> None:
     tvm.compile(mod, target=target)(tvm.runtime.tensor(data), out)
     e = np.exp(data - data.max(-1, keepdims=True))
     np.testing.assert_allclose(out.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def _run(func: Any, target: Any, *arrays: np.ndarray, out_shape: tuple[int, ...]) -> tuple[str, np.ndarray]:
+    """``func`` scheduled by the default rules and run on ``arrays``: its TIR and its output."""
+    from aotforge.targets.tvm.schedules import apply_default_schedules
+
+    with target:
+        mod, _ = apply_default_schedules(tvm.IRModule({"main": func}))
+    out = tvm.runtime.tensor(np.zeros(out_shape, np.float32))
+    tvm.compile(mod, target=target)(*(tvm.runtime.tensor(a) for a in arrays), out)
+    return str(mod["main"].script()), out.numpy()
+
+
+@pytest.mark.parametrize("keys", [37, 77])
+def test_scores_over_keys_no_wide_vector_divides_are_padded_to_full_vectors_and_exact(keys: int) -> None:
+    """Q @ K^T + mask over 37 (ViT) or 77 (CLIP text) keys: the key axis padded to a multiple of
+    16 and vectorized 16 wide, where it ran scalar."""
+    from tvm import te
+
+    q, kt = te.placeholder((3, keys, 64), name="Q"), te.placeholder((3, 64, keys), name="KT")
+    mask = te.placeholder((keys, keys), name="M")
+    r = te.reduce_axis((0, 64), name="r")
+    s = te.compute((3, keys, keys), lambda h, i, j: te.sum(q[h, i, r] * kt[h, r, j], axis=r), name="S")
+    func = te.create_prim_func([q, kt, mask, te.compute(s.shape, lambda h, i, j: s[h, i, j] + mask[i, j])])
+    g = np.random.default_rng(0)
+    a, b = g.standard_normal((3, keys, 64)).astype(np.float32), g.standard_normal((3, 64, keys)).astype(np.float32)
+    m = g.standard_normal((keys, keys)).astype(np.float32)
+    script, got = _run(func, _target(), a, b, m, out_shape=(3, keys, keys))
+    assert "T.vectorized(16)" in script and "T.vectorized(1)" not in script
+    np.testing.assert_allclose(got, a @ b + m, rtol=1e-5, atol=1e-4)
+
+
+def test_transposes_vectorize_only_the_innermost_axis_and_are_exact() -> None:
+    """K^T of a 37-token head split ([37, 192] -> [3, 64, 37]): no 16-lane vector across output
+    rows (a per-lane division and modulo); a contiguous elementwise op is still one fused vector loop."""
+    from tvm import te
+
+    x = te.placeholder((37, 192), name="x")
+    kt = te.compute((3, 64, 37), lambda h, d, t: x[t, h * 64 + d] * 0.125, name="KT")
+    data = np.random.default_rng(0).standard_normal((37, 192)).astype(np.float32)
+    script, got = _run(te.create_prim_func([x, kt]), _target(), data, out_shape=(3, 64, 37))
+    assert "T.vectorized" not in script
+    np.testing.assert_array_equal(got, data.reshape(37, 3, 64).transpose(1, 2, 0) * np.float32(0.125))
+
+    y = te.placeholder((64, 37), name="y")
+    script, got = _run(
+        te.create_prim_func([y, te.compute((64, 37), lambda i, j: y[i, j] * 2.0)]),
+        _target(),
+        data[:, :64].T.copy(),
+        out_shape=(64, 37),
+    )
+    assert "T.vectorized(16)" in script  # 2368 elements in one run
+    np.testing.assert_array_equal(got, data[:, :64].T * 2)

@@ -12,7 +12,8 @@ One rule covers every PrimFunc whose single reduction block is a sum of products
   elementwise epilogue (bias, residual add, activation);
 - tile sizes are divisors of the extents, so no tail predicate ever reaches a vector loop
   (an ``N`` with no divisor among the vector widths gets narrower vectors, down to scalars);
-  an ``i`` extent with no divisor from 4 to 8 (a prime token count) is padded to 8-row tiles.
+  an ``i`` extent with no divisor from 4 to 8 (a prime token count) is padded to 8-row tiles,
+  and a ``j`` extent only narrow vectors divide (attention over 37 or 77 keys) to full vectors.
 
 Producers that would put ``if_then_else`` into the inner loop (padding) stay separate loop
 nests and get an injective schedule. Anything else the rule cannot handle returns ``None``.
@@ -195,20 +196,36 @@ def _i_tile(m: int) -> int:
 
     A prime ``m`` (ViT's 37 tokens: 36 patches + CLS) would otherwise get 1-row tiles, which
     load the weight panel once per row (ViT: ~8x slower matmuls); the ragged tile is padded
-    (``_pad_rows``).
+    (``_pad``).
     """
     ti = _largest_divisor(m, TILE_I)
     return TILE_I if ti < TILE_I // 2 and m > TILE_I else ti
 
 
-def _pad_rows(sch: s_tir.Schedule, mm: _Matmul, ti: int) -> bool:
-    """Pad the i extent to a multiple of ``ti`` (zero-filled copies of the operands that use i).
+def _pad_columns(n: int) -> int:
+    """The vector-axis extent to pad ``n`` to (``n`` itself when no padding is worth it).
+
+    An ``n`` only narrow vectors divide (attention scores over 37 or 77 keys: scalar code at
+    ~30 GFLOP/s) is padded to a multiple of the full width, a few zero columns being cheaper than
+    4x-16x narrower vectors.
+    """
+    if n <= VECTOR or _vector_width(n) >= 8:
+        return n
+    return -(-n // VECTOR) * VECTOR
+
+
+def _pad(sch: s_tir.Schedule, mm: _Matmul, ti: int, pad_i: bool, pad_j: bool) -> bool:
+    """Pad the i extent to a multiple of ``ti`` and / or the j extent to a multiple of the vector
+    width (zero-filled copies of the operands that use them).
 
     A row test in the k loop instead would keep the accumulators out of registers. False when
     the block is not an einsum (a convolution's ``h * stride + kh``).
     """
     padding = [1] * len(sch.get(mm.block).iter_vars)
-    padding[mm.i] = ti
+    if pad_i:
+        padding[mm.i] = ti
+    if pad_j:
+        padding[mm.j] = VECTOR
     try:
         sch.pad_einsum(mm.block, padding)
     except Exception:  # a schedule error leaves the function as it was
@@ -216,11 +233,12 @@ def _pad_rows(sch: s_tir.Schedule, mm: _Matmul, ti: int) -> bool:
     return True
 
 
-def _inline_neighbours(sch: s_tir.Schedule, infos: list[Any], mm: _Matmul, ti: int) -> tuple[Any, list[Any], int]:
-    """The local accumulator's write-back block, the blocks left separate, and the i tile.
+def _inline_neighbours(sch: s_tir.Schedule, infos: list[Any], mm: _Matmul, ti: int) -> tuple[Any, list[Any], int, int]:
+    """The local accumulator's write-back block, the blocks left separate, the i tile and the j extent.
 
     Producers are inlined when harmless, else kept as their own (scheduled) loop nests. A ragged
-    i tile pads the rows, or falls back to a divisor tile. The accumulator goes to a local tile
+    i tile pads the rows, or falls back to a divisor tile; a j extent without a wide vector width
+    pads the columns (``_pad_columns``). The accumulator goes to a local tile
     whose write-back carries the elementwise epilogue: intermediate epilogue blocks are inlined
     into their consumers first (a value used twice, as in GELU's x * erf(x), is then recomputed),
     so only the last one reads the accumulator and can be merged into the write-back.
@@ -237,11 +255,15 @@ def _inline_neighbours(sch: s_tir.Schedule, infos: list[Any], mm: _Matmul, ti: i
         except Exception:
             separate.append(b)
     epilogue = [info.block_rv for info in infos[at + 1 :]]
-    padded = mm.i >= 0 and mm.m % ti != 0 and _pad_rows(sch, mm, ti)
+    pad_i = mm.i >= 0 and mm.m % ti != 0
+    n = _pad_columns(mm.n)
+    padded = (pad_i or n != mm.n) and _pad(sch, mm, ti, pad_i, n != mm.n)
+    if not padded:
+        n = mm.n
     if padded:
         separate += list(sch.get_producers(red))
         epilogue = list(sch.get_consumers(red)) + epilogue  # the copy of the real rows comes first
-    elif mm.i >= 0 and mm.m % ti:
+    elif pad_i:
         ti = _largest_divisor(mm.m, TILE_I)
     writeback = sch.cache_write(red, 0, "local")
     for b in epilogue[:-1]:
@@ -258,7 +280,7 @@ def _inline_neighbours(sch: s_tir.Schedule, infos: list[Any], mm: _Matmul, ti: i
             sch.reverse_compute_inline(epilogue[-1])
         except Exception:
             separate.append(epilogue[-1])
-    return writeback, separate, ti
+    return writeback, separate, ti, n
 
 
 def _tile(sch: s_tir.Schedule, mm: _Matmul, tj: int, ti: int) -> tuple[Any, list[Any], Any, Any]:
@@ -319,9 +341,9 @@ class TiledMatmul(CpuRule):
         if infos is None or mm is None:
             return None
         ti = _i_tile(mm.m) if mm.i >= 0 else 1
-        writeback, separate, ti = _inline_neighbours(sch, infos, mm, ti)
-        vec = _vector_width(mm.n)
-        tj = _largest_divisor(mm.n, max(tile_j, vec), vec) or vec
+        writeback, separate, ti, n = _inline_neighbours(sch, infos, mm, ti)
+        vec = _vector_width(n)
+        tj = _largest_divisor(n, max(tile_j, vec), vec) or vec
         fused, r_loops, ii, ji = _tile(sch, mm, tj, ti)
         if mm.macs >= PARALLEL_MIN_MACS:
             sch.parallel(fused)
