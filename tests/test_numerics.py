@@ -63,3 +63,23 @@ def test_sequence_outputs_count_their_worst_element() -> None:
     assert m.rel_l2 == float("inf")
     (short,) = compare({"y": ref}, {"y": ref[:1]}).values()
     assert short.rel_l2 == float("inf")
+
+
+def test_a_float16_output_is_held_to_its_own_epsilon_not_a_finer_tolerance() -> None:
+    """One-ulp float16 differences (rel L2 ~5e-4) pass a 1e-4 tolerance; float32 ones of that size do not."""
+    from aotforge.compiler.validation import validate, validation_plan
+
+    ref = np.linspace(1, 2, 64).astype(np.float16)
+    off = (ref + np.float16(2**-10)).astype(np.float16)  # one ulp of [1, 2) on every element
+    plan = validation_plan("onnx", 1e-4, [{}], 0, {})
+    record = validate(lambda _: {"y": ref}, lambda _: {"y": off}, [{}], plan, model="m", target="t")
+    assert record["tolerance_by_output_dtype"] == {"y": 2**-10}
+    with pytest.raises(Exception, match="tolerance rel L2 0.0001"):
+        validate(
+            lambda _: {"y": ref.astype(np.float32)},
+            lambda _: {"y": off.astype(np.float32)},
+            [{}],
+            plan,
+            model="m",
+            target="t",
+        )

@@ -47,19 +47,54 @@ def validate(
     target: str,
 ) -> dict[str, Any]:
     """Compare ``run`` with ``reference`` on ``samples``; the manifest's validation record, or a failure."""
-    metrics = compare_many(reference, run, list(samples))
+    dtypes: dict[str, np.dtype] = {}
+
+    def recorded(sample: Arrays) -> Arrays:
+        outputs = reference(sample)
+        for name, value in outputs.items():
+            if value is not None and not isinstance(value, (list, tuple)):
+                dtypes.setdefault(name, np.asarray(value).dtype)
+        return outputs
+
+    metrics = compare_many(recorded, run, list(samples))
     tolerance = float(plan["tolerance"])
-    if not all(m.rel_l2 <= tolerance for m in metrics.values()):
-        message = failure_message(model, target, metrics, tolerance)
+    floors = {n: f for n, f in ((n, resolution(d)) for n, d in dtypes.items()) if f > tolerance}
+    if not all(m.rel_l2 <= floors.get(n, tolerance) for n, m in metrics.items()):
+        message = failure_message(model, target, metrics, tolerance, floors)
         raise ValidationFailedError(message + _source_nonfinite(reference, samples))
-    return {**plan, "metrics": {n: dataclasses.asdict(m) for n, m in metrics.items()}, "passed": True}
+    record = {**plan, "metrics": {n: dataclasses.asdict(m) for n, m in metrics.items()}, "passed": True}
+    if floors:  # outputs whose own type rounds coarser than the tolerance: held to that instead
+        record["tolerance_by_output_dtype"] = {n: float(f) for n, f in sorted(floors.items())}
+    return record
 
 
-def failure_message(model: str, target: str, metrics: Mapping[str, OutputMetrics], tolerance: float) -> str:
-    bad = {n: m for n, m in metrics.items() if not m.rel_l2 <= tolerance}
+def resolution(dtype: np.dtype) -> float:
+    """A floating dtype's epsilon (float16: 2**-10): a rel L2 tolerance finer than it only counts rounding."""
+    if dtype.kind == "f":
+        return float(np.finfo(dtype).eps)
+    if dtype.kind == "V" and dtype.type.__module__.split(".")[0] == "ml_dtypes":  # bfloat16, float8
+        import ml_dtypes
+
+        try:
+            return float(ml_dtypes.finfo(dtype).eps)
+        except (ValueError, TypeError):  # int4 and the like: compared exactly
+            return 0.0
+    return 0.0
+
+
+def failure_message(
+    model: str,
+    target: str,
+    metrics: Mapping[str, OutputMetrics],
+    tolerance: float,
+    floors: Mapping[str, float] | None = None,
+) -> str:
+    floors = floors or {}
+    bad = {n: m for n, m in metrics.items() if not m.rel_l2 <= floors.get(n, tolerance)}
     shown = "; ".join(
         f"{n}: rel L2 {m.rel_l2:.3g}, max abs {m.max_abs:.3g}, cosine {m.cosine:.6f}"
         + (f", {m.mismatched} element(s) differ where only an exact match counts" if m.mismatched else "")
+        + (f" (a {floors[n]:.3g} tolerance: its dtype's epsilon)" if n in floors else "")
         for n, m in bad.items()
     )
     head = f"{model} on {target} does not match the source model ({shown}; tolerance rel L2 {tolerance:g})"

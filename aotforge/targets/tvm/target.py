@@ -155,13 +155,31 @@ class TvmRunner:
 
     def _call(self, function: str, arrays: Any) -> list[np.ndarray]:
         # np.require, not np.ascontiguousarray: that one turns a 0-d input (a Clip bound, Trilu's k) into 1-d.
+        # float8 / 4-bit / 2-bit arrays (ml_dtypes, one value a byte) cross as their bytes: importable/narrow.py.
+        arrays = [_as_bytes(np.asarray(v)) for v in arrays]
         tensors = [self._tvm.runtime.tensor(np.require(v, requirements="C")) for v in arrays]
         try:
             result = self._vm[function](*tensors)
         except Exception as e:
             raise InputSpecError(f"tvm artifact rejected the inputs: {describe(e, last=True)}") from e
         values = [result] if hasattr(result, "numpy") else list(result)
-        return [v.numpy() for v in values]
+        return [_from_bytes(v.numpy(), spec.dtype) for v, spec in zip(values, self.io.outputs, strict=False)]
+
+
+def _as_bytes(array: np.ndarray) -> np.ndarray:
+    if array.dtype.type.__module__.split(".")[0] == "ml_dtypes" and array.dtype.itemsize == 1:
+        return array.view(np.uint8)
+    return array
+
+
+def _from_bytes(array: np.ndarray, dtype: str) -> np.ndarray:
+    if array.dtype == np.uint8 and dtype != "uint8":
+        import ml_dtypes
+
+        kind = getattr(ml_dtypes, dtype, None)
+        if kind is not None and np.dtype(kind).itemsize == 1:
+            return array.view(kind)
+    return array
 
 
 def coverage_of(model: ir.Model, io: IOSpec, options: TvmOptions) -> Any:
@@ -207,8 +225,12 @@ def _import_dynamic(model: ir.Model, io: IOSpec) -> Any:
 def _from_onnx(proto: Any, shapes: Mapping[str, list[Any]], io: IOSpec) -> Any:
     from tvm.relax.frontend.onnx import from_onnx
 
+    from aotforge.targets.tvm.importable.narrow import storage_dtype
+
     try:
-        return from_onnx(proto, shape_dict=dict(shapes), dtype_dict={s.name: s.dtype for s in io.inputs})
+        # float8 / 4-bit inputs cross as their bytes (importable/narrow.py).
+        dtypes = {s.name: storage_dtype(s.dtype) for s in io.inputs}
+        return from_onnx(proto, shape_dict=dict(shapes), dtype_dict=dtypes)
     except Exception as e:  # the Relax ONNX importer raises bare errors for unsupported ops
         raise UnsupportedModelError(
             f"tvm cannot import the IR: {describe(e, last=True)}; try --target onnxruntime"

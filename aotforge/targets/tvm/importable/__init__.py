@@ -2,6 +2,8 @@
 
 One straight line of ONNX-level steps (:func:`prepare`), each reporting what it changed:
 
+0. narrow types: float8 / 4-bit / 2-bit values that only meet casts become their bytes (uint8),
+   the casts table look-ups matching ONNX's reference (``narrow.py``);
 1. bind: every input dim to the bucket's size, then fold (onnxscript's optimizer: Shape, Size,
    Range, ConstantOfShape and shape arithmetic become constants; ``axes`` / ``pads`` computed in
    the graph too), since the importer takes many of them only as constants;
@@ -24,19 +26,23 @@ import onnx_ir as ir
 
 from aotforge.targets.tvm.importable.expand import expand_functions
 from aotforge.targets.tvm.importable.legalize import legalize, tensor_constants
+from aotforge.targets.tvm.importable.narrow import narrow_types
 from aotforge.targets.tvm.importable.support import wants_expansion
 from aotforge.targets.tvm.importable.unroll import unroll_scans
 
 
 def prepare(model: ir.Model, shapes: Mapping[str, list[Any]]) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """The IR with ``shapes`` bound, folded, legalized and expanded, as a proto; what each step did."""
-    static = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    source = ir.serde.serialize_model(model)
+    # Before the first fold: onnxscript's CastLike rule drops saturate=0, which matters for float8 only.
+    narrowed = narrow_types(source)
+    static = ir.serde.deserialize_model(source)
     for value in static.graph.inputs:
         if value.name is not None and value.name in shapes:
             value.shape = ir.Shape(shapes[value.name])
     _fold(static)
     proto = ir.serde.serialize_model(static)
-    report: dict[str, Any] = {}
+    report: dict[str, Any] = {"narrow_types": dict(narrowed)}
     for name, step in (("expanded", _expand), ("unrolled", unroll_scans), ("legalized", legalize)):
         # Each step swaps in its new node list only when it is done, so a step that breaks leaves a whole graph.
         try:
@@ -64,5 +70,4 @@ def _fold_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
 def _fold(model: ir.Model) -> None:
     from onnxscript.optimizer import optimize_ir
 
-    # onnxscript's CastLike rule drops saturate=0, which matters for float8 only: tvm refuses float8 (coverage.py).
     optimize_ir(model, onnx_shape_inference=True)

@@ -259,6 +259,119 @@ def reduce_bool(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
     ]
 
 
+def reduce_extreme_infinity(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+    """Float ReduceMax / ReduceMin whose every value is -inf / +inf (or none, an empty set) gives that infinity.
+
+    TVM starts a max reduction at the lowest finite value (a min at the highest), so a row of -inf
+    (an attention row fully masked) came out as -3.4e38. Where the result is that value and no
+    element equals it, the answer is the infinity: a second reduction of ``x == lowest`` says which.
+    """
+    if node.op_type not in ("ReduceMax", "ReduceMin"):
+        return None
+    dtype = g.dtypes.get(node.input[0])
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    if dtype not in floats:
+        return None
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    is_max = node.op_type == "ReduceMax"
+    if dtype == onnx.TensorProto.BFLOAT16:
+        import ml_dtypes
+
+        info: Any = ml_dtypes.finfo(np_dtype)
+    else:
+        info = np.finfo(np_dtype)
+    edge = np.array(info.min if is_max else info.max, np_dtype)
+    infinity = np.array(-np.inf if is_max else np.inf, np_dtype)
+    edge_name, edge_node = g.constant("reduce_edge", edge)
+    inf_name, inf_node = g.constant("reduce_inf", infinity)
+    zero, zero_node = g.constant("reduce_zero_u8", np.array(0, np.uint8))
+    out = node.output[0]
+    reduced, hits, hits8, has, at_edge, none, empty = (
+        g.fresh(f"{out}_{k}") for k in ("r", "eq", "eq_u8", "has", "at_edge", "none", "inf")
+    )
+    first = onnx.NodeProto()
+    first.CopyFrom(node)
+    first.output[0] = reduced
+    second = onnx.NodeProto()
+    second.CopyFrom(node)
+    second.name, second.op_type = "", "ReduceMax"  # any element at the edge
+    second.input[0], second.output[0] = hits8, has
+    return [
+        edge_node, inf_node, zero_node, first,
+        _node("Equal", [node.input[0], edge_name], [hits]),
+        _node("Cast", [hits], [hits8], to=onnx.TensorProto.UINT8),
+        second,
+        _node("Equal", [reduced, edge_name], [at_edge]),
+        _node("Equal", [has, zero], [none]),
+        _node("And", [at_edge, none], [empty]),
+        _node("Where", [empty, inf_name, reduced], [out]),
+    ]  # fmt: skip
+
+
+def resize_full_rank(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+    """Resize with ``axes`` or a keep_aspect_ratio_policy, as a Resize of every axis (TVM reads neither).
+
+    scales / sizes / roi over ``axes`` become full-rank constants (1, the input's size, the whole
+    range elsewhere); not_larger / not_smaller become the sizes they pick, where those sizes have
+    the ratio the policy's one scale gives (else the coordinates would differ: left alone).
+    """
+    if node.op_type != "Resize" or len(node.input) < 3:
+        return None
+    axes_attr, policy = _attr(node, "axes"), _attr(node, "keep_aspect_ratio_policy", b"stretch")
+    if axes_attr is None and policy == b"stretch":
+        return None
+    shape = g.shapes.get(node.input[0])
+    if shape is None:
+        return None
+    rank = len(shape)
+    axes = [int(a) % rank for a in (axes_attr if axes_attr is not None else range(rank))]
+    roi_name = node.input[1] if len(node.input) > 1 else ""
+    scales_name = node.input[2] if len(node.input) > 2 else ""
+    sizes_name = node.input[3] if len(node.input) > 3 else ""
+    roi = g.constants.get(roi_name) if roi_name else None
+    scales = g.constants.get(scales_name) if scales_name else None
+    sizes = g.constants.get(sizes_name) if sizes_name else None
+    if (roi_name and roi is None) or (scales_name and scales is None) or (sizes_name and sizes is None):
+        return None
+    if scales is not None and scales.size == 0:
+        scales = None
+    if sizes is not None and sizes.size == 0:
+        sizes = None
+    if (scales is None) == (sizes is None):
+        return None
+    new_inputs = [node.input[0], "", "", ""]
+    nodes: list[onnx.NodeProto] = []
+    if roi is not None and roi.size:
+        full = np.concatenate([np.zeros(rank), np.ones(rank)]).astype(roi.dtype)
+        for i, d in enumerate(axes):
+            full[d], full[rank + d] = roi[i], roi[len(axes) + i]
+        new_inputs[1], const = g.constant("resize_roi", full)
+        nodes.append(const)
+    if scales is not None:
+        if policy != b"stretch":
+            return None
+        full_scales = np.ones(rank, scales.dtype)
+        full_scales[axes] = scales.reshape(-1)
+        new_inputs[2], const = g.constant("resize_scales", full_scales)
+    else:
+        assert sizes is not None
+        full_sizes = np.array(shape, np.int64)
+        full_sizes[axes] = sizes.reshape(-1)
+        if policy != b"stretch":
+            ratios = [full_sizes[d] / shape[d] for d in axes]
+            scale = min(ratios) if policy == b"not_larger" else max(ratios)
+            full_sizes = np.array([int(scale * shape[d] + 0.5) if d in axes else shape[d] for d in range(rank)])
+            if any(full_sizes[d] / shape[d] != scale for d in axes):
+                return None
+        new_inputs[3], const = g.constant("resize_sizes", full_sizes.astype(np.int64))
+    nodes.append(const)
+    while new_inputs and not new_inputs[-1]:
+        new_inputs.pop()
+    resize = helper.make_node("Resize", new_inputs, list(node.output), name=node.name)
+    resize.attribute.extend(a for a in node.attribute if a.name not in ("axes", "keep_aspect_ratio_policy"))
+    return [*nodes, resize]
+
+
 def shift_left_out_of_range(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
     """BitShift LEFT by a negative amount or by the width or more gives 0 (ONNX reads the amount unsigned;
     LLVM's shl is undefined there)."""
@@ -292,6 +405,8 @@ RULES: tuple[Rule, ...] = (
     cum_prod,
     one_hot,
     reduce_bool,
+    reduce_extreme_infinity,
+    resize_full_rank,
     shift_left_out_of_range,
 )
 
@@ -299,7 +414,7 @@ RULES: tuple[Rule, ...] = (
 #: The ops some rule may rewrite.
 RULE_OPS = frozenset(
     ("Expand", "IsInf", "ConvTranspose", "Pow", "Sinh", "Cosh", "LpNormalization", "CumProd", "OneHot")
-    + ("ReduceMax", "ReduceMin", "BitShift")
+    + ("ReduceMax", "ReduceMin", "BitShift", "Resize")
 )
 
 

@@ -1,0 +1,303 @@
+"""float8 / 4-bit / 2-bit values carried as their bytes (uint8), their casts as table look-ups.
+
+TVM 0.27 converts float8 wrongly (infinities, NaN, saturation, -0) and its runtime holds sub-byte
+integers packed where numpy (``ml_dtypes``) holds one per byte. So, when every such value of the
+main graph only enters or leaves through a Cast / CastLike (or is a graph input, output or
+initializer), each becomes a uint8 holding the ``ml_dtypes`` byte (the runner views the arrays),
+and each cast is rewritten into ops TVM imports exactly:
+
+- from a narrow type: ``Gather(table, bits)``, the table being the 256 bytes decoded as the
+  reference decodes them (``ml_dtypes``) into the cast's target type;
+- to a narrow type (from float / float16 / bfloat16): a binary search of the value (as float32,
+  exact from those) among the float32 breakpoints where the reference's cast
+  (``onnx.reference``'s ``cast_to``: saturate, round_mode, NaN and -0 as ONNX defines them)
+  changes its byte, then ``Gather(bytes, index)``; NaN and -0 are placed by ``IsNaN`` and
+  ``1 / x < 0``.
+
+A graph where a narrow value meets any other op is left alone (the coverage check refuses it).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+T = onnx.TensorProto
+#: Element types numpy holds one per byte through ml_dtypes and TVM cannot compute with as ONNX does.
+NARROW = frozenset(
+    getattr(T, name)
+    for name in (
+        "FLOAT8E4M3FN",
+        "FLOAT8E4M3FNUZ",
+        "FLOAT8E5M2",
+        "FLOAT8E5M2FNUZ",
+        "FLOAT8E8M0",
+        "INT4",
+        "UINT4",
+        "FLOAT4E2M1",
+        "INT2",
+        "UINT2",
+    )
+    if hasattr(T, name)
+)
+#: Sources a cast to a narrow float is encoded from (each converts to float32 exactly).
+_ENCODABLE = (T.FLOAT, T.FLOAT16, T.BFLOAT16)
+_FLOAT8 = frozenset(t for t in NARROW if "FLOAT" in T.DataType.Name(t))
+_DECODE_TO = frozenset(
+    (T.FLOAT, T.FLOAT16, T.BFLOAT16, T.DOUBLE, T.INT8, T.UINT8, T.INT16, T.UINT16, T.INT32, T.UINT32)
+    + (T.INT64, T.UINT64, T.BOOL)
+)
+
+
+def narrow_types(model: onnx.ModelProto) -> Counter[str]:
+    """Rewrite ``model`` in place when every narrow value is a cast's; counts of what was rewritten."""
+    graph = model.graph
+    types = _types(model)
+    narrow = {name for name, t in types.items() if t in NARROW}
+    if not narrow:
+        return Counter()
+    produced_by_cast: set[str] = set()
+    plan: list[tuple[int, str, int, int]] = []  # node index, "decode" / "encode", source type, target type
+    for k, node in enumerate(graph.node):
+        touches = [n for n in [*node.input, *node.output] if n in narrow]
+        if not touches:
+            continue
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ("Cast", "CastLike"):
+            return Counter()
+        source = types.get(node.input[0])
+        target = _attr(node, "to") if node.op_type == "Cast" else types.get(node.input[1])
+        if source is None or target is None:
+            return Counter()
+        if source in NARROW and target not in NARROW and target in _DECODE_TO:
+            plan.append((k, "decode", source, target))
+        elif target in _FLOAT8 and source in _ENCODABLE:
+            plan.append((k, "encode", source, target))
+            produced_by_cast.add(node.output[0])
+        else:
+            return Counter()
+    inputs = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    if any(n not in inputs and n not in produced_by_cast for n in narrow):
+        return Counter()  # produced by something else (a subgraph, an op not listed): left to the coverage check
+    counts: Counter[str] = Counter()
+    nodes: list[onnx.NodeProto] = []
+    names = {n for node in graph.node for n in [*node.input, *node.output]} | inputs
+    done = {k: (how, source, target) for k, how, source, target in plan}
+    for k, node in enumerate(graph.node):
+        if k not in done:
+            nodes.append(node)
+            continue
+        how, source, target = done[k]
+        if how == "decode":
+            nodes.extend(_decode(node, source, target, names))
+        else:
+            saturate = bool(_attr(node, "saturate", 1))
+            round_mode = _attr(node, "round_mode", b"up").decode()
+            nodes.extend(_encode(node, source, target, saturate, round_mode, names))
+        counts[f"{how}_{T.DataType.Name(target if how == 'encode' else source).lower()}"] += 1
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        if value.type.tensor_type.elem_type in NARROW:
+            value.type.tensor_type.elem_type = T.UINT8
+    for k, tensor in enumerate(graph.initializer):
+        if tensor.data_type in NARROW:
+            raw = np.ascontiguousarray(numpy_helper.to_array(tensor)).view(np.uint8)
+            graph.initializer[k].CopyFrom(numpy_helper.from_array(raw, tensor.name))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return counts
+
+
+def storage_dtype(dtype: str) -> str:
+    """The numpy dtype a narrow ``ml_dtypes`` dtype name crosses the tvm runtime as (others unchanged)."""
+    import ml_dtypes
+
+    kind = getattr(ml_dtypes, dtype, None)
+    return "uint8" if kind is not None and np.dtype(kind).itemsize == 1 else dtype
+
+
+def _decode(node: onnx.NodeProto, source: int, target: int, names: set[str]) -> list[onnx.NodeProto]:
+    with np.errstate(all="ignore"):
+        table = np.arange(256, dtype=np.uint8).view(_np(source)).astype(_np(target))
+    out = node.output[0]
+    table_name, index = _fresh(names, out + "_decode_table"), _fresh(names, out + "_bits")
+    return [
+        _constant(table_name, table),
+        helper.make_node("Cast", [node.input[0]], [index], to=T.INT64),
+        helper.make_node("Gather", [table_name, index], [out], axis=0, name=node.name),
+    ]
+
+
+def _encode(
+    node: onnx.NodeProto, source: int, target: int, saturate: bool, round_mode: str, names: set[str]
+) -> list[onnx.NodeProto]:
+    bounds, codes, nan_code, zero_codes = encoding(target, saturate, round_mode)
+    out = node.output[0]
+
+    def fresh(suffix: str) -> str:
+        return _fresh(names, f"{out}_{suffix}")
+
+    nodes: list[onnx.NodeProto] = []
+    x = node.input[0]
+    if source != T.FLOAT:
+        x32 = fresh("f32")
+        nodes.append(helper.make_node("Cast", [x], [x32], to=T.FLOAT))
+        x = x32
+    # bounds[i] is the least float32 whose byte is codes[i + 1]: find i = how many bounds are <= x.
+    # below[j] = bounds[j - 1] (below[0] = -inf), so the search looks up below[candidate].
+    below = np.concatenate([[-np.inf], bounds]).astype(np.float32)
+    below_name, codes_name = fresh("bounds"), fresh("codes")
+    nodes += [_constant(below_name, below), _constant(codes_name, codes)]
+    step = len(codes) // 2
+    first_bound, hit, zero, index = fresh("first_bound"), fresh("ge"), fresh("zero"), fresh("index")
+    first = fresh("step")
+    nodes += [
+        _constant(first_bound, np.array(below[step], np.float32)),
+        _constant(first, np.array(step, np.int64)),
+        _constant(zero, np.array(0, np.int64)),
+        helper.make_node("GreaterOrEqual", [x, first_bound], [hit]),
+        helper.make_node("Where", [hit, first, zero], [index]),
+    ]
+    step //= 2
+    while step:
+        size, candidate, bound, ge, chosen = (fresh(s) for s in ("size", "candidate", "bound", "ge", "index"))
+        nodes += [
+            _constant(size, np.array(step, np.int64)),
+            helper.make_node("Add", [index, size], [candidate]),
+            helper.make_node("Gather", [below_name, candidate], [bound], axis=0),
+            helper.make_node("GreaterOrEqual", [x, bound], [ge]),
+            helper.make_node("Where", [ge, candidate, index], [chosen]),
+        ]
+        index = chosen
+        step //= 2
+    code = fresh("code")
+    nodes.append(helper.make_node("Gather", [codes_name, index], [code], axis=0))
+    negative_zero, positive_zero = zero_codes
+    if negative_zero != positive_zero:  # compares cannot tell -0 from +0: 1 / -0 = -inf can
+        zero_f, one_f, is_zero, inverse, negative, minus_zero, neg_code, placed = (
+            fresh(s) for s in ("zero_f", "one_f", "is_zero", "inverse", "negative", "minus_zero", "neg0", "signed")
+        )
+        nodes += [
+            _constant(zero_f, np.array(0, np.float32)),
+            _constant(one_f, np.array(1, np.float32)),
+            _constant(neg_code, np.array(negative_zero, np.uint8)),
+            helper.make_node("Equal", [x, zero_f], [is_zero]),
+            helper.make_node("Div", [one_f, x], [inverse]),
+            helper.make_node("Less", [inverse, zero_f], [negative]),
+            helper.make_node("And", [is_zero, negative], [minus_zero]),
+            helper.make_node("Where", [minus_zero, neg_code, code], [placed]),
+        ]
+        code = placed
+    is_nan, nan_name = fresh("is_nan"), fresh("nan_code")
+    nodes += [
+        _constant(nan_name, np.array(nan_code, np.uint8)),
+        helper.make_node("IsNaN", [x], [is_nan]),
+        helper.make_node("Where", [is_nan, nan_name, code], [out], name=node.name),
+    ]
+    return nodes
+
+
+@functools.cache
+def encoding(target: int, saturate: bool, round_mode: str) -> tuple[np.ndarray, np.ndarray, int, tuple[int, int]]:
+    """How the reference casts float32 to ``target``: (bounds, codes, NaN's byte, (-0's byte, +0's byte)).
+
+    ``bounds`` (float32, ascending, padded with +inf to 2**k - 1) are the least values whose byte
+    changes, ``codes`` (uint8, 2**k, padded with the last) the byte from each bound on. Found by
+    bisection over the float32 values in order, between consecutive values the type represents
+    (where the reference's rounding is monotone).
+    """
+
+    def cast(keys: np.ndarray) -> np.ndarray:
+        return _reference_bytes(_floats(keys), target, saturate, round_mode)
+
+    with np.errstate(all="ignore"):
+        decoded = np.arange(256, dtype=np.uint8).view(_np(target)).astype(np.float32)
+    finite = decoded[~np.isnan(decoded)]
+    ends = np.array([-np.inf, -0.0, 0.0, np.inf], np.float32)  # and mirrored values: e8m0 has no sign
+    anchors = np.unique(np.concatenate([_keys(finite), _keys(-finite), _keys(ends)]))
+    bounds: list[int] = []
+    codes = [int(cast(anchors[:1])[0])]
+    for a, b in zip(anchors[:-1], anchors[1:], strict=True):
+        lo, current = int(a), codes[-1]
+        while int(cast(np.array([b]))[0]) != current:
+            left, right = lo, int(b)  # cast(left) == current != cast(right)
+            while right - left > 1:
+                middle = (left + right) // 2
+                if int(cast(np.array([middle]))[0]) == current:
+                    left = middle
+                else:
+                    right = middle
+            current = int(cast(np.array([right]))[0])
+            bounds.append(right)
+            codes.append(current)
+            lo = right
+    size = 1 << max(1, int(np.ceil(np.log2(len(codes)))))
+    padded_bounds = np.full(size - 1, np.inf, np.float32)
+    padded_bounds[: len(bounds)] = _floats(np.array(bounds, np.int64))
+    padded_codes = np.full(size, codes[-1], np.uint8)
+    padded_codes[: len(codes)] = codes
+    nan = int(_reference_bytes(np.array([np.nan], np.float32), target, saturate, round_mode)[0])
+    zeros = _reference_bytes(np.array([-0.0, 0.0], np.float32), target, saturate, round_mode)
+    return padded_bounds, padded_codes, nan, (int(zeros[0]), int(zeros[1]))
+
+
+def _reference_bytes(x: np.ndarray, target: int, saturate: bool, round_mode: str) -> np.ndarray:
+    from onnx.reference.ops.op_cast import cast_to
+
+    with np.errstate(all="ignore"):
+        return np.asarray(cast_to(x, target, saturate, round_mode)).view(np.uint8)  # type: ignore[arg-type]
+
+
+def _keys(x: Any) -> np.ndarray:
+    """float32 values -> int64 keys in the order of the values (-0 just below +0)."""
+    bits = np.asarray(x, np.float32).reshape(-1).view(np.int32).astype(np.int64)
+    return np.where(bits < 0, -(bits & 0x7FFFFFFF) - 1, bits)
+
+
+def _floats(keys: np.ndarray) -> np.ndarray:
+    keys = np.asarray(keys, np.int64)
+    bits = np.where(keys < 0, (-(keys + 1)) | 0x80000000, keys)
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def _np(element_type: int) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(element_type))
+
+
+def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _fresh(names: set[str], base: str) -> str:
+    name, k = base, 0
+    while name in names:
+        k += 1
+        name = f"{base}_{k}"
+    names.add(name)
+    return name
+
+
+def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name))
+
+
+def _types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element types of the main graph's values (inferred where the graph does not declare them)."""
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:
+        graph = model.graph
+    types = {t.name: t.data_type for t in graph.initializer}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        if value.type.HasField("tensor_type"):
+            types.setdefault(value.name, value.type.tensor_type.elem_type)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            types.setdefault(node.output[0], node.attribute[0].t.data_type)
+    return types
