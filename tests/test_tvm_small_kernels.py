@@ -14,6 +14,7 @@ tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
 
 from aotforge.targets.tvm.pipeline import compile_relax  # noqa: E402
+from aotforge.targets.tvm.relax_util import any_call, op_name  # noqa: E402
 from aotforge.targets.tvm.rewrites.combine_matmuls import combine_matmuls  # noqa: E402
 
 
@@ -66,6 +67,9 @@ def test_combining_skips_lone_and_non_constant_matmuls_and_is_idempotent() -> No
     assert combine_matmuls(_import(_Lone(), *_inputs()))[1] is None
     once, report = combine_matmuls(_import(_Projections(32).eval(), *_inputs()))
     assert report is not None
+    # Sliced per projection, not split: each slice fuses into the kernel that reads it.
+    assert not any_call(once, lambda e: op_name(e) == "relax.split")
+    assert any_call(once, lambda e: op_name(e) == "relax.strided_slice")
     assert combine_matmuls(once)[1] is None
 
 

@@ -1,11 +1,11 @@
-"""Matmuls that share their input and have constant weights -> one matmul, split (Q/K/V).
+"""Matmuls that share their input and have constant weights -> one matmul, sliced (Q/K/V).
 
 An attention layer of every HF encoder export (``torch.onnx.export``, both exporters) projects the
 same hidden states three times: ``add(matmul(x, Wq), bq)``, the same with ``Wk``, ``Wv``. Three
 kernels of ``tokens x hidden x hidden`` each are small at ViT's 37 tokens (a fork/join and a
 weight-panel stream per kernel); one ``x @ [Wq | Wk | Wv] + [bq | bk | bv]`` has three times the
-columns for the tiled schedule, and a ``split`` whose parts fuse into the reshape / transpose
-kernels that follow each projection anyway. Numerics are unchanged: every output column is the
+columns for the tiled schedule, and one strided slice per projection that fuses into the
+reshape / transpose kernel following it. Numerics are unchanged: every output column is the
 same dot product in the same order.
 
 TVM's own ``CombineParallelMatmul`` wants the weights as function parameters; the importers give
@@ -130,7 +130,7 @@ def _mutator(groups: list[list[_Branch]]) -> Any:
         def visit_var_binding_(self, binding: Any) -> None:
             key = binding.var
             if key in later:
-                return  # bound by its group's split
+                return  # bound by its group's slices
             if key not in first:
                 super().visit_var_binding_(binding)
                 return
@@ -140,11 +140,16 @@ def _mutator(groups: list[list[_Branch]]) -> Any:
             if group[0].bias is not None:
                 bias = np.concatenate([b.bias for b in group if b.bias is not None])
                 y = self.builder_.emit(relax.op.add(y, relax.const(bias)))
-            cuts = np.cumsum([b.weight.shape[1] for b in group])[:-1].tolist()
-            parts = self.builder_.emit(relax.op.split(y, cuts, axis=-1))
-            for k, branch in enumerate(group):
-                part = self.builder_.emit(relax.TupleGetItem(parts, k))
+            # One strided slice per branch, not a split: a slice is injective and fuses into the
+            # reshape / transpose kernel that follows each projection, where a split is a kernel of
+            # its own copying every column once more (ViT: 4 kernels and 12 buffers per call).
+            axis = int(y.ty.ndim) - 1
+            start = 0
+            for branch in group:
+                stop = start + int(branch.weight.shape[1])
+                part = self.builder_.emit(relax.op.strided_slice(y, axes=[axis], begin=[start], end=[stop]))
                 self.set_var_remap(branch.out, part)
+                start = stop
 
     return _Combine
 
