@@ -205,3 +205,24 @@ def test_whole_suite_on_onnxruntime_reaches_99_percent_of_ort_alone(suite: Modul
     report = suite.run_suite(suite.collect(), "onnxruntime", tmp_path)
     assert report.ort_passes > 1500, report.ort_failures
     assert report.ratio >= 0.99, sorted(report.failures.items())
+
+
+def test_update_replaces_only_the_rerun_cases_results(suite: ModuleType) -> None:
+    """--update: a re-run case that now passes leaves the failure list and adds to its row; others stay."""
+    from types import SimpleNamespace
+
+    table = "\n".join(
+        [
+            "| op | cases ORT passes | pass through aotforge |",
+            "| Cast | 3 | 1 |",
+            "| Relu | 2 | 2 |",
+            "- `test_cast_a`: old reason",
+            "- `test_cast_b`: old reason",
+        ]
+    )
+    report = suite.Report("tvm", "constants", failures={"test_cast_b": "new reason"}, ort_failures={"test_cast_c": "x"})
+    cases = [SimpleNamespace(name=f"test_cast_{k}", model=None) for k in "abc"]
+    updated = suite.update_table(table, report, cases)
+    assert updated.families == {"Cast": [3, 2], "Relu": [2, 2]}
+    assert updated.failures == {"test_cast_b": "new reason"}
+    assert (updated.ort_passes, updated.aotforge_passes) == (5, 4)

@@ -95,6 +95,34 @@ class Report:
         return "\n".join(lines) + "\n"
 
 
+def update_table(table: str, report: Report, cases: Sequence[Any]) -> Report:
+    """The report a full run's ``table`` says, with ``cases`` (re-run as ``report``) replaced by their new results.
+
+    A case ORT fails alone is in neither; one it passes counts as failing before if the table lists it.
+    """
+    old = Report(report.target, report.variant)
+    for line in table.splitlines():
+        row = re.fullmatch(r"\| (\S+) \| (\d+) \| (\d+) \|", line.strip())
+        if row:
+            old.families[row[1]] = [int(row[2]), int(row[3])]
+        failure = re.fullmatch(r"- `([^`]+)`: (.*)", line.strip())
+        if failure:
+            old.failures[failure[1]] = failure[2]
+    for case in cases:
+        if case.name in report.ort_failures:
+            continue
+        counts = old.families.setdefault(family(case.name, case.model), [0, 0])
+        was, now = case.name not in old.failures, case.name not in report.failures
+        counts[1] += int(now) - int(was)
+        if now:
+            old.failures.pop(case.name, None)
+        else:
+            old.failures[case.name] = report.failures[case.name]
+    old.ort_passes = sum(n for n, _ in old.families.values())
+    old.aotforge_passes = sum(k for _, k in old.families.values())
+    return old
+
+
 def collect(match: str | None = None) -> list[Any]:
     """onnx's node test cases (``onnx.backend.test.case.node``), optionally those whose name matches."""
     from onnx.backend.test.case import node
@@ -377,6 +405,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shard", default="0/1", help="K/N: only every N-th case from the K-th (parallel runs)")
     parser.add_argument("--merge", type=Path, nargs="*", help="merge these --json reports instead of running")
     parser.add_argument("--table", type=Path, help="write the per-op markdown table here")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="with --table and --match: replace only the matched cases' results in the existing table",
+    )
+    parser.add_argument("--note", help="with --update: what was re-run, in words (default: the --match pattern)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     if args.merge:
@@ -398,7 +432,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(
             json.dumps({**dataclasses.asdict(report), "ratio": report.ratio}, indent=2, sort_keys=True)
         )
-    if args.table:
+    if args.table and args.update:
+        updated = update_table(args.table.read_text(), report, collect(args.match))
+        note = (
+            f"\nUpdated by re-running {args.note or f'the cases matching `{args.match}`'} ({report.cases} cases, "
+            f"{time.strftime('%Y-%m-%d', time.gmtime())}); the other rows are from the last full run.\n"
+        )
+        head, _, rest = updated.table().partition("\n\n| op")
+        notes = re.findall(r"\nUpdated by re-running .*\n", args.table.read_text())
+        args.table.write_text(head + "".join(notes) + note + "\n| op" + rest)
+    elif args.table:
         args.table.write_text(report.table())
     return 0
 
