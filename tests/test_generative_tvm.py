@@ -96,6 +96,16 @@ def test_batch_one_runs_the_smallest_decode_bucket(llama_tvm: Any) -> None:
     np.testing.assert_array_equal(one[0, 3:], artifact.generate(ids, NEW, attention_mask=mask)[1, ids.shape[1] :])
 
 
+def test_perplexity_equals_torch_on_the_same_windows(llama_tvm: Any) -> None:
+    """Scoring through tvm's prefill (a 1-token prompt in the smallest bucket) and decode buckets == torch."""
+    from tests.lm_pair import torch_perplexity
+
+    ids = np.random.default_rng(1).integers(0, 500, size=150)
+    got = aotforge.load(llama_tvm.path).perplexity(ids, window=40)
+    assert (got.windows, got.scored_tokens) == (4, 3 * 39 + 29)
+    assert got.perplexity == pytest.approx(torch_perplexity(tiny_causal_lm("llama"), ids.tolist(), 40), rel=1e-4)
+
+
 def test_buckets() -> None:
     spec = DecoderSpec(layers=2, kv_heads=2, head_dim=16, vocab=500, max_seq_len=200, max_batch=4)
     assert prompt_buckets(spec, {}) == (16, 32, 64, 128, 200)
