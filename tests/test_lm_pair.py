@@ -1,0 +1,30 @@
+"""The trained pair (tests/lm_pair.py) has learned the text: what the perplexity gates and speculative tests rely on."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.lm_pair import VOCAB, LmPair, byte_tokenizer, decode, encode, greedy_acceptance
+
+
+def test_byte_tokenizer_round_trips_utf8() -> None:
+    text = 'def héllo(x):\n    """Return ✓."""\x00\x7f'
+    tokenizer = byte_tokenizer()
+    assert tokenizer(text)["input_ids"] == encode(text) and tokenizer.decode(encode(text)) == text
+    assert decode(encode(text)) == text and len(tokenizer) == VOCAB
+
+
+@pytest.mark.slow  # trains the pair on a cold cache (about 3 min on 2 quiet cores; 28 min measured at load 12-17)
+def test_the_pair_has_learned_the_held_out_text(lm_pair: LmPair) -> None:
+    """Held-out perplexity far below the uniform 264 (target 5.28, draft 6.58 as trained here), the draft
+    worse than the target, and greedy speculation with k=4 keeping about half the draft's tokens."""
+    import transformers
+
+    assert lm_pair.target_ppl < lm_pair.draft_ppl < 10
+    assert lm_pair.target_dir.joinpath("tokenizer.json").is_file()
+    target = transformers.LlamaForCausalLM.from_pretrained(lm_pair.target_dir).eval()
+    draft = transformers.LlamaForCausalLM.from_pretrained(lm_pair.draft_dir).eval()
+    assert target.config.tie_word_embeddings is False and draft.config.tie_word_embeddings is True
+    ids = encode(lm_pair.heldout_text)
+    rates = [greedy_acceptance(target, draft, ids[o : o + 64], 64, k=4)["acceptance_rate"] for o in (0, 6000)]
+    assert min(rates) > 0.4, rates
