@@ -256,7 +256,7 @@ def speculative_models(args: argparse.Namespace) -> tuple[Path, Path, list[list[
 def build_speculative(model_dir: Path, work: Path, target: str, role: str, k: int, max_seq: int) -> str:
     import aotforge
 
-    name = f"spec-{role}-{k if role == 'target' else 0}-{max_seq}"
+    name = f"spec-{role}-{k if role == 'target' else 0}-{max_seq}-1t"
     done = sorted((work / "artifacts" / name).glob(f"*/{target}/manifest.json"), key=lambda p: int(p.parts[-3]))
     if done:
         return str(done[-1].parent)
@@ -270,7 +270,8 @@ def build_speculative(model_dir: Path, work: Path, target: str, role: str, k: in
         name=name,
         bench=False,
         speculative_k=k if role == "target" else 0,
-        target_options={"intra_op_threads": THREADS} if target == "onnxruntime" else {},
+        # One intra-op thread: models this small are per-node overhead, and a second thread spins at each node.
+        target_options={"intra_op_threads": 1} if target == "onnxruntime" else {},
     )
     return str(result.path)
 

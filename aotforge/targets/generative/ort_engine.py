@@ -83,6 +83,7 @@ class OrtStepEngine:
         self._binding: Any = None
         self._row_bindings: list[Any] = []
         self._logits = np.empty((0, spec.vocab), dtype=np.float32)
+        self._ids = self._positions = self._write_pos = np.zeros(0, dtype=np.int64)
 
     def start(self, batch: int, prompt_len: int) -> None:
         import onnxruntime as ort
@@ -94,6 +95,17 @@ class OrtStepEngine:
         self._logits = np.empty((batch, spec.vocab), dtype=np.float32)
         binding = self.decode_session.io_binding()
         binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self._logits))
+        # The step's inputs too are bound once, over buffers each step writes (a bind per input per token
+        # is a few microseconds each: a draft model's step is a few hundred).
+        self._ids = np.zeros((batch, 1), dtype=np.int64)
+        self._positions = np.zeros((batch, 1), dtype=np.int64)
+        self._write_pos = np.zeros(batch, dtype=np.int64)
+        for name, array in (
+            ("input_ids", self._ids),
+            ("position_ids", self._positions),
+            ("write_pos", self._write_pos),
+        ):
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
         for past, present, buffer in zip(self._past, self._present, self.cache, strict=True):
             value = ort.OrtValue.ortvalue_from_numpy(buffer)
             binding.bind_ortvalue_input(past, value)
@@ -120,12 +132,10 @@ class OrtStepEngine:
         return np.asarray(logits)
 
     def decode(self, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
-        binding = self._binding
-        positions = np.ascontiguousarray(write_pos, dtype=np.int64)
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
-        binding.bind_cpu_input("position_ids", positions[:, None].copy())
-        binding.bind_cpu_input("write_pos", positions)
-        self.decode_session.run_with_iobinding(binding)
+        self._ids[:] = np.reshape(input_ids, self._ids.shape)
+        self._positions[:, 0] = write_pos
+        self._write_pos[:] = write_pos
+        self.decode_session.run_with_iobinding(self._binding)
         return self._logits  # written in place by ORT
 
     def verify(self, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
