@@ -84,12 +84,17 @@ def weight_only_matmuls(
     taken: dict[str, str] = {}
     skipped: Counter[str] = Counter()
     calls: Counter[str] = Counter()
+    merged: dict[str, int] = {}
     kernels: dict[str, Any] = {}
 
     @expr_functor.mutator
     class _Mutator(PyExprMutator):  # type: ignore[misc]
         params: set[Any] = set()
         added: dict[str, Any] = {}
+        #: per input (its name): the weights multiplied by it, packed side by side into one call
+        siblings: dict[str, list[str]] = {}
+        widths: dict[str, int] = {}
+        outputs: dict[str, dict[str, Any]] = {}
 
         def bound(self, expr: Any) -> Any:
             return self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
@@ -114,32 +119,76 @@ def weight_only_matmuls(
             return self.rewrite(match)
 
         def rewrite(self, m: _Match) -> Any:
-            base = f"{m.weight.name}{'.t' if m.transposed else ''}.{fmt.tag}"
-            if f"{base}.q" not in packed:
-                w = read(m.weight.name)
-                packed[f"{base}.q"], packed[f"{base}.s"] = kernel.pack(w if m.transposed else w.T, fmt.bits, fmt.group)
+            """The kernel's call for ``m`` and its siblings (same input, one call), then ``m``'s columns of it."""
+            names = [m.weight.name] if m.transposed else self.siblings.get(str(m.x.name), [m.weight.name])
+            names = names if m.weight.name in names else [m.weight.name]
+            key = "_".join(names)
+            if key not in self.outputs:
+                self.outputs[key] = self.emit_packed(m, names, key)
             taken[m.weight.name] = f"[{m.k}, {m.n}]{' (read transposed)' if m.transposed else ''}"
             calls[m.weight.name] += 1
+            if len(names) > 1:
+                merged[key] = len(names)
+            return relax.op.reshape(self.outputs[key][m.weight.name], (*m.shape[:-1], m.n))
+
+        def emit_packed(self, m: _Match, names: list[str], key: str) -> dict[str, Any]:
+            base = f"{key}{'.t' if m.transposed else ''}.{fmt.tag}"
+            if f"{base}.q" not in packed:
+                w = read(names[0]) if m.transposed else np.concatenate([read(n) for n in names], axis=1).T
+                packed[f"{base}.q"], packed[f"{base}.s"] = kernel.pack(w, fmt.bits, fmt.group)
+            widths = [m.n] if len(names) == 1 else [self.widths[n] for n in names]
+            n = sum(widths)
             q = self.argument(f"{base}.q", packed[f"{base}.q"])
             s = self.argument(f"{base}.s", packed[f"{base}.s"])
-            name = f"weight_only_{fmt.tag}_{m.rows}x{m.k}x{m.n}"
+            name = f"weight_only_{fmt.tag}_{m.rows}x{m.k}x{n}"
             if name not in kernels:
-                func = kernel.weight_only_matmul(m.rows, m.k, m.n, fmt.bits, fmt.group)
+                func = kernel.weight_only_matmul(m.rows, m.k, n, fmt.bits, fmt.group)
                 kernels[name] = self.builder_.add_func(func.with_attr("global_symbol", name), name)
             flat = self.builder_.emit(relax.op.reshape(m.x, (m.rows, m.k)))
-            out_type = relax.TensorType((m.rows, m.n), "float32")
-            out = self.builder_.emit(relax.call_tir(kernels[name], [flat, q, s], out_type))
-            return relax.op.reshape(out, (*m.shape[:-1], m.n))
+            out = self.builder_.emit(
+                relax.call_tir(kernels[name], [flat, q, s], relax.TensorType((m.rows, n), "float32"))
+            )
+            if len(names) == 1:
+                return {names[0]: out}
+            parts = self.builder_.emit(relax.op.split(out, list(np.cumsum(widths)[:-1].tolist()), axis=1))
+            return {w: self.builder_.emit(relax.TupleGetItem(parts, i)) for i, w in enumerate(names)}
 
     mutator = _Mutator(mod)
     for gv, func in relax_functions(mod):
         mutator.params = set(func.params)
-        mutator.added = {}
+        mutator.added, mutator.outputs = {}, {}
+        mutator.siblings, mutator.widths = _siblings(func, mutator.params, fmt)
         new = mutator.visit_expr(func)
         mutator.builder_.update_func(gv, _with_arguments(new, list(mutator.added.values())))
     mod = mutator.builder_.get()
-    report = _report(fmt, taken, calls, skipped, packed)
+    report = {**_report(fmt, taken, calls, skipped, packed), "merged_calls": dict(sorted(merged.items()))}
     return mod, packed, report
+
+
+def _siblings(func: Any, params: set[Any], fmt: WeightOnlyFormat) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """The weights (in binding order) that each input of ``func`` multiplies, and each one's width N.
+
+    Q, K and V read one normalized input, as do the MLP's gate and up: their packed weights side by
+    side make one kernel call (one activation quantization, one parallel launch) instead of three or
+    two; the output is split back. Weights read transposed (a head) stay alone."""
+    from tvm import relax
+
+    values = relax.analysis.get_var2val(func)
+    groups: dict[str, list[str]] = {}
+    widths: dict[str, int] = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if op_name(call) != "relax.matmul":
+                continue
+            m = _match(call, params, lambda e: values.get(e) if isinstance(e, relax.Var) else e)
+            if isinstance(m, str) or m.transposed or kernel.supports(m.k, m.n, fmt.bits, fmt.group):
+                continue
+            members = groups.setdefault(str(m.x.name), [])
+            if m.weight.name not in members:
+                members.append(m.weight.name)
+            widths[m.weight.name] = m.n
+    return groups, widths
 
 
 def _with_arguments(func: Any, added: list[Any]) -> Any:
