@@ -109,7 +109,7 @@ def weight_only_matmuls(
             if op_name(call) != "relax.matmul":
                 return call
             match = _match(call, self.params, self.bound)
-            why = match if isinstance(match, str) else kernel.supports(match.k, match.n, fmt.bits, fmt.group)
+            why = match if isinstance(match, str) else kernel.supports(match.k, _padded(match.n), fmt.bits, fmt.group)
             if isinstance(match, str) or why:
                 skipped[str(why)] += 1
                 return call
@@ -133,11 +133,13 @@ def weight_only_matmuls(
 
         def emit_packed(self, m: _Match, names: list[str], key: str) -> dict[str, Any]:
             base = f"{key}{'.t' if m.transposed else ''}.{fmt.tag}"
+            widths = [m.n] if len(names) == 1 else [self.widths[n] for n in names]
+            width = sum(widths)
+            n = _padded(width)  # a vocabulary of 264 or 500: zero columns up to whole 16-lane blocks
             if f"{base}.q" not in packed:
                 w = read(names[0]) if m.transposed else np.concatenate([read(n) for n in names], axis=1).T
+                w = np.pad(w, ((0, n - width), (0, 0)))
                 packed[f"{base}.q"], packed[f"{base}.s"] = kernel.pack(w, fmt.bits, fmt.group)
-            widths = [m.n] if len(names) == 1 else [self.widths[n] for n in names]
-            n = sum(widths)
             q = self.argument(f"{base}.q", packed[f"{base}.q"])
             s = self.argument(f"{base}.s", packed[f"{base}.s"])
             name = f"weight_only_{fmt.tag}_{m.rows}x{m.k}x{n}"
@@ -148,6 +150,8 @@ def weight_only_matmuls(
             out = self.builder_.emit(
                 relax.call_tir(kernels[name], [flat, q, s], relax.TensorType((m.rows, n), "float32"))
             )
+            if n != width:
+                out = self.builder_.emit(relax.op.strided_slice(out, [1], [0], [width]))
             if len(names) == 1:
                 return {names[0]: out}
             parts = self.builder_.emit(relax.op.split(out, list(np.cumsum(widths)[:-1].tolist()), axis=1))
@@ -163,6 +167,10 @@ def weight_only_matmuls(
     mod = mutator.builder_.get()
     report = {**_report(fmt, taken, calls, skipped, packed), "merged_calls": dict(sorted(merged.items()))}
     return mod, packed, report
+
+
+def _padded(n: int) -> int:
+    return -(-n // kernel.LANES) * kernel.LANES
 
 
 def _siblings(func: Any, params: set[Any], fmt: WeightOnlyFormat) -> tuple[dict[str, list[str]], dict[str, int]]:
@@ -182,7 +190,7 @@ def _siblings(func: Any, params: set[Any], fmt: WeightOnlyFormat) -> tuple[dict[
             if op_name(call) != "relax.matmul":
                 continue
             m = _match(call, params, lambda e: values.get(e) if isinstance(e, relax.Var) else e)
-            if isinstance(m, str) or m.transposed or kernel.supports(m.k, m.n, fmt.bits, fmt.group):
+            if isinstance(m, str) or m.transposed or kernel.supports(m.k, _padded(m.n), fmt.bits, fmt.group):
                 continue
             members = groups.setdefault(str(m.x.name), [])
             if m.weight.name not in members:
