@@ -221,14 +221,10 @@ def weight_only_matmul(m: int, k: int, n: int, bits: int, group: int) -> Any:
                     for j in T.unroll(nb):
                         for ln in T.vectorized(LANES):
                             if bits == 4:
-                                acc[(i * nb + j) * LANES + ln] = (
-                                    acc[(i * nb + j) * LANES + ln]
-                                    + (
-                                        T.Cast("float32", dots[(i * nb + j) * LANES + ln]) * sx[tm * mt + i, b]
-                                        - cx[tm * mt + i, b]
-                                    )
-                                    * T.Cast("float32", ws[tn * nb + j, b, ln])
-                                )
+                                acc[(i * nb + j) * LANES + ln] = acc[(i * nb + j) * LANES + ln] + (
+                                    T.Cast("float32", dots[(i * nb + j) * LANES + ln]) * sx[tm * mt + i, b]
+                                    - cx[tm * mt + i, b]
+                                ) * T.Cast("float32", ws[tn * nb + j, b, ln])
                             else:
                                 acc[(i * nb + j) * LANES + ln] = (
                                     acc[(i * nb + j) * LANES + ln]
