@@ -53,6 +53,8 @@ CASES = {
     "test_resize_upsample_scales_nearest_axes_3_2": ("legalized", "resize_full_rank"),
     "test_resize_downsample_sizes_nearest_not_larger": ("legalized", "resize_full_rank"),
     "test_resize_tf_crop_and_resize_axes_3_2": ("legalized", "resize_full_rank"),
+    "test_celu_float16": ("legalized", "elu_in_float32"),
+    "test_eyelike_with_dtype": ("legalized", "eye_like_dtype"),
     "test_cast_FLOAT_to_FLOAT8E4M3FN": ("narrow_types", "encode_float8e4m3fn"),
     "test_cast_no_saturate_FLOAT16_to_FLOAT8E5M2": ("narrow_types", "encode_float8e5m2"),
     "test_castlike_no_saturate_FLOAT_to_FLOAT8E4M3FNUZ": ("narrow_types", "encode_float8e4m3fnuz"),

@@ -372,6 +372,36 @@ def resize_full_rank(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | N
     return [*nodes, resize]
 
 
+def elu_in_float32(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+    """Elu / Celu of float16 / bfloat16 / double through float32 (the importer's constants are float32)."""
+    if node.op_type not in ("Elu", "Celu"):
+        return None
+    dtype = g.dtypes.get(node.input[0])
+    if dtype not in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE):
+        return None
+    x32, y32 = g.fresh(node.input[0] + "_f32"), g.fresh(node.output[0] + "_f32")
+    op = onnx.NodeProto()
+    op.CopyFrom(node)
+    op.input[0], op.output[0] = x32, y32
+    return [
+        _node("Cast", [node.input[0]], [x32], to=onnx.TensorProto.FLOAT),
+        op,
+        _node("Cast", [y32], [node.output[0]], to=dtype),
+    ]
+
+
+def eye_like_dtype(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+    """EyeLike with a ``dtype`` other than its input's, as EyeLike then Cast (the importer wants them equal)."""
+    if node.op_type != "EyeLike":
+        return None
+    dtype, given = _attr(node, "dtype"), g.dtypes.get(node.input[0])
+    if dtype is None or given is None or dtype == given:
+        return None
+    eye = g.fresh(node.output[0] + "_eye")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name != "dtype"}
+    return [_node("EyeLike", [node.input[0]], [eye], **attrs), _node("Cast", [eye], [node.output[0]], to=dtype)]
+
+
 def shift_left_out_of_range(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
     """BitShift LEFT by a negative amount or by the width or more gives 0 (ONNX reads the amount unsigned;
     LLVM's shl is undefined there)."""
@@ -407,6 +437,8 @@ RULES: tuple[Rule, ...] = (
     reduce_bool,
     reduce_extreme_infinity,
     resize_full_rank,
+    elu_in_float32,
+    eye_like_dtype,
     shift_left_out_of_range,
 )
 
@@ -414,7 +446,7 @@ RULES: tuple[Rule, ...] = (
 #: The ops some rule may rewrite.
 RULE_OPS = frozenset(
     ("Expand", "IsInf", "ConvTranspose", "Pow", "Sinh", "Cosh", "LpNormalization", "CumProd", "OneHot")
-    + ("ReduceMax", "ReduceMin", "BitShift", "Resize")
+    + ("ReduceMax", "ReduceMin", "BitShift", "Resize", "Elu", "Celu", "EyeLike")
 )
 
 
