@@ -90,7 +90,7 @@ def stream_speculative(
     draft.prefill(packed, mask, positions)
     history = [list(row[:n]) for row, n in zip(packed.tolist(), lengths.tolist(), strict=True)]
     out: list[list[int]] = [[] for _ in range(batch)]
-    done = np.zeros(batch, dtype=bool)
+    done = [False] * batch  # Python lists and ints in the loop: at a small model's step, numpy calls add up
     yielded = 0
 
     def emit(row: int, tokens: list[int]) -> None:
@@ -105,7 +105,7 @@ def stream_speculative(
     def ready() -> Iterator[np.ndarray]:
         nonlocal yielded
         while yielded < max_new_tokens:
-            if done.all() and yielded >= max(len(o) for o in out):
+            if all(done) and yielded >= max(len(o) for o in out):
                 return  # every sequence ended: no columns of eos only
             column = []
             for row in range(batch):
@@ -126,11 +126,11 @@ def stream_speculative(
     plain = False
     try:
         while yielded < max_new_tokens and not _finished(out, done, max_new_tokens):
-            active = ~done & np.array([len(o) < max_new_tokens for o in out])
+            slots = [r for r in range(batch) if not done[r] and len(out[r]) < max_new_tokens]
             last = np.array([h[-1] for h in history], dtype=np.int64)
-            left = max(max_new_tokens - len(o) for o, a in zip(out, active, strict=True) if a)
+            left = max(max_new_tokens - len(out[r]) for r in slots)
             kk = min(k, left - 1)
-            front = int(length[active].max())
+            front = max(int(length[r]) for r in slots)
             if (
                 plain
                 or kk < 1
@@ -140,7 +140,7 @@ def stream_speculative(
                 plain = True  # the rest decodes plainly: the draft falls behind for good
                 step = sample(engine.decode(last[:, None], length))
                 counts["plain_steps"] += 1
-                for slot in np.flatnonzero(active).tolist():
+                for slot in slots:
                     emit(slot, [int(step[slot])])
                     length[slot] += 1
                 yield from ready()
@@ -159,7 +159,7 @@ def stream_speculative(
                 d_logits = draft.decode(token[:, None], length + i)
                 counts["draft_calls"] += 1
                 if greedy:
-                    token = d_logits.argmax(axis=-1).astype(np.int64)
+                    token = d_logits.argmax(axis=-1)
                 else:
                     probs = np.stack([sample.distribution(r) for r in d_logits])
                     draft_probs.append(probs)
@@ -167,7 +167,7 @@ def stream_speculative(
                 proposals[:, i] = token
             v_logits = engine.verify(np.concatenate([last[:, None], proposals], axis=1), length)
             counts["rounds"] += 1
-            for r in np.flatnonzero(active).tolist():
+            for r in slots:
                 if greedy:
                     kept, extra = _accept_greedy(proposals[r], v_logits[r])
                 else:
@@ -185,15 +185,16 @@ def stream_speculative(
             stats["acceptance_rate"] = counts["accepted"] / counts["proposed"] if counts["proposed"] else 0.0
 
 
-def _finished(out: list[list[int]], done: np.ndarray, max_new_tokens: int) -> bool:
+def _finished(out: list[list[int]], done: list[bool], max_new_tokens: int) -> bool:
     return all(d or len(o) >= max_new_tokens for o, d in zip(out, done, strict=True))
 
 
 def _accept_greedy(proposals: np.ndarray, logits: np.ndarray) -> tuple[int, int]:
     """How many proposals the target's argmax agrees with, then the target's own next token."""
-    best = logits.argmax(axis=-1)
+    best = logits.argmax(axis=-1).tolist()
+    proposed = proposals.tolist()
     kept = 0
-    while kept < proposals.shape[0] and best[kept] == proposals[kept]:
+    while kept < len(proposed) and best[kept] == proposed[kept]:
         kept += 1
     return kept, int(best[kept])
 
