@@ -439,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{time.strftime('%Y-%m-%d', time.gmtime())}); the other rows are from the last full run.\n"
         )
         head, _, rest = updated.table().partition("\n\n| op")
-        notes = re.findall(r"\nUpdated by re-running .*\n", args.table.read_text())
+        notes = [f"\n{n}" for n in re.findall(r"Updated by re-running .*", args.table.read_text())]
         args.table.write_text(head + "".join(notes) + note + "\n| op" + rest)
     elif args.table:
         args.table.write_text(report.table())
