@@ -330,8 +330,8 @@ def speculative_main(args: argparse.Namespace) -> None:
         runs += [(f"k={k}", f"run:{target}:{paths['target']['path']}|{paths['draft']['path']}|{k}") for k in ks]
         runs.append(("draft only", f"run:{target}:{paths['draft']['path']}||0"))
         rounds: dict[str, list[dict[str, Any]]] = {}
-        for _ in range(args.rounds):
-            for label, kind in runs:
+        for r in range(args.rounds):  # each round starts one run later: a load that drifts favours no run
+            for label, kind in runs[r % len(runs) :] + runs[: r % len(runs)]:
                 rounds.setdefault(label, []).append(_run(args, kind, Path(sys.executable)))
         table = {label: _median(r) for label, r in rounds.items()}
         base = table["target only"].get("tokens_per_s")
