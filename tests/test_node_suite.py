@@ -56,7 +56,6 @@ TVM_GAPS = {
     "test_onehot_with_axis": "importer: Only constant depth currently supported",
     "test_expand_dim_changed": "compile: Expand to an input shape fails ('ExternFunc' object has no attribute 'name')",
     "test_mod_float_edge_cases_fmod_0_float32": "numerics: NaN / Inf placed unlike the reference (fmod)",
-    "test_celu_bfloat16": "importer: Celu not supported",
     "test_reduce_sum_empty_axes_input_noop": "importer: Only constant axes currently supported",
     "test_tril_zero": "importer: Trilu on a zero-size tensor (The type is not populated)",
 }
