@@ -35,6 +35,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or loaded by path (tests)
+import node_suite_update  # noqa: E402
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -96,31 +99,8 @@ class Report:
 
 
 def update_table(table: str, report: Report, cases: Sequence[Any]) -> Report:
-    """The report a full run's ``table`` says, with ``cases`` (re-run as ``report``) replaced by their new results.
-
-    A case ORT fails alone is in neither; one it passes counts as failing before if the table lists it.
-    """
-    old = Report(report.target, report.variant)
-    for line in table.splitlines():
-        row = re.fullmatch(r"\| (\S+) \| (\d+) \| (\d+) \|", line.strip())
-        if row:
-            old.families[row[1]] = [int(row[2]), int(row[3])]
-        failure = re.fullmatch(r"- `([^`]+)`: (.*)", line.strip())
-        if failure:
-            old.failures[failure[1]] = failure[2]
-    for case in cases:
-        if case.name in report.ort_failures:
-            continue
-        counts = old.families.setdefault(family(case.name, case.model), [0, 0])
-        was, now = case.name not in old.failures, case.name not in report.failures
-        counts[1] += int(now) - int(was)
-        if now:
-            old.failures.pop(case.name, None)
-        else:
-            old.failures[case.name] = report.failures[case.name]
-    old.ort_passes = sum(n for n, _ in old.families.values())
-    old.aotforge_passes = sum(k for _, k in old.families.values())
-    return old
+    """``report``'s re-run ``cases`` merged into a full run's ``table`` (``node_suite_update``)."""
+    return node_suite_update.update_table(table, report, cases, family)
 
 
 def collect(match: str | None = None) -> list[Any]:
@@ -433,14 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dumps({**dataclasses.asdict(report), "ratio": report.ratio}, indent=2, sort_keys=True)
         )
     if args.table and args.update:
-        updated = update_table(args.table.read_text(), report, collect(args.match))
-        note = (
-            f"\nUpdated by re-running {args.note or f'the cases matching `{args.match}`'} ({report.cases} cases, "
-            f"{time.strftime('%Y-%m-%d', time.gmtime())}); the other rows are from the last full run.\n"
-        )
-        head, _, rest = updated.table().partition("\n\n| op")
-        notes = [f"\n{n}" for n in re.findall(r"Updated by re-running .*", args.table.read_text())]
-        args.table.write_text(head + "".join(notes) + note + "\n| op" + rest)
+        note = args.note or f"the cases matching `{args.match}`"
+        node_suite_update.write_updated(args.table, report, collect(args.match), family, note)
     elif args.table:
         args.table.write_text(report.table())
     return 0

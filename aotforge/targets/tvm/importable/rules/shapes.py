@@ -1,0 +1,68 @@
+"""Rewrites of shape ops whose shape / depth / dtype the importer reads wrongly."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from aotforge.targets.tvm.importable.rules.base import Graph, attr, make
+
+
+def expand_against_ones(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+    """Expand broadcasts both ways (a 1 in ``shape`` keeps the input's dim); TVM takes ``shape`` as the result."""
+    if node.op_type != "Expand":
+        return None
+    shape, given = g.constants.get(node.input[1]), g.shapes.get(node.input[0])
+    if shape is None or given is None:
+        return None
+    full = tuple(int(d) for d in np.broadcast_shapes(given, tuple(int(d) for d in shape)))
+    if full == tuple(int(d) for d in shape):
+        return None
+    name, const = g.constant(node.input[1] + "_broadcast", np.array(full, np.int64))
+    return [const, helper.make_node("Expand", [node.input[0], name], list(node.output), name=node.name)]
+
+
+def one_hot(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+    """OneHot with constant depth / values as Equal against a range, then Where (TVM wants int on/off values)."""
+    if node.op_type != "OneHot":
+        return None
+    depth, values = g.constants.get(node.input[1]), g.constants.get(node.input[2])
+    shape = g.shapes.get(node.input[0])
+    if depth is None or values is None or shape is None:
+        return None
+    n = int(depth.reshape(-1)[0])
+    rank = len(shape) + 1
+    axis = int(attr(node, "axis", -1)) % rank
+    positions = np.arange(n, dtype=np.int64).reshape([n if k == axis else 1 for k in range(rank)])
+    pos, pos_node = g.constant("onehot_positions", positions)
+    nn, n_node = g.constant("onehot_depth", np.array(n, np.int64))
+    zero, zero_node = g.constant("onehot_zero", np.array(0, np.int64))
+    off, off_node = g.constant("onehot_off", values.reshape(-1)[:1].reshape(()))
+    on, on_node = g.constant("onehot_on", values.reshape(-1)[1:2].reshape(()))
+    ax, ax_node = g.constant("onehot_axis", np.array([axis], np.int64))
+    idx, neg, wrapped, fixed, unsq, hit = (
+        g.fresh(f"{node.output[0]}_{k}") for k in ("i64", "neg", "wrap", "fix", "u", "hit")
+    )
+    return [
+        pos_node, n_node, zero_node, off_node, on_node, ax_node,
+        make("Cast", [node.input[0]], [idx], to=onnx.TensorProto.INT64),
+        make("Less", [idx, zero], [neg]),
+        make("Add", [idx, nn], [wrapped]),
+        make("Where", [neg, wrapped, idx], [fixed]),
+        make("Unsqueeze", [fixed, ax], [unsq]),
+        make("Equal", [unsq, pos], [hit]),
+        make("Where", [hit, on, off], list(node.output)),
+    ]  # fmt: skip
+
+
+def eye_like_dtype(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+    """EyeLike with a ``dtype`` other than its input's, as EyeLike then Cast (the importer wants them equal)."""
+    if node.op_type != "EyeLike":
+        return None
+    dtype, given = attr(node, "dtype"), g.dtypes.get(node.input[0])
+    if dtype is None or given is None or dtype == given:
+        return None
+    eye = g.fresh(node.output[0] + "_eye")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name != "dtype"}
+    return [make("EyeLike", [node.input[0]], [eye], **attrs), make("Cast", [eye], [node.output[0]], to=dtype)]
