@@ -59,3 +59,8 @@ def write_pid_and_hang(request: Any, _channel: Any) -> None:
 
     Path(request).write_text(str(os.getpid()))
     time.sleep(3600)
+
+
+def where(_request: Any, _channel: Any) -> dict[str, Any]:
+    """The worker's pid, cwd and one environment variable, as the request found them."""
+    return {"pid": os.getpid(), "cwd": os.getcwd(), "env": os.environ.get("AOTFORGE_TEST_SPARE")}

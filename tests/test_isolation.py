@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from aotforge import targets
 from aotforge.compiler.cli import main
-from aotforge.compiler.isolation import Isolation, run_isolated
+from aotforge.compiler.isolation import Isolation, keep_spare_workers, run_isolated, take_worker
 from aotforge.core.errors import CompileError, UnsupportedModelError, ValidationFailedError
 from tests import hostile_models
 from tests.tiny_models import relu_add
@@ -38,6 +38,25 @@ def test_a_result_and_progress_come_back() -> None:
     assert _run("echo", request={"a": [1, 2]}, say=said.append) == {"a": [1, 2]}
     assert said == ["hello from the worker"]
     assert _run("pid") != os.getpid()
+
+
+def test_a_spare_worker_is_ready_for_the_next_build_and_sees_its_cwd_and_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = keep_spare_workers(True)
+    try:
+        first = take_worker(Isolation(), ("json",))
+        spare = take_worker(Isolation(), ("json",))  # the one started when the first was taken
+        assert spare.alive()
+        # What changed after the spare started reaches it with the request.
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("AOTFORGE_TEST_SPARE", "now")
+        seen = spare.run(STAND_INS + "where", None, stage="the stage")
+        assert seen["cwd"] == str(tmp_path) and seen["env"] == "now"
+        assert first.run(STAND_INS + "where", None, stage="the stage")["pid"] != seen["pid"]  # one request each
+        assert not spare.alive()
+    finally:
+        keep_spare_workers(before)  # off: closes the spare started for a next build that never comes
 
 
 def test_a_segfault_is_one_error_naming_the_stage() -> None:
@@ -126,7 +145,7 @@ def test_the_worker_dies_with_a_killed_build(tmp_path: Path) -> None:
     """kill -9 of the build (not its group) must not leave the isolated compile running."""
     pid_file = tmp_path / "child.pid"
     code = (
-        "import sys; from aotforge.compiler.isolation import Isolation, run_isolated; "
+        "import sys; from aotforge.compiler.isolation import Isolation, keep_spare_workers, run_isolated, take_worker; "
         "run_isolated('tests.isolation_stand_ins:write_pid_and_hang', sys.argv[1], stage='s', limits=Isolation())"
     )
     parent = subprocess.Popen([sys.executable, "-c", code, str(pid_file)], env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -154,7 +173,7 @@ import dataclasses, sys, threading, time
 import numpy as np, onnxruntime as ort, torch
 from rich.console import Console
 from rich.live import Live
-from aotforge.compiler.isolation import Isolation, run_isolated
+from aotforge.compiler.isolation import Isolation, keep_spare_workers, run_isolated, take_worker
 from aotforge.compiler.options import BuildOptions
 import aotforge
 

@@ -27,7 +27,7 @@ from aotforge.compiler.backend_stage import CALL, OUTPUTS, compiled_of, load_out
 from aotforge.compiler.bench import bench_artifact
 from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.compile_cache import compile_cached
-from aotforge.compiler.isolation import Isolation, Worker, run_isolated
+from aotforge.compiler.isolation import Isolation, Worker, run_isolated, take_worker
 from aotforge.compiler.source import Arrays
 from aotforge.compiler.toolchain import toolchain_versions
 from aotforge.compiler.validation import validate
@@ -102,7 +102,7 @@ def start_worker(target: Target, isolation: Isolation) -> Worker | None:
     if not isolation.enabled or target.compiles_torch_program:
         return None
     module = type(target).__module__
-    return Worker(isolation, preload=("aotforge.compiler.backend_stage", "onnx_ir", module, *target.worker_preload))
+    return take_worker(isolation, ("aotforge.compiler.backend_stage", "onnx_ir", module, *target.worker_preload))
 
 
 def key_toolchain(target: str, probe: ProbeResult) -> dict[str, str]:

@@ -16,6 +16,7 @@ raises before the rename. Cost: one interpreter start and the stage's imports (R
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
@@ -66,6 +67,8 @@ class Worker:
 
     def __init__(self, limits: Isolation, preload: Sequence[str] = ()) -> None:
         self.limits = limits
+        self.owner = os.getpid()  # a forked child must not take its parent's spare (see take_worker)
+        self._environ = dict(os.environ)  # what the worker inherits; run() sends what changed since
         read_fd, write_fd = os.pipe()
         # Its output (a backend's messages) is kept for a crash's error line, never shown as it comes.
         self._log: IO[bytes] | None = tempfile.TemporaryFile()
@@ -99,12 +102,22 @@ class Worker:
             self._log.close()
             self._log = None
 
+    def alive(self) -> bool:
+        return self._proc.poll() is None and self._pipe is not None
+
     def run(self, call: str, request: Any, *, stage: str, say: Say | None = None) -> Any:
         """``call`` ("module:function", taking ``(request, channel)``) in the worker; its JSON value, or
         its error re-raised here (our own error types keep their type)."""
         assert self._proc.stdin is not None and self._pipe is not None, "a worker runs one request"
+        # The cwd and environment of now, not of the worker's start: a spare (take_worker) started earlier.
+        now = dict(os.environ)
+        environ = {
+            "set": {k: v for k, v in now.items() if self._environ.get(k) != v},
+            "unset": [k for k in self._environ if k not in now],
+        }
+        job = {"call": call, "request": request, "cwd": os.getcwd(), "environ": environ}
         try:
-            pickle.dump({"call": call, "request": request}, self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump(job, self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
             self._proc.stdin.close()
         except BrokenPipeError:
             pass  # it died starting up: its exit status says how
@@ -164,6 +177,54 @@ class Worker:
         self._log.seek(0)
         lines = [ln.strip() for ln in self._log.read().decode(errors="replace").splitlines() if ln.strip()]
         return lines[-1][:_LAST_WORDS] if lines else ""
+
+
+#: Started workers waiting for this process's next build, by (preload, memory limit); see take_worker.
+_SPARES: dict[tuple[tuple[str, ...], int | None], Worker] = {}
+_KEEP_SPARES = [os.environ.get("AOTFORGE_SPARE_WORKERS", "") == "1"]
+
+
+def keep_spare_workers(keep: bool = True) -> bool:
+    """Keep one started worker ready for the next build of the same kind in this process.
+
+    A worker's start is an interpreter plus the backend's imports (tvm: ~3.5 s on 2 cores); a process
+    that builds many models (a loop over ``build``, a farm's pool process, a test session) pays it
+    once, in the background, instead of on each build's critical path. Off by default: a single CLI
+    build would start a spare only to kill it. ``AOTFORGE_SPARE_WORKERS=1`` turns it on. Returns the
+    setting it replaced.
+    """
+    before, _KEEP_SPARES[0] = _KEEP_SPARES[0], keep
+    if not keep:
+        _close_spares()
+    return before
+
+
+def take_worker(limits: Isolation, preload: Sequence[str] = ()) -> Worker:
+    """A started worker with ``preload`` imported: the waiting spare if there is one, else a new one;
+    with spares kept, the next one starts now. Each worker still runs exactly one request."""
+    key = (tuple(preload), limits.memory_mb)
+    spare = _SPARES.pop(key, None)
+    if spare is not None and spare.owner == os.getpid() and spare.alive():
+        spare.limits = limits  # deadlines are enforced here, in the parent: the spare takes this build's
+        worker = spare
+    else:
+        if spare is not None and spare.owner == os.getpid():
+            spare.close()
+        worker = Worker(limits, preload)
+    if _KEEP_SPARES[0]:
+        _SPARES[key] = Worker(limits, preload)
+    return worker
+
+
+def _close_spares() -> None:
+    for worker in _SPARES.values():
+        if worker.owner == os.getpid():
+            worker.close()
+    _SPARES.clear()
+
+
+atexit.register(_close_spares)
+os.register_at_fork(after_in_child=_SPARES.clear)  # the parent's spares are its own to close
 
 
 def run_isolated(

@@ -52,6 +52,7 @@ def main(argv: list[str]) -> int:
         _preload(preload)
         try:
             job = pickle.load(sys.stdin.buffer)
+            _adopt(job.get("cwd"), job.get("environ"))
             module_name, _, name = job["call"].partition(":")
             payload: dict[str, Any] = {
                 "ok": getattr(importlib.import_module(module_name), name)(job["request"], channel)
@@ -64,6 +65,17 @@ def main(argv: list[str]) -> int:
             payload = {"crash": f"{type(e).__name__}: {describe(e)}"}
         channel.send(payload)
     return 0
+
+
+def _adopt(cwd: str | None, environ: dict[str, Any] | None) -> None:
+    """The requesting build's cwd and environment changes: this worker may have been started (as a
+    spare) before either changed."""
+    if environ is not None:
+        os.environ.update(environ["set"])
+        for name in environ["unset"]:
+            os.environ.pop(name, None)
+    if cwd is not None:
+        os.chdir(cwd)
 
 
 def _preload(modules: list[str]) -> None:
