@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import warnings
 from collections.abc import Generator
 from pathlib import Path
@@ -15,6 +17,7 @@ from aotforge.compiler.api import BuildResult, build
 from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.isolation import keep_spare_workers
 from aotforge.targets import get_target
+from tests.llm_models import SPECULATIVE_K, TVM_BUCKETS, build_text_generation, save_tiny_causal_lm, tiny_llama
 from tests.lm_pair import LmPair, trained_pair
 
 warnings.filterwarnings("ignore")
@@ -38,11 +41,62 @@ def quick_build(model: Any, out: Path, **overrides: Any) -> BuildResult:
     return build(model, out=out, **overrides)
 
 
+def tree_state(path: Path) -> dict[str, str] | None:
+    """Every file (its sha256) and directory ("dir") under ``path``; None where ``path`` does not exist. Equal
+    before and after a failed command: it left nothing behind, half-written or whole, and changed nothing."""
+    if not path.exists():
+        return None
+    return {
+        p.relative_to(path).as_posix(): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+    }
+
+
+def assert_refused(result: Any, exit_code: int, match: str) -> None:
+    """A CLI result that failed as a user sees it should: this exit status, one error line saying ``match``, no
+    traceback and no ``internal error``."""
+    assert result.exit_code == exit_code, result.output
+    errors = [line for line in result.output.splitlines() if line.lower().startswith("error:")]
+    assert len(errors) == 1 and re.search(match, errors[0]), result.output
+    assert "Traceback" not in result.output and "internal error" not in result.output, result.output
+
+
 @pytest.fixture(scope="session")
 def lm_pair() -> LmPair:
     """The trained target + draft Llama pair (``tests/lm_pair.py``): trained once, then loaded from its cache."""
 
     return trained_pair()
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama of ``tests/llm_models.py`` as a transformers directory."""
+    return save_tiny_causal_lm("llama", tmp_path_factory.mktemp("llama") / "llama-tiny")
+
+
+@pytest.fixture(scope="session")
+def llama_ort(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
+    """The tiny Llama for onnxruntime with a verify graph (``--speculative-k 4``) and the benchmark: built once,
+    shared by the text-generation, speculative-decoding and failure-path tests (tests must not change it)."""
+    out = tmp_path_factory.mktemp("llama-ort")
+    return build_text_generation(llama_dir, out, bench=True, speculative_k=SPECULATIVE_K)
+
+
+@pytest.fixture(scope="session")
+def llama_tvm(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
+    """The same for tvm (two prefill buckets); shared like ``llama_ort``."""
+    out = tmp_path_factory.mktemp("llama-tvm")
+    kw = {"target_options": TVM_BUCKETS, "bench": True, "speculative_k": SPECULATIVE_K}
+    return build_text_generation(llama_dir, out, target="tvm", **kw)
+
+
+@pytest.fixture(scope="session")
+def llama_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An unrelated random Llama over the same vocabulary (other seed, 1 layer, narrower; onnxruntime, no verify
+    graph): a bad draft for ``llama_ort`` / ``llama_tvm``, and an artifact that cannot verify a draft itself."""
+    config = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    model = tiny_llama(123, **config, num_key_value_heads=1)
+    return Path(build_text_generation(model, tmp_path_factory.mktemp("bad"), name="bad").path)
 
 
 @pytest.fixture(params=CPU_TARGETS)

@@ -3,6 +3,10 @@
 2 layers, hidden 64, vocab 500; ``initializer_range`` 0.2 so that greedy tokens vary (FACTS.md).
 Llama: RoPE, RMSNorm, grouped-query attention (4 heads over 2 KV heads), SwiGLU, untied head;
 ``llama-tied`` ties it. Qwen2: QKV bias. GPT-2: learned positions, multi-head attention, Conv1D.
+
+Also what the text-generation tests share: the build geometry (``MAX_SEQ``, batch 2), the two prompts of
+different lengths, left-padded as a tokenizer pads them, and the token-for-token check against transformers.
+The tiny Llama's artifacts themselves are session fixtures in ``tests/conftest.py`` (built once a run).
 """
 
 from __future__ import annotations
@@ -10,26 +14,49 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 VOCAB = 500
 ARCHITECTURES = ("llama", "qwen2", "gpt2")
+#: The cache length and batch every tiny text-generation artifact is built with.
+MAX_SEQ = 64
+MAX_BATCH = 2
+#: Two prompts of different lengths (a batch of them is left-padded) and how many tokens to generate after them.
+PROMPTS = ([5, 17, 42, 99, 3, 250, 7], [8, 1, 300])
+NEW = 20
+#: The verify width the shared artifacts are built with (speculative decoding).
+SPECULATIVE_K = 4
+#: tvm: two prefill buckets, not three (the prompts of 3 and 7 tokens share 16; validation's 17 takes 64).
+TVM_BUCKETS = {"buckets": ("prompt=16/64",)}
+
+
+_COMMON = {"vocab_size": VOCAB, "initializer_range": 0.2}
+_LLAMA_LIKE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+def tiny_llama(seed: int = 0, **config: Any) -> Any:
+    """The tiny Llama (``tiny_causal_lm("llama")``) with ``config`` overriding its ``LlamaConfig`` values."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    return tf.LlamaForCausalLM(tf.LlamaConfig(**{**_COMMON, **_LLAMA_LIKE, **config})).eval()
 
 
 def tiny_causal_lm(arch: str) -> Any:
     import torch
     import transformers as tf
 
-    torch.manual_seed(0)
-    common = {"vocab_size": VOCAB, "initializer_range": 0.2}
-    llama_like = {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-    }
     if arch in ("llama", "llama-tied"):
-        config = tf.LlamaConfig(**common, **llama_like, tie_word_embeddings=arch == "llama-tied")
-        return tf.LlamaForCausalLM(config).eval()
+        return tiny_llama(tie_word_embeddings=arch == "llama-tied")
+    torch.manual_seed(0)
+    common, llama_like = _COMMON, _LLAMA_LIKE
     if arch == "qwen2":
         return tf.Qwen2ForCausalLM(tf.Qwen2Config(**common, **llama_like)).eval()
     if arch == "gpt2":
@@ -60,3 +87,42 @@ def transformers_greedy(model: Any, prompt: list[int], new_tokens: int) -> list[
         pad_token_id=0,
     )
     return [int(t) for t in out[0, len(prompt) :]]
+
+
+def build_text_generation(model: Any, out: Path, target: str = "onnxruntime", **kw: Any) -> Any:
+    """``aotforge.build`` of a causal LM at the tests' geometry, without the benchmark unless asked."""
+    import aotforge
+
+    kw = {"bench": False, "max_seq_len": MAX_SEQ, "max_batch": MAX_BATCH, **kw}
+    return aotforge.build(model, target=target, task="text-generation", out=out, **kw)
+
+
+def left_padded(prompts: tuple[list[int], ...] = PROMPTS) -> tuple[np.ndarray, np.ndarray]:
+    """The prompts as one batch: ids and attention mask, left-padded with zeros."""
+    width = max(len(p) for p in prompts)
+    ids = np.zeros((len(prompts), width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :], mask[row, width - len(p) :] = p, 1
+    return ids, mask
+
+
+def assert_generates_like_transformers(runner: Any, model: Any) -> None:
+    """A batch of the two prompts through ``runner.generate`` == transformers' greedy generate per prompt."""
+    ids, mask = left_padded()
+    out = runner.generate(ids, NEW, attention_mask=mask)
+    assert out.shape == (2, ids.shape[1] + NEW)
+    np.testing.assert_array_equal(out[:, : ids.shape[1]], ids)
+    for row, prompt in enumerate(PROMPTS):
+        want = transformers_greedy(model, prompt, NEW)
+        assert out[row, ids.shape[1] :].tolist() == want
+        assert len(set(want)) > 3, "random weights should not repeat one token (initializer_range)"
+
+
+def assert_build_token_exact(result: Any, model: Any) -> None:
+    """A build validated token for token (its manifest says so) and generates as transformers does."""
+    import aotforge
+
+    assert result.manifest.validation["passed"] and result.manifest.validation["token_agreement"] == 1.0
+    assert result.manifest.validation["max_logits_rel_l2"] < 1e-4
+    assert_generates_like_transformers(aotforge.load(result.path), model)

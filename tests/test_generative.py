@@ -14,38 +14,24 @@ from click.testing import CliRunner
 import aotforge
 from aotforge.compiler.cli import main
 from aotforge.core.errors import InputSpecError, OptionsError, UnsupportedModelError
-from tests.llm_models import ARCHITECTURES, VOCAB, save_tiny_causal_lm, tiny_causal_lm, transformers_greedy
+from tests.llm_models import (
+    ARCHITECTURES,
+    MAX_SEQ,
+    NEW,
+    PROMPTS,
+    VOCAB,
+    assert_build_token_exact,
+    left_padded,
+    save_tiny_causal_lm,
+    tiny_causal_lm,
+)
+from tests.llm_models import build_text_generation as _build
 
-MAX_SEQ = 64
-#: Two prompts of different lengths, left-padded as a transformers tokenizer pads them.
-PROMPTS = ([5, 17, 42, 99, 3, 250, 7], [8, 1, 300])
-NEW = 20
-
-
-def _build(model: Any, out: Path, target: str = "onnxruntime", **kw: Any) -> Any:
-    kw = {"bench": False, "max_seq_len": MAX_SEQ, "max_batch": 2, **kw}
-    return aotforge.build(model, target=target, task="text-generation", out=out, **kw)
-
-
-def _left_padded(prompts: tuple[list[int], ...]) -> tuple[np.ndarray, np.ndarray]:
-    width = max(len(p) for p in prompts)
-    ids = np.zeros((len(prompts), width), dtype=np.int64)
-    mask = np.zeros_like(ids)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p) :], mask[row, width - len(p) :] = p, 1
-    return ids, mask
-
-
-@pytest.fixture(scope="module")
-def llama_ort(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A Llama directory built for onnxruntime, benchmark included (the other tests reuse it)."""
-    root = tmp_path_factory.mktemp("llama")
-    result = _build(save_tiny_causal_lm("llama", root / "llama-tiny"), root / "out", bench=True)
-    return result
+# ``llama_ort`` (tests/conftest.py): the tiny Llama directory built for onnxruntime, benchmark included.
 
 
 def test_llama_directory_batch_is_token_exact_against_transformers(llama_ort: Any) -> None:
-    _check_token_exact(llama_ort, tiny_causal_lm("llama"))
+    assert_build_token_exact(llama_ort, tiny_causal_lm("llama"))
 
 
 #: Each export costs ~25 s on 2 busy cores: Llama runs by default (above), the others behind slow.
@@ -54,21 +40,7 @@ def test_llama_directory_batch_is_token_exact_against_transformers(llama_ort: An
 def test_greedy_batch_is_token_exact_against_transformers(arch: str, tmp_path: Path) -> None:
     """Each architecture, built from the module itself."""
     model = tiny_causal_lm(arch)
-    _check_token_exact(_build(model, tmp_path, name=arch), model)
-
-
-def _check_token_exact(result: Any, model: Any) -> None:
-    """A batch of two prompt lengths (left-padded) == transformers' greedy generate per prompt."""
-    assert result.manifest.validation["passed"] and result.manifest.validation["token_agreement"] == 1.0
-    assert result.manifest.validation["max_logits_rel_l2"] < 1e-4
-    ids, mask = _left_padded(PROMPTS)
-    out = aotforge.load(result.path).generate(ids, NEW, attention_mask=mask)
-    assert out.shape == (2, ids.shape[1] + NEW)
-    np.testing.assert_array_equal(out[:, : ids.shape[1]], ids)
-    for row, prompt in enumerate(PROMPTS):
-        want = transformers_greedy(model, prompt, NEW)
-        assert out[row, ids.shape[1] :].tolist() == want
-        assert len(set(want)) > 3, "random weights should not repeat one token (initializer_range)"
+    assert_build_token_exact(_build(model, tmp_path, name=arch), model)
 
 
 def test_directory_build_shares_one_weight_file(llama_ort: Any) -> None:
@@ -101,7 +73,7 @@ def test_benchmark_generation_record(llama_ort: Any) -> None:
 
 def test_stops_at_eos_per_sequence(llama_ort: Any) -> None:
     artifact = aotforge.load(llama_ort.path)
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded()
     free = artifact.generate(ids, NEW, attention_mask=mask)[:, ids.shape[1] :]
     eos = int(free[0, 3])  # the first sequence emits it at step 3 (or before)
     out = artifact.generate(ids, NEW, attention_mask=mask, eos_token_id=eos)[:, ids.shape[1] :]
@@ -128,7 +100,7 @@ def test_end_of_cache_is_a_clear_error(llama_ort: Any) -> None:
 
 def test_seeded_sampling_is_reproducible(llama_ort: Any) -> None:
     artifact = aotforge.load(llama_ort.path)
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded()
     kw = {"attention_mask": mask, "do_sample": True, "top_k": 50, "top_p": 0.9, "temperature": 1.3}
     a = artifact.generate(ids, NEW, seed=7, **kw)
     np.testing.assert_array_equal(a, artifact.generate(ids, NEW, seed=7, **kw))
@@ -140,7 +112,7 @@ def test_seeded_sampling_is_reproducible(llama_ort: Any) -> None:
 
 def test_stream_yields_what_generate_returns(llama_ort: Any) -> None:
     artifact = aotforge.load(llama_ort.path)
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded()
     steps = list(artifact.stream(ids, NEW, attention_mask=mask))
     assert len(steps) == NEW and all(s.shape == (2,) for s in steps)
     np.testing.assert_array_equal(np.stack(steps, axis=1), artifact.generate(ids, NEW, attention_mask=mask)[:, -NEW:])
@@ -150,7 +122,7 @@ def test_kv_cache_is_not_reallocated_per_token(llama_ort: Any) -> None:
     """ORT writes every step's present_* into the buffers allocated at the start of the call."""
     artifact = aotforge.load(llama_ort.path)
     engine = artifact._generative().engine
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded()
     seen = []
     for _ in artifact.stream(ids, NEW, attention_mask=mask):
         if engine._binding is not None and len(seen) < NEW - 1:

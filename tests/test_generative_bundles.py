@@ -20,7 +20,7 @@ from click.testing import CliRunner
 import aotforge
 from aotforge.compiler.bundle import BUNDLE_JSON, read_bundle
 from aotforge.compiler.cli import main
-from aotforge.compiler.generative.bundled import finish_bundle as finish
+from aotforge.compiler.generative.bundle_finish import finish_bundle as finish
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import ArtifactError, OptionsError
 from aotforge.targets import get_target
@@ -28,39 +28,20 @@ from aotforge.targets.neuron.generative import generate_buckets, plan_buckets
 from aotforge.targets.neuron.target import NeuronOptions
 from aotforge.targets.tensorrt.generative import engine_plans
 from aotforge.targets.tensorrt.target import TensorRTOptions
-from tests.llm_models import save_tiny_causal_lm, tiny_causal_lm, transformers_greedy
-
-MAX_SEQ = 64
-PROMPTS = ([5, 17, 42, 99, 3, 250, 7], [8, 1, 300])
-NEW = 20
-
-
-def _left_padded(prompts: tuple[list[int], ...]) -> tuple[np.ndarray, np.ndarray]:
-    width = max(len(p) for p in prompts)
-    ids = np.zeros((len(prompts), width), dtype=np.int64)
-    mask = np.zeros_like(ids)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p) :], mask[row, width - len(p) :] = p, 1
-    return ids, mask
-
-
-def _token_exact(runner: Any, model: Any) -> None:
-    ids, mask = _left_padded(PROMPTS)
-    out = runner.generate(ids, NEW, attention_mask=mask)
-    for row, prompt in enumerate(PROMPTS):
-        want = transformers_greedy(model, prompt, NEW)
-        assert out[row, ids.shape[1] :].tolist() == want
-        assert len(set(want)) > 3
+from tests.llm_models import (
+    MAX_SEQ,
+    NEW,
+    PROMPTS,
+    save_tiny_causal_lm,
+    tiny_causal_lm,
+    transformers_greedy,
+)
+from tests.llm_models import assert_generates_like_transformers as _token_exact
 
 
 def _compile(model_dir: Path, out: Path, target: str, *extra: str) -> Any:
     args = ["compile", str(model_dir), "--task", "text-generation", "-t", target, "--max-seq-len", str(MAX_SEQ)]
     return CliRunner().invoke(main, [*args, "--max-batch", "2", "--out", str(out), *extra])
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_causal_lm("llama", tmp_path_factory.mktemp("llama") / "llama-tiny")
 
 
 @pytest.fixture(scope="module")
@@ -148,30 +129,33 @@ def test_tensorrt_bundle_finishes_on_onnxruntime_token_exact(trt_bundle: Path, t
         finish(trt_bundle, tmp_path, target_name="tvm")
 
 
-def test_tensorrt_bundle_finishes_through_a_stand_in_sdk(
-    trt_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``finish`` for tensorrt with the SDK stood in (an "engine" is its ONNX file's name; the step engine is ONNX
-    Runtime over those files): both engines are built from their plans, one timing cache threads through both
-    builds, and the artifact validates, records both engines and loads through ``aotforge.load``."""
+def _stand_in_tensorrt_sdk(monkeypatch: pytest.MonkeyPatch, *, corrupt: bool = False) -> list[tuple[str, Any, bytes]]:
+    """The TensorRT SDK stood in: an "engine" is its ONNX file's name, the step engine ONNX Runtime over those
+    files (its logits negated with ``corrupt``: validation must fail). Returns the engine builds as they come."""
     from aotforge.targets.base import ProbeResult
     from aotforge.targets.generative.ort_engine import OrtStepEngine
     from aotforge.targets.tensorrt import generative, sdk, target
     from aotforge.targets.tensorrt.sdk import EngineBuild
 
-    built: list[tuple[str, tuple[str, ...], bytes]] = []
+    built: list[tuple[str, Any, bytes]] = []
 
     def build_engine(onnx_path: Path, plan: Any, cache: bytes) -> EngineBuild:
         built.append((onnx_path.name, tuple(p.input for p in plan.profiles), cache))
         return EngineBuild(str(onnx_path).encode(), cache + b"+" + onnx_path.name.encode(), "", "10.99")
 
+    class Negated(OrtStepEngine):
+        def prefill(self, *args: Any) -> Any:
+            return -super().prefill(*args)
+
+        def decode(self, *args: Any) -> Any:
+            return -super().decode(*args)
+
     def step_engine(prefill: bytes, decode: bytes, spec: DecoderSpec, *, allow_host_code: bool) -> Any:
         from aotforge.targets.onnxruntime import OrtOptions, session_options
 
         assert Path(prefill.decode()).name == "prefill.onnx" and Path(decode.decode()).name == "decode.onnx"
-        return OrtStepEngine(
-            Path(prefill.decode()).parent, spec, session_options(OrtOptions()), ["CPUExecutionProvider"]
-        )
+        engine = Negated if corrupt else OrtStepEngine
+        return engine(Path(prefill.decode()).parent, spec, session_options(OrtOptions()), ["CPUExecutionProvider"])
 
     gpu = {"name": "stand-in", "compute_capability": "9.0"}
     monkeypatch.setattr(target, "probe_host", lambda: ProbeResult(True))
@@ -180,6 +164,16 @@ def test_tensorrt_bundle_finishes_through_a_stand_in_sdk(
     monkeypatch.setattr(sdk, "step_engine", step_engine)
     monkeypatch.setattr(sdk, "version", lambda: "10.99")
     monkeypatch.setattr(generative, "query_gpu", lambda: gpu)
+    return built
+
+
+def test_tensorrt_bundle_finishes_through_a_stand_in_sdk(
+    trt_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``finish`` for tensorrt with the SDK stood in: both engines are built from their plans, one timing cache
+    threads through both builds, and the artifact validates, records both engines and loads through
+    ``aotforge.load``."""
+    built = _stand_in_tensorrt_sdk(monkeypatch)
     cache = tmp_path / "timing.cache"
     data = read_bundle(trt_bundle)
     assert data["target_options"]["timing_cache"] == ""
@@ -291,8 +285,8 @@ def test_neuron_bundle_finishes_through_a_stand_in_sdk(
 
 def test_neuron_bucket_engine_is_token_exact_against_transformers() -> None:
     """The bucket routing over the torch modules the device host traces, batch of two left-padded prompts."""
-    from aotforge.compiler.generative.bundled import torch_bucket_engine
     from aotforge.compiler.generative.export import decoder_spec
+    from aotforge.compiler.generative.torch_inputs import torch_bucket_engine
     from aotforge.targets.generative.runner import GenerativeRunner
 
     model = tiny_causal_lm("gpt2")

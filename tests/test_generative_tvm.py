@@ -12,22 +12,23 @@ import aotforge
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import InputSpecError, OptionsError
 from aotforge.targets.generative.tvm_engine import batch_buckets, prompt_buckets
-from tests.llm_models import ARCHITECTURES, save_tiny_causal_lm, tiny_causal_lm
-from tests.test_generative import MAX_SEQ, NEW, PROMPTS, _build, _check_token_exact, _left_padded
+from tests.llm_models import (
+    ARCHITECTURES,
+    MAX_SEQ,
+    NEW,
+    PROMPTS,
+    assert_build_token_exact,
+    left_padded,
+    tiny_causal_lm,
+)
+from tests.llm_models import TVM_BUCKETS as BUCKETS
+from tests.llm_models import build_text_generation as _build
 
-#: Two prefill buckets (the prompts of 3 and 7 tokens share 16; validation's 17 takes 64), two decode.
-BUCKETS = {"buckets": ("prompt=16/64",)}
-
-
-@pytest.fixture(scope="module")
-def llama_tvm(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    root = tmp_path_factory.mktemp("llama-tvm")
-    model_dir = save_tiny_causal_lm("llama", root / "llama-tiny")
-    return _build(model_dir, root / "out", target="tvm", target_options=BUCKETS, bench=True)
+# ``llama_tvm`` (tests/conftest.py): the tiny Llama directory built for tvm with BUCKETS, benchmark included.
 
 
 def test_llama_directory_batch_is_token_exact_against_transformers(llama_tvm: Any) -> None:
-    _check_token_exact(llama_tvm, tiny_causal_lm("llama"))
+    assert_build_token_exact(llama_tvm, tiny_causal_lm("llama"))
 
 
 #: Each build exports (~25 s) and compiles 4 Relax functions (~40 s) on 2 busy cores.
@@ -35,7 +36,7 @@ def test_llama_directory_batch_is_token_exact_against_transformers(llama_tvm: An
 @pytest.mark.parametrize("arch", [a for a in ARCHITECTURES if a != "llama"] + ["llama-tied"])
 def test_greedy_batch_is_token_exact_against_transformers(arch: str, tmp_path: Path) -> None:
     model = tiny_causal_lm(arch)
-    _check_token_exact(_build(model, tmp_path, target="tvm", name=arch, target_options=BUCKETS), model)
+    assert_build_token_exact(_build(model, tmp_path, target="tvm", name=arch, target_options=BUCKETS), model)
 
 
 def test_one_library_over_the_shared_weight_file(llama_tvm: Any) -> None:
@@ -43,7 +44,8 @@ def test_one_library_over_the_shared_weight_file(llama_tvm: Any) -> None:
     assert {"lib.so", "tvm_generative.json", "weights.data"} <= set(m.files)
     info = m.target.info["generative"]
     assert info["prompt_buckets"] == [16, 64] and info["batch_buckets"] == [1, 2]
-    assert info["kv_cache"] == {"in_place": 2 * 2 * 2, "skipped": {}}  # K+V, layers, decode functions
+    # K+V x layers x batch buckets x (decode + verify: the shared build has --speculative-k)
+    assert info["kv_cache"] == {"in_place": 2 * 2 * 2 * 2, "skipped": {}}
     assert info["transposed_weights"]["rewritten"] == 4  # the head of each function reads [vocab, hidden] as stored
     assert info["decode_attention"]["rewritten"] == 2 * 2  # layers x decode functions: over the filled cache only
     assert m.target.info["pipeline"]["schedules"]["unscheduled"] == 0
@@ -51,13 +53,13 @@ def test_one_library_over_the_shared_weight_file(llama_tvm: Any) -> None:
     lib = (llama_tvm.path / "lib.so").stat().st_size
     assert lib < m.target.info["weights"]["weights_file_bytes"] * 3  # tiny model: code dominates either way
     engine = aotforge.load(llama_tvm.path)._generative().engine
-    shared = {id(t) for name in ("prefill_16", "decode_1") for t in engine._weights[name]}
-    assert shared == {id(t) for t in engine.weights.values()}, "prefill and decode share one set of tensors"
+    shared = {id(t) for name in ("prefill_16", "decode_1", "verify_1") for t in engine._weights[name]}
+    assert shared == {id(t) for t in engine.weights.values()}, "prefill, decode and verify share one set of tensors"
 
 
 def test_stream_eos_and_end_of_cache(llama_tvm: Any) -> None:
     artifact = aotforge.load(llama_tvm.path)
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded()
     free = artifact.generate(ids, NEW, attention_mask=mask)
     steps = list(artifact.stream(ids, NEW, attention_mask=mask))
     np.testing.assert_array_equal(np.stack(steps, axis=1), free[:, -NEW:])
@@ -76,7 +78,7 @@ def test_kv_cache_is_not_reallocated_per_token(llama_tvm: Any) -> None:
     """Every decode step returns the very cache tensors allocated at the start of the call."""
     artifact = aotforge.load(llama_tvm.path)
     engine = artifact._generative().engine
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded()
     seen = []
     for _ in artifact.stream(ids, NEW, attention_mask=mask):
         seen.append(([id(t) for t in engine.cache], engine.buffer_pointers(), engine.cache_pointers()))
@@ -92,7 +94,7 @@ def test_batch_one_runs_the_smallest_decode_bucket(llama_tvm: Any) -> None:
     engine = artifact._generative().engine
     one = artifact.generate(np.array([PROMPTS[1]]), NEW)
     assert engine.cache[0].shape[0] == 1
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded()
     np.testing.assert_array_equal(one[0, 3:], artifact.generate(ids, NEW, attention_mask=mask)[1, ids.shape[1] :])
 
 

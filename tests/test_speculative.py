@@ -1,9 +1,9 @@
 """Speculative decoding: a draft artifact proposes, the target's verify graph checks (both CPU targets).
 
 The tiny random Llama of ``llm_models`` (initializer_range 0.2, so greedy tokens vary) is the target,
-built with ``--speculative-k 4``; the same artifact loaded a second time is a perfect draft, and an
-unrelated random Llama (other seed, 1 layer, narrower) a bad one: greedy speculative output must be
-the target's own greedy output token for token with either.
+built with ``--speculative-k 4`` (the session's ``llama_ort`` / ``llama_tvm``); the same artifact loaded a
+second time is a perfect draft, and an unrelated random Llama (other seed, 1 layer, narrower) a bad one:
+greedy speculative output must be the target's own greedy output token for token with either.
 """
 
 from __future__ import annotations
@@ -22,72 +22,31 @@ from aotforge.compiler.cli import main
 from aotforge.core.errors import DraftMismatchError, InputSpecError
 from aotforge.targets.generative.sampling import Sampler, SamplingOptions
 from aotforge.targets.generative.speculative import _accept_sampled
-from tests.llm_models import VOCAB, save_tiny_causal_lm
+from tests.llm_models import PROMPTS, VOCAB, left_padded
+from tests.llm_models import SPECULATIVE_K as K
 
-MAX_SEQ = 64
-K = 4
-PROMPTS = ([5, 17, 42, 99, 3, 250, 7], [8, 1, 300])
 NEW = 24
 
 
-def _left_padded(prompts: tuple[list[int], ...]) -> tuple[np.ndarray, np.ndarray]:
-    width = max(len(p) for p in prompts)
-    ids = np.zeros((len(prompts), width), dtype=np.int64)
-    mask = np.zeros_like(ids)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p) :], mask[row, width - len(p) :] = p, 1
-    return ids, mask
+@pytest.fixture
+def bad_draft(llama_draft: Path) -> Path:
+    """An unrelated random Llama over the same vocabulary (the session's ``llama_draft``)."""
+    return llama_draft
 
 
-def _bad_draft_model() -> Any:
-    import torch
-    import transformers as tf
-
-    torch.manual_seed(123)
-    config = tf.LlamaConfig(
-        vocab_size=VOCAB,
-        initializer_range=0.2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    return tf.LlamaForCausalLM(config).eval()
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("spec")
-    return {"llama": save_tiny_causal_lm("llama", root / "llama-tiny"), "root": root}
-
-
-@pytest.fixture(scope="module")
-def bad_draft(models: dict[str, Path]) -> Path:
-    """An unrelated random Llama over the same vocabulary (onnxruntime, no verify graph)."""
-    kw = {"bench": False, "max_seq_len": MAX_SEQ, "max_batch": 2}
-    result = aotforge.build(
-        _bad_draft_model(), target="onnxruntime", task="text-generation", out=models["root"] / "bad", name="bad", **kw
-    )
-    return result.path
-
-
-@pytest.fixture(scope="module", params=["onnxruntime", "tvm"])
-def target(request: pytest.FixtureRequest, models: dict[str, Path]) -> Path:
-    kw: dict[str, Any] = {"bench": False, "max_seq_len": MAX_SEQ, "max_batch": 2, "speculative_k": K}
-    if request.param == "tvm":  # two prefill buckets, not three (the tvm build's time is its compiles)
-        kw["target_options"] = {"buckets": ("prompt=16/64",)}
-    out = models["root"] / f"out-{request.param}"
-    result = aotforge.build(models["llama"], target=request.param, task="text-generation", out=out, **kw)
+@pytest.fixture(params=["onnxruntime", "tvm"])
+def target(request: pytest.FixtureRequest) -> Path:
+    """The session's tiny Llama artifact for the target (``llama_ort`` / ``llama_tvm``: built with a verify graph)."""
+    result = request.getfixturevalue({"onnxruntime": "llama_ort", "tvm": "llama_tvm"}[request.param])
     assert result.manifest.target.info["speculative"] == {"max_tokens": K, "verify_width": K + 1}
     assert "verify.onnx" in result.manifest.files
-    return result.path
+    return Path(result.path)
 
 
 def test_greedy_speculative_is_the_targets_greedy(target: Path, bad_draft: Path) -> None:
     """Batch 2 of different prompt lengths: perfect draft (every k), bad draft, token for token."""
     artifact, twin = aotforge.load(target), aotforge.load(target)
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded()
     plain = artifact.generate(ids, NEW, attention_mask=mask)
     assert len(set(plain[0, ids.shape[1] :].tolist())) > 3
     for k in (1, 2, K):
@@ -105,7 +64,7 @@ def test_greedy_speculative_is_the_targets_greedy(target: Path, bad_draft: Path)
 
 def test_stops_at_eos_max_new_tokens_and_the_end_of_the_cache(target: Path, bad_draft: Path) -> None:
     artifact, twin = aotforge.load(target), aotforge.load(target)
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded()
     free = artifact.generate(ids, NEW, attention_mask=mask)
     eos = int(free[0, ids.shape[1] + 5])
     for draft in (twin, bad_draft):
@@ -126,7 +85,7 @@ def test_stops_at_eos_max_new_tokens_and_the_end_of_the_cache(target: Path, bad_
 
 def test_seeded_sampled_speculation_repeats(target: Path, bad_draft: Path) -> None:
     artifact, twin = aotforge.load(target), aotforge.load(target)
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded()
     kw = {"attention_mask": mask, "do_sample": True, "top_k": 50, "temperature": 1.3}
     a = artifact.generate(ids, NEW, seed=7, draft=bad_draft, **kw)
     np.testing.assert_array_equal(a, artifact.generate(ids, NEW, seed=7, draft=bad_draft, **kw))

@@ -12,13 +12,13 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import aotforge
 from aotforge.passes import make_pass
 from aotforge.passes.manager import run_passes
 from aotforge.passes.ort_quantization import op_counts
 from tests.llm_models import tiny_causal_lm
-from tests.lm_pair import PPL_WINDOW, LmPair, encode, torch_perplexity
+from tests.lm_pair import LmPair, encode, torch_perplexity
 from tests.pass_models import _finish, run
+from tests.quality_gates import GATE_TOKENS, assert_within_gates, build_trained_target, quality_report
 
 VOCAB, HIDDEN = 96, 64
 
@@ -105,75 +105,22 @@ def test_both_decoder_graphs_take_every_linear_and_the_head(decoder_graphs: tupl
         assert set(stats["not_taken"].values()) <= {"weight computed at run time (activation x activation)"}
 
 
-#: Held-out tokens the gates score: 16 windows of 256 bytes (the window tests/lm_pair.py records its perplexity over).
-GATE_TOKENS = 16 * PPL_WINDOW
-#: Greedy continuations compared with the fp32 artifact's: prompts of 64 held-out bytes at these offsets.
-AGREEMENT_OFFSETS = (0, 3000, 6000, 9000)
-AGREEMENT_TOKENS = 64
-#: (name, weight-only params, allowed perplexity increase over fp32).
-VARIANTS = (
-    ("int8-g32", {"bits": 8, "block_size": 32}, 0.02),
-    ("int4-g32", {"bits": 4, "block_size": 32}, 0.08),
-    ("int4-g64", {"bits": 4, "block_size": 64}, 0.08),
-)
-
-
-def _build_target(pair: LmPair, out: Path, params: dict[str, int] | None) -> Any:
-    passes: dict[str, Any] = {}
-    if params is not None:  # the gates below judge these builds, not the build's token-exact validation
-        passes = {"passes": ["weight-only"], "pass_params": {"weight-only": params}}
-        passes |= {"min_token_agreement": 0.0, "tolerance": 1.0}
-    return aotforge.build(
-        str(pair.target_dir),
-        target="onnxruntime",
-        task="text-generation",
-        out=out,
-        bench=False,
-        plots=False,
-        max_seq_len=PPL_WINDOW,
-        max_batch=4,
-        **passes,
-    )
-
-
-def _agreement(reference: list[list[int]], got: list[list[int]]) -> dict[str, float]:
-    prefix = [
-        next((i for i, (a, b) in enumerate(zip(r, g, strict=True)) if a != b), len(r))
-        for r, g in zip(reference, got, strict=True)
-    ]
-    same = [sum(a == b for a, b in zip(r, g, strict=True)) for r, g in zip(reference, got, strict=True)]
-    total = sum(len(r) for r in reference)
-    return {"matching_prefix": round(sum(prefix) / total, 4), "same_position": round(sum(same) / total, 4)}
-
-
 @pytest.mark.slow  # four onnxruntime builds of the trained target (~1 min each on a quiet 2-core machine)
 def test_quality_gates_on_the_trained_target(lm_pair: LmPair, tmp_path: Path) -> None:
-    """Held-out perplexity through the artifacts: int8 <= +2% and int4 g32 / g64 <= +8% of fp32; greedy token
-    agreement with the fp32 artifact over 64 tokens reported; every projection and the head taken."""
+    """Held-out perplexity through the artifacts (``tests/quality_gates.py``): int8 <= +2% and int4 g32 / g64 <= +8%
+    of fp32, which equals torch's; greedy agreement with the fp32 artifact reported; every projection and the head
+    taken."""
     import transformers
 
-    tokens = np.array(encode(lm_pair.heldout_text)[:GATE_TOKENS], dtype=np.int64)
-    prompts = np.array([encode(lm_pair.heldout_text)[o : o + 64] for o in AGREEMENT_OFFSETS], dtype=np.int64)
-    fp32 = aotforge.load(_build_target(lm_pair, tmp_path / "fp32", None).path)
-    base = fp32.perplexity(tokens, PPL_WINDOW)
-    model = transformers.LlamaForCausalLM.from_pretrained(lm_pair.target_dir).eval()
-    assert base.perplexity == pytest.approx(torch_perplexity(model, tokens.tolist()), rel=1e-3)
-    reference = fp32.generate(prompts, AGREEMENT_TOKENS)[:, 64:].tolist()
-    report: dict[str, Any] = {"fp32": {"perplexity": round(base.perplexity, 4)}}
-    for name, params, allowed in VARIANTS:
-        result = _build_target(lm_pair, tmp_path / name, params)
+    def check(name: str, result: Any) -> None:
         for entry in result.manifest.passes:
             assert entry["stats"]["nodes_quantized"] == 4 * 7 + 1, (name, entry)  # 4 layers x 7 + the head
-        quantized = aotforge.load(result.path)
-        ppl = quantized.perplexity(tokens, PPL_WINDOW).perplexity
-        got = quantized.generate(prompts, AGREEMENT_TOKENS)[:, 64:].tolist()
-        report[name] = {
-            "perplexity": round(ppl, 4),
-            "increase": round(ppl / base.perplexity - 1, 4),
-            "allowed": allowed,
-            **_agreement(reference, got),
-            "weights_file_bytes": result.manifest.target.info["weights"]["weights_file_bytes"],
-        }
+
+    report = quality_report(
+        lm_pair, lambda name, params: build_trained_target(lm_pair, tmp_path / name, "onnxruntime", params), check
+    )
     print(json.dumps(report, indent=1))  # noqa: T201  (the figures the closing note quotes; run with -s)
-    for name, _, allowed in VARIANTS:
-        assert report[name]["increase"] <= allowed, (name, report)
+    model = transformers.LlamaForCausalLM.from_pretrained(lm_pair.target_dir).eval()
+    tokens = encode(lm_pair.heldout_text)[:GATE_TOKENS]
+    assert report["fp32"]["perplexity"] == pytest.approx(torch_perplexity(model, tokens), rel=1e-3)
+    assert_within_gates(report)

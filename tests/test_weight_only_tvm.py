@@ -12,7 +12,7 @@ import pytest
 import aotforge
 from aotforge.core.errors import OptionsError
 from aotforge.targets.tvm.kernels import weight_only as wo
-from tests.test_generative import MAX_SEQ, PROMPTS
+from tests.llm_models import MAX_SEQ, PROMPTS, tiny_llama
 
 FORMATS = [(4, 32), (4, 64), (4, 128), (8, 32)]
 ROWS = (1, 3, 8)
@@ -100,21 +100,8 @@ def test_kernel_matches_numpy(bits: int, group: int) -> None:
 
 def _tied_llama(directory: Path) -> Path:
     """A tied-head tiny Llama whose vocabulary (512) the kernel takes, so the head is packed too."""
-    import torch
-    import transformers as tf
-
-    torch.manual_seed(0)
-    config = tf.LlamaConfig(
-        vocab_size=512,
-        initializer_range=0.05,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    tf.LlamaForCausalLM(config).eval().save_pretrained(directory)
+    model = tiny_llama(vocab_size=512, initializer_range=0.05, tie_word_embeddings=True)
+    model.save_pretrained(directory)
     return directory
 
 
@@ -176,67 +163,21 @@ def test_refused_before_export(tmp_path: Path) -> None:
             )
 
 
-#: Held-out tokens the gates score: 16 windows of 256 bytes (the window tests/lm_pair.py records its perplexity over).
-GATE_WINDOWS = 16
-AGREEMENT_OFFSETS = (0, 3000, 6000, 9000)
-AGREEMENT_TOKENS = 64
-#: (name, weight-only params, allowed perplexity increase over the fp32 artifact's).
-QUALITY = (
-    ("int8", {"bits": 8, "block_size": 32}, 0.02),
-    ("int4-g32", {"bits": 4, "block_size": 32}, 0.08),
-    ("int4-g64", {"bits": 4, "block_size": 64}, 0.08),
-)
-
-
-def _build_trained(pair: Any, out: Path, params: dict[str, int] | None) -> Any:
-    from tests.lm_pair import PPL_WINDOW
-
-    passes: dict[str, Any] = {}
-    if params is not None:  # the gates below judge these builds, not the build's token-exact validation
-        passes = {"passes": ["weight-only"], "pass_params": {"weight-only": params}}
-        passes |= {"min_token_agreement": 0.0, "tolerance": 1.0}
-    return aotforge.build(
-        str(pair.target_dir),
-        target="tvm",
-        task="text-generation",
-        out=out,
-        bench=False,
-        plots=False,
-        max_seq_len=PPL_WINDOW,
-        max_batch=4,
-        target_options={"buckets": ("prompt=64", "batch=4")},
-        **passes,
-    )
-
-
 @needs_vnni
 @pytest.mark.slow  # four tvm builds of the trained target (a few minutes each on a loaded 2-core machine)
 def test_quality_gates_on_the_trained_target(lm_pair: Any, tmp_path: Path) -> None:
-    """Held-out perplexity through the tvm artifacts: int8 <= +2%, int4 g32 / g64 <= +8% of the fp32 artifact's;
-    greedy agreement with the fp32 artifact over 64 tokens reported (run with -s for the figures)."""
-    from tests.lm_pair import PPL_WINDOW, encode
+    """Held-out perplexity through the tvm artifacts (``tests/quality_gates.py``): int8 <= +2%, int4 g32 / g64 <= +8%
+    of the fp32 artifact's; greedy agreement with the fp32 artifact reported (run with -s for the figures)."""
+    from tests.quality_gates import assert_within_gates, build_trained_target, quality_report
 
-    tokens = np.array(encode(lm_pair.heldout_text)[: GATE_WINDOWS * PPL_WINDOW], dtype=np.int64)
-    prompts = np.array([encode(lm_pair.heldout_text)[o : o + 64] for o in AGREEMENT_OFFSETS], dtype=np.int64)
-    fp32 = aotforge.load(_build_trained(lm_pair, tmp_path / "fp32", None).path)
-    base = fp32.perplexity(tokens, PPL_WINDOW).perplexity
-    reference = fp32.generate(prompts, AGREEMENT_TOKENS)[:, 64:]
-    report: dict[str, Any] = {"fp32": {"perplexity": round(base, 4), "torch": lm_pair.target_ppl}}
-    for name, params, allowed in QUALITY:
-        result = _build_trained(lm_pair, tmp_path / name, params)
+    def build(name: str, params: Any) -> Any:
+        buckets = {"buckets": ("prompt=64", "batch=4")}
+        return build_trained_target(lm_pair, tmp_path / name, "tvm", params, target_options=buckets)
+
+    def check(name: str, result: Any) -> None:
         stats = result.manifest.target.info["generative"]["weight_only"]
         assert len(stats["weights_taken"]) == 4 * 7 + 1, stats  # every projection of 4 layers + the head
-        quantized = aotforge.load(result.path)
-        ppl = quantized.perplexity(tokens, PPL_WINDOW).perplexity
-        got = quantized.generate(prompts, AGREEMENT_TOKENS)[:, 64:]
-        prefix = [int(np.argmin(np.append(r == g, False))) for r, g in zip(reference, got, strict=True)]
-        report[name] = {
-            "perplexity": round(ppl, 4),
-            "increase": round(ppl / base - 1, 4),
-            "allowed": allowed,
-            "matching_prefix": round(sum(prefix) / reference.size, 4),
-            "same_position": round(float(np.mean(reference == got)), 4),
-        }
+
+    report = quality_report(lm_pair, build, check)
     print(json.dumps(report, indent=1))  # noqa: T201  (the figures the closing note quotes)
-    for name, _, allowed in QUALITY:
-        assert report[name]["increase"] <= allowed, (name, report)
+    assert_within_gates(report)

@@ -33,11 +33,10 @@ from aotforge.compiler.bundle_format import (
     BUNDLE_FORMAT,
     BUNDLE_JSON,
     VALIDATION_NPZ,
-    _digest,
-    _dump,
-    _jsonable,
     bundle_path,
+    json_values,
     read_bundle,
+    write_bundle_json,
 )
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
@@ -104,7 +103,7 @@ def write_bundle(draft: BundleDraft, out: Path, toolchain: Mapping[str, str]) ->
         body = {
             "format_version": BUNDLE_FORMAT,
             "target": draft.target,
-            "target_options": _jsonable(dataclasses.asdict(draft.target_options)),
+            "target_options": json_values(dataclasses.asdict(draft.target_options)),
             "plan": target.bundle_plan(draft.model, draft.target_options, ctx),
             "io": draft.io.to_dict(),
             "passes": list(draft.passes),
@@ -122,7 +121,7 @@ def write_bundle(draft: BundleDraft, out: Path, toolchain: Mapping[str, str]) ->
             "prepared": {"host": socket.gethostname(), "machine": platform.machine()},
             "files": hash_tree(stage),
         }
-        (stage / BUNDLE_JSON).write_text(_dump({**body, "bundle_sha256": _digest(body)}))
+        write_bundle_json(stage, body)
         final.parent.mkdir(parents=True, exist_ok=True)
         os.rename(stage, final)
     return final
@@ -187,7 +186,7 @@ def finish(
     if data.get("task") == TEXT_GENERATION:
         raise OptionsError(
             f"{path} is a text-generation bundle: finish it with `aotforge finish` "
-            "(aotforge.compiler.generative.bundled.finish_bundle)"
+            "(aotforge.compiler.generative.bundle_finish.finish_bundle)"
         )
     name = target_name or data["target"]
     target = get_target(name)

@@ -41,7 +41,7 @@ def read_bundle(path: Path) -> dict[str, Any]:
             "prepare it again with this aotforge version"
         )
     claimed = data.pop("bundle_sha256", None)
-    if claimed != _digest(data):
+    if claimed != json_digest(data):
         raise ArtifactError(f"{meta} was modified after it was written (digest mismatch): prepare the bundle again")
     actual = hash_tree(path)
     actual.pop(BUNDLE_JSON, None)
@@ -54,13 +54,21 @@ def read_bundle(path: Path) -> dict[str, Any]:
     return dict(data)
 
 
-def _jsonable(value: Any) -> Any:
+def write_bundle_json(directory: Path, body: Mapping[str, Any]) -> None:
+    """``bundle.json``: ``body`` as sorted-key JSON with its own digest (``bundle_sha256``), which reading checks."""
+    (directory / BUNDLE_JSON).write_text(json_text({**body, "bundle_sha256": json_digest(body)}))
+
+
+def json_values(value: Any) -> Any:
+    """``value`` as JSON gives it back (tuples become lists, other objects their ``str``): what a reader compares."""
     return json.loads(json.dumps(value, default=str))
 
 
-def _dump(data: Mapping[str, Any]) -> str:
+def json_text(data: Mapping[str, Any]) -> str:
+    """Sorted-key, indented JSON with a final newline (the same data always gives the same bytes)."""
     return json.dumps(data, sort_keys=True, indent=2) + "\n"
 
 
-def _digest(data: Mapping[str, Any]) -> str:
+def json_digest(data: Mapping[str, Any]) -> str:
+    """The sha256 of ``data``'s sorted-key JSON."""
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()

@@ -18,7 +18,7 @@ from aotforge.compiler.cli.common import user_errors
 @user_errors
 def finish(bundle: Path, out: Path, target: str | None, no_bench: bool, cache_dir: Path | None) -> None:
     """Check BUNDLE's hashes, compile it for its target, validate, benchmark and store the artifact."""
-    from aotforge.compiler.generative.bundled import finish_bundle
+    from aotforge.compiler.generative.bundle_finish import finish_bundle
 
     result = finish_bundle(bundle, out, target_name=target, bench=False if no_bench else None, cache_dir=cache_dir)
     v = result.manifest.validation

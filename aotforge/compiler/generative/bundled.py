@@ -1,4 +1,4 @@
-"""Text generation for the device targets (tensorrt, neuron): ``--prepare-only`` bundles and ``finish``.
+"""Text generation for the device targets (tensorrt, neuron): ``--prepare-only`` bundles and direct builds.
 
 A text-generation bundle holds what the device host compiles (tensorrt: the prefill and decode ONNX graphs
 over one ``weights.data``; neuron: the causal LM as safetensors, whose prefill / decode torch modules the
@@ -10,51 +10,47 @@ with ``task: text-generation``). Preparing also runs what the bundle holds on th
 (``cpu_check``): the ONNX graphs under onnxruntime, or the torch modules padded to their buckets exactly
 as the Neuron runtime pads them, token for token against the source.
 
-A direct build for these targets is the same two halves in one process on the device host: it refuses
-first, with the target probe's reason, where the SDK or device is missing.
+What each target's bundle carries is ``compiler.generative.bundle_inputs``; ``finish`` is
+``compiler.generative.bundle_finish``. A direct build for these targets is the same two halves in one process on
+the device host: it refuses first, with the target probe's reason, where the SDK or device is missing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import platform
 import shutil
 import socket
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from aotforge.artifacts.card_plots import manifest_plots
-from aotforge.artifacts.hashing import hash_tree, sha256_file
+from aotforge.artifacts.hashing import hash_tree
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.names import check_name
 from aotforge.artifacts.store import staging_dir
 from aotforge.compiler.build_result import BuildResult
-from aotforge.compiler.build_tail import build_record, key_toolchain, place_artifact, store_artifact
 from aotforge.compiler.bundle_format import (
     BUNDLE_FORMAT,
-    BUNDLE_JSON,
     VALIDATION_NPZ,
-    _digest,
-    _dump,
-    _jsonable,
     bundle_path,
+    json_values,
     read_bundle,
+    write_bundle_json,
 )
-from aotforge.compiler.generative.benchmark import benchmark_generation
-from aotforge.compiler.generative.export import decoder_spec, export_graphs, save_shared
+from aotforge.compiler.generative.bundle_finish import finish_generative
+from aotforge.compiler.generative.bundle_inputs import BundleInputs, bundle_inputs, inputs_sha
+from aotforge.compiler.generative.export import decoder_spec
 from aotforge.compiler.generative.source import load_causal_lm
 from aotforge.compiler.generative.validation import check_generation, reference_greedy, validation_prompts
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
-from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, DecoderSpec, prefill_io
-from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError, UnknownReferenceError
+from aotforge.core.decoder import TEXT_GENERATION, DecoderSpec
+from aotforge.core.errors import OptionsError, TargetUnavailableError, UnknownReferenceError
 from aotforge.core.options import options_from_dict
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET
@@ -62,8 +58,6 @@ from aotforge.targets import get_target
 from aotforge.targets.generative import generative_backend
 
 Progress = Callable[[str], None]
-#: Where a bundle for a target that compiles torch (neuron) keeps the causal LM (config + safetensors).
-MODEL_DIR = "model"
 
 
 def build_bundled(model: Any, opts: BuildOptions, say: Progress) -> BuildResult:
@@ -98,6 +92,7 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
     spec = decoder_spec(source.model, opts.max_seq_len, opts.max_batch)
     plan = backend.bundle_plan_generative(spec, target_opts)  # refuses options the target cannot honour first
     graphs_from = backend.GRAPHS_FROM
+    inputs = bundle_inputs(graphs_from)
     if tuple(opts.passes) not in ((DEFAULT_PRESET,), ()):
         # The one text-generation pass, weight-only, emits ONNX Runtime contrib ops (MatMulNBits).
         raise OptionsError(
@@ -111,17 +106,8 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
         raise UnknownReferenceError(f"{final} already exists: remove it or give another --name")
     attention = getattr(backend, "DECODE_ATTENTION", "masked")
     with staging_dir(opts.out) as stage:
-        if graphs_from == "onnx":
-            say("exporting the prefill and decode graphs")
-            prefill, decode = export_graphs(source.model, spec, name, decode_attention=attention)
-            weights = save_shared({PREFILL_FILE: prefill, DECODE_FILE: decode}, stage)
-            opset = prefill.opset_imports.get("", 0)
-        else:
-            say("saving the causal LM's weights (safetensors) for the device host to trace")
-            source.model.save_pretrained(stage / MODEL_DIR, safe_serialization=True)
-            size = sum(f.stat().st_size for f in (stage / MODEL_DIR).glob("*.safetensors"))
-            weights = {"weights_file_bytes": size, "unshared_bytes": size}
-            opset = 0
+        say(inputs.writing)
+        weights, opset = inputs.write(stage, source.model, spec, name, attention)
         for rel, file in sorted(source.files.items()):
             shutil.copyfile(file, stage / rel)
         say("greedy reference tokens from the source model")
@@ -142,13 +128,13 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
         check = None
         if cpu_check:
             say("running the bundle's graphs on this host's CPU against the source")
-            check = _cpu_check(stage, graphs_from, spec, source.model, plan, prompts, references, opts, name)
+            check = _cpu_check(stage, inputs, spec, source.model, plan, prompts, references, opts, name)
         body = {
             "format_version": BUNDLE_FORMAT,
             "task": TEXT_GENERATION,
             "target": opts.target,
-            "target_options": _jsonable(dataclasses.asdict(target_opts)),
-            "plan": _jsonable(plan),
+            "target_options": json_values(dataclasses.asdict(target_opts)),
+            "plan": json_values(plan),
             "decoder": spec.to_dict(),
             "graphs_from": graphs_from,
             "decode_attention": attention,
@@ -168,7 +154,7 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
             "prepared": {"host": socket.gethostname(), "machine": platform.machine()},
             "files": hash_tree(stage),
         }
-        (stage / BUNDLE_JSON).write_text(_dump({**body, "bundle_sha256": _digest(body)}))
+        write_bundle_json(stage, body)
         final.parent.mkdir(parents=True, exist_ok=True)
         os.rename(stage, final)
     manifest = Manifest(
@@ -177,7 +163,7 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
         target=TargetRecord(opts.target, dataclasses.asdict(target_opts), {"task": TEXT_GENERATION, "plan": plan}),
         toolchain=toolchain_versions(),
         source=dict(body["manifest_draft"]["source"]),  # type: ignore[index]
-        ir={"sha256": _inputs_sha(final, graphs_from), "opset": opset},
+        ir={"sha256": inputs_sha(final, graphs_from), "opset": opset},
         passes=[],
         io={},
         validation={**validation, "cpu_check": check, "passed": False, "pending": "aotforge finish"},
@@ -190,7 +176,7 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
 
 def _cpu_check(
     stage: Path,
-    graphs_from: str,
+    inputs: BundleInputs,
     spec: DecoderSpec,
     model: Any,
     plan: Mapping[str, Any],
@@ -200,15 +186,7 @@ def _cpu_check(
     name: str,
 ) -> dict[str, Any]:
     """The bundle's graphs on this CPU, through ``generate``, token for token against the source (raises if not)."""
-    if graphs_from == "onnx":
-        from aotforge.targets.generative.ort_engine import OrtStepEngine
-        from aotforge.targets.onnxruntime import OrtOptions, session_options
-
-        engine: Any = OrtStepEngine(stage, spec, session_options(OrtOptions()), ["CPUExecutionProvider"])
-        runtime = "onnxruntime CPU over the bundle's prefill.onnx / decode.onnx"
-    else:
-        engine = torch_bucket_engine(model, spec, plan)
-        runtime = "the prefill / decode torch modules on CPU, padded to the planned buckets"
+    engine, runtime = inputs.cpu_engine(stage, spec, model, plan)
     from aotforge.targets.generative.runner import GenerativeRunner
 
     record = check_generation(
@@ -225,168 +203,3 @@ def _cpu_check(
     if hasattr(engine, "calls"):
         out["graphs_run"] = sorted({"{}.b{}-{}".format(*k) for k in engine.calls})
     return {"runtime": runtime, **out}
-
-
-def torch_bucket_engine(model: Any, spec: DecoderSpec, plan: Mapping[str, Any]) -> Any:
-    """Neuron's bucket routing and padding over the torch modules the device host traces, run on CPU."""
-    import torch
-
-    from aotforge.compiler.generative.graphs import Decode, Prefill
-    from aotforge.targets.neuron.generative import CONTEXT_ENCODING, BucketStepEngine
-
-    modules = {"prefill": Prefill(model).eval(), "decode": Decode(model).eval()}
-
-    def run(key: tuple[str, int, int], arrays: list[np.ndarray]) -> list[np.ndarray]:
-        module = modules["prefill" if key[0] == CONTEXT_ENCODING else "decode"]
-        with torch.inference_mode():
-            out = module(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays))
-        return [t.numpy() for t in out]
-
-    keys = {(g["kind"], int(g["batch"]), int(g["length"])): None for g in plan["graphs"]}
-    return BucketStepEngine(spec, keys, run)
-
-
-def finish_generative(
-    path: Path,
-    data: Mapping[str, Any],
-    out: Path,
-    *,
-    target_name: str | None = None,
-    bench: bool | None = None,
-    progress: Progress | None = None,
-    worker: Mapping[str, Any] | None = None,
-    plots: bool = True,
-) -> BuildResult:
-    """Compile a checked text-generation bundle (``compiler.bundle.read_bundle``), validate it token for token
-    against the references it carries, benchmark, and store the artifact."""
-    started = time.perf_counter()
-    say = progress or (lambda _msg: None)
-    name = target_name or data["target"]
-    graphs_from = data["graphs_from"]
-    if name != data["target"] and not (name == "onnxruntime" and graphs_from == "onnx"):
-        raise OptionsError(
-            f"a {data['target']} text-generation bundle finishes for {data['target']}"
-            f"{' or onnxruntime (its ONNX graphs)' if graphs_from == 'onnx' else ''}, not {name}"
-        )
-    target = get_target(name)
-    probe = target.probe()
-    if not probe.available:
-        raise TargetUnavailableError(f"cannot finish {path} for {name} on this host: {probe.reason}")
-    backend = generative_backend(name)
-    target_opts = options_from_dict(
-        target.options_type, data["target_options"] if name == data["target"] else {}, what=name
-    )
-    spec = DecoderSpec.from_dict(data["decoder"])
-    if name == data["target"] and _jsonable(backend.bundle_plan_generative(spec, target_opts)) != data["plan"]:
-        raise ArtifactError(
-            f"the {name} plan in the bundle differs from what this aotforge plans for it: prepare the bundle "
-            "with the same aotforge version as the device host"
-        )
-    prompts, references = _load_references(path, int(data["validation"]["prompts"]))
-    draft = data["manifest_draft"]
-    place = place_artifact(out, draft["name"], draft["version"], name, plots=plots)
-    with staging_dir(out) as stage:
-        for rel in data["files"]:
-            if rel != VALIDATION_NPZ:
-                (stage / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path / rel, stage / rel)
-        extra: dict[str, Any] = {}
-        if graphs_from == "torch":
-            from aotforge.compiler.generative.graphs import Decode, Prefill
-
-            model = load_causal_lm(stage / MODEL_DIR).model
-            extra["modules"] = {"prefill": Prefill(model).eval(), "decode": Decode(model).eval()}
-        say(f"compiling for {name}")
-        compiled = backend.compile_generative(stage, spec, target_opts, say, **extra)
-        if graphs_from == "torch":
-            shutil.rmtree(stage / MODEL_DIR)  # the compiled graphs hold the weights; the source stays in the bundle
-        info = {
-            **compiled.target_info,
-            "task": TEXT_GENERATION,
-            "decoder": spec.to_dict(),
-            "decode_attention": data["decode_attention"],
-            "weights": data["weights"],
-        }
-        record = TargetRecord(target.name, dataclasses.asdict(target_opts), info)
-        runner = backend.load_generative(stage, record)
-        say("validating greedy generation against the references in the bundle")
-        checked = data["validation"]
-        validation = check_generation(
-            prompts,
-            references,
-            runner,
-            spec,
-            seed=int(checked["seed"]),
-            tolerance=float(checked["tolerance"]),
-            min_agreement=float(checked["min_token_agreement"]),
-            name=place.name,
-        )
-        validation["reference"] += " (tokens and logits stored in the bundle)"
-        run_bench = data["bench"] if bench is None else bench
-        bench_record = None
-        if run_bench:
-            say("benchmarking generation")
-            bench_record = {
-                "generation": benchmark_generation(runner, spec, int(data["weights"]["weights_file_bytes"]))
-            }
-        manifest = Manifest(
-            name=place.name,
-            version=place.version,
-            target=record,
-            toolchain={**toolchain_versions(), **compiled.toolchain},
-            source=dict(draft["source"]),
-            ir={"sha256": _inputs_sha(path, graphs_from), "opset": int(draft["ir_opset"])},
-            passes=list(draft["passes"]),
-            io=prefill_io(spec).to_dict(),
-            validation=validation,
-            benchmark=bench_record,
-            files={},
-            build=build_record(
-                started,
-                toolchain_key=key_toolchain(name, probe),
-                bundle={"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]},
-                **({"worker": dict(worker)} if worker else {}),
-            ),
-        )
-        if place.plots:
-            manifest_plots(stage, manifest.validation, manifest.benchmark, manifest.passes)
-        manifest = store_artifact(stage, manifest, place)
-    return BuildResult(place.path_of(manifest), manifest)
-
-
-def _load_references(path: Path, count: int) -> tuple[list[np.ndarray], list[tuple[list[int], list[np.ndarray]]]]:
-    with np.load(path / VALIDATION_NPZ, allow_pickle=False) as data:
-        prompts = [data[f"prompt_{i}"] for i in range(count)]
-        refs = [([int(t) for t in data[f"tokens_{i}"]], list(data[f"logits_{i}"])) for i in range(count)]
-    return prompts, refs
-
-
-def _inputs_sha(bundle: Path, graphs_from: str) -> str:
-    """One digest over what the target compiles: the two graphs (their weights are in ``files``), or the weights."""
-    digest = hashlib.sha256()
-    files = (
-        [PREFILL_FILE, DECODE_FILE]
-        if graphs_from == "onnx"
-        else sorted(str(p.relative_to(bundle)) for p in (bundle / MODEL_DIR).iterdir() if p.is_file())
-    )
-    for rel in files:
-        digest.update(sha256_file(bundle / rel).encode())
-    return digest.hexdigest()
-
-
-def finish_bundle(
-    path: Path,
-    out: Path,
-    *,
-    target_name: str | None = None,
-    bench: bool | None = None,
-    cache_dir: Path | None = None,
-    progress: Progress | None = None,
-) -> BuildResult:
-    """``aotforge finish``: a text-generation bundle here, any other through ``compiler.bundle.finish``."""
-    data = read_bundle(path)
-    if data.get("task") == TEXT_GENERATION:
-        return finish_generative(path, data, out, target_name=target_name, bench=bench, progress=progress)
-    from aotforge.compiler.bundle import finish
-
-    return finish(path, out, target_name=target_name, bench=bench, cache_dir=cache_dir, progress=progress)

@@ -25,9 +25,7 @@ graphs' torch modules (``GRAPHS_FROM``).
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from math import log2
 from pathlib import Path
 from typing import Any
@@ -156,28 +154,18 @@ def compile_generative(
     """Trace every bucket of ``modules`` (``{"prefill": Prefill, "decode": Decode}``) with neuronx-cc."""
     if modules is None:
         raise OptionsError("neuron compiles the prefill/decode torch modules: this build handed over none")
-    probe = sdk.probe(options.python)
-    if not probe.compiles:
-        raise TargetUnavailableError(probe.reason)
-    worker_python = probe.details.get("neuron_python")  # set when a separate environment compiles
+    found = sdk.probe_to_compile(options.python)
     args = compiler_args(options, ())
     graphs = plan_buckets(spec, options).graphs()
-    scratch = Path(tempfile.mkdtemp(prefix="aotforge-neuronx-cc-"))  # neuronx-cc's intermediates stay out
-    for graph in graphs:
-        module = modules["prefill" if graph["kind"] == CONTEXT_ENCODING else "decode"]
-        say(f"neuronx-cc: {graph['kind']} batch {graph['batch']} length {graph['length']}")
-        examples = example_inputs(spec, graph)
-        key = Path(graph["file"]).stem
-        if worker_python:
-            sdk.trace_in_worker(Path(worker_python), module, examples, args, scratch / key, workdir / graph["file"])
-        else:
-            sdk.trace_to_file(module, examples, args, scratch / key, workdir / graph["file"])
-    shutil.rmtree(scratch, ignore_errors=True)
-    versions = (
-        {d: probe.details[d] for d in ("torch", "torch-neuronx", "neuronx-cc") if d in probe.details}
-        if worker_python
-        else sdk.versions()
-    )
+
+    def traces() -> Iterator[sdk.Trace]:
+        for graph in graphs:
+            module = modules["prefill" if graph["kind"] == CONTEXT_ENCODING else "decode"]
+            say(f"neuronx-cc: {graph['kind']} batch {graph['batch']} length {graph['length']}")
+            examples = example_inputs(spec, graph)
+            yield sdk.Trace(module, examples, Path(graph["file"]).stem, workdir / graph["file"])
+
+    versions = sdk.trace_all(found, traces(), args)
     info = {
         "instance_family": options.target.value,
         "compiler_args": args,

@@ -8,19 +8,22 @@ The sparsity-mask carry-over uses plain torch and runs (and is tested) anywhere.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import glob
 import importlib
 import importlib.metadata
 import re
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from aotforge.core.errors import AotforgeError, CompileError, UnsupportedModelError
+from aotforge.core.errors import AotforgeError, CompileError, TargetUnavailableError, UnsupportedModelError
 from aotforge.targets.base import ProbeResult
 from aotforge.targets.neuron import env
 
@@ -47,6 +50,44 @@ def probe(python: str = "") -> ProbeResult:
         reason = "neuron can compile here but not run: no Neuron device (no /dev/neuron*); run on inf2 / trn1 / trn2"
         return ProbeResult(False, reason, can_compile=True, details=details)
     return ProbeResult(True, details=details)
+
+
+def probe_to_compile(python: str = "") -> ProbeResult:
+    """:func:`probe`, refusing with its reason where nothing can compile (neither here nor in a Neuron environment)."""
+    found = probe(python)
+    if not found.compiles:
+        raise TargetUnavailableError(found.reason)
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    """One graph to compile: the torch module, its example inputs, a key naming its scratch space, its file."""
+
+    module: Any
+    examples: list[np.ndarray]
+    key: str
+    out: Path
+
+
+def trace_all(found: ProbeResult, traces: Iterable[Trace], args: list[str]) -> dict[str, str]:
+    """Compile each of ``traces`` with neuronx-cc, in this process or in the Neuron environment ``found`` (a
+    :func:`probe_to_compile` result) names; returns the toolchain versions that compiled them.
+
+    neuronx-cc's scratch space lives outside the artifact: its intermediates must not ship or be hashed. It is
+    kept when a trace fails (the error names it), removed once all compiled.
+    """
+    worker_python = found.details.get("neuron_python")  # set when a separate environment compiles
+    scratch = Path(tempfile.mkdtemp(prefix="aotforge-neuronx-cc-"))
+    for trace in traces:
+        if worker_python:
+            trace_in_worker(Path(worker_python), trace.module, trace.examples, args, scratch / trace.key, trace.out)
+        else:
+            trace_to_file(trace.module, trace.examples, args, scratch / trace.key, trace.out)
+    shutil.rmtree(scratch, ignore_errors=True)
+    if worker_python:
+        return {d: found.details[d] for d in ("torch", "torch-neuronx", "neuronx-cc") if d in found.details}
+    return versions()
 
 
 def worker_env(python: str = "") -> env.NeuronEnv | str:

@@ -14,8 +14,6 @@ import dataclasses
 import enum
 import itertools
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -240,31 +238,15 @@ class NeuronTarget(Target):
 
     def compile(self, model: ir.Model, options: NeuronOptions, ctx: BuildContext, workdir: Path) -> CompileResult:
         self.plan(model, options, ctx)
-        probe = sdk.probe(options.python)
-        if not probe.compiles:
-            raise TargetUnavailableError(probe.reason)
-        worker_python = probe.details.get("neuron_python")  # set when a separate environment compiles
+        found = sdk.probe_to_compile(options.python)
         module = sdk.module_of(ctx.torch_program)
         masked = sdk.carry_sparsity_masks(module, model) if _sparsity_ran(ctx.passes) else []
         args = compiler_args(options, ctx.passes)
         buckets = plan_buckets(ctx.io, options)
-        # neuronx-cc's scratch space lives outside the artifact: its intermediates must not ship or
-        # be hashed. Kept when a bucket fails (the error names it), removed once all compiled.
-        scratch = Path(tempfile.mkdtemp(prefix="aotforge-neuronx-cc-"))
-        for bucket in buckets:
-            examples = _example_inputs(ctx.io, bucket)
-            if worker_python:
-                sdk.trace_in_worker(
-                    Path(worker_python), module, examples, args, scratch / bucket.key, workdir / bucket.file
-                )
-            else:
-                sdk.trace_to_file(module, examples, args, scratch / bucket.key, workdir / bucket.file)
-        shutil.rmtree(scratch, ignore_errors=True)
-        versions = (
-            {d: probe.details[d] for d in ("torch", "torch-neuronx", "neuronx-cc") if d in probe.details}
-            if worker_python
-            else sdk.versions()
+        traces = (
+            sdk.Trace(module, _example_inputs(ctx.io, bucket), bucket.key, workdir / bucket.file) for bucket in buckets
         )
+        versions = sdk.trace_all(found, traces, args)
         info = {
             "instance_family": options.target.value,
             "compiler_args": args,
