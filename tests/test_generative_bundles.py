@@ -22,12 +22,20 @@ from aotforge.compiler.bundle import BUNDLE_JSON, read_bundle
 from aotforge.compiler.cli import main
 from aotforge.compiler.generative.bundle_finish import finish_bundle as finish
 from aotforge.core.decoder import DecoderSpec
-from aotforge.core.errors import ArtifactError, OptionsError
+from aotforge.core.errors import (
+    EXIT_INTEGRITY,
+    EXIT_TARGET_UNAVAILABLE,
+    EXIT_USER,
+    EXIT_VALIDATION,
+    ArtifactError,
+    OptionsError,
+)
 from aotforge.targets import get_target
 from aotforge.targets.neuron.generative import generate_buckets, plan_buckets
 from aotforge.targets.neuron.target import NeuronOptions
 from aotforge.targets.tensorrt.generative import engine_plans
 from aotforge.targets.tensorrt.target import TensorRTOptions
+from tests.conftest import assert_refused, tree_state
 from tests.llm_models import (
     MAX_SEQ,
     NEW,
@@ -198,6 +206,44 @@ def test_a_changed_bundle_is_refused(trt_bundle: Path, tmp_path: Path) -> None:
         finish(copy, tmp_path / "out", target_name="onnxruntime")
 
 
+def _kept_out(tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "kept.txt").write_text("an earlier build's")
+    return out
+
+
+def _finish_unchanged(bundle: Path, out: Path, *extra: str) -> Any:
+    """``aotforge finish``; the bundle and --out must be as they were afterwards (listing and bytes)."""
+    before = (tree_state(bundle), tree_state(out))
+    result = CliRunner().invoke(main, ["finish", str(bundle), "--out", str(out), "--no-bench", *extra])
+    assert (tree_state(bundle), tree_state(out)) == before, result.output
+    return result
+
+
+def test_finish_refusals_leave_the_bundle_and_out_as_they_were(trt_bundle: Path, tmp_path: Path) -> None:
+    out = _kept_out(tmp_path)
+    other = _finish_unchanged(trt_bundle, out, "--target", "tvm")
+    assert_refused(other, EXIT_USER, "finishes for tensorrt or onnxruntime .*not tvm")
+    if not get_target("tensorrt").probe().available:
+        assert_refused(_finish_unchanged(trt_bundle, out), EXIT_TARGET_UNAVAILABLE, "cannot finish .* lacks")
+    changed = tmp_path / "changed"
+    shutil.copytree(trt_bundle, changed)
+    with (changed / "validation.npz").open("ab") as f:
+        f.write(b"\0")
+    assert_refused(_finish_unchanged(changed, out), EXIT_INTEGRITY, "validation.npz .*changed since the bundle")
+
+
+def test_a_finish_failing_validation_leaves_nothing(
+    trt_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both engines built and staged, then the engines' tokens miss the bundle's references: no artifact."""
+    built = _stand_in_tensorrt_sdk(monkeypatch, corrupt=True)
+    result = _finish_unchanged(trt_bundle, _kept_out(tmp_path))
+    assert_refused(result, EXIT_VALIDATION, "agree")
+    assert [b[0] for b in built] == ["prefill.onnx", "decode.onnx"]  # it failed after the compile, not before
+
+
 NEURON_BUCKETS = "buckets=prompt=8/16/64,cache=16/32/64"
 
 
@@ -281,6 +327,27 @@ def test_neuron_bundle_finishes_through_a_stand_in_sdk(
     assert len(files) == 6 and files <= set(m.files) and files == set(traced)
     assert not any(f.startswith("model/") for f in m.files)  # the source weights stay in the bundle
     _token_exact(loaded, tiny_causal_lm("gpt2"))
+
+
+def test_a_neuron_finish_failing_a_bucket_leaves_nothing(
+    gpt2_neuron_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """neuronx-cc (stood in) fails on the third bucket, two traced graphs already staged: no artifact."""
+    from aotforge.core.errors import CompileError
+    from aotforge.targets.neuron import sdk
+
+    traced = _stand_in_neuron_sdk(monkeypatch)
+    trace = sdk.trace_to_file
+
+    def fails_third(module: Any, examples: list[np.ndarray], args: list[str], workdir: Path, out: Path) -> None:
+        if len(traced) == 2:
+            raise CompileError(f"neuronx-cc failed for shapes {[a.shape for a in examples]} (stand-in)")
+        trace(module, examples, args, workdir, out)
+
+    monkeypatch.setattr(sdk, "trace_to_file", fails_third)
+    result = _finish_unchanged(gpt2_neuron_bundle, _kept_out(tmp_path))
+    assert_refused(result, EXIT_USER, "neuronx-cc failed for shapes")
+    assert len(traced) == 2
 
 
 def test_neuron_bucket_engine_is_token_exact_against_transformers() -> None:

@@ -16,6 +16,7 @@ from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.recipe import load_recipe
 from aotforge.core.decoder import TEXT_GENERATION
+from aotforge.core.errors import OptionsError
 
 if TYPE_CHECKING:
     from aotforge.compiler.farm.spec import MatrixResult
@@ -92,6 +93,11 @@ def build(
         from aotforge.compiler.generative.build import build_generative  # torch, transformers, the target
 
         return build_generative(model, opts, say)
+    if opts.speculative_k:  # a verify graph is a decoder's: refused here, not silently dropped
+        raise OptionsError(
+            f"--speculative-k {opts.speculative_k} compiles a verify graph for text-generation builds only: "
+            "add --task text-generation for a causal LM, or drop --speculative-k"
+        )
     if example_inputs is not None:
         direct = build_direct.DirectPlan(None, "an nn.Module, not a file")
     else:

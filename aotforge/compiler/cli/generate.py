@@ -125,7 +125,8 @@ def perplexity(
     if (text_file is None) == (ids_file is None):
         raise click.BadParameter("give exactly one of --text-file and --ids-file", param_hint="--text-file")
     if text_file is not None:
-        ids = list(_tokenizer(artifact)(text_file.read_text(encoding="utf-8"))["input_ids"])
+        text = _read_text(text_file, "--text-file")
+        ids = list(_tokenizer(artifact)(text)["input_ids"])
     else:
         ids = _read_ids(Path(str(ids_file)))
     ids = ids[:max_tokens] if max_tokens else ids
@@ -143,8 +144,17 @@ def perplexity(
         )
 
 
+def _read_text(path: Path, option: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InputSpecError(
+            f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): give {option} a UTF-8 file"
+        ) from e
+
+
 def _read_ids(path: Path) -> list[int]:
-    text = path.read_text(encoding="utf-8").replace(",", " ")
+    text = _read_text(path, "--ids-file").replace(",", " ")
     try:
         return [int(t) for t in text.split()]
     except ValueError:
