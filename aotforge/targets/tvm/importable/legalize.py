@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from aotforge.targets.tvm.importable.rules import conv, elementwise, reduce, resize, shapes
+from aotforge.targets.tvm.importable.rules import conv, elementwise, quantized, recurrent, reduce, resize, shapes
 from aotforge.targets.tvm.importable.rules.base import Graph, Rule
 
 #: In the order they run.
@@ -32,12 +32,18 @@ RULES: tuple[Rule, ...] = (
     elementwise.elu_in_float32,
     shapes.eye_like_dtype,
     elementwise.shift_left_out_of_range,
+    quantized.qlinear_matmul,
+    conv.col2im,
+    shapes.split_empty_parts,
+    elementwise.bitcast_integers,
+    recurrent.recurrent,
 )
 
 #: The ops some rule may rewrite.
 RULE_OPS = frozenset(
     ("Expand", "IsInf", "ConvTranspose", "Pow", "Sinh", "Cosh", "LpNormalization", "CumProd", "OneHot")
     + ("ReduceMax", "ReduceMin", "BitShift", "Resize", "Elu", "Celu", "EyeLike")
+    + ("QLinearMatMul", "Col2Im", "Split", "BitCast", "RNN", "GRU", "LSTM")
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from aotforge.targets.tvm.importable.rules.base import Graph, attr, make
 
@@ -66,3 +66,26 @@ def eye_like_dtype(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | Non
     eye = g.fresh(node.output[0] + "_eye")
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name != "dtype"}
     return [make("EyeLike", [node.input[0]], [eye], **attrs), make("Cast", [eye], [node.output[0]], to=dtype)]
+
+
+def split_empty_parts(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+    """Split with zero-size parts: those parts are empty constants, the others Slices (TVM's split needs
+    strictly rising indices)."""
+    if node.op_type != "Split" or len(node.input) < 2 or not node.input[1]:
+        return None
+    parts, shape = g.constants.get(node.input[1]), g.shapes.get(node.input[0])
+    if parts is None or shape is None or node.input[0] not in g.dtypes or not (parts == 0).any():
+        return None
+    axis = int(attr(node, "axis", 0)) % len(shape)
+    axes, axes_node = g.constant("split_axis", np.array([axis], np.int64))
+    nodes, start = [axes_node], 0
+    for size, out in zip((int(p) for p in parts), node.output, strict=True):
+        if size == 0:
+            empty = np.zeros([0 if d == axis else n for d, n in enumerate(shape)], g.np_dtype(node.input[0]))
+            nodes.append(make("Constant", [], [out], value=numpy_helper.from_array(empty)))
+        else:
+            begin, begin_node = g.constant("split_begin", np.array([start], np.int64))
+            end, end_node = g.constant("split_end", np.array([start + size], np.int64))
+            nodes += [begin_node, end_node, make("Slice", [node.input[0], begin, end, axes], [out])]
+        start += size
+    return nodes
