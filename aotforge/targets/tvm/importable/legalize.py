@@ -29,6 +29,7 @@ RULES: tuple[Rule, ...] = (
     reduce.reduce_bool,
     reduce.reduce_extreme_infinity,
     resize.resize_full_rank,
+    resize.resize_by_taps,
     elementwise.elu_in_float32,
     shapes.eye_like_dtype,
     elementwise.shift_left_out_of_range,
