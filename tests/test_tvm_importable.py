@@ -55,6 +55,17 @@ CASES = {
     "test_resize_tf_crop_and_resize_axes_3_2": ("legalized", "resize_full_rank"),
     "test_celu_float16": ("legalized", "elu_in_float32"),
     "test_eyelike_with_dtype": ("legalized", "eye_like_dtype"),
+    "test_qlinearmatmul_3D_int8_float16": ("legalized", "qlinear_matmul"),
+    "test_col2im_pads": ("legalized", "col2im"),
+    "test_col2im_5d": ("legalized", "col2im"),
+    "test_split_zero_size_splits_opset18": ("legalized", "split_empty_parts"),
+    "test_bitcast_uint16_to_int16": ("legalized", "bitcast_integers"),
+    "test_simple_rnn_reverse": ("legalized", "recurrent"),
+    "test_gru_bidirectional": ("legalized", "recurrent"),
+    "test_lstm_with_peepholes": ("legalized", "recurrent"),  # sequence_lens a graph input: masked steps
+    "test_resize_downsample_scales_cubic_antialias": ("legalized", "resize_by_taps"),
+    "test_resize_upsample_scales_linear_half_pixel_symmetric": ("legalized", "resize_by_taps"),
+    "test_resize_downsample_sizes_nearest_not_smaller": ("legalized", "resize_by_taps"),
     "test_cast_FLOAT_to_FLOAT8E4M3FN": ("narrow_types", "encode_float8e4m3fn"),
     "test_cast_no_saturate_FLOAT16_to_FLOAT8E5M2": ("narrow_types", "encode_float8e5m2"),
     "test_castlike_no_saturate_FLOAT_to_FLOAT8E4M3FNUZ": ("narrow_types", "encode_float8e4m3fnuz"),
@@ -168,3 +179,53 @@ def test_check_command_names_what_tvm_takes_and_what_it_cannot(suite: Any, tmp_p
     assert json.loads(good.output)["rewritten"]["expanded"]["SoftmaxCrossEntropyLoss"] == 1
     bad = CliRunner().invoke(main, ["check", paths["test_det_2d"]])
     assert bad.exit_code == 1 and "cannot take ai.onnx::Det-22" in bad.output, bad.output
+
+
+def _one_node_model(node: onnx.NodeProto, inputs: list[Any], inits: list[onnx.TensorProto], opset: int) -> ir.Model:
+    helper = onnx.helper
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(node.output[-1], 0, None)], inits)
+    return ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]))
+
+
+def test_partial_rewrites_refuse_what_they_cannot_make_exact() -> None:
+    """An LSTM with a graph-input weight, a QLinearMatMul with per-row scales, a float BitCast: refused at
+    planning with the op and why, never an artifact."""
+    from aotforge.targets.tvm.importable.coverage import check
+
+    helper, f32, u8 = onnx.helper, onnx.TensorProto.FLOAT, onnx.TensorProto.UINT8
+    value = helper.make_tensor_value_info
+    lstm = helper.make_node("LSTM", ["x", "w", "r"], ["", "h"], hidden_size=2)
+    rw = numpy_helper_array(np.zeros((1, 8, 2), np.float32), "r")
+    models = {
+        "LSTM": _one_node_model(lstm, [value("x", f32, [3, 1, 2]), value("w", f32, [1, 8, 2])], [rw], 22),
+        "QLinearMatMul": _one_node_model(
+            helper.make_node("QLinearMatMul", ["a", "s", "z", "b", "t", "z", "t", "z"], ["y"]),
+            [value("a", u8, [2, 2]), value("b", u8, [2, 2])],
+            [numpy_helper_array(np.ones(2, np.float32), "s"), numpy_helper_array(np.ones(1, np.float32), "t")]
+            + [numpy_helper_array(np.zeros(1, np.uint8), "z")],
+            21,
+        ),
+        "BitCast": _one_node_model(
+            helper.make_node("BitCast", ["x"], ["y"], to=onnx.TensorProto.INT32), [value("x", f32, [2])], [], 26
+        ),
+    }
+    for op, model in models.items():
+        shapes = {v.name: list(v.shape or []) for v in model.graph.inputs}
+        refused = check(model, shapes).refused
+        assert [r.op for r in refused] == [op] and "aotforge's rewrite: " in refused[0].reason, refused
+
+
+def test_resize_taps_skip_what_tvm_computes_right() -> None:
+    """Upsampling linear by 2 (output / input is the scale) stays a Resize for TVM's own kernel."""
+    from aotforge.targets.tvm.importable import prepare
+
+    helper = onnx.helper
+    resize = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear")
+    scales = numpy_helper_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    model = _one_node_model(resize, [helper.make_tensor_value_info("x", 1, [1, 1, 3, 3])], [scales], 19)
+    proto, report = prepare(model, {"x": [1, 1, 3, 3]})
+    assert "legalized" not in report and [n.op_type for n in proto.graph.node] == ["Resize"], report
+
+
+def numpy_helper_array(value: np.ndarray, name: str) -> onnx.TensorProto:
+    return onnx.numpy_helper.from_array(value, name)

@@ -15,6 +15,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
+from aotforge.targets.tvm.importable.legalize import PARTLY
 from aotforge.targets.tvm.importable.support import importer_ops
 
 
@@ -69,6 +70,8 @@ def _refused(proto: onnx.ModelProto, ops: frozenset[str]) -> list[Refused]:
         name = node.name or f"#{k}"
         if node.op_type not in ops:
             why = "not in TVM's ONNX importer, and no function body or rewrite of aotforge's applies"
+            if node.op_type in PARTLY:
+                why = f"not in TVM's ONNX importer; aotforge's rewrite: {PARTLY[node.op_type]}"
             if node.op_type in ("Scan", "Loop"):
                 why = "a loop whose trip count is not static (aotforge unrolls only Scans of static length)"
             refused.append(Refused(node.op_type, node.domain, opset, name, why))

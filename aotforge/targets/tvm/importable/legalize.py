@@ -47,6 +47,20 @@ RULE_OPS = frozenset(
     + ("QLinearMatMul", "Col2Im", "Split", "BitCast", "RNN", "GRU", "LSTM")
 )
 
+_RECURRENT = (
+    "unrolled only with constant weights (W, R, B), activations without alpha / beta, a static sequence of at most "
+    f"{recurrent.MAX_STEPS} steps, and sequence_lens other than the full length on forward passes only"
+)
+#: Ops the importer lacks that a rule rewrites only in some forms: why one left alone is refused.
+PARTLY = {
+    "QLinearMatMul": "rewritten only with per-tensor (one-element) scales and zero points",
+    "Col2Im": f"rewritten only with static shapes, constant image / block shapes, at most {conv.MAX_COL2IM} columns",
+    "BitCast": "only between integer types of one width (a float's bits need a reinterpretation TVM cannot import)",
+    "RNN": _RECURRENT,
+    "GRU": _RECURRENT,
+    "LSTM": _RECURRENT,
+}
+
 
 def tensor_constants(model: onnx.ModelProto) -> int:
     """Constant nodes given as value_int(s) / value_float(s) rewritten with a tensor (the importer reads only that)."""
