@@ -47,8 +47,8 @@ CASES = {
     "test_cumprod_1d_reverse_exclusive": ("legalized", "cum_prod"),
     "test_onehot_negative_indices": ("legalized", "one_hot"),
     "test_reduce_max_bool_inputs": ("legalized", "reduce_bool"),
-    "test_reduce_max_empty_set": ("legalized", "reduce_extreme_infinity"),
-    "test_reduce_min_empty_set": ("legalized", "reduce_extreme_infinity"),
+    "test_reduce_max_empty_set": ("legalized", "reduce_empty_set"),
+    "test_reduce_min_empty_set": ("legalized", "reduce_empty_set"),
     "test_resize_upsample_sizes_nearest_axes_2_3": ("legalized", "resize_full_rank"),
     "test_resize_upsample_scales_nearest_axes_3_2": ("legalized", "resize_full_rank"),
     "test_resize_downsample_sizes_nearest_not_larger": ("legalized", "resize_full_rank"),
@@ -229,3 +229,20 @@ def test_resize_taps_skip_what_tvm_computes_right() -> None:
 
 def numpy_helper_array(value: np.ndarray, name: str) -> onnx.TensorProto:
     return onnx.numpy_helper.from_array(value, name)
+
+
+def test_reduce_of_all_minus_infinity_rows() -> None:
+    """A ReduceMax row of only -inf (an attention row fully masked) gives -inf once prepared."""
+    import onnxruntime as ort
+
+    from aotforge.targets.tvm.importable import prepare
+
+    helper = onnx.helper
+    axes = numpy_helper_array(np.array([1], np.int64), "axes")
+    reduce = helper.make_node("ReduceMax", ["x", "axes"], ["y"], keepdims=0)
+    model = _one_node_model(reduce, [helper.make_tensor_value_info("x", 1, [2, 3])], [axes], 18)
+    proto, report = prepare(model, {"x": [2, 3]})
+    assert report["legalized"] == {"reduce_extreme_infinity": 1}, report
+    x = np.array([[-np.inf] * 3, [1, -np.inf, 2]], np.float32)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], [-np.inf, 2])

@@ -27,6 +27,7 @@ RULES: tuple[Rule, ...] = (
     reduce.cum_prod,
     shapes.one_hot,
     reduce.reduce_bool,
+    reduce.reduce_empty_set,
     reduce.reduce_extreme_infinity,
     resize.resize_full_rank,
     resize.resize_by_taps,

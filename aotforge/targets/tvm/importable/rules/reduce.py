@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from aotforge.targets.tvm.importable.rules.base import FLOATS, Graph, attr, make, through_dtype
 
@@ -119,3 +119,31 @@ def reduce_extreme_infinity(node: onnx.NodeProto, g: Graph) -> list[onnx.NodePro
         make("And", [at_edge, none], [empty]),
         make("Where", [empty, inf_name, reduced], [out]),
     ]  # fmt: skip
+
+
+def reduce_empty_set(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+    """ReduceMax / ReduceMin over a static axis of size 0: a constant of the type's lowest / highest value
+    (-inf / +inf for floats), as ONNX defines it (TVM's kernel never runs its init over an empty loop)."""
+    if node.op_type not in ("ReduceMax", "ReduceMin"):
+        return None
+    shape, dtype = g.shapes.get(node.input[0]), g.dtypes.get(node.input[0])
+    axes_input = g.constants.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    if shape is None or dtype is None or (len(node.input) > 1 and node.input[1] and axes_input is None):
+        return None
+    axes_given = axes_input.reshape(-1).tolist() if axes_input is not None else attr(node, "axes")
+    if not axes_given and attr(node, "noop_with_empty_axes", 0):
+        return None
+    axes = {int(a) % len(shape) for a in axes_given} if axes_given else set(range(len(shape)))
+    if not any(shape[a] == 0 for a in axes):
+        return None
+    np_dtype, is_max = g.np_dtype(node.input[0]), node.op_type == "ReduceMax"
+    if dtype in FLOATS:
+        fill = -np.inf if is_max else np.inf
+    elif np.dtype(np_dtype).kind in "iu":
+        fill = np.iinfo(np_dtype).min if is_max else np.iinfo(np_dtype).max
+    else:
+        return None
+    keep = attr(node, "keepdims", 1)
+    out_shape = [1 if a in axes else d for a, d in enumerate(shape) if keep or a not in axes]
+    value = np.full(out_shape, fill, np_dtype)
+    return [make("Constant", [], [node.output[0]], value=numpy_helper.from_array(value))]
