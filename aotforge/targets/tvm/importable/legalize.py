@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from aotforge.targets.tvm.importable.rules import conv, elementwise, quantized, recurrent, reduce, resize, shapes
+from aotforge.targets.tvm.importable.rules import conv, elementwise, quantized, recurrent, reduce, resize, shapes, text
 from aotforge.targets.tvm.importable.rules.base import Graph, Rule
 
 #: In the order they run.
@@ -39,13 +39,14 @@ RULES: tuple[Rule, ...] = (
     shapes.split_empty_parts,
     elementwise.bitcast_integers,
     recurrent.recurrent,
+    text.tfidf_vectorizer,
 )
 
 #: The ops some rule may rewrite.
 RULE_OPS = frozenset(
     ("Expand", "IsInf", "ConvTranspose", "Pow", "Sinh", "Cosh", "LpNormalization", "CumProd", "OneHot")
     + ("ReduceMax", "ReduceMin", "BitShift", "Resize", "Elu", "Celu", "EyeLike")
-    + ("QLinearMatMul", "Col2Im", "Split", "BitCast", "RNN", "GRU", "LSTM")
+    + ("QLinearMatMul", "Col2Im", "Split", "BitCast", "RNN", "GRU", "LSTM", "TfIdfVectorizer")
 )
 
 _RECURRENT = (
@@ -57,6 +58,7 @@ PARTLY = {
     "QLinearMatMul": "rewritten only with per-tensor (one-element) scales and zero points",
     "Col2Im": f"rewritten only with static shapes, constant image / block shapes, at most {conv.MAX_COL2IM} columns",
     "BitCast": "only between integer types of one width (a float's bits need a reinterpretation TVM cannot import)",
+    "TfIdfVectorizer": "rewritten only over integer tokens (pool_int64s) in [C] or [B, C] of static size",
     "RNN": _RECURRENT,
     "GRU": _RECURRENT,
     "LSTM": _RECURRENT,
@@ -124,4 +126,5 @@ def _graph(model: onnx.ModelProto) -> Graph:
         shapes.setdefault(name, value.shape)
         dtypes.setdefault(name, helper.np_dtype_to_tensor_dtype(value.dtype))
     names = {n for node in model.graph.node for n in [*node.input, *node.output]} | set(constants)
-    return Graph(constants, shapes, dtypes, names | {v.name for v in model.graph.input})
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    return Graph(constants, shapes, dtypes, names | {v.name for v in model.graph.input}, opset)

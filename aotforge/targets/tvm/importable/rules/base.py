@@ -21,6 +21,8 @@ class Graph:
     shapes: dict[str, tuple[int, ...]]
     dtypes: dict[str, int]
     names: set[str]
+    #: The model's ai.onnx opset: where ``axes`` is an attribute or an input.
+    opset: int = 22
 
     def fresh(self, base: str) -> str:
         name, k = base, 0
@@ -33,6 +35,16 @@ class Graph:
     def constant(self, base: str, value: np.ndarray) -> tuple[str, onnx.NodeProto]:
         name = self.fresh(base)
         return name, helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name))
+
+    def axes_op(
+        self, op: str, inputs: list[str], outputs: list[str], axes: list[int], **attrs: Any
+    ) -> list[onnx.NodeProto]:
+        """``op`` (Unsqueeze, Squeeze or a Reduce*) over ``axes``, as an input or an attribute as the opset has it."""
+        as_input = self.opset >= (18 if op.startswith("Reduce") and op != "ReduceSum" else 13)
+        if not as_input:
+            return [make(op, inputs, outputs, axes=axes, **attrs)]
+        name, const = self.constant(f"{outputs[0]}_axes", np.array(axes, np.int64))
+        return [const, make(op, [*inputs, name], outputs, **attrs)]
 
     def np_dtype(self, name: str) -> Any:
         return helper.tensor_dtype_to_np_dtype(self.dtypes[name])

@@ -16,18 +16,15 @@ def lp_normalization(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | N
     if node.op_type != "LpNormalization":
         return None
     axis, p = int(attr(node, "axis", -1)), int(attr(node, "p", 2))
-    if p not in (1, 2):
+    dtype, shape = g.dtypes.get(node.input[0]), g.shapes.get(node.input[0])
+    if p not in (1, 2) or dtype is None or shape is None:
         return None
-    dtype = g.dtypes.get(node.input[0])
-    if dtype is None:
-        return None
-    axes, const = g.constant("lp_axes", np.array([axis], np.int64))
     zero, zero_node = g.constant("lp_zero", np.array(0, helper.tensor_dtype_to_np_dtype(dtype)))
     one, one_node = g.constant("lp_one", np.array(1, helper.tensor_dtype_to_np_dtype(dtype)))
     norm, empty, safe = (g.fresh(f"{node.output[0]}_{k}") for k in ("norm", "empty", "safe"))
     return [
-        const, zero_node, one_node,
-        make(f"ReduceL{p}", [node.input[0], axes], [norm], keepdims=1),
+        zero_node, one_node,
+        *g.axes_op(f"ReduceL{p}", [node.input[0]], [norm], [axis % len(shape)], keepdims=1),
         make("Equal", [norm, zero], [empty]),
         make("Where", [empty, one, norm], [safe]),  # a zero vector stays zero, as ONNX Runtime gives
         make("Div", [node.input[0], safe], list(node.output)),

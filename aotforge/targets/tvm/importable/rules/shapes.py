@@ -40,17 +40,16 @@ def one_hot(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
     zero, zero_node = g.constant("onehot_zero", np.array(0, np.int64))
     off, off_node = g.constant("onehot_off", values.reshape(-1)[:1].reshape(()))
     on, on_node = g.constant("onehot_on", values.reshape(-1)[1:2].reshape(()))
-    ax, ax_node = g.constant("onehot_axis", np.array([axis], np.int64))
     idx, neg, wrapped, fixed, unsq, hit = (
         g.fresh(f"{node.output[0]}_{k}") for k in ("i64", "neg", "wrap", "fix", "u", "hit")
     )
     return [
-        pos_node, n_node, zero_node, off_node, on_node, ax_node,
+        pos_node, n_node, zero_node, off_node, on_node,
         make("Cast", [node.input[0]], [idx], to=onnx.TensorProto.INT64),
         make("Less", [idx, zero], [neg]),
         make("Add", [idx, nn], [wrapped]),
         make("Where", [neg, wrapped, idx], [fixed]),
-        make("Unsqueeze", [fixed, ax], [unsq]),
+        *g.axes_op("Unsqueeze", [fixed], [unsq], [axis]),
         make("Equal", [unsq, pos], [hit]),
         make("Where", [hit, on, off], list(node.output)),
     ]  # fmt: skip
