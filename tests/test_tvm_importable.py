@@ -59,7 +59,9 @@ CASES = {
     "test_col2im_pads": ("legalized", "col2im"),
     "test_col2im_5d": ("legalized", "col2im"),
     "test_split_zero_size_splits_opset18": ("legalized", "split_empty_parts"),
-    "test_bitcast_uint16_to_int16": ("legalized", "bitcast_integers"),
+    "test_bitcast_uint16_to_int16": ("legalized", "bitcast"),
+    "test_bitcast_float64_to_int64": ("legalized", "bitcast"),
+    "test_bitcast_int32_to_float32": ("legalized", "bitcast"),
     "test_simple_rnn_reverse": ("legalized", "recurrent"),
     "test_gru_bidirectional": ("legalized", "recurrent"),
     "test_lstm_with_peepholes": ("legalized", "recurrent"),  # sequence_lens a graph input: masked steps
@@ -246,3 +248,36 @@ def test_reduce_of_all_minus_infinity_rows() -> None:
     x = np.array([[-np.inf] * 3, [1, -np.inf, 2]], np.float32)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], [-np.inf, 2])
+
+
+@pytest.mark.parametrize(("source", "target"), [("float32", "int32"), ("float64", "int64"), ("uint32", "float32")])
+def test_bitcast_float_bits_exactly(source: str, target: str) -> None:
+    """Edge values keep their bits both ways: subnormals, the extremes, infinities, -0; NaN stays NaN."""
+    import onnxruntime as ort
+
+    from aotforge.targets.tvm.importable import prepare
+
+    helper = onnx.helper
+    floats = np.array([1.0, -2.5, 0.0, -0.0, np.inf, -np.inf, 1e-45, -3e-39, 3.4e38, 1e-310, 1.7e308, 0.1], np.float64)
+    rng = np.random.default_rng(0)
+    width = np.dtype(source).itemsize
+    bits = np.dtype(f"uint{8 * width}")
+    with np.errstate(over="ignore"):
+        edges = floats.astype(f"float{8 * width}").view(bits)
+    x = np.concatenate([edges, rng.integers(0, np.iinfo(bits).max, 64, dtype=bits, endpoint=True)]).view(source)
+    x = x[~np.isnan(x)] if x.dtype.kind == "f" else x
+    to = helper.np_dtype_to_tensor_dtype(np.dtype(target))
+    node = helper.make_node("BitCast", ["x"], ["y"], to=to)
+    model = _one_node_model(
+        node, [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(x.dtype), [len(x)])], [], 26
+    )
+    proto, report = prepare(model, {"x": [len(x)]})
+    assert report["legalized"] == {"bitcast": 1}, report
+    got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    expected = x.view(target)
+    if expected.dtype.kind == "f":
+        nan = np.isnan(expected)
+        assert (np.isnan(got) == nan).all()
+        np.testing.assert_array_equal(got[~nan].view(f"uint{8 * width}"), expected[~nan].view(f"uint{8 * width}"))
+    else:
+        np.testing.assert_array_equal(got, expected)

@@ -13,7 +13,17 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from aotforge.targets.tvm.importable.rules import conv, elementwise, quantized, recurrent, reduce, resize, shapes, text
+from aotforge.targets.tvm.importable.rules import (
+    bitcast,
+    conv,
+    elementwise,
+    quantized,
+    recurrent,
+    reduce,
+    resize,
+    shapes,
+    text,
+)
 from aotforge.targets.tvm.importable.rules.base import Graph, Rule
 
 #: In the order they run.
@@ -37,7 +47,7 @@ RULES: tuple[Rule, ...] = (
     quantized.qlinear_matmul,
     conv.col2im,
     shapes.split_empty_parts,
-    elementwise.bitcast_integers,
+    bitcast.bitcast,
     recurrent.recurrent,
     text.tfidf_vectorizer,
 )
@@ -57,7 +67,7 @@ _RECURRENT = (
 PARTLY = {
     "QLinearMatMul": "rewritten only with per-tensor (one-element) scales and zero points",
     "Col2Im": f"rewritten only with static shapes, constant image / block shapes, at most {conv.MAX_COL2IM} columns",
-    "BitCast": "only between integer types of one width (a float's bits need a reinterpretation TVM cannot import)",
+    "BitCast": "rewritten only between integer types of one width and between float32 / float64 and integers of theirs",
     "TfIdfVectorizer": "rewritten only over integer tokens (pool_int64s) in [C] or [B, C] of static size",
     "RNN": _RECURRENT,
     "GRU": _RECURRENT,

@@ -96,13 +96,3 @@ def shift_left_out_of_range(node: onnx.NodeProto, g: Graph) -> list[onnx.NodePro
         make("BitShift", [node.input[0], safe], [shifted], direction="LEFT"),
         make("Where", [out, zero, shifted], list(node.output)),
     ]  # fmt: skip
-
-
-def bitcast_integers(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
-    """BitCast between integer types of one width as a Cast (same-width integer casts wrap: the bits stay)."""
-    if node.op_type != "BitCast" or node.input[0] not in g.dtypes:
-        return None
-    given, to = g.np_dtype(node.input[0]), helper.tensor_dtype_to_np_dtype(attr(node, "to"))
-    if given.kind not in "iu" or np.dtype(to).kind not in "iu" or given.itemsize != np.dtype(to).itemsize:
-        return None
-    return [make("Cast", [node.input[0]], list(node.output), to=attr(node, "to"))]
