@@ -148,6 +148,7 @@ def _resize_plan(node: onnx.NodeProto, g: Graph) -> list[tuple[int, tuple[np.nda
             out = {d: int(sizes[i]) for i, d in enumerate(axes)}
         wrong = policy != "stretch"
     else:
+        assert scales is not None  # one of the two, checked above
         ratios = {d: float(scales[i]) for i, d in enumerate(axes)}
         out = {d: int(ratios[d] * shape[d]) for d in axes}
         wrong = any(out[d] / shape[d] != ratios[d] for d in axes) and mode != "nearest"
