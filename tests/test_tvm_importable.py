@@ -190,7 +190,7 @@ def _one_node_model(node: onnx.NodeProto, inputs: list[Any], inits: list[onnx.Te
 
 
 def test_partial_rewrites_refuse_what_they_cannot_make_exact() -> None:
-    """An LSTM with a graph-input weight, a QLinearMatMul with per-row scales, a float BitCast: refused at
+    """An LSTM with a graph-input weight, a QLinearMatMul with per-row scales, a float16 BitCast: refused at
     planning with the op and why, never an artifact."""
     from aotforge.targets.tvm.importable.coverage import check
 
@@ -208,7 +208,10 @@ def test_partial_rewrites_refuse_what_they_cannot_make_exact() -> None:
             21,
         ),
         "BitCast": _one_node_model(
-            helper.make_node("BitCast", ["x"], ["y"], to=onnx.TensorProto.INT32), [value("x", f32, [2])], [], 26
+            helper.make_node("BitCast", ["x"], ["y"], to=onnx.TensorProto.INT16),
+            [value("x", onnx.TensorProto.FLOAT16, [2])],
+            [],
+            26,
         ),
     }
     for op, model in models.items():
