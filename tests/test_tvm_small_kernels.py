@@ -163,3 +163,20 @@ def test_transposes_vectorize_only_the_innermost_axis_and_are_exact() -> None:
     )
     assert "T.vectorized(16)" in script  # 2368 elements in one run
     np.testing.assert_array_equal(got, data[:, :64].T * 2)
+
+
+def test_row_pads_of_a_matmul_over_37_keys_copy_whole_rows_and_are_exact() -> None:
+    """P @ V over 37 keys ([3, 37, 37] x [3, 37, 64]): the rows padded to 8-row tiles and the output
+    cut back are copied a row at a time (one 37-lane vector), not as one fused vector loop whose
+    lanes each divide by the row length to find their row (70% of the kernel's time)."""
+    from tvm import te
+
+    p, v = te.placeholder((3, 37, 37), name="P"), te.placeholder((3, 37, 64), name="V")
+    r = te.reduce_axis((0, 37), name="r")
+    out = te.compute((3, 37, 64), lambda h, i, j: te.sum(p[h, i, r] * v[h, r, j], axis=r), name="O")
+    g = np.random.default_rng(0)
+    a, b = g.standard_normal((3, 37, 37)).astype(np.float32), g.standard_normal((3, 37, 64)).astype(np.float32)
+    script, got = _run(te.create_prim_func([p, v, out]), _target(), a, b, out_shape=(3, 37, 64))
+    assert "T.vectorized(37)" in script
+    assert "% T.int64(1480)" not in script and "// T.int64(2368)" not in script  # no per-lane row index
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-4)
