@@ -22,7 +22,7 @@ import numpy as np
 from tvm import s_tir, te
 
 from aotforge.targets.tvm.kernels.nhwc_input import OPAQUE
-from aotforge.targets.tvm.kernels.vnni_dense import LANES, largest_divisor
+from aotforge.targets.tvm.kernels.vnni_dense import LANES, STACK_BYTES, largest_divisor
 
 #: fp32 holds every integer below this exactly.
 EXACT_LIMIT = 2**24
@@ -71,7 +71,9 @@ def depthwise_u8s8(
     jo, jl = sch.split(j, [None, LANES])
     xo, xi = sch.split(xx, [None, largest_divisor(ow, TILE_X)])
     sch.reorder(b, y, xo, jo, ry_l, rx_l, xi, jl)
-    writeback = sch.cache_write(block, 0, "local")
+    # global scope: a tile under 1 KiB is then a stack array, not a workspace call pair per tile
+    tile = largest_divisor(ow, TILE_X) * LANES * 4
+    writeback = sch.cache_write(block, 0, "global" if tile < STACK_BYTES else "local")
     sch.reverse_compute_inline(sch.get_sblock(out.op.name))
     outer = sch.fuse(b, y)
     sch.parallel(outer)

@@ -25,54 +25,68 @@ from tvm import s_tir, te
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
+from aotforge.targets.tvm.kernels.nhwc_input import OPAQUE
+
 LANES = 16
 GROUP = 4
 #: An 8 x 48 tile of int32 accumulators: 24 of the 32 zmm registers (best of 8x2..8x4, 4x4..4x6).
 TILE_M = 8
 TILE_N_VECTORS = 3
 INTRIN = "aotforge_vnni_dot_16x4_local"
+INTRIN_STACK = "aotforge_vnni_dot_16x4_global"
+#: TVM puts a kernel's buffer on the stack only when it is global-scope and under 1 KiB
+#: (``kMaxStackAlloca``); a local-scope one, or a bigger one, is a ``TVMBackendAllocWorkspace`` /
+#: ``FreeWorkspace`` pair around every tile (MobileNet-style int8: ~1,000 pairs, 15% of a call).
+STACK_BYTES = 1024
 
 
-@T.prim_func(s_tir=True)
-def _dot_16x4_desc(
-    A: T.Buffer((4,), "uint8", offset_factor=1),
-    B: T.Buffer((16, 4), "int8", offset_factor=1),
-    C: T.Buffer((16,), "int32", offset_factor=1, scope="local"),
-) -> None:
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-        T.writes(C[0:16])
-        for i in T.serial(0, 16):
-            for k in T.serial(0, 4):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+def _dot_16x4(scope: str) -> tuple[Any, Any]:
+    """The 16 x 4 dot's description and its ``vpdpbusd`` implementation, ``C`` in ``scope``."""
 
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((16, 4), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1, scope=scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
 
-@T.prim_func(s_tir=True)
-def _dot_16x4_vnni(
-    A: T.Buffer((4,), "uint8", offset_factor=1),
-    B: T.Buffer((16, 4), "int8", offset_factor=1),
-    C: T.Buffer((16,), "int32", offset_factor=1, scope="local"),
-) -> None:
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-        T.writes(C[0:16])
-        a_word = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
-        C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-            C.vload([0], dtype="int32x16"),
-            T.reinterpret(T.broadcast(a_word, 16), dtype="uint8x64"),
-            B.vload([0, 0], dtype="int8x64"),
-            dtype="int32x16",
-        )
+    @T.prim_func(s_tir=True)
+    def vnni(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((16, 4), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1, scope=scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            # The 4 activation bytes as one int32, inline: bound to a name, TVM 0.27 gives it a 4-byte
+            # workspace (a TVMBackendAllocWorkspace / FreeWorkspace pair per tile: MobileNet-style
+            # int8, ~15% of a call).
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                C.vload([0], dtype="int32x16"),
+                T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="uint8x64"),
+                B.vload([0, 0], dtype="int8x64"),
+                dtype="int32x16",
+            )
+
+    return desc, vnni
 
 
 def register_intrinsic() -> None:
-    try:
-        TensorIntrin.get(INTRIN)
-    except Exception:  # not registered yet in this process
-        TensorIntrin.register(INTRIN, _dot_16x4_desc, _dot_16x4_vnni)
+    for name, scope in ((INTRIN, "local"), (INTRIN_STACK, "global")):
+        try:
+            TensorIntrin.get(name)
+        except Exception:  # not registered yet in this process
+            TensorIntrin.register(name, *_dot_16x4(scope))
 
 
 def supports(m: int, k: int, n: int) -> str:
@@ -129,18 +143,25 @@ def finish_tile(
 ) -> Any:
     """The steps every VNNI kernel shares once its loops are ordered ``parallel.., reduction.., tile.., lanes``.
 
-    The accumulator tile goes to a local buffer whose write-back carries ``epilogue`` (the
-    zero-point correction); the 16 x 4 lanes become one ``vpdpbusd``; the tile loops unroll.
+    The accumulator tile goes to a buffer of its own whose write-back carries ``epilogue`` (the
+    zero-point correction), on the stack when it is small enough (``STACK_BYTES``); the 16 x 4
+    lanes become one ``vpdpbusd``; the tile loops unroll.
     """
-    writeback = sch.cache_write(block, 0, "local")
+    tile_bytes = 4 * LANES
+    for loop in tile:
+        tile_bytes *= int(sch.get(loop).extent)
+    on_stack = tile_bytes < STACK_BYTES
+    writeback = sch.cache_write(block, 0, "global" if on_stack else "local")
     sch.reverse_compute_inline(epilogue)
     outer = sch.fuse(*parallel)
     sch.parallel(outer)
     sch.reverse_compute_at(writeback, outer)
     init = sch.decompose_reduction(block, reduction)
-    sch.tensorize(lanes, INTRIN)
+    sch.tensorize(lanes, INTRIN_STACK if on_stack else INTRIN)
     for loop in tile:
         sch.unroll(loop)
     sch.vectorize(sch.get_loops(init)[-1])
     sch.vectorize(sch.split(sch.get_loops(writeback)[-1], [None, LANES])[1])
-    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    # Opaque to FuseOps, as the tensorized block alone no longer makes it: fused with the elementwise
+    # ops after it, FuseTIR would make a new PrimFunc of the two (and fails on the VNNI buffers).
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("op_pattern", OPAQUE)

@@ -265,7 +265,7 @@ def _inline_neighbours(sch: s_tir.Schedule, infos: list[Any], mm: _Matmul, ti: i
         epilogue = list(sch.get_consumers(red)) + epilogue  # the copy of the real rows comes first
     elif pad_i:
         ti = _largest_divisor(mm.m, TILE_I)
-    writeback = sch.cache_write(red, 0, "local")
+    writeback = sch.cache_write(red, 0, "local")  # scope set once the tile is known (_stack_tile)
     for b in epilogue[:-1]:
         try:
             sch.compute_inline(b)
@@ -330,6 +330,18 @@ def _vectorize(sch: s_tir.Schedule, red: Any, writeback: Any, r_loop: Any, ii: A
     sch.vectorize(sch.split(wb_loops[-1], [None, vec])[1])
 
 
+#: TVM puts a kernel's buffer on the stack only when it is global-scope and under 1 KiB
+#: (``kMaxStackAlloca``); a local one is a ``TVMBackendAllocWorkspace`` / ``FreeWorkspace`` pair
+#: around every tile.
+STACK_BYTES = 1024
+
+
+def _stack_tile(sch: s_tir.Schedule, block: Any, tile_bytes: int) -> None:
+    """Move the accumulator tile ``block`` writes to the stack when it is small enough to go there."""
+    if tile_bytes < STACK_BYTES:
+        sch.set_scope(block, 0, "global")
+
+
 class TiledMatmul(CpuRule):
     """8x32 register tile with a local accumulator and a fused epilogue."""
 
@@ -345,6 +357,7 @@ class TiledMatmul(CpuRule):
         vec = _vector_width(n)
         tj = _largest_divisor(n, max(tile_j, vec), vec) or vec
         fused, r_loops, ii, ji = _tile(sch, mm, tj, ti)
+        _stack_tile(sch, mm.block, ti * tj * 4)
         if mm.macs >= PARALLEL_MIN_MACS:
             sch.parallel(fused)
         sch.reverse_compute_at(writeback, fused)
