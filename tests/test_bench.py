@@ -82,3 +82,23 @@ def test_bench_refuses_a_batch_outside_the_range_and_a_tampered_artifact(artifac
     (copy / "model.onnx").write_bytes(b"x" + (copy / "model.onnx").read_bytes())
     proc = run_cli("bench", str(copy), "--seconds", "0.1")
     assert proc.returncode != 0 and "model.onnx: sha256" in proc.stderr
+
+
+def test_onnxruntime_load_takes_the_record_thread_count(artifact: Path) -> None:
+    """``aotforge bench --threads N`` asks through the record; session.json's count is only the default."""
+    import dataclasses
+
+    from aotforge.artifacts.signing import verified_manifest
+    from aotforge.core.spec import IOSpec
+    from aotforge.targets import get_target
+
+    manifest = verified_manifest(artifact)
+    io = IOSpec.from_dict(manifest.io)
+    target = get_target("onnxruntime")
+    for threads in (1, 3):
+        record = dataclasses.replace(manifest.target, options={**manifest.target.options, "intra_op_threads": threads})
+        runner = target.load(artifact, record, io)
+        assert runner.session.get_session_options().intra_op_num_threads == threads
+    stored = json.loads((artifact / "session.json").read_text())["intra_op_threads"]
+    runner = target.load(artifact, manifest.target, io)
+    assert runner.session.get_session_options().intra_op_num_threads == stored

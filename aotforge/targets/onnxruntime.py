@@ -107,9 +107,7 @@ class OrtTarget(Target):
         )
 
     def load(self, artifact_dir: Path, record: TargetRecord, io: IOSpec) -> OrtRunner:
-        settings = json.loads((artifact_dir / SESSION_FILE).read_text())
-        settings["providers"] = tuple(settings["providers"])
-        return OrtRunner(artifact_dir / OPTIMIZED_MODEL, OrtOptions(**settings))
+        return OrtRunner(artifact_dir / OPTIMIZED_MODEL, stored_options(artifact_dir, record))
 
     def check_host(self, manifest: BuiltArtifact) -> None:
         """Refuse an artifact from a newer onnxruntime or for execution providers this one lacks.
@@ -131,6 +129,16 @@ class OrtTarget(Target):
                 f"{', '.join(ort.get_available_providers())}: install onnxruntime-gpu with CUDA here, or rebuild "
                 "with --target-opt providers=CPUExecutionProvider"
             )
+
+
+def stored_options(artifact_dir: Path, record: TargetRecord) -> OrtOptions:
+    """The session settings the artifact was validated with (``session.json``), with the record's thread count:
+    a caller that asks for N threads (``aotforge bench --threads N``) sets ``record.options['intra_op_threads']``."""
+    settings = json.loads((artifact_dir / SESSION_FILE).read_text())
+    settings["providers"] = tuple(settings["providers"])
+    if "intra_op_threads" in record.options:
+        settings["intra_op_threads"] = int(record.options["intra_op_threads"])
+    return OrtOptions(**settings)
 
 
 def _version(text: str) -> tuple[int, ...]:

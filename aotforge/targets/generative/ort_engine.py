@@ -52,10 +52,9 @@ def compile_generative(
 
 
 def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:
-    from aotforge.targets.onnxruntime import OrtOptions, session_options
+    from aotforge.targets.onnxruntime import session_options, stored_options
 
-    settings = json.loads((artifact_dir / SESSION_FILE).read_text())
-    options = OrtOptions(**{**settings, "providers": tuple(settings["providers"])})
+    options = stored_options(artifact_dir, record)
     spec = DecoderSpec.from_dict(record.info["decoder"])
     width = int(record.info.get("speculative", {}).get("verify_width", 0))
     engine = OrtStepEngine(artifact_dir, spec, session_options(options), list(options.providers), width)
