@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 from pathlib import Path
@@ -245,6 +246,36 @@ def test_onnxruntime_decode_runs_group_query_attention(llama_ort: Any) -> None:
     ops = {(n.domain, n.op_type) for n in decode.graph.node}
     assert ("com.microsoft", "GroupQueryAttention") in ops and ("", "ScatterElements") not in ops
     assert llama_ort.manifest.target.info["decode_attention"] == "gqa"
+
+
+def test_onnxruntime_graphs_run_fused_contrib_ops(llama_ort: Any) -> None:
+    """The onnxruntime graphs run ORT's contrib ops (the token-exact tests above run these graphs): RMSNorm and
+    residual + RMSNorm fused, q / k / v and gate / up each one MatMul over weights stored side by side (the same
+    bytes in both graphs: stored once), rotary in prefill a RotaryEmbedding, in decode inside
+    GroupQueryAttention (do_rotary, packed QKV, the graph's position_ids); no standard-op spelling is left."""
+    import onnx
+
+    layers = tiny_causal_lm("llama").config.num_hidden_layers
+    for graph, rotary_ops, in_attention in (("prefill", 2 * layers, 0), ("decode", 0, layers)):
+        model = onnx.load(llama_ort.path / f"{graph}.onnx", load_external_data=False)
+        ops = collections.Counter(n.op_type for n in model.graph.node)
+        assert ops["RotaryEmbedding"] == rotary_ops and ops["SkipSimplifiedLayerNormalization"] == 2 * layers
+        assert ops["SimplifiedLayerNormalization"] == 1
+        assert not {"Pow", "Sqrt", "Reciprocal", "Neg", "Cos", "Sin"} & set(ops), ops
+        fused = llama_ort.manifest.target.info["fusions"][graph]
+        assert fused == {
+            "packed_matmuls": 5 * layers,
+            "rotary_embedding": 2 * layers,
+            "rms_normalization": 2 * layers + 1,
+            "skip_rms_normalization": 2 * layers,
+            "rotary_in_attention": in_attention,
+            "packed_qkv_attention": in_attention,
+        }
+    decode = onnx.load(llama_ort.path / "decode.onnx", load_external_data=False)
+    for node in (n for n in decode.graph.node if n.op_type == "GroupQueryAttention"):
+        assert node.input[1:3] == ["", ""] and node.input[9] == "position_ids"
+        assert {a.name: a.i for a in node.attribute}["do_rotary"] == 1
+        assert next(n.op_type for n in decode.graph.node if node.input[0] in n.output) == "MatMul"
 
 
 @pytest.mark.slow  # three builds of the tiny Llama (about a minute on a quiet 2-core machine)

@@ -69,6 +69,9 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
         if verify_width:
             say(f"exporting the verify graph (speculative decoding, up to {opts.speculative_k} draft tokens)")
             graphs[VERIFY_FILE] = export_verify(source.model, spec, place.name, decode_attention=attention)
+        # The target's own graph rewrites (onnxruntime: its contrib-op fusions), before the passes see them.
+        rewrite = getattr(backend, "rewrite_graphs", None)
+        rewrites = rewrite(graphs, spec) if rewrite is not None else {}
         pass_entries = []
         for file_name, graph in graphs.items():
             graph_name = file_name.removesuffix(".onnx")
@@ -89,6 +92,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
             "task": TEXT_GENERATION,
             "decoder": spec.to_dict(),
             "decode_attention": attention,
+            **({"fusions": rewrites} if rewrites else {}),
             "weights": weights,
             **(
                 {"speculative": {"max_tokens": opts.speculative_k, "verify_width": verify_width}}

@@ -31,6 +31,15 @@ DECODE_ATTENTION = "gqa"
 SPECULATIVE = True
 
 
+def rewrite_graphs(graphs: dict[str, Any], spec: DecoderSpec) -> dict[str, dict[str, int]]:
+    """ONNX Runtime contrib ops in every graph (``ort_fusions``): RMSNorm, residual + RMSNorm, rotary embeddings.
+
+    Returns each graph's fusion counts (``target.info.fusions``)."""
+    from aotforge.targets.generative.ort_fusions import fuse_for_ort
+
+    return {name.removesuffix(".onnx"): fuse_for_ort(graph, spec.max_seq_len) for name, graph in graphs.items()}
+
+
 def compile_generative(
     workdir: Path, spec: DecoderSpec, options: Any, say: Any, verify_width: int = 0
 ) -> CompileResult:
