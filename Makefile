@@ -28,8 +28,10 @@ compile: $(BIN)/.installed
 targets: $(BIN)/.installed
 	$(BIN)/aotforge targets
 
+# One pytest worker per core, a test file to one worker (its module fixtures build once): most of a test
+# is one Python thread waiting on a build, so a second core halves little else (README: figures).
 test: $(BIN)/.installed
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --dist loadfile
 
 test-slow: $(BIN)/.installed
 	$(BIN)/pytest -q -m slow

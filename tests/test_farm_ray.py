@@ -45,6 +45,7 @@ def test_ray_is_imported_only_when_asked() -> None:
     assert run.stdout.strip() == "False", run.stderr
 
 
+@pytest.mark.slow  # starts a two-node Ray cluster: 1-2 min on 2 cores, a sixth of the default run
 def test_routing_probe_reason_and_no_node_offers_gpu(tmp_path: Path) -> None:
     """A head and a node with ``accel``: builds asking for it run there; a target that node's probe refuses comes
     back with the probe's reason; a build asking for a GPU nobody has fails at once, naming the GPU."""
