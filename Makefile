@@ -73,7 +73,7 @@ bench-generation: $(BIN)/.installed
 
 # bench-speculative: target-only vs speculative decoding (k chosen over --ks) on the trained pair of tests/lm_pair.py.
 bench-speculative: $(BIN)/.installed
-	$(BIN)/python tools/bench_generation.py --speculative --work /tmp/aotforge-spec-bench $(ARGS)
+	$(BIN)/python tools/bench_speculative.py --work /tmp/aotforge-spec-bench $(ARGS)
 
 # The Neuron SDK in an environment of its own: torch-neuronx 2.9 pins torch 2.9, aotforge pins 2.13.
 # The neuron target compiles through it (targets/neuron/worker.py): --target-opt python=.venv-neuron/bin/python.

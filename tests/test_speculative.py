@@ -60,6 +60,11 @@ def test_greedy_speculative_is_the_targets_greedy(target: Path, bad_draft: Path)
     # One prompt alone (the batch-1 path, a loaded draft passed as a path string).
     alone = artifact.generate(np.array([PROMPTS[1]]), NEW, draft=str(bad_draft))
     np.testing.assert_array_equal(alone, artifact.generate(np.array([PROMPTS[1]]), NEW))
+    # A draft with a verify graph of its own (the twin) catches up inside its first proposal call: no decode
+    # call of dk alone after each round that kept all k, so one draft call per proposal.
+    artifact.generate(np.array([PROMPTS[1]]), NEW, draft=twin, num_speculative_tokens=2)
+    stats = artifact.speculative_stats
+    assert stats["draft_calls"] == stats["proposed"] and stats["acceptance_rate"] == 1.0, stats
 
 
 def test_stops_at_eos_max_new_tokens_and_the_end_of_the_cache(target: Path, bad_draft: Path) -> None:

@@ -17,13 +17,7 @@ word-level stand-in is saved there.
 
     python tools/bench_generation.py --work /tmp/gen-bench [--layers 30] [--targets onnxruntime,tvm] [--rounds 3]
 
---speculative: speculative decoding instead, on the trained byte-level pair of ``tests/lm_pair.py`` (or
---target-model / --draft-model directories): per target, the target built with --speculative-k max(--ks)
-and the draft built plainly; target-only greedy decoding and speculative decoding with each k of --ks
-alternate in their own processes for --rounds rounds over held-out text prompts (batch 1, --new tokens
-each); per k the acceptance rate, tokens/s and the speed-up over target-only (medians), and the best k.
-
-    python tools/bench_generation.py --speculative --work /tmp/spec-bench [--ks 1,2,3,4] [--targets onnxruntime]
+Speculative decoding has a bench of its own: ``tools/bench_speculative.py``.
 """
 
 from __future__ import annotations
@@ -232,141 +226,6 @@ def genai_python(venv: Path) -> Path:
     return python
 
 
-SPEC_PROMPTS = 4
-SPEC_PROMPT_LEN = 64
-
-
-def speculative_models(args: argparse.Namespace) -> tuple[Path, Path, list[list[int]]]:
-    """The target and draft model directories and the held-out prompts (token ids) the bench decodes after."""
-    if args.target_model and args.draft_model:
-        rng = np.random.default_rng(0)
-        vocab = json.loads((args.target_model / "config.json").read_text())["vocab_size"]
-        prompts = [[int(t) for t in rng.integers(0, vocab, SPEC_PROMPT_LEN)] for _ in range(SPEC_PROMPTS)]
-        return args.target_model, args.draft_model, prompts
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.lm_pair import encode, trained_pair
-
-    pair = trained_pair()
-    text = pair.heldout_text
-    step = len(text) // SPEC_PROMPTS
-    prompts = [encode(text[i * step : i * step + SPEC_PROMPT_LEN]) for i in range(SPEC_PROMPTS)]
-    return pair.target_dir, pair.draft_dir, prompts
-
-
-def build_speculative(model_dir: Path, work: Path, target: str, role: str, k: int, max_seq: int) -> str:
-    import aotforge
-
-    name = f"spec-{role}-{k if role == 'target' else 0}-{max_seq}-1t"
-    done = sorted((work / "artifacts" / name).glob(f"*/{target}/manifest.json"), key=lambda p: int(p.parts[-3]))
-    if done:
-        return str(done[-1].parent)
-    result = aotforge.build(
-        model_dir,
-        target=target,
-        task="text-generation",
-        max_seq_len=max_seq,
-        max_batch=1,
-        out=work / "artifacts",
-        name=name,
-        bench=False,
-        speculative_k=k if role == "target" else 0,
-        # One intra-op thread: models this small are per-node overhead, and a second thread spins at each node.
-        target_options={"intra_op_threads": 1} if target == "onnxruntime" else {},
-    )
-    return str(result.path)
-
-
-def run_speculative(target: Path, draft: Path | None, k: int, prompts: list[list[int]], new: int) -> dict[str, Any]:
-    """Batch-1 greedy decoding of ``new`` tokens after each prompt: tokens/s (all prompts), acceptance."""
-    import aotforge
-
-    artifact = aotforge.load(target)
-    kw: dict[str, Any] = {} if draft is None else {"draft": aotforge.load(draft), "num_speculative_tokens": k}
-    artifact.generate(np.array([prompts[0]]), 8, **kw)  # warm-up
-    proposed = accepted = 0
-    cpu, start = time.process_time(), time.perf_counter()
-    outputs = []
-    for prompt in prompts:
-        outputs.append(artifact.generate(np.array([prompt]), new, **kw)[0, len(prompt) :].tolist())
-        stats = artifact.speculative_stats if draft is not None else {}
-        proposed, accepted = proposed + stats.get("proposed", 0), accepted + stats.get("accepted", 0)
-    wall = time.perf_counter() - start
-    return {
-        "tokens_per_s": round(len(prompts) * new / wall, 2),
-        "cpu_ms_per_token": round((time.process_time() - cpu) * 1000.0 / (len(prompts) * new), 3),
-        "acceptance_rate": round(accepted / proposed, 4) if proposed else None,
-        "tokens_sha": hash_tokens(outputs),
-    }
-
-
-def hash_tokens(outputs: list[list[int]]) -> str:
-    import hashlib
-
-    return hashlib.sha256(json.dumps(outputs).encode()).hexdigest()[:12]
-
-
-def speculative_main(args: argparse.Namespace) -> None:
-    target_dir, draft_dir, prompts = speculative_models(args)
-    ks = [int(k) for k in args.ks.split(",")]
-    max_seq = SPEC_PROMPT_LEN + args.new + max(ks) + 2
-    max_seq = 1 << (max_seq - 1).bit_length()
-    if args.one:
-        kind, target, rest = args.one.split(":", 2)
-        if kind == "build":
-            model = target_dir if rest == "target" else draft_dir
-            print("RESULT " + json.dumps({"path": build_speculative(model, args.work, target, rest, max(ks), max_seq)}))
-            return
-        artifact, draft, k = rest.split("|")
-        result = run_speculative(Path(artifact), Path(draft) if draft else None, int(k), prompts, args.new)
-        print("RESULT " + json.dumps(result))
-        return
-    results: dict[str, Any] = {"load_before": os.getloadavg(), "prompts": len(prompts), "new_tokens": args.new}
-    for target in filter(None, args.targets.split(",")):
-        paths = {role: _run(args, f"build:{target}:{role}", Path(sys.executable)) for role in ("target", "draft")}
-        if any("path" not in v for v in paths.values()):
-            results[target] = {"error": paths}
-            continue
-        runs = [("target only", f"run:{target}:{paths['target']['path']}||0")]
-        runs += [(f"k={k}", f"run:{target}:{paths['target']['path']}|{paths['draft']['path']}|{k}") for k in ks]
-        runs.append(("draft only", f"run:{target}:{paths['draft']['path']}||0"))
-        rounds: dict[str, list[dict[str, Any]]] = {}
-        for r in range(args.rounds):  # each round starts one run later: a load that drifts favours no run
-            for label, kind in runs[r % len(runs) :] + runs[: r % len(runs)]:
-                rounds.setdefault(label, []).append(_run(args, kind, Path(sys.executable)))
-        table = {label: _median(r) for label, r in rounds.items()}
-        base = table["target only"].get("tokens_per_s")
-        for r in table.values():
-            if base and "tokens_per_s" in r:
-                r["speed_up"] = round(r["tokens_per_s"] / base, 3)
-        spec = {label: r for label, r in table.items() if label.startswith("k=") and "speed_up" in r}
-        best = max(spec, key=lambda label: spec[label]["speed_up"]) if spec else None
-        same = {r.get("tokens_sha") for label, r in table.items() if label != "draft only"}
-        results[target] = {"runs": table, "best": best, "identical_tokens": len(same) == 1}
-    results["load_after"] = os.getloadavg()
-    print(json.dumps(results, indent=2))
-    print(_speculative_table(results))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-
-
-def _speculative_table(results: dict[str, Any]) -> str:
-    rows = ["| target | run | tokens/s b1 | speed-up | acceptance | CPU ms/token |", "|---|---|---|---|---|---|"]
-    for target, r in results.items():
-        if not isinstance(r, dict) or "runs" not in r:
-            continue
-        for label, run in r["runs"].items():
-            mark = " (best)" if label == r["best"] else ""
-            acc = run.get("acceptance_rate")
-            rows.append(
-                f"| {target} | {label}{mark} | {run.get('tokens_per_s', float('nan')):.1f} "
-                f"| {run.get('speed_up', float('nan')):.2f}x | {'-' if acc is None else f'{acc:.0%}'} "
-                f"| {run.get('cpu_ms_per_token', float('nan')):.2f} |"
-            )
-        rows.append(f"{target}: speculative output identical to target-only greedy: {r['identical_tokens']}")
-    rows.append(f"load average {_load(results['load_before'])} before, {_load(results['load_after'])} after")
-    return "\n".join(rows)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("/tmp/aotforge-gen-bench"))
@@ -386,15 +245,8 @@ def main() -> None:
     parser.add_argument("--genai-venv", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: run one runtime, print JSON
-    parser.add_argument("--speculative", action="store_true", help="bench speculative decoding (see above)")
-    parser.add_argument("--ks", default="1,2,3,4", help="--speculative: the numbers of draft tokens tried")
-    parser.add_argument("--target-model", type=Path, help="--speculative: a target model directory")
-    parser.add_argument("--draft-model", type=Path, help="--speculative: its draft's model directory")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    if args.speculative:
-        speculative_main(args)
-        return
     model_dir = prepare(args.work, args.layers)
     if args.one:
         print("RESULT " + json.dumps(_child(args, model_dir)))
@@ -452,14 +304,6 @@ def _label(kind: str) -> str:
 def _run(args: argparse.Namespace, kind: str, python: Path) -> dict[str, Any]:
     cmd = [str(python), __file__, "--work", str(args.work), "--layers", str(args.layers), "--one", kind]
     cmd += ["--prompt", str(args.prompt), "--new", str(args.new), "--max-batch", str(args.max_batch)]
-    if args.speculative:
-        cmd += ["--speculative", "--ks", args.ks]
-        cmd += [
-            a
-            for flag in ("target_model", "draft_model")
-            if getattr(args, flag)
-            for a in (f"--{flag.replace('_', '-')}", str(getattr(args, flag)))
-        ]
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]

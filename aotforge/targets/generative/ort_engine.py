@@ -70,6 +70,18 @@ def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunne
     return GenerativeRunner(engine)
 
 
+@dataclasses.dataclass
+class _VerifyCall:
+    """The buffers a verify call of one width writes its inputs into and reads its logits from, and its bindings."""
+
+    ids: np.ndarray
+    positions: np.ndarray
+    write_pos: np.ndarray
+    logits: np.ndarray
+    steps: np.ndarray  # [1, width]: 0 .. width - 1, the offsets of each token's position
+    rows: list[Any] = dataclasses.field(default_factory=list)
+
+
 class OrtStepEngine:
     def __init__(
         self, artifact_dir: Path, spec: DecoderSpec, session_options: Any, providers: list[str], verify_width: int = 0
@@ -89,7 +101,7 @@ class OrtStepEngine:
         self._past, self._present = spec.kv_names("past"), spec.kv_names("present")
         self.cache: list[np.ndarray] = []
         self._binding: Any = None
-        self._row_bindings: list[Any] = []
+        self._verify_calls: dict[int, _VerifyCall] = {}
         self._logits = np.empty((0, spec.vocab), dtype=np.float32)
         self._ids = self._positions = self._write_pos = np.zeros(0, dtype=np.int64)
 
@@ -99,6 +111,10 @@ class OrtStepEngine:
         spec = self.spec
         shape = (batch, spec.kv_heads, spec.max_seq_len, spec.head_dim)
         # Zeroed once per call: positions a slot has not written yet are masked out, never read as garbage.
+        if self.cache and self.cache[0].shape == shape:  # the last call's batch: its buffers and bindings serve
+            for buffer in self.cache:
+                buffer.fill(0.0)
+            return
         self.cache = [np.zeros(shape, dtype=np.float32) for _ in self._past]
         self._logits = np.empty((batch, spec.vocab), dtype=np.float32)
         binding = self.decode_session.io_binding()
@@ -119,17 +135,7 @@ class OrtStepEngine:
             binding.bind_ortvalue_input(past, value)
             binding.bind_ortvalue_output(present, value)
         self._binding = binding
-        self._row_bindings = []
-        if self.verify_session is not None:
-            # GroupQueryAttention takes several new tokens against a past only at batch 1: one binding per slot,
-            # over that slot's part of the same cache buffers (a view, no copy).
-            for row in range(batch):
-                row_binding = self.verify_session.io_binding()
-                for past, present, buffer in zip(self._past, self._present, self.cache, strict=True):
-                    value = ort.OrtValue.ortvalue_from_numpy(buffer[row : row + 1])
-                    row_binding.bind_ortvalue_input(past, value)
-                    row_binding.bind_ortvalue_output(present, value)
-                self._row_bindings.append(row_binding)
+        self._verify_calls = {}
 
     def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
@@ -147,21 +153,49 @@ class OrtStepEngine:
         return self._logits  # written in place by ORT
 
     def verify(self, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
-        """``[batch, w]`` tokens at ``write_pos ..`` of each slot -> ``logits [batch, w, vocab]``, a call per slot."""
+        """``[batch, w]`` tokens at ``write_pos ..`` of each slot -> ``logits [batch, w, vocab]``, a call per slot.
+
+        The logits are a buffer of this engine, valid until the next verify call of the same width."""
+        batch, width = input_ids.shape
+        call = self._verify_calls.get(width) or self._bind_verify(width)
+        call.ids[:batch] = input_ids
+        np.add(write_pos[:, None], call.steps, out=call.positions[:batch])
+        call.write_pos[:batch] = write_pos
+        for binding in call.rows[:batch]:
+            self.verify_session.run_with_iobinding(binding)
+        return call.logits[:batch]
+
+    def _bind_verify(self, width: int) -> _VerifyCall:
+        """The verify session's bindings for calls of ``width`` tokens, made on first use in a ``generate`` call.
+
+        GroupQueryAttention takes several new tokens against a past only at batch 1: one binding per slot, over
+        that slot's rows of the input buffers and of the same cache buffers (views, no copies)."""
         import onnxruntime as ort
 
-        ids = np.ascontiguousarray(input_ids, dtype=np.int64)
-        width = ids.shape[1]
-        logits = np.empty((ids.shape[0], width, self.spec.vocab), dtype=np.float32)
-        for row in range(ids.shape[0]):
-            binding = self._row_bindings[row]
-            start = int(write_pos[row])
-            binding.bind_cpu_input("input_ids", ids[row : row + 1])
-            binding.bind_cpu_input("position_ids", np.arange(start, start + width, dtype=np.int64)[None, :])
-            binding.bind_cpu_input("write_pos", np.array([start], dtype=np.int64))
-            binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits[row : row + 1]))
-            self.verify_session.run_with_iobinding(binding)
-        return logits
+        batch = self.cache[0].shape[0]
+        call = _VerifyCall(
+            ids=np.zeros((batch, width), dtype=np.int64),
+            positions=np.zeros((batch, width), dtype=np.int64),
+            write_pos=np.zeros(batch, dtype=np.int64),
+            logits=np.empty((batch, width, self.spec.vocab), dtype=np.float32),
+            steps=np.arange(width, dtype=np.int64)[None, :],
+        )
+        for row in range(batch):
+            binding = self.verify_session.io_binding()
+            for name, array in (
+                ("input_ids", call.ids),
+                ("position_ids", call.positions),
+                ("write_pos", call.write_pos),
+            ):
+                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array[row : row + 1]))
+            binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(call.logits[row : row + 1]))
+            for past, present, buffer in zip(self._past, self._present, self.cache, strict=True):
+                value = ort.OrtValue.ortvalue_from_numpy(buffer[row : row + 1])
+                binding.bind_ortvalue_input(past, value)
+                binding.bind_ortvalue_output(present, value)
+            call.rows.append(binding)
+        self._verify_calls[width] = call
+        return call
 
     def verify_positions(self, width: int) -> int:
         return width

@@ -12,7 +12,7 @@ from aotforge.targets.base import Arrays
 from aotforge.targets.generative.decoding import StepEngine, generate_tokens, stream_tokens
 from aotforge.targets.generative.perplexity import Perplexity, perplexity
 from aotforge.targets.generative.sampling import SamplingOptions
-from aotforge.targets.generative.speculative import stream_speculative
+from aotforge.targets.generative.speculative import VerifyEngine, generate_speculative, stream_speculative
 
 
 class GenerativeRunner:
@@ -49,16 +49,14 @@ class GenerativeRunner:
         With ``draft`` (another text-generation runner over the same vocabulary), speculative decoding:
         the draft proposes ``num_speculative_tokens`` (default: as many as the verify graph takes) and
         this artifact's verify graph checks them (``speculative``)."""
+        sampling = SamplingOptions(do_sample, temperature, top_k, top_p, seed)
         if draft is None:
-            sampling = SamplingOptions(do_sample, temperature, top_k, top_p, seed)
             return generate_tokens(self.engine, input_ids, max_new_tokens, attention_mask, sampling, eos_token_id)
-        ids = np.asarray(input_ids)
-        ids = ids[None, :] if ids.ndim == 1 else ids
-        stream = self.stream(
-            ids, max_new_tokens, attention_mask, do_sample, temperature, top_k, top_p, seed, eos_token_id, draft,
-            num_speculative_tokens,
+        engine, k = self._speculative(draft, num_speculative_tokens)
+        return generate_speculative(
+            engine, draft.engine, input_ids, max_new_tokens, k, attention_mask, sampling, eos_token_id,
+            self.speculative_stats,
         )  # fmt: skip
-        return np.concatenate([ids.astype(np.int64), np.stack(list(stream), axis=1)], axis=1)
 
     def stream(
         self,
@@ -78,6 +76,14 @@ class GenerativeRunner:
         sampling = SamplingOptions(do_sample, temperature, top_k, top_p, seed)
         if draft is None:
             return stream_tokens(self.engine, input_ids, max_new_tokens, attention_mask, sampling, eos_token_id)
+        engine, k = self._speculative(draft, num_speculative_tokens)
+        return stream_speculative(
+            engine, draft.engine, input_ids, max_new_tokens, k, attention_mask, sampling, eos_token_id,
+            self.speculative_stats,
+        )  # fmt: skip
+
+    def _speculative(self, draft: GenerativeRunner, num_speculative_tokens: int | None) -> tuple[VerifyEngine, int]:
+        """This runner's engine as a verify engine and the number of draft tokens per round; refusals first."""
         width = int(getattr(self.engine, "verify_width", 0))
         if not width:
             raise InputSpecError(
@@ -86,19 +92,8 @@ class GenerativeRunner:
             )
         if draft is self:
             raise InputSpecError("the draft must be another loaded artifact (each needs its own KV cache)")
-        k = width - 1 if num_speculative_tokens is None else num_speculative_tokens
         self.speculative_stats = {}
-        return stream_speculative(
-            self.engine,  # type: ignore[arg-type]
-            draft.engine,
-            input_ids,
-            max_new_tokens,
-            k,
-            attention_mask,
-            sampling,
-            eos_token_id,
-            self.speculative_stats,
-        )
+        return self.engine, width - 1 if num_speculative_tokens is None else num_speculative_tokens  # type: ignore[return-value]
 
     def perplexity(self, input_ids: np.ndarray, window: int | None = None) -> Perplexity:
         """Perplexity of a token sequence, in non-overlapping windows (default ``max_seq_len + 1`` tokens)."""

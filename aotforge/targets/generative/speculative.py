@@ -22,6 +22,10 @@ decoded by the draft): the next round first decodes it (rows that are not behind
 ``length``, which writes what their first proposal step writes again). Slots advance independently;
 a finished slot stays where it is. Near the end of either cache, or with one token left to make,
 the rest is plain target decoding.
+
+The loop keeps its per-slot state in Python lists and ints: at a small model's step (a tenth of a
+millisecond for the trained draft of ``tests/lm_pair.py``) every numpy call on a one-row array is a
+visible part of a round.
 """
 
 from __future__ import annotations
@@ -49,6 +53,182 @@ class VerifyEngine(StepEngine, Protocol):
         ...
 
 
+class _Greedy:
+    """Greedy proposals and acceptance: the output is the target's greedy output, whatever the draft."""
+
+    def start_round(self) -> None:
+        pass
+
+    def propose(self, logits: np.ndarray) -> np.ndarray:
+        return logits.argmax(axis=-1)
+
+    def accept(self, row: int, proposals: np.ndarray, logits: np.ndarray) -> tuple[int, int]:
+        return _accept_greedy(proposals, logits)
+
+
+class _Sampled:
+    """Proposals drawn from the draft's distribution ``q`` (kept for the round), the rejection rule on them."""
+
+    def __init__(self, sample: Sampler) -> None:
+        self.sample = sample
+        self.q: list[np.ndarray] = []  # per proposal step: [batch, vocab]
+
+    def start_round(self) -> None:
+        self.q = []
+
+    def propose(self, logits: np.ndarray) -> np.ndarray:
+        probs = np.stack([self.sample.distribution(row) for row in logits])
+        self.q.append(probs)
+        return np.array([self.sample.draw(p) for p in probs], dtype=np.int64)
+
+    def accept(self, row: int, proposals: np.ndarray, logits: np.ndarray) -> tuple[int, int]:
+        return _accept_sampled(proposals, logits, [q[row] for q in self.q], self.sample)
+
+
+class _Speculation:
+    """One call's state: the prefilled caches, each slot's tokens and positions; ``steps()`` advances it."""
+
+    def __init__(
+        self,
+        engine: VerifyEngine,
+        draft: StepEngine,
+        input_ids: np.ndarray,
+        max_new_tokens: int,
+        k: int,
+        attention_mask: np.ndarray | None,
+        sampling: SamplingOptions | None,
+        eos_token_id: int | None,
+    ) -> None:
+        packed, lengths = pack_prompts(input_ids, attention_mask)
+        batch, longest = packed.shape[0], int(lengths.max())
+        check_fits(engine.spec, batch, longest, max_new_tokens)
+        if batch > draft.spec.max_batch or longest > draft.spec.max_seq_len:
+            raise InputSpecError(
+                f"the draft artifact holds batch {draft.spec.max_batch} x {draft.spec.max_seq_len} positions, this "
+                f"call needs batch {batch} with prompts of up to {longest} tokens: rebuild the draft with a larger "
+                "--max-batch / --max-seq-len"
+            )
+        self.engine, self.draft, self.k, self.eos = engine, draft, k, eos_token_id
+        self.max_new, self.batch = max_new_tokens, batch
+        self.sample = Sampler(sampling or SamplingOptions())
+        self.rule: _Greedy | _Sampled = _Sampled(self.sample) if self.sample.options.do_sample else _Greedy()
+        self.counts = {"proposed": 0, "accepted": 0, "rounds": 0, "draft_calls": 0, "plain_steps": 0}
+        engine.start(batch, packed.shape[1])
+        draft.start(batch, packed.shape[1])
+        mask = (np.arange(packed.shape[1])[None, :] < lengths[:, None]).astype(np.int64)
+        positions = np.broadcast_to(np.arange(packed.shape[1], dtype=np.int64), packed.shape).copy()
+        self.first_logits = engine.prefill(packed, mask, positions)
+        draft.prefill(packed, mask, positions)
+        self.history = [list(row[:n]) for row, n in zip(packed.tolist(), lengths.tolist(), strict=True)]
+        self.out: list[list[int]] = [[] for _ in range(batch)]
+        self.done = [False] * batch
+        self.length: list[int] = lengths.tolist()  # tokens of each slot in the target's cache
+        self.draft_len = list(self.length)  # ... and in the draft's (one behind after a round that kept all k)
+        self.plain = False
+
+    def emit(self, row: int, tokens: list[int]) -> None:
+        out, history = self.out[row], self.history[row]
+        for t in tokens:
+            if self.done[row] or len(out) >= self.max_new:
+                return
+            out.append(t)
+            history.append(t)
+            if t == self.eos:
+                self.done[row] = True
+
+    def finished(self) -> bool:
+        return all(d or len(o) >= self.max_new for o, d in zip(self.out, self.done, strict=True))
+
+    def steps(self) -> Iterator[None]:
+        """Advance until every slot is finished, pausing after each step (a round or a plain token)."""
+        for row, token in enumerate(self.sample(self.first_logits).tolist()):
+            self.emit(row, [token])
+        yield
+        while not self.finished():
+            slots = [r for r in range(self.batch) if not self.done[r] and len(self.out[r]) < self.max_new]
+            kk = min(self.k, max(self.max_new - len(self.out[r]) for r in slots) - 1)
+            front = max(self.length[r] for r in slots)
+            self.plain = (
+                self.plain
+                or kk < 1
+                or front + self.engine.verify_positions(kk + 1) > self.engine.spec.max_seq_len
+                or front + kk + 1 > self.draft.spec.max_seq_len
+            )  # once plain, the rest decodes plainly: the draft falls behind for good
+            self._plain_step(slots) if self.plain else self._round(slots, kk)
+            yield
+
+    def _plain_step(self, slots: list[int]) -> None:
+        last = np.array([h[-1] for h in self.history], dtype=np.int64)
+        step = self.sample(self.engine.decode(last[:, None], np.array(self.length, dtype=np.int64))).tolist()
+        self.counts["plain_steps"] += 1
+        for slot in slots:
+            self.emit(slot, [step[slot]])
+            self.length[slot] += 1
+
+    def _round(self, slots: list[int], kk: int) -> None:
+        history, length, draft_len = self.history, self.length, self.draft_len
+        last = np.array([h[-1] for h in history], dtype=np.int64)
+        pos = np.array(length, dtype=np.int64)
+        behind = [d < n for d, n in zip(draft_len, length, strict=True)]
+        proposals = np.empty((self.batch, kk), dtype=np.int64)
+        self.rule.start_round()
+        fold = any(behind) and self._draft_folds(max(length))
+        if any(behind) and not fold:  # the last round kept all k: the draft has not decoded its own dk yet
+            fix = [h[d] if b else h[-1] for h, d, b in zip(history, draft_len, behind, strict=True)]
+            at = [d if b else n for d, n, b in zip(draft_len, length, behind, strict=True)]
+            self.draft.decode(np.array(fix, dtype=np.int64)[:, None], np.array(at, dtype=np.int64))
+            self.counts["draft_calls"] += 1  # (rows not behind decode last, which their first step writes again)
+        draft_len[:] = length
+        token = last
+        for i in range(kk):
+            if fold and not i:  # dk and last in one call of the draft's own verify graph
+                pair = np.array([h[n - 1 : n] + h[-1:] for h, n in zip(history, length, strict=True)], dtype=np.int64)
+                d_logits = self.draft.verify(pair, pos - 1)[:, 1]  # type: ignore[attr-defined]
+            else:
+                d_logits = self.draft.decode(token[:, None], pos + i)
+            token = self.rule.propose(d_logits)
+            proposals[:, i] = token
+        self.counts["draft_calls"] += kk
+        logits = self.engine.verify(np.concatenate([last[:, None], proposals], axis=1), pos)
+        self.counts["rounds"] += 1
+        for r in slots:
+            kept, extra = self.rule.accept(r, proposals[r], logits[r])
+            self.counts["proposed"] += kk
+            self.counts["accepted"] += kept
+            self.emit(r, [*proposals[r, :kept].tolist(), extra])
+            length[r] += kept + 1
+            draft_len[r] = min(length[r], draft_len[r] + kk)
+
+    def _draft_folds(self, front: int) -> bool:
+        """Whether the draft catches up inside its first proposal step: a draft built with a verify graph
+        (``--speculative-k``) runs ``[dk, last]`` in one call where another would decode ``dk`` alone first."""
+        width = int(getattr(self.draft, "verify_width", 0))
+        return width >= 2 and front - 1 + self.draft.verify_positions(2) <= self.draft.spec.max_seq_len  # type: ignore[attr-defined]
+
+    def stats(self) -> dict[str, Any]:
+        proposed = self.counts["proposed"]
+        return {**self.counts, "acceptance_rate": self.counts["accepted"] / proposed if proposed else 0.0}
+
+
+def _start(
+    engine: VerifyEngine,
+    draft: StepEngine,
+    input_ids: np.ndarray,
+    max_new_tokens: int,
+    num_speculative_tokens: int,
+    attention_mask: np.ndarray | None,
+    sampling: SamplingOptions | None,
+    eos_token_id: int | None,
+) -> _Speculation:
+    k = int(num_speculative_tokens)
+    if not 1 <= k < engine.verify_width:
+        raise InputSpecError(
+            f"num_speculative_tokens must be in 1..{engine.verify_width - 1} (the target's verify graph takes "
+            f"{engine.verify_width} tokens: rebuild it with a larger --speculative-k for more), got {k}"
+        )
+    return _Speculation(engine, draft, input_ids, max_new_tokens, k, attention_mask, sampling, eos_token_id)
+
+
 def stream_speculative(
     engine: VerifyEngine,
     draft: StepEngine,
@@ -64,129 +244,63 @@ def stream_speculative(
 
     ``stats`` (if given) is filled with ``proposed`` / ``accepted`` draft tokens, ``rounds`` (verify
     calls), ``draft_calls`` and ``plain_steps`` (target decode steps outside rounds)."""
-    k = int(num_speculative_tokens)
-    if not 1 <= k < engine.verify_width:
-        raise InputSpecError(
-            f"num_speculative_tokens must be in 1..{engine.verify_width - 1} (the target's verify graph takes "
-            f"{engine.verify_width} tokens: rebuild it with a larger --speculative-k for more), got {k}"
-        )
-    packed, lengths = pack_prompts(input_ids, attention_mask)
-    batch, longest = packed.shape[0], int(lengths.max())
-    check_fits(engine.spec, batch, longest, max_new_tokens)
-    if batch > draft.spec.max_batch or longest > draft.spec.max_seq_len:
-        raise InputSpecError(
-            f"the draft artifact holds batch {draft.spec.max_batch} x {draft.spec.max_seq_len} positions, this call "
-            f"needs batch {batch} with prompts of up to {longest} tokens: rebuild the draft with a larger "
-            "--max-batch / --max-seq-len"
-        )
-    counts = {"proposed": 0, "accepted": 0, "rounds": 0, "draft_calls": 0, "plain_steps": 0}
-    sample = Sampler(sampling or SamplingOptions())
-    greedy = not sample.options.do_sample
-    engine.start(batch, packed.shape[1])
-    draft.start(batch, packed.shape[1])
-    mask = (np.arange(packed.shape[1])[None, :] < lengths[:, None]).astype(np.int64)
-    positions = np.broadcast_to(np.arange(packed.shape[1], dtype=np.int64), packed.shape).copy()
-    logits = engine.prefill(packed, mask, positions)
-    draft.prefill(packed, mask, positions)
-    history = [list(row[:n]) for row, n in zip(packed.tolist(), lengths.tolist(), strict=True)]
-    out: list[list[int]] = [[] for _ in range(batch)]
-    done = [False] * batch  # Python lists and ints in the loop: at a small model's step, numpy calls add up
+    run = _start(
+        engine, draft, input_ids, max_new_tokens, num_speculative_tokens, attention_mask, sampling, eos_token_id
+    )
     yielded = 0
-
-    def emit(row: int, tokens: list[int]) -> None:
-        for t in tokens:
-            if done[row] or len(out[row]) >= max_new_tokens:
-                return
-            out[row].append(int(t))
-            history[row].append(int(t))
-            if eos_token_id is not None and t == eos_token_id:
-                done[row] = True
-
-    def ready() -> Iterator[np.ndarray]:
-        nonlocal yielded
-        while yielded < max_new_tokens:
-            if all(done) and yielded >= max(len(o) for o in out):
-                return  # every sequence ended: no columns of eos only
-            column = []
-            for row in range(batch):
-                if yielded < len(out[row]):
-                    column.append(out[row][yielded])
-                elif done[row] and eos_token_id is not None:
-                    column.append(eos_token_id)
-                else:
-                    return
-            yielded += 1
-            yield np.array(column, dtype=np.int64)
-
-    for row, token in enumerate(sample(logits).tolist()):
-        emit(row, [token])
-    yield from ready()
-    length = lengths.copy()  # tokens of each slot in the target's cache (and the draft's, after catch-up)
-    draft_len = lengths.copy()
-    plain = False
     try:
-        while yielded < max_new_tokens and not _finished(out, done, max_new_tokens):
-            slots = [r for r in range(batch) if not done[r] and len(out[r]) < max_new_tokens]
-            last = np.array([h[-1] for h in history], dtype=np.int64)
-            left = max(max_new_tokens - len(out[r]) for r in slots)
-            kk = min(k, left - 1)
-            front = max(int(length[r]) for r in slots)
-            if (
-                plain
-                or kk < 1
-                or front + engine.verify_positions(kk + 1) > engine.spec.max_seq_len
-                or front + kk + 1 > draft.spec.max_seq_len
-            ):
-                plain = True  # the rest decodes plainly: the draft falls behind for good
-                step = sample(engine.decode(last[:, None], length))
-                counts["plain_steps"] += 1
-                for slot in slots:
-                    emit(slot, [int(step[slot])])
-                    length[slot] += 1
-                yield from ready()
-                continue
-            behind = draft_len < length
-            if behind.any():  # the last round kept all k: the draft has not decoded its own dk yet
-                missed = [h[d] if d < len(h) else 0 for h, d in zip(history, draft_len.tolist(), strict=True)]
-                fix = np.where(behind, missed, last)
-                draft.decode(fix[:, None], np.where(behind, draft_len, length))
-                counts["draft_calls"] += 1
-                draft_len = length.copy()
-            proposals = np.zeros((batch, kk), dtype=np.int64)
-            draft_probs: list[np.ndarray] = []
-            token = last
-            for i in range(kk):
-                d_logits = draft.decode(token[:, None], length + i)
-                counts["draft_calls"] += 1
-                if greedy:
-                    token = d_logits.argmax(axis=-1)
-                else:
-                    probs = np.stack([sample.distribution(r) for r in d_logits])
-                    draft_probs.append(probs)
-                    token = np.array([sample.draw(p) for p in probs], dtype=np.int64)
-                proposals[:, i] = token
-            v_logits = engine.verify(np.concatenate([last[:, None], proposals], axis=1), length)
-            counts["rounds"] += 1
-            for r in slots:
-                if greedy:
-                    kept, extra = _accept_greedy(proposals[r], v_logits[r])
-                else:
-                    kept, extra = _accept_sampled(proposals[r], v_logits[r], [q[r] for q in draft_probs], sample)
-                counts["proposed"] += kk
-                counts["accepted"] += kept
-                emit(r, [*proposals[r, :kept].tolist(), extra])
-                length[r] += kept + 1
-                draft_len[r] = min(int(length[r]), int(draft_len[r]) + kk)
-            yield from ready()
-        yield from ready()
+        for _ in run.steps():
+            while yielded < max_new_tokens:
+                column = _column(run, yielded)
+                if column is None:
+                    break
+                yielded += 1
+                yield np.array(column, dtype=np.int64)
     finally:
         if stats is not None:
-            stats.update(counts)
-            stats["acceptance_rate"] = counts["accepted"] / counts["proposed"] if counts["proposed"] else 0.0
+            stats.update(run.stats())
 
 
-def _finished(out: list[list[int]], done: list[bool], max_new_tokens: int) -> bool:
-    return all(d or len(o) >= max_new_tokens for o, d in zip(out, done, strict=True))
+def _column(run: _Speculation, index: int) -> list[int] | None:
+    """Every slot's token ``index`` once all have one (finished slots: eos), else None."""
+    if all(run.done) and index >= max(len(o) for o in run.out):
+        return None  # every sequence ended: no columns of eos only
+    column = []
+    for row, out in enumerate(run.out):
+        if index < len(out):
+            column.append(out[index])
+        elif run.done[row] and run.eos is not None:
+            column.append(run.eos)
+        else:
+            return None
+    return column
+
+
+def generate_speculative(
+    engine: VerifyEngine,
+    draft: StepEngine,
+    input_ids: np.ndarray,
+    max_new_tokens: int,
+    num_speculative_tokens: int,
+    attention_mask: np.ndarray | None = None,
+    sampling: SamplingOptions | None = None,
+    eos_token_id: int | None = None,
+    stats: dict[str, Any] | None = None,
+) -> np.ndarray:
+    """``input_ids`` as given, then the new tokens (``decoding.generate_tokens`` with a draft): what
+    ``stream_speculative`` yields, assembled once at the end instead of a column per token."""
+    ids = np.asarray(input_ids)
+    ids = ids[None, :] if ids.ndim == 1 else ids
+    run = _start(engine, draft, ids, max_new_tokens, num_speculative_tokens, attention_mask, sampling, eos_token_id)
+    try:
+        for _ in run.steps():
+            pass
+    finally:
+        if stats is not None:
+            stats.update(run.stats())
+    width = max(len(o) for o in run.out)  # every slot finished: max_new_tokens, or all ended at eos
+    new = np.array([o + [run.eos if run.eos is not None else 0] * (width - len(o)) for o in run.out], dtype=np.int64)
+    return np.concatenate([ids.astype(np.int64), new], axis=1)
 
 
 def _accept_greedy(proposals: np.ndarray, logits: np.ndarray) -> tuple[int, int]:
@@ -212,25 +326,3 @@ def _accept_sampled(
         total = residual.sum()
         return i, sample.draw(residual / total if total > 0 else p)
     return len(proposals), sample.draw(sample.distribution(logits[len(proposals)]))
-
-
-def generate_speculative(
-    engine: VerifyEngine,
-    draft: StepEngine,
-    input_ids: np.ndarray,
-    max_new_tokens: int,
-    num_speculative_tokens: int,
-    attention_mask: np.ndarray | None = None,
-    sampling: SamplingOptions | None = None,
-    eos_token_id: int | None = None,
-    stats: dict[str, Any] | None = None,
-) -> np.ndarray:
-    """``input_ids`` as given, then the new tokens (``decoding.generate_tokens`` with a draft)."""
-    ids = np.asarray(input_ids)
-    ids = ids[None, :] if ids.ndim == 1 else ids
-    steps = list(
-        stream_speculative(
-            engine, draft, ids, max_new_tokens, num_speculative_tokens, attention_mask, sampling, eos_token_id, stats
-        )
-    )
-    return np.concatenate([ids.astype(np.int64), np.stack(steps, axis=1)], axis=1)

@@ -1,0 +1,217 @@
+"""Speculative-decoding benchmark: target-only greedy decoding vs speculative decoding with each k, batch 1.
+
+On the trained byte-level pair of ``tests/lm_pair.py`` (or --target-model / --draft-model directories): per
+target (--targets onnxruntime,tvm), the target built with --speculative-k max(--ks) and the draft with
+--speculative-k 1 (its own verify graph folds its catch-up step into its first proposal: ``speculative``),
+both with one intra-op thread on onnxruntime (models this small are per-node overhead, and a second thread
+spins at each node). Target-only decoding, speculative decoding with each k of --ks and the draft alone
+run each in their own process, alternating for --rounds rounds, each round starting one run later (a load
+that drifts favours no run), over --prompts held-out text prompts of 64 bytes, --new tokens each. Per run:
+tokens/s (wall) and CPU ms per token (process time: what a shared machine's load moves less), the
+acceptance rate; the speed-up over target-only (medians of both) and the best k; whether every run's
+tokens are the target's own greedy tokens. The load average is printed before and after.
+
+    python tools/bench_speculative.py --work /tmp/aotforge-spec-bench [--ks 1,2,3,4] [--targets onnxruntime]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT_LEN = 64
+
+
+def models(args: argparse.Namespace) -> tuple[Path, Path, list[list[int]]]:
+    """The target and draft model directories and the held-out prompts (token ids) the bench decodes after."""
+    if args.target_model and args.draft_model:
+        rng = np.random.default_rng(0)
+        vocab = json.loads((args.target_model / "config.json").read_text())["vocab_size"]
+        prompts = [[int(t) for t in rng.integers(0, vocab, PROMPT_LEN)] for _ in range(args.prompts)]
+        return args.target_model, args.draft_model, prompts
+    sys.path.insert(0, str(ROOT))
+    from tests.lm_pair import encode, trained_pair
+
+    pair = trained_pair()
+    text = pair.heldout_text
+    step = len(text) // args.prompts
+    prompts = [encode(text[i * step : i * step + PROMPT_LEN]) for i in range(args.prompts)]
+    return pair.target_dir, pair.draft_dir, prompts
+
+
+def build(model_dir: Path, work: Path, target: str, role: str, k: int, max_seq: int) -> str:
+    """The target (verify graph of ``k`` + 1 tokens) or the draft (a verify graph of 2), built once into ``work``."""
+    import aotforge
+
+    spec_k = k if role == "target" else 1
+    name = f"spec-{role}-{spec_k}-{max_seq}-1t"
+    done = sorted((work / "artifacts" / name).glob(f"*/{target}/manifest.json"), key=lambda p: int(p.parts[-3]))
+    if done:
+        return str(done[-1].parent)
+    result = aotforge.build(
+        model_dir,
+        target=target,
+        task="text-generation",
+        max_seq_len=max_seq,
+        max_batch=1,
+        out=work / "artifacts",
+        name=name,
+        bench=False,
+        speculative_k=spec_k,
+        target_options={"intra_op_threads": 1} if target == "onnxruntime" else {},
+    )
+    return str(result.path)
+
+
+def run(target: Path, draft: Path | None, k: int, prompts: list[list[int]], new: int) -> dict[str, Any]:
+    """Batch-1 greedy decoding of ``new`` tokens after each prompt: tokens/s (all prompts), acceptance."""
+    import aotforge
+
+    artifact = aotforge.load(target)
+    kw: dict[str, Any] = {} if draft is None else {"draft": aotforge.load(draft), "num_speculative_tokens": k}
+    artifact.generate(np.array([prompts[0]]), 8, **kw)  # warm-up
+    proposed = accepted = 0
+    cpu, start = time.process_time(), time.perf_counter()
+    outputs = []
+    for prompt in prompts:
+        outputs.append(artifact.generate(np.array([prompt]), new, **kw)[0, len(prompt) :].tolist())
+        stats = artifact.speculative_stats if draft is not None else {}
+        proposed, accepted = proposed + stats.get("proposed", 0), accepted + stats.get("accepted", 0)
+    wall = time.perf_counter() - start
+    return {
+        "tokens_per_s": round(len(prompts) * new / wall, 2),
+        "cpu_ms_per_token": round((time.process_time() - cpu) * 1000.0 / (len(prompts) * new), 4),
+        "acceptance_rate": round(accepted / proposed, 4) if proposed else None,
+        "tokens_sha": hashlib.sha256(json.dumps(outputs).encode()).hexdigest()[:12],
+    }
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """``--one build:TARGET:ROLE`` or ``--one run:TARGET:ARTIFACT|DRAFT|K``: one step, in this process."""
+    target_dir, draft_dir, prompts = models(args)
+    ks = [int(k) for k in args.ks.split(",")]
+    kind, target, rest = args.one.split(":", 2)
+    if kind == "build":
+        model = target_dir if rest == "target" else draft_dir
+        return {"path": build(model, args.work, target, rest, max(ks), max_seq_len(args))}
+    artifact, draft, k = rest.split("|")
+    return run(Path(artifact), Path(draft) if draft else None, int(k), prompts, args.new)
+
+
+def max_seq_len(args: argparse.Namespace) -> int:
+    need = PROMPT_LEN + args.new + max(int(k) for k in args.ks.split(",")) + 2
+    return 1 << (need - 1).bit_length()
+
+
+def bench_target(args: argparse.Namespace, target: str) -> dict[str, Any]:
+    paths = {role: spawn(args, f"build:{target}:{role}") for role in ("target", "draft")}
+    if any("path" not in v for v in paths.values()):
+        return {"error": paths}
+    runs = [("target only", f"run:{target}:{paths['target']['path']}||0")]
+    runs += [
+        (f"k={k}", f"run:{target}:{paths['target']['path']}|{paths['draft']['path']}|{k}") for k in args.ks.split(",")
+    ]
+    runs.append(("draft only", f"run:{target}:{paths['draft']['path']}||0"))
+    rounds: dict[str, list[dict[str, Any]]] = {}
+    for r in range(args.rounds):  # each round starts one run later: a load that drifts favours no run
+        for label, kind in runs[r % len(runs) :] + runs[: r % len(runs)]:
+            rounds.setdefault(label, []).append(spawn(args, kind))
+    table = {label: median(r) for label, r in rounds.items()}
+    base = table["target only"]
+    for r in table.values():
+        if "tokens_per_s" in r and "tokens_per_s" in base:
+            r["speed_up"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3)
+            r["cpu_speed_up"] = round(base["cpu_ms_per_token"] / r["cpu_ms_per_token"], 3)
+    spec = {label: r for label, r in table.items() if label.startswith("k=") and "speed_up" in r}
+    best = max(spec, key=lambda label: spec[label]["speed_up"]) if spec else None
+    same = {r.get("tokens_sha") for label, r in table.items() if label != "draft only"}
+    return {"runs": table, "best": best, "identical_tokens": len(same) == 1}
+
+
+def spawn(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--work", str(args.work), "--one", kind, "--ks", args.ks]
+    cmd += ["--new", str(args.new), "--prompts", str(args.prompts)]
+    for flag in ("target_model", "draft_model"):
+        if getattr(args, flag):
+            cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    return json.loads(lines[-1][7:]) if lines else {"error": done.stderr.strip().splitlines()[-3:]}
+
+
+def median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each numeric field's median over the runs that did not fail (the last failure if all did)."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[-1]
+    merged: dict[str, Any] = dict(ok[-1])
+    for key, value in ok[-1].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            merged[key] = round(float(np.median([r[key] for r in ok])), 4)
+    merged["rounds"] = len(ok)
+    return merged
+
+
+def table(results: dict[str, Any]) -> str:
+    rows = [
+        "| target | run | tokens/s b1 | speed-up | CPU ms/token | CPU speed-up | acceptance |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    nan = float("nan")
+    for target, r in results.items():
+        if not isinstance(r, dict) or "runs" not in r:
+            continue
+        for label, run_ in r["runs"].items():
+            mark = " (best)" if label == r["best"] else ""
+            acc = run_.get("acceptance_rate")
+            rows.append(
+                f"| {target} | {label}{mark} | {run_.get('tokens_per_s', nan):.1f} | {run_.get('speed_up', nan):.2f}x "
+                f"| {run_.get('cpu_ms_per_token', nan):.3f} | {run_.get('cpu_speed_up', nan):.2f}x "
+                f"| {'-' if acc is None else f'{acc:.0%}'} |"
+            )
+        rows.append(f"{target}: speculative output identical to target-only greedy: {r['identical_tokens']}")
+    load = " / ".join(f"{x:.1f}" for x in results["load_before"]), " / ".join(f"{x:.1f}" for x in results["load_after"])
+    rows.append(f"load average {load[0]} before, {load[1]} after")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/aotforge-spec-bench"))
+    parser.add_argument("--targets", default="onnxruntime,tvm")
+    parser.add_argument("--ks", default="1,2,3,4", help="the numbers of draft tokens per round tried")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--new", type=int, default=96, help="new tokens per prompt")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--target-model", type=Path, help="a target model directory (default: the trained pair)")
+    parser.add_argument("--draft-model", type=Path, help="its draft's model directory")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: one build or run, prints RESULT JSON
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.one:
+        print("RESULT " + json.dumps(child(args)))
+        return
+    models(args)  # the pair trains (or loads) once, before any child needs it
+    results: dict[str, Any] = {"load_before": os.getloadavg(), "prompts": args.prompts, "new_tokens": args.new}
+    for target in filter(None, args.targets.split(",")):
+        results[target] = bench_target(args, target)
+    results["load_after"] = os.getloadavg()
+    print(json.dumps(results, indent=2))
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
