@@ -17,6 +17,7 @@ from aotforge.targets.tvm.importable.rules import (
     bitcast,
     conv,
     elementwise,
+    normalization,
     quantized,
     recurrent,
     reduce,
@@ -50,13 +51,14 @@ RULES: tuple[Rule, ...] = (
     bitcast.bitcast,
     recurrent.recurrent,
     text.tfidf_vectorizer,
+    normalization.batch_norm_training,
 )
 
 #: The ops some rule may rewrite.
 RULE_OPS = frozenset(
     ("Expand", "IsInf", "ConvTranspose", "Pow", "Sinh", "Cosh", "LpNormalization", "CumProd", "OneHot")
     + ("ReduceMax", "ReduceMin", "BitShift", "Resize", "Elu", "Celu", "EyeLike")
-    + ("QLinearMatMul", "Col2Im", "Split", "BitCast", "RNN", "GRU", "LSTM", "TfIdfVectorizer")
+    + ("QLinearMatMul", "Col2Im", "Split", "BitCast", "RNN", "GRU", "LSTM", "TfIdfVectorizer", "BatchNormalization")
 )
 
 _RECURRENT = (
@@ -67,7 +69,10 @@ _RECURRENT = (
 PARTLY = {
     "QLinearMatMul": "rewritten only with per-tensor (one-element) scales and zero points",
     "Col2Im": f"rewritten only with static shapes, constant image / block shapes, at most {conv.MAX_COL2IM} columns",
-    "BitCast": "rewritten only between integer types of one width and between float32 / float64 and integers of theirs",
+    "BitCast": (
+        "rewritten only between integer types of one width, float32 and 32-bit integers, and float64 to 64-bit "
+        "integers (64-bit integers to float64 compile to wrong values through TVM)"
+    ),
     "TfIdfVectorizer": "rewritten only over integer tokens (pool_int64s) in [C] or [B, C] of static size",
     "RNN": _RECURRENT,
     "GRU": _RECURRENT,
