@@ -181,3 +181,41 @@ def test_quality_gates_on_the_trained_target(lm_pair: Any, tmp_path: Path) -> No
     report = quality_report(lm_pair, build, check)
     print(json.dumps(report, indent=1))  # noqa: T201  (the figures the closing note quotes)
     assert_within_gates(report)
+
+
+@needs_vnni
+@pytest.mark.parametrize(("bits", "group", "k"), [(4, 128, 96), (4, 64, 200), (8, 128, 72)])
+def test_a_k_short_of_whole_groups_is_padded_with_zeros(bits: int, group: int, k: int) -> None:
+    """K=96 at group 128 (as SmolLM's 576 is): the weight and the activations padded with zeros to whole
+    groups, the report says so, and the rewritten matmul equals the kernel's numpy model on the padded
+    operands (within the format's error of x @ w)."""
+    import tvm
+    from tvm import relax
+
+    from aotforge.targets.tvm.options import TvmOptions, target_dict
+    from aotforge.targets.tvm.rewrites.weight_only import WeightOnlyFormat, weight_only_matmuls
+
+    n, rows = 48, 3
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
+    bb = relax.BlockBuilder()
+    x_var = relax.Var("x", relax.TensorType((rows, k), "float32"))
+    w_var = relax.Var("w", relax.TensorType((k, n), "float32"))
+    with bb.function("main", [x_var, w_var], attrs={"num_input": 1}):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.matmul(x_var, w_var))
+        bb.emit_func_output(y)
+    mod, packed, report = weight_only_matmuls(
+        bb.get(), lambda _name: w, WeightOnlyFormat(bits, group), vnni=True, cpu="host"
+    )
+    padded = -(-k // group) * group
+    assert report["k_padded"] == {"w": f"{k} -> {padded}"} and report["matmuls_taken"] == 1
+    q, s = (packed[name] for name in sorted(packed))  # ".q" sorts before ".s"
+    lib = tvm.compile(mod, target=tvm.target.Target(target_dict(TvmOptions())))
+    vm = relax.VirtualMachine(lib, tvm.cpu())
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(q), tvm.runtime.tensor(s)).numpy()
+    x_padded = np.pad(x, ((0, 0), (0, padded - k)))
+    np.testing.assert_allclose(got, wo.reference(x_padded, q, s, bits, group), rtol=1e-5, atol=1e-5)
+    rel = np.linalg.norm(got - x @ w) / np.linalg.norm(x @ w)
+    assert rel < (0.15 if bits == 4 else 0.02), rel

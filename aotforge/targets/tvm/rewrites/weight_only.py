@@ -7,8 +7,10 @@ as it is or ``permute_dims`` of an ``[N, K]`` one (a head tied to the embedding)
 channel): the function takes the packed bytes and scales as two new arguments instead of the
 float weight, which it drops where nothing else reads it (a tied embedding's lookup still does).
 The packed arrays are the caller's to store; their names say what they are
-(``w4096.int4g32.q`` / ``.s``, ``t`` for a weight read transposed). Every matmul left alone is
-counted under the reason; on a CPU without AVX-512 VNNI none is taken.
+(``w4096.int4g32.q`` / ``.s``, ``t`` for a weight read transposed). A K that is not a whole number
+of groups (576 at group 128) is padded with zero weights and zero activations up to one, as ONNX
+Runtime's MatMulNBits pads its last block: the padding adds exact zeros to every dot product. Every
+matmul left alone is counted under the reason; on a CPU without AVX-512 VNNI none is taken.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ def weight_only_matmuls(
     skipped: Counter[str] = Counter()
     calls: Counter[str] = Counter()
     merged: dict[str, int] = {}
+    padded_k: dict[str, str] = {}
     kernels: dict[str, Any] = {}
 
     @expr_functor.mutator
@@ -109,7 +112,7 @@ def weight_only_matmuls(
             if op_name(call) != "relax.matmul":
                 return call
             match = _match(call, self.params, self.bound)
-            why = match if isinstance(match, str) else kernel.supports(match.k, _padded(match.n), fmt.bits, fmt.group)
+            why = match if isinstance(match, str) else _unsupported(match, fmt)
             if isinstance(match, str) or why:
                 skipped[str(why)] += 1
                 return call
@@ -136,17 +139,22 @@ def weight_only_matmuls(
             widths = [m.n] if len(names) == 1 else [self.widths[n] for n in names]
             width = sum(widths)
             n = _padded(width)  # a vocabulary of 264 or 500: zero columns up to whole 16-lane blocks
+            k = _padded(m.k, fmt.group)  # K=576 at group 128: zero rows up to whole groups
             if f"{base}.q" not in packed:
                 w = read(names[0]) if m.transposed else np.concatenate([read(n) for n in names], axis=1).T
-                w = np.pad(w, ((0, n - width), (0, 0)))
+                w = np.pad(w, ((0, n - width), (0, k - m.k)))
                 packed[f"{base}.q"], packed[f"{base}.s"] = kernel.pack(w, fmt.bits, fmt.group)
+            if k != m.k:
+                padded_k[m.weight.name] = f"{m.k} -> {k}"
             q = self.argument(f"{base}.q", packed[f"{base}.q"])
             s = self.argument(f"{base}.s", packed[f"{base}.s"])
-            name = f"weight_only_{fmt.tag}_{m.rows}x{m.k}x{n}"
+            name = f"weight_only_{fmt.tag}_{m.rows}x{k}x{n}"
             if name not in kernels:
-                func = kernel.weight_only_matmul(m.rows, m.k, n, fmt.bits, fmt.group)
+                func = kernel.weight_only_matmul(m.rows, k, n, fmt.bits, fmt.group)
                 kernels[name] = self.builder_.add_func(func.with_attr("global_symbol", name), name)
             flat = self.builder_.emit(relax.op.reshape(m.x, (m.rows, m.k)))
+            if k != m.k:
+                flat = self.builder_.emit(relax.op.nn.pad(flat, [0, 0, 0, k - m.k]))
             out = self.builder_.emit(
                 relax.call_tir(kernels[name], [flat, q, s], relax.TensorType((m.rows, n), "float32"))
             )
@@ -165,12 +173,21 @@ def weight_only_matmuls(
         new = mutator.visit_expr(func)
         mutator.builder_.update_func(gv, _with_arguments(new, list(mutator.added.values())))
     mod = mutator.builder_.get()
-    report = {**_report(fmt, taken, calls, skipped, packed), "merged_calls": dict(sorted(merged.items()))}
+    report = {
+        **_report(fmt, taken, calls, skipped, packed),
+        "merged_calls": dict(sorted(merged.items())),
+        "k_padded": dict(sorted(padded_k.items())),
+    }
     return mod, packed, report
 
 
-def _padded(n: int) -> int:
-    return -(-n // kernel.LANES) * kernel.LANES
+def _padded(n: int, multiple: int = kernel.LANES) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _unsupported(m: _Match, fmt: WeightOnlyFormat) -> str:
+    """Why the kernel cannot take ``m`` once N is padded to whole lanes and K to whole groups ('' if it can)."""
+    return kernel.supports(_padded(m.k, fmt.group), _padded(m.n), fmt.bits, fmt.group)
 
 
 def _siblings(func: Any, params: set[Any], fmt: WeightOnlyFormat) -> tuple[dict[str, list[str]], dict[str, int]]:
@@ -190,7 +207,7 @@ def _siblings(func: Any, params: set[Any], fmt: WeightOnlyFormat) -> tuple[dict[
             if op_name(call) != "relax.matmul":
                 continue
             m = _match(call, params, lambda e: values.get(e) if isinstance(e, relax.Var) else e)
-            if isinstance(m, str) or m.transposed or kernel.supports(m.k, _padded(m.n), fmt.bits, fmt.group):
+            if isinstance(m, str) or m.transposed or _unsupported(m, fmt):
                 continue
             members = groups.setdefault(str(m.x.name), [])
             if m.weight.name not in members:
