@@ -23,6 +23,7 @@ from tvm import s_tir, te
 
 from aotforge.targets.tvm.kernels.nhwc_input import OPAQUE
 from aotforge.targets.tvm.kernels.vnni_dense import LANES, STACK_BYTES, largest_divisor
+from aotforge.targets.tvm.schedules.matmul import PARALLEL_MIN_MACS
 
 #: fp32 holds every integer below this exactly.
 EXACT_LIMIT = 2**24
@@ -76,7 +77,8 @@ def depthwise_u8s8(
     writeback = sch.cache_write(block, 0, "global" if tile < STACK_BYTES else "local")
     sch.reverse_compute_inline(sch.get_sblock(out.op.name))
     outer = sch.fuse(b, y)
-    sch.parallel(outer)
+    if n * oh * ow * c * kh * kw >= PARALLEL_MIN_MACS:  # else on the calling thread (vnni_dense's reason)
+        sch.parallel(outer)
     sch.reverse_compute_at(writeback, jo)
     sch.vectorize(jl)  # before the reduction is split: TVM vectorizes a complete reduction block only
     for loop in (ry_l, rx_l, xi):

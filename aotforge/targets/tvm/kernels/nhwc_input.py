@@ -14,7 +14,20 @@ from typing import Any
 
 from tvm import s_tir, te, tirx
 
+from aotforge.targets.tvm.schedules.injective import PARALLEL_MIN
+
 VECTOR = 16
+
+
+def _parallel(sch: s_tir.Schedule, loop: Any, out: Any) -> None:
+    """Run ``loop`` in parallel when ``out`` is big enough to pay for a fork/join (the injective rule's bar)."""
+    elements = 1
+    for d in out.shape:
+        elements *= int(d)
+    if elements >= PARALLEL_MIN:
+        sch.parallel(loop)
+
+
 #: ``OpPatternKind::kOpaque``: fusion would rebuild it unscheduled.
 OPAQUE = 8
 
@@ -45,7 +58,7 @@ def to_nhwc_padded(
     out = te.compute((n, h + top + bottom, w + left + right, channels), value, name="nhwc_padded")
     sch = s_tir.Schedule(te.create_prim_func([x, *([scale] if quantize else []), zero, out]))
     b, y, _, ch = sch.get_loops(sch.get_sblock("nhwc_padded"))
-    sch.parallel(sch.fuse(b, y))
+    _parallel(sch, sch.fuse(b, y), out)
     sch.unroll(ch)
     return sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("op_pattern", OPAQUE)
 
@@ -69,7 +82,7 @@ def pad_nhwc(shape: tuple[int, int, int, int], padding: tuple[int, int, int, int
     out = te.compute((n, h + top + bottom, w + left + right, channels), value, name="nhwc_padded")
     sch = s_tir.Schedule(te.create_prim_func([x, zero, out]))
     b, y, _, ch = sch.get_loops(sch.get_sblock("nhwc_padded"))
-    sch.parallel(sch.fuse(b, y))
+    _parallel(sch, sch.fuse(b, y), out)
     if channels == c and c % VECTOR == 0:
         sch.vectorize(sch.split(ch, [None, VECTOR])[1])
     return sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("op_pattern", OPAQUE)

@@ -26,6 +26,7 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from aotforge.targets.tvm.kernels.nhwc_input import OPAQUE
+from aotforge.targets.tvm.schedules.matmul import PARALLEL_MIN_MACS
 
 LANES = 16
 GROUP = 4
@@ -138,6 +139,22 @@ def dense_u8s8(m: int, k: int, n: int) -> Any:
     return finish_tile(sch, block, sch.get_sblock("out"), parallel=[jo, io], reduction=ko, lanes=jl, tile=[ii, ji])
 
 
+#: A kernel under this many multiply-adds runs on the calling thread, as the fp32 rule's
+#: (``schedules.matmul.PARALLEL_MIN_MACS``) at VNNI's 4x the multiply-adds per instruction: TVM
+#: splits a parallel loop statically, so each launch waits for its slowest thread, and on a loaded
+#: machine for a descheduled worker's time slice (MobileNet-style int8, 2 threads, load 17: ~40
+#: launches per call, p50 408 ms for a 0.25 ms model).
+VNNI_PARALLEL_MIN_MACS = 4 * PARALLEL_MIN_MACS
+
+
+def _macs(sch: s_tir.Schedule, block: Any) -> int:
+    """The block's instances (a reduction's multiply-adds): the product of its loops' extents."""
+    count = 1
+    for loop in sch.get_loops(block):
+        count *= int(sch.get(loop).extent)
+    return count
+
+
 def finish_tile(
     sch: s_tir.Schedule, block: Any, epilogue: Any, *, parallel: list[Any], reduction: Any, lanes: Any, tile: list[Any]
 ) -> Any:
@@ -154,7 +171,8 @@ def finish_tile(
     writeback = sch.cache_write(block, 0, "global" if on_stack else "local")
     sch.reverse_compute_inline(epilogue)
     outer = sch.fuse(*parallel)
-    sch.parallel(outer)
+    if _macs(sch, block) >= VNNI_PARALLEL_MIN_MACS:
+        sch.parallel(outer)
     sch.reverse_compute_at(writeback, outer)
     init = sch.decompose_reduction(block, reduction)
     sch.tensorize(lanes, INTRIN_STACK if on_stack else INTRIN)
