@@ -33,6 +33,7 @@ CASES = {
     "test_swish": ("expanded", "Swish"),
     "test_linear_attention_linear": ("unrolled", "Scan"),
     "test_scan9_sum": ("unrolled", "Scan"),
+    "test_range_int32_type_negative_delta_expanded": ("unrolled", "Loop"),
     "test_expand_dim_changed": ("legalized", "expand_against_ones"),
     "test_bitshift_left_int32_shift_ge_width": ("legalized", "shift_left_out_of_range"),
     "test_bitshift_left_int32_negative_shift": ("legalized", "shift_left_out_of_range"),

@@ -9,7 +9,8 @@ One straight line of ONNX-level steps (:func:`prepare`), each reporting what it 
    the graph too), since the importer takes many of them only as constants;
 2. expand: ops the importer lacks (or gets wrong) that ONNX defines as functions become their
    bodies (``expand.py``);
-3. unroll: Scans with static lengths (some function bodies are Scans) become straight-line graphs
+3. unroll: Scans with static lengths and Loops with constant trip counts (some function bodies are
+   Scans or Loops) become straight-line graphs
    (``unroll.py``), then fold again, since bodies compute shapes from shapes;
 4. legalize: rewrites of ops the importer lacks or computes wrongly into ops it imports right
    (``legalize.py``: none of their ops has a function body), then fold;

@@ -73,7 +73,10 @@ def _refused(proto: onnx.ModelProto, ops: frozenset[str]) -> list[Refused]:
             if node.op_type in PARTLY:
                 why = f"not in TVM's ONNX importer; aotforge's rewrite: {PARTLY[node.op_type]}"
             if node.op_type in ("Scan", "Loop"):
-                why = "a loop whose trip count is not static (aotforge unrolls only Scans of static length)"
+                why = (
+                    "a loop whose trip count is not static (aotforge unrolls Scans of static length and Loops of a"
+                    " constant trip count whose condition stays true)"
+                )
             refused.append(Refused(node.op_type, node.domain, opset, name, why))
     for value in _values(proto):
         wrong = _WRONG_TYPES.get(value.type.tensor_type.elem_type)
