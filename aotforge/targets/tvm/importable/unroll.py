@@ -114,7 +114,8 @@ def _unroll_loop(
     if not passed:
         return None
     n = len(node.input) - 2
-    states, per_step = list(node.input[2:]), [[] for _ in range(len(body.output) - 1 - n)]
+    states = list(node.input[2:])
+    per_step: list[list[str]] = [[] for _ in range(len(body.output) - 1 - n)]
     nodes: list[onnx.NodeProto] = []
     for t in range(int(trips.reshape(-1)[0])):
         step = f"{prefix}__t{t}__"
