@@ -56,6 +56,7 @@ CASES = {
     "test_resize_tf_crop_and_resize_axes_3_2": ("legalized", "resize_full_rank"),
     "test_celu_float16": ("legalized", "elu_in_float32"),
     "test_batchnorm_example_training_mode": ("legalized", "batch_norm_training"),
+    "test_reversesequence_batch": ("legalized", "reverse_sequence"),
     "test_eyelike_with_dtype": ("legalized", "eye_like_dtype"),
     "test_qlinearmatmul_3D_int8_float16": ("legalized", "qlinear_matmul"),
     "test_col2im_pads": ("legalized", "col2im"),

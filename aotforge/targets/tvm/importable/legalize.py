@@ -52,13 +52,25 @@ RULES: tuple[Rule, ...] = (
     recurrent.recurrent,
     text.tfidf_vectorizer,
     normalization.batch_norm_training,
+    shapes.reverse_sequence,
 )
 
 #: The ops some rule may rewrite.
 RULE_OPS = frozenset(
     ("Expand", "IsInf", "ConvTranspose", "Pow", "Sinh", "Cosh", "LpNormalization", "CumProd", "OneHot")
     + ("ReduceMax", "ReduceMin", "BitShift", "Resize", "Elu", "Celu", "EyeLike")
-    + ("QLinearMatMul", "Col2Im", "Split", "BitCast", "RNN", "GRU", "LSTM", "TfIdfVectorizer", "BatchNormalization")
+    + (
+        "QLinearMatMul",
+        "Col2Im",
+        "Split",
+        "BitCast",
+        "RNN",
+        "GRU",
+        "LSTM",
+        "TfIdfVectorizer",
+        "BatchNormalization",
+        "ReverseSequence",
+    )
 )
 
 _RECURRENT = (

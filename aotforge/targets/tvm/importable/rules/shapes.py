@@ -88,3 +88,31 @@ def split_empty_parts(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | 
             nodes += [begin_node, end_node, make("Slice", [node.input[0], begin, end, axes], [out])]
         start += size
     return nodes
+
+
+def reverse_sequence(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+    """ReverseSequence over a static shape as GatherElements along the time axis (not in the importer):
+    position t of row b reads ``lens[b] - 1 - t`` below that row's length, t itself from there on."""
+    shape = g.shapes.get(node.input[0])
+    if node.op_type != "ReverseSequence" or shape is None or len(shape) < 2:
+        return None
+    time, batch = int(attr(node, "time_axis", 0)), int(attr(node, "batch_axis", 1))
+    out = node.output[0]
+    steps = np.arange(shape[time], dtype=np.int64).reshape([-1 if d == time else 1 for d in range(len(shape))])
+    t, t_node = g.constant("reverse_steps", steps)
+    one, one_node = g.constant("reverse_one", np.array(1, np.int64))
+    rows, rows_node = g.constant("reverse_rows", np.array([-1 if d == batch else 1 for d in range(len(shape))]))
+    full, full_node = g.constant("reverse_shape", np.array(shape, np.int64))
+    lens, inside, last, back, index, wide = (
+        g.fresh(f"{out}_{k}") for k in ("lens", "inside", "last", "back", "index", "wide")
+    )
+    return [
+        t_node, one_node, rows_node, full_node,
+        make("Reshape", [node.input[1], rows], [lens]),
+        make("Less", [t, lens], [inside]),
+        make("Sub", [lens, one], [last]),
+        make("Sub", [last, t], [back]),
+        make("Where", [inside, back, t], [index]),
+        make("Expand", [index, full], [wide]),
+        make("GatherElements", [node.input[0], wide], [out], axis=time),
+    ]  # fmt: skip
