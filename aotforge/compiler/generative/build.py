@@ -69,15 +69,17 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
         if verify_width:
             say(f"exporting the verify graph (speculative decoding, up to {opts.speculative_k} draft tokens)")
             graphs[VERIFY_FILE] = export_verify(source.model, spec, place.name, decode_attention=attention)
-        # The target's own graph rewrites (onnxruntime: its contrib-op fusions), before the passes see them.
-        rewrite = getattr(backend, "rewrite_graphs", None)
-        rewrites = rewrite(graphs, spec) if rewrite is not None else {}
+        # The target's own graph rewrites (onnxruntime: MatMul packing before the passes, contrib ops after them).
+        prepare, rewrite = getattr(backend, "prepare_graphs", None), getattr(backend, "rewrite_graphs", None)
+        rewrites = prepare(graphs, spec) if prepare is not None else {}
         pass_entries = []
         for file_name, graph in graphs.items():
             graph_name = file_name.removesuffix(".onnx")
             if graph_passes:
                 say(f"running passes on the {graph_name} graph: {', '.join(p.name for p in graph_passes())}")
                 pass_entries += [{**pass_entry(r), "graph": graph_name} for r in run_passes(graph, graph_passes())]
+        for name, counts in (rewrite(graphs, spec) if rewrite is not None else {}).items():
+            rewrites[name] = {**rewrites.get(name, {}), **counts}
         # The passes are deterministic, so equal weights stay equal and save_shared still stores them once.
         weights = save_shared(graphs, stage)
         for rel, file in sorted(source.files.items()):

@@ -31,10 +31,18 @@ DECODE_ATTENTION = "gqa"
 SPECULATIVE = True
 
 
-def rewrite_graphs(graphs: dict[str, Any], spec: DecoderSpec) -> dict[str, dict[str, int]]:
-    """ONNX Runtime contrib ops in every graph (``ort_fusions``): RMSNorm, residual + RMSNorm, rotary embeddings.
+def prepare_graphs(graphs: dict[str, Any], spec: DecoderSpec) -> dict[str, dict[str, int]]:
+    """Before the build's passes (``ort_fusions.pack_for_ort``): q/k/v and gate/up MatMuls packed, standard ops.
 
-    Returns each graph's fusion counts (``target.info.fusions``)."""
+    Returns each graph's counts (``target.info.fusions``)."""
+    from aotforge.targets.generative.ort_fusions import pack_for_ort
+
+    return {name.removesuffix(".onnx"): pack_for_ort(graph) for name, graph in graphs.items()}
+
+
+def rewrite_graphs(graphs: dict[str, Any], spec: DecoderSpec) -> dict[str, dict[str, int]]:
+    """After the passes, ONNX Runtime contrib ops in every graph (``ort_fusions.fuse_for_ort``): RMSNorm,
+    residual + RMSNorm, rotary embeddings, rotary and packed QKV into GroupQueryAttention."""
     from aotforge.targets.generative.ort_fusions import fuse_for_ort
 
     return {name.removesuffix(".onnx"): fuse_for_ort(graph, spec.max_seq_len) for name, graph in graphs.items()}

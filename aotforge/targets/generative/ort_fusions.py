@@ -29,14 +29,23 @@ import numpy as np
 import onnx_ir as ir
 
 
+def pack_for_ort(model: ir.Model) -> dict[str, int]:
+    """The standard-op part (MatMul packing), run before the build's passes: a pass such as weight-only
+    quantizes the packed MatMuls, and the ONNX checker the passes run knows no contrib op."""
+    import onnx_ir.passes.common as common_passes
+
+    counts = {"packed_matmuls": _pack_matmuls(model)}
+    common_passes.RemoveUnusedNodesPass()(model)
+    return counts
+
+
 def fuse_for_ort(model: ir.Model, max_positions: int) -> dict[str, int]:
-    """Rewrite ``model`` in place; the number of each fusion made."""
+    """The contrib-op fusions, after the passes; rewrites ``model`` in place, returns the number of each made."""
     import onnx_ir.passes.common as common_passes
     from onnxscript.rewriter.ort_fusions.rms_normalization import fuse_rms_normalization
     from onnxscript.rewriter.ort_fusions.skip_normalization import fuse_skip_rms_normalization
 
-    counts = {"packed_matmuls": _pack_matmuls(model)}
-    counts["rotary_embedding"] = _rotary_rules(max_positions).apply_to_model(model)
+    counts = {"rotary_embedding": _rotary_rules(max_positions).apply_to_model(model)}
     counts["rms_normalization"] = fuse_rms_normalization(model)
     counts["skip_rms_normalization"] = fuse_skip_rms_normalization(model)
     counts["rotary_in_attention"] = _rotary_into_attention(model)
