@@ -57,6 +57,7 @@ CASES = {
     "test_celu_float16": ("legalized", "elu_in_float32"),
     "test_batchnorm_example_training_mode": ("legalized", "batch_norm_training"),
     "test_reversesequence_batch": ("legalized", "reverse_sequence"),
+    "test_upsample_nearest": ("legalized", "upsample_nearest"),
     "test_eyelike_with_dtype": ("legalized", "eye_like_dtype"),
     "test_qlinearmatmul_3D_int8_float16": ("legalized", "qlinear_matmul"),
     "test_col2im_pads": ("legalized", "col2im"),

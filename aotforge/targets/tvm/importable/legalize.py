@@ -53,6 +53,7 @@ RULES: tuple[Rule, ...] = (
     text.tfidf_vectorizer,
     normalization.batch_norm_training,
     shapes.reverse_sequence,
+    resize.upsample_nearest,
 )
 
 #: The ops some rule may rewrite.
@@ -70,6 +71,7 @@ RULE_OPS = frozenset(
         "TfIdfVectorizer",
         "BatchNormalization",
         "ReverseSequence",
+        "Upsample",
     )
 )
 

@@ -196,3 +196,23 @@ def _taps(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         (found,) = np.nonzero(row)
         weights[o, : len(found)], index[o, : len(found)] = row[found], found
     return weights, index
+
+
+def upsample_nearest(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+    """Upsample (opset 7-9, before Resize existed) nearest by whole constant scales as one Gather per
+    scaled axis (each element repeated ``scale`` times, as onnx's reference does)."""
+    if node.op_type != "Upsample" or attr(node, "mode", b"nearest") != b"nearest":
+        return None
+    shape = g.shapes.get(node.input[0])
+    scales = g.constants.get(node.input[1]) if len(node.input) > 1 else np.array(attr(node, "scales") or [])
+    if shape is None or scales is None or len(scales) != len(shape) or (scales != np.round(scales)).any():
+        return None
+    x, nodes = node.input[0], []
+    for axis, scale in enumerate(int(s) for s in scales):
+        if scale == 1:
+            continue
+        index, index_node = g.constant("upsample_index", np.repeat(np.arange(shape[axis], dtype=np.int64), scale))
+        y = g.fresh(f"{node.output[0]}_a{axis}")
+        nodes += [index_node, make("Gather", [x, index], [y], axis=axis)]
+        x = y
+    return [*nodes, make("Identity", [x], [node.output[0]])]
