@@ -22,7 +22,6 @@ import os
 import platform
 import shutil
 import socket
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -75,9 +74,9 @@ def build_bundled(model: Any, opts: BuildOptions, say: Progress) -> BuildResult:
     probe = get_target(opts.target).probe()
     if not probe.available:  # before any work: the build must run and validate on this host
         raise TargetUnavailableError(f"target {opts.target} is not available on this host: {probe.reason}")
-    opts.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="aotforge-bundle-", dir=opts.out) as tmp:
-        prepared = prepare_generative(model, dataclasses.replace(opts, out=Path(tmp)), say, cpu_check=False)
+    # The bundle half lives in a staging directory of --out: removed when done or failed, swept after a kill.
+    with staging_dir(opts.out) as tmp:
+        prepared = prepare_generative(model, dataclasses.replace(opts, out=tmp), say, cpu_check=False)
         data = read_bundle(prepared.path)
         return finish_generative(prepared.path, data, opts.out, bench=opts.bench, progress=say, plots=opts.plots)
 
