@@ -3,7 +3,8 @@
 ``perplexity`` and ``generate`` only read their artifacts; ``compile --speculative-k`` refusals come before any
 output. Each test compares the artifact directories and ``--out`` (every file's sha256) before and after the
 failed command. The artifacts are the session's (``tests/conftest.py``): nothing here builds a decoder. The
-generative ``finish`` failures sit with their bundles in ``tests/test_generative_bundles.py``.
+generative ``finish`` failures sit with their bundles in ``tests/test_tensorrt_generative.py`` and
+``tests/test_neuron_generative.py``.
 """
 
 from __future__ import annotations
