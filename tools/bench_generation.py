@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_children import PREFIX, median_of, run_child  # tools/, beside this script
 
 THREADS = 2
 SMOLLM = {  # HuggingFaceTB/SmolLM-135M's config.json shape
@@ -249,7 +250,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     model_dir = prepare(args.work, args.layers)
     if args.one:
-        print("RESULT " + json.dumps(_child(args, model_dir)))
+        print(PREFIX + json.dumps(_child(args, model_dir)))
         return
     venv = args.genai_venv or args.work / "genai-venv"
     precisions = [p for p in args.precisions.split(",") if p]
@@ -273,7 +274,7 @@ def main() -> None:
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
     results["weight_bytes"] = weights
     results["floor_itl_ms"] = round(weights / (results["read_bandwidth_gbs"] * 1e9) * 1000.0, 2)
-    results["runtimes"] = {label: _median(runs) for label, runs in rounds.items()}
+    results["runtimes"] = {label: median_of(runs, 3) for label, runs in rounds.items()}
     print(json.dumps(results, indent=2))
     print(_table(results, args.max_batch))
     if args.json:
@@ -304,22 +305,7 @@ def _label(kind: str) -> str:
 def _run(args: argparse.Namespace, kind: str, python: Path) -> dict[str, Any]:
     cmd = [str(python), __file__, "--work", str(args.work), "--layers", str(args.layers), "--one", kind]
     cmd += ["--prompt", str(args.prompt), "--new", str(args.new), "--max-batch", str(args.max_batch)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    return json.loads(lines[-1][7:]) if lines else {"error": done.stderr.strip().splitlines()[-3:]}
-
-
-def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [r for r in runs if "error" not in r]
-    if not ok:
-        return runs[-1]
-    merged: dict[str, Any] = dict(ok[-1])
-    for key, value in ok[-1].items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            merged[key] = round(float(np.median([r[key] for r in ok])), 3)
-    merged["rounds"] = len(ok)
-    return merged
+    return run_child(cmd, env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
 
 
 def _load(avg: Any) -> str:

@@ -20,13 +20,13 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_children import PREFIX, median_of, run_child  # tools/, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 64
@@ -126,7 +126,7 @@ def bench_target(args: argparse.Namespace, target: str) -> dict[str, Any]:
     for r in range(args.rounds):  # each round starts one run later: a load that drifts favours no run
         for label, kind in runs[r % len(runs) :] + runs[: r % len(runs)]:
             rounds.setdefault(label, []).append(spawn(args, kind))
-    table = {label: median(r) for label, r in rounds.items()}
+    table = {label: median_of(r) for label, r in rounds.items()}
     base = table["target only"]
     for r in table.values():
         if "tokens_per_s" in r and "tokens_per_s" in base:
@@ -144,22 +144,7 @@ def spawn(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     for flag in ("target_model", "draft_model"):
         if getattr(args, flag):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    return json.loads(lines[-1][7:]) if lines else {"error": done.stderr.strip().splitlines()[-3:]}
-
-
-def median(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each numeric field's median over the runs that did not fail (the last failure if all did)."""
-    ok = [r for r in runs if "error" not in r]
-    if not ok:
-        return runs[-1]
-    merged: dict[str, Any] = dict(ok[-1])
-    for key, value in ok[-1].items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            merged[key] = round(float(np.median([r[key] for r in ok])), 4)
-    merged["rounds"] = len(ok)
-    return merged
+    return run_child(cmd)
 
 
 def table(results: dict[str, Any]) -> str:
@@ -200,7 +185,7 @@ def main() -> None:
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     if args.one:
-        print("RESULT " + json.dumps(child(args)))
+        print(PREFIX + json.dumps(child(args)))
         return
     models(args)  # the pair trains (or loads) once, before any child needs it
     results: dict[str, Any] = {"load_before": os.getloadavg(), "prompts": args.prompts, "new_tokens": args.new}
