@@ -239,6 +239,27 @@ def test_fused_decode_matches_the_masked_graph(arch: str) -> None:
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_fused_prefill_matches_the_masked_graph(arch: str) -> None:
+    """The GroupQueryAttention prefill (eager reference of aotforge::prompt_gqa) equals the masked graph on two
+    right-padded prompts: the same last-token logits, the same keys/values at every real position."""
+    import torch
+
+    from aotforge.compiler.generative.graphs import Prefill
+
+    model = tiny_causal_lm(arch)
+    ids = torch.tensor([PROMPTS[0][:6], PROMPTS[0][2:6] + [0, 0]])
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0, 0]])
+    pos = torch.arange(6).repeat(2, 1)
+    with torch.no_grad():
+        masked = Prefill(model)(ids, mask, pos)
+        fused = Prefill(model, fused_attention=True)(ids, mask, pos)
+    torch.testing.assert_close(fused[0], masked[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(fused[1:], masked[1:], strict=True):
+        torch.testing.assert_close(a[0], b[0])
+        torch.testing.assert_close(a[1, :, :4], b[1, :, :4])
+
+
 def test_onnxruntime_decode_runs_group_query_attention(llama_ort: Any) -> None:
     import onnx
 
@@ -251,31 +272,34 @@ def test_onnxruntime_decode_runs_group_query_attention(llama_ort: Any) -> None:
 def test_onnxruntime_graphs_run_fused_contrib_ops(llama_ort: Any) -> None:
     """The onnxruntime graphs run ORT's contrib ops (the token-exact tests above run these graphs): RMSNorm and
     residual + RMSNorm fused, q / k / v and gate / up each one MatMul over weights stored side by side (the same
-    bytes in both graphs: stored once), rotary in prefill a RotaryEmbedding, in decode inside
-    GroupQueryAttention (do_rotary, packed QKV, the graph's position_ids); no standard-op spelling is left."""
+    bytes in both graphs: stored once), attention one GroupQueryAttention per layer (over the prompt in prefill,
+    no past), rotary inside it (do_rotary, packed QKV, the graph's position_ids); no standard-op spelling is left.
+    """
     import onnx
 
     layers = tiny_causal_lm("llama").config.num_hidden_layers
-    for graph, rotary_ops, in_attention in (("prefill", 2 * layers, 0), ("decode", 0, layers)):
+    for graph in ("prefill", "decode"):
         model = onnx.load(llama_ort.path / f"{graph}.onnx", load_external_data=False)
         ops = collections.Counter(n.op_type for n in model.graph.node)
-        assert ops["RotaryEmbedding"] == rotary_ops and ops["SkipSimplifiedLayerNormalization"] == 2 * layers
+        assert ops["GroupQueryAttention"] == layers and ops["SkipSimplifiedLayerNormalization"] == 2 * layers
         assert ops["SimplifiedLayerNormalization"] == 1
-        assert not {"Pow", "Sqrt", "Reciprocal", "Neg", "Cos", "Sin"} & set(ops), ops
+        unfused = {"Pow", "Sqrt", "Reciprocal", "Neg", "Cos", "Sin", "Softmax", "RotaryEmbedding"} & set(ops)
+        assert not unfused, sorted(ops.items())
         fused = llama_ort.manifest.target.info["fusions"][graph]
         assert fused == {
             "packed_matmuls": 5 * layers,
             "rotary_embedding": 2 * layers,
             "rms_normalization": 2 * layers + 1,
             "skip_rms_normalization": 2 * layers,
-            "rotary_in_attention": in_attention,
-            "packed_qkv_attention": in_attention,
+            "rotary_in_attention": layers,
+            "packed_qkv_attention": layers,
         }
-    decode = onnx.load(llama_ort.path / "decode.onnx", load_external_data=False)
-    for node in (n for n in decode.graph.node if n.op_type == "GroupQueryAttention"):
-        assert node.input[1:3] == ["", ""] and node.input[9] == "position_ids"
-        assert {a.name: a.i for a in node.attribute}["do_rotary"] == 1
-        assert next(n.op_type for n in decode.graph.node if node.input[0] in n.output) == "MatMul"
+        for node in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
+            assert node.input[1:3] == ["", ""] and node.input[9] == "position_ids"
+            past = node.input[3:5]
+            assert past == ["", ""] if graph == "prefill" else past[0].startswith("past_key_"), past
+            assert {a.name: a.i for a in node.attribute}["do_rotary"] == 1
+            assert next(n.op_type for n in model.graph.node if node.input[0] in n.output) == "MatMul"
 
 
 @pytest.mark.slow  # three builds of the tiny Llama (about a minute on a quiet 2-core machine)

@@ -90,8 +90,9 @@ def decoder_graphs(request: pytest.FixtureRequest) -> tuple[str, ir.Model, ir.Mo
 
 
 def test_both_decoder_graphs_take_every_linear_and_the_head(decoder_graphs: tuple[str, ir.Model, ir.Model]) -> None:
-    """Every projection and the LM head of the exported graphs becomes MatMulNBits; in prefill only the
-    attention's activation x activation MatMuls stay, each named with its reason."""
+    """Every projection and the LM head of the exported graphs becomes MatMulNBits; anything left is named with its
+    reason (the onnxruntime graphs' attention is GroupQueryAttention in prefill too: no activation x activation
+    MatMul is left)."""
     arch, prefill, decode = decoder_graphs
     for name, graph in (("prefill", prefill), ("decode", decode)):
         graph = ir.from_proto(ir.to_proto(graph))  # a copy: the fixture serves both checks

@@ -42,7 +42,8 @@ def export_graphs(
 
     ``decode_attention``: ``"masked"`` (standard ONNX ops: the new token scattered into the cache, attention
     over all of ``max_seq_len`` under a mask; any runtime) or ``"gqa"`` (onnxruntime's
-    ``com.microsoft::GroupQueryAttention``, in place over each slot's filled length: ``slot_attention``).
+    ``com.microsoft::GroupQueryAttention``, in place over each slot's filled length, and over the prompt in
+    prefill: ``slot_attention``).
     """
     import torch
 
@@ -53,19 +54,20 @@ def export_graphs(
     mask = torch.ones(2, 4, dtype=torch.long)
     pos = torch.arange(4).repeat(2, 1)
     prefill_out = ["logits", *shape.kv_names("present")]
+    if decode_attention not in DECODE_ATTENTION:
+        raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {decode_attention!r}")
+    fused = decode_attention == "gqa"
     prefill = _export(
-        Prefill(model),
+        Prefill(model, fused_attention=fused),
         (ids, mask, pos),
         ["input_ids", "attention_mask", "position_ids"],
         prefill_out,
         ({0: batch, 1: prompt},) * 3,
         name,
+        slot_attention.translation_table() if fused else None,
     )
     cache = [torch.zeros(2, shape.kv_heads, shape.max_seq_len, shape.head_dim) for _ in range(2 * shape.layers)]
     step = (torch.zeros(2, 1, dtype=torch.long), torch.full((2, 1), 4), torch.full((2,), 4), *cache)
-    if decode_attention not in DECODE_ATTENTION:
-        raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {decode_attention!r}")
-    fused = decode_attention == "gqa"
     decode = _export(
         Decode(model, fused_attention=fused),
         step,

@@ -49,6 +49,7 @@ class _SlotLayer(CacheLayerMixin):
         self.steps = steps  # query tokens per slot: 1 (decode) or the verify graph's width
         self.is_initialized = keys is not None
         self.fused = fused  # the attention writes this step's keys/values (slot_attention)
+        self.prompt_mask: torch.Tensor | None = None  # prefill, fused: the attention_mask input (its shape)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.is_initialized = True
@@ -100,25 +101,30 @@ def _head(model: Any, hidden: torch.Tensor) -> torch.Tensor:
 
 
 class Prefill(torch.nn.Module):
-    """The prompt pass (see the module docstring)."""
+    """The prompt pass (see the module docstring); ``fused_attention``: each layer's attention one
+    GroupQueryAttention over the prompt (``slot_attention.prompt_gqa``), same inputs and outputs."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, fused_attention: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.fused_attention = fused_attention
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> Any:
         steps = input_ids.shape[1]
         causal = torch.ones(steps, steps, dtype=torch.bool).tril()
         allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]
         layers = [_SlotLayer(None, None, None) for _ in range(num_layers(self.model))]
+        for layer in layers:
+            layer.prompt_mask = attention_mask
         cache = _SlotCache(layers)
-        out = self.model.base_model(
-            input_ids=input_ids,
-            attention_mask=_additive(allowed, self.model.dtype),
-            position_ids=position_ids,
-            cache=cache,
-            use_cache=True,
-        )
+        with _fused_attention(self.model, layers) if self.fused_attention else nullcontext():
+            out = self.model.base_model(
+                input_ids=input_ids,
+                attention_mask=_additive(allowed, self.model.dtype),
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=True,
+            )
         last = (attention_mask.sum(dim=1) - 1).view(-1, 1, 1).expand(-1, 1, out.last_hidden_state.shape[-1])
         logits = _head(self.model, out.last_hidden_state.gather(1, last)[:, 0])
         kv = [t for layer in layers for t in (layer.keys, layer.values)]

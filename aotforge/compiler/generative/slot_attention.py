@@ -15,6 +15,12 @@ the tests compare against transformers) stands in for the attention, reached thr
 ``AttentionInterface`` under the name :data:`ATTN_IMPL`; the ONNX exporter translates the op with
 :func:`slot_gqa_onnx`. RoPE stays the model's own (``do_rotary=0``), so any rotary variant the
 model computes is kept as it is.
+
+The prefill graph runs the same op over the whole prompt with no past (``aotforge::prompt_gqa``, what
+ONNX Runtime GenAI's model builder emits for the prompt too): causal attention with each KV head shared
+by its query heads, ``present_*`` the prompt's keys/values ``[B, KV, S, D]``. Prompts are right-padded
+(``decoding.pack_prompts``), so a real token never attends to padding and ``seqlens_k`` is ``S - 1`` for
+every row: a padded row's tail computes values nobody reads, and decode overwrites its cache there.
 """
 
 from __future__ import annotations
@@ -84,6 +90,50 @@ def _(
     return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
 
 
+@torch.library.custom_op("aotforge::prompt_gqa", mutates_args=())
+def prompt_gqa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``query [B, S, H*D]``, ``key``/``value [B, S, KV*D]`` -> output ``[B, S, H*D]``, keys/values
+    ``[B, KV, S, D]``: causal attention over the prompt (GroupQueryAttention with no past).
+
+    ``attention_mask [B, S]`` (right padding) is taken for its shape only: the ONNX translation reads the
+    batch and prompt length from a graph input, so no node of the rotated q / k stays alive for a Shape."""
+    batch, steps, _ = query.shape
+    head_dim = query.shape[-1] // num_heads
+    q = query.view(batch, steps, num_heads, head_dim).transpose(1, 2)
+    k = key.view(batch, steps, kv_num_heads, head_dim).transpose(1, 2)
+    v = value.view(batch, steps, kv_num_heads, head_dim).transpose(1, 2)
+    groups = num_heads // kv_num_heads
+    scores = q @ k.repeat_interleave(groups, dim=1).transpose(2, 3) * scale
+    causal = torch.ones(steps, steps, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ v.repeat_interleave(groups, dim=1)
+    return out.transpose(1, 2).reshape(batch, steps, num_heads * head_dim), k.contiguous(), v.contiguous()
+
+
+@prompt_gqa.register_fake
+def _(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, steps, _ = key.shape
+    head_dim = query.shape[-1] // num_heads
+    kv = key.new_empty(batch, kv_num_heads, steps, head_dim)
+    return torch.empty_like(query), kv, torch.empty_like(kv)
+
+
 def slot_gqa_onnx(
     query: Any,
     key: Any,
@@ -114,6 +164,32 @@ def slot_gqa_onnx(
     )
 
 
+def prompt_gqa_onnx(
+    query: Any, key: Any, value: Any, attention_mask: Any, num_heads: int, kv_num_heads: int, scale: float
+) -> Any:
+    """No past inputs; ``total_sequence_length`` the prompt's length, ``seqlens_k`` that minus 1 for every row."""
+    from onnxscript import opset18 as op
+
+    one: Any = op.Constant(value_int=1)
+    shape: Any = op.Shape(attention_mask)
+    steps: Any = op.Gather(shape, one)  # a scalar
+    start: Any = op.Constant(value_ints=[0])
+    batch = op.Slice(shape, start, op.Constant(value_ints=[1]))
+    last: Any = op.Expand(op.Sub(steps, one), batch)  # [batch]
+    return _gqa_op()(
+        query,
+        key,
+        value,
+        None,
+        None,
+        op.Cast(last, to=_INT32),
+        op.Cast(steps, to=_INT32),
+        num_heads=num_heads,
+        kv_num_heads=kv_num_heads,
+        scale=scale,
+    )
+
+
 def _gqa_op() -> Any:
     """GroupQueryAttention as an onnxscript op: ONNX's registry has no com.microsoft schemas, so the part of
     ORT's schema this graph uses (its first seven inputs, three outputs, three attributes) is declared here."""
@@ -123,13 +199,15 @@ def _gqa_op() -> Any:
     param = onnx.defs.OpSchema.FormalParameter
     attr = onnx.defs.OpSchema.Attribute
     kinds = onnx.defs.OpSchema.AttrType
+    optional = onnx.defs.OpSchema.FormalParameterOption.Optional
     floats = ["tensor(float)"]
     schema = onnx.defs.OpSchema(
         "GroupQueryAttention",
         "com.microsoft",
         1,
         inputs=[
-            *(param(n, "T") for n in ("query", "key", "value", "past_key", "past_value")),
+            *(param(n, "T") for n in ("query", "key", "value")),
+            *(param(n, "T", param_option=optional) for n in ("past_key", "past_value")),
             param("seqlens_k", "M"),
             param("total_sequence_length", "M"),
         ],
@@ -145,8 +223,8 @@ def _gqa_op() -> Any:
 
 
 def translation_table() -> dict[Any, Any]:
-    """What ``torch.onnx.export(custom_translation_table=...)`` needs for a decode graph using this op."""
-    return {torch.ops.aotforge.slot_gqa.default: slot_gqa_onnx}
+    """What ``torch.onnx.export(custom_translation_table=...)`` needs for a graph using these ops."""
+    return {torch.ops.aotforge.slot_gqa.default: slot_gqa_onnx, torch.ops.aotforge.prompt_gqa.default: prompt_gqa_onnx}
 
 
 def slot_attention(
@@ -162,11 +240,22 @@ def slot_attention(
     """A transformers attention function: ``key``/``value`` are this step's only (the slot cache passes them
     through); the layer's cache and write positions come from the cache the decode graph installed."""
     if not ACTIVE:
-        raise RuntimeError("slot attention runs only inside graphs.Decode(fused_attention=True)")
+        raise RuntimeError("slot attention runs only inside a graphs module built with fused_attention=True")
     layer = ACTIVE[-1][int(module.layer_idx)]
     batch, heads, steps, head_dim = query.shape
     kv_heads = key.shape[1]
     scale = float(scaling) if scaling is not None else head_dim**-0.5
+    if layer.write_pos is None:  # prefill: the whole prompt, no past
+        out, layer.keys, layer.values = torch.ops.aotforge.prompt_gqa(
+            query.transpose(1, 2).reshape(batch, steps, heads * head_dim),
+            key.transpose(1, 2).reshape(batch, steps, kv_heads * head_dim),
+            value.transpose(1, 2).reshape(batch, steps, kv_heads * head_dim),
+            layer.prompt_mask,
+            heads,
+            kv_heads,
+            scale,
+        )
+        return out.view(batch, steps, heads, head_dim), None
     steps_in = layer.steps  # decode: 1; verify: its width, and the op takes each slot's last position
     last_pos = layer.write_pos if isinstance(steps_in, int) and steps_in == 1 else layer.write_pos + (steps - 1)
     out, layer.keys, layer.values = torch.ops.aotforge.slot_gqa(

@@ -14,8 +14,9 @@ builder emits:
 * ``com.microsoft::RotaryEmbedding`` for each rotary application whose cos / sin are the model's
   ``position_ids * inv_freq`` (a constant) duplicated: the cos / sin tables for positions
   ``0 .. max_seq_len - 1`` become constants of ``[max_seq_len, head_dim / 2]``;
-* in the decode / verify graphs, that rotation moved into GroupQueryAttention (``do_rotary`` with the
-  same tables and the graph's ``position_ids``), fed the packed QKV MatMul's output as is.
+* in every graph (prefill's GroupQueryAttention runs over the prompt with no past), that rotation moved
+  into GroupQueryAttention (``do_rotary`` with the same tables and the graph's ``position_ids``), fed the
+  packed QKV MatMul's output as is.
 
 A pattern that does not match exactly (another rotary variant, an attention scaling, a LayerNorm
 model such as GPT-2) is left as exported: the rewrite only ever replaces what it recognises.
@@ -124,7 +125,7 @@ def _packed_attention(model: ir.Model) -> int:
 def _rotary_into_attention(model: ir.Model) -> int:
     """GroupQueryAttention takes the projections as the MatMuls make them and rotates q / k itself.
 
-    The exported decode graph reshapes each projection to heads, transposes, rotates
+    The exported graph reshapes each projection to heads, transposes, rotates
     (``RotaryEmbedding`` after the rule above), transposes back and flattens again for the attention:
     10 nodes per layer that move no data of use. GQA with ``do_rotary=1`` and the same cos / sin tables
     and ``position_ids`` (its optional input 9) computes the same rotation inside the op."""
