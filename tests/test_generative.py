@@ -273,7 +273,8 @@ def test_onnxruntime_graphs_run_fused_contrib_ops(llama_ort: Any) -> None:
     """The onnxruntime graphs run ORT's contrib ops (the token-exact tests above run these graphs): RMSNorm and
     residual + RMSNorm fused, q / k / v and gate / up each one MatMul over weights stored side by side (the same
     bytes in both graphs: stored once), attention one GroupQueryAttention per layer (over the prompt in prefill,
-    no past), rotary inside it (do_rotary, packed QKV, the graph's position_ids); no standard-op spelling is left.
+    no past), rotary inside it (do_rotary, packed QKV, the graph's position_ids), its output into o_proj with no
+    Reshape; no standard-op spelling is left.
     """
     import onnx
 
@@ -293,7 +294,9 @@ def test_onnxruntime_graphs_run_fused_contrib_ops(llama_ort: Any) -> None:
             "skip_rms_normalization": 2 * layers,
             "rotary_in_attention": layers,
             "packed_qkv_attention": layers,
+            "identity_reshapes": layers,
         }
+        assert ops["Reshape"] == (1 if graph == "prefill" else 0)  # prefill: the last token's index
         for node in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
             assert node.input[1:3] == ["", ""] and node.input[9] == "position_ids"
             past = node.input[3:5]

@@ -51,6 +51,7 @@ def fuse_for_ort(model: ir.Model, max_positions: int) -> dict[str, int]:
     counts["skip_rms_normalization"] = fuse_skip_rms_normalization(model)
     counts["rotary_in_attention"] = _rotary_into_attention(model)
     counts["packed_qkv_attention"] = _packed_attention(model)
+    counts["identity_reshapes"] = _identity_reshapes(model)
     common_passes.RemoveUnusedNodesPass()(model)
     if any(counts.values()) and "com.microsoft" not in model.opset_imports:
         model.opset_imports["com.microsoft"] = 1
@@ -148,6 +149,30 @@ def _rotary_into_attention(model: ir.Model) -> int:
         node.attributes["rotary_interleaved"] = ir.AttrInt64("rotary_interleaved", 0)
         done += 1
     return done
+
+
+def _identity_reshapes(model: ir.Model) -> int:
+    """A Reshape (or a chain of them) back to the shape its source had, as GroupQueryAttention's output goes
+    through on its way to the o_proj MatMul (``[batch, seq, heads, head_dim]`` and back): each is a kernel
+    call per layer and token that moves nothing. Shapes compare dim by dim, a named dim equal only to
+    itself; a dim of unknown size never matches."""
+    done = 0
+    for node in list(model.graph):
+        out = node.outputs[0] if node.op_type == "Reshape" and node.domain == "" else None
+        if out is None or out.is_graph_output() or not out.uses() or not _known(out.shape):
+            continue
+        source = node.inputs[0]
+        while source is not None and not (_known(source.shape) and list(source.shape) == list(out.shape)):  # type: ignore[arg-type]
+            before = _producer(source, "Reshape")
+            source = before.inputs[0] if before is not None else None
+        if source is not None:
+            out.replace_all_uses_with(source)
+            done += 1
+    return done
+
+
+def _known(shape: ir.Shape | None) -> bool:
+    return shape is not None and all(isinstance(d, int) or d.value is not None for d in shape)
 
 
 def _unrotated(value: ir.Value | None) -> tuple[ir.Value, ir.Node] | None:
