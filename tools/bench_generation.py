@@ -3,7 +3,8 @@
 On a SmolLM-135M-shaped Llama (random weights, built offline from its config), prompt 128, 64 new
 tokens greedy, 2 threads. Each runtime runs in its own process, and the runtimes alternate for
 --rounds rounds (each figure is the median over rounds: ratios are what counts on a shared
-machine). Per runtime: TTFT, ITL p50/p90/p99 and tokens/s at batch 1, tokens/s at batch
+machine; the ratios to GenAI are also given round by round). Per runtime: TTFT (the median of 5
+one-token calls), ITL p50/p90/p99 and tokens/s at batch 1, tokens/s at batch
 --max-batch, and the process CPU time per decoded token at batch 1 (a figure that load moves
 less than wall time). The bandwidth floor is measured here: weight bytes / the read bandwidth of
 THREADS threads summing their halves of a 512 MiB array. The load average is printed before and
@@ -174,6 +175,10 @@ def run_genai(
     return {**_measure(once, new, batch), "genai": getattr(og, "__version__", "?")}
 
 
+#: TTFT is the median of this many one-token calls: a single prompt pass moves with every spike of load.
+TTFT_CALLS = 5
+
+
 def _measure(once: Any, new: int, batch: int) -> dict[str, Any]:
     """Warm-up, batch 1 (wall marks per token and CPU time per decoded token), then batch ``batch``."""
     once(1, 4)
@@ -181,6 +186,7 @@ def _measure(once: Any, new: int, batch: int) -> dict[str, Any]:
     marks = once(1, new)
     cpu_ms = (time.process_time() - cpu) * 1000.0 / new
     summary = _summary(marks)
+    summary["ttft_ms"] = round(float(np.median([once(1, 1)[0] for _ in range(TTFT_CALLS)])) * 1000.0, 2)
     wide = once(batch, new)
     tps = batch * (len(wide) - 1) / (wide[-1] - wide[0])
     return {**summary, "cpu_ms_per_token": round(cpu_ms, 2), f"tokens_per_s_batch{batch}": round(tps, 2)}
@@ -275,6 +281,7 @@ def main() -> None:
     results["weight_bytes"] = weights
     results["floor_itl_ms"] = round(weights / (results["read_bandwidth_gbs"] * 1e9) * 1000.0, 2)
     results["runtimes"] = {label: median_of(runs, 3) for label, runs in rounds.items()}
+    results["per_round_ratios"] = _per_round_ratios(rounds)
     print(json.dumps(results, indent=2))
     print(_table(results, args.max_batch))
     if args.json:
@@ -308,6 +315,22 @@ def _run(args: argparse.Namespace, kind: str, python: Path) -> dict[str, Any]:
     return run_child(cmd, env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
 
 
+#: The fields whose ratio to ONNX Runtime GenAI fp32 is taken round by round (the same round's GenAI run).
+RATIO_FIELDS = ("ttft_ms", "itl_p50_ms", "cpu_ms_per_token")
+
+
+def _per_round_ratios(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[float]]]:
+    """Each runtime's ratio to GenAI fp32 per round: on a shared machine the load moves both runs of a round
+    alike more than it moves runs minutes apart."""
+    genai = rounds.get("genai", [])
+    ratios: dict[str, dict[str, list[float]]] = {}
+    for label, runs in rounds.items():
+        pairs = [(r, g) for r, g in zip(runs, genai, strict=False) if "error" not in r and "error" not in g]
+        if label != "genai" and pairs:
+            ratios[label] = {f: [round(r[f] / g[f], 3) for r, g in pairs] for f in RATIO_FIELDS}
+    return ratios
+
+
 def _load(avg: Any) -> str:
     return " / ".join(f"{x:.1f}" for x in avg)
 
@@ -333,6 +356,9 @@ def _table(results: dict[str, Any], batch: int) -> str:
             f"| {r['tokens_per_s']:.1f} | {wide:.1f} | {wide / r['tokens_per_s']:.2f}x | {r['cpu_ms_per_token']:.1f} "
             f"| {itl_ratio:.2f}x | {r['itl_p50_ms'] / floor:.2f}x | {ttft_ratio:.2f}x |"
         )
+    for label, fields in results.get("per_round_ratios", {}).items():
+        text = ", ".join(f"{f} {np.median(v):.2f}x ({min(v):.2f}-{max(v):.2f})" for f, v in fields.items())
+        rows.append(f"{label} / GenAI per round (median, range): {text}")
     rows.append(
         f"floor: {results['weight_bytes'] / 1e6:.0f} MB of weights / {results['read_bandwidth_gbs']} GB/s "
         f"({results['threads']} threads) = {floor} ms; load average {_load(results['load_before'])} before, "
