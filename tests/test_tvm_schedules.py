@@ -211,3 +211,23 @@ def test_whole_tensor_reductions_are_vectorized_and_exact(shape: tuple[int, ...]
     out = tvm.runtime.tensor(np.zeros((), np.float32))
     tvm.compile(sch.mod, target=_target())(tvm.runtime.tensor(data), out)
     np.testing.assert_allclose(out.numpy(), getattr(np, op)(data), rtol=1e-5)
+
+
+class _Gates(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x) + torch.nn.functional.silu(2 * x)
+
+
+def test_fast_math_sigmoid_and_silu_leave_no_libm_call() -> None:
+    """sigmoid / SiLU -> 1 / (1 + fast_exp(-x)): vector code, saturating at +-100 without NaN."""
+    from aotforge.targets.tvm.relax_util import any_call, op_name
+    from aotforge.targets.tvm.rewrites.fast_gelu import fast_gelu_pass
+
+    x = torch.cat([torch.linspace(-100, 100, 48), torch.randn(16)]).reshape(4, 16)
+    mod = _relax_module(_Gates(), x)
+    assert any_call(mod, lambda e: op_name(e) in ("relax.sigmoid", "relax.nn.silu"))
+    assert not any_call(fast_gelu_pass()(mod), lambda e: op_name(e) in ("relax.sigmoid", "relax.nn.silu"))
+    executable, _ = compile_relax(mod, _target(), fast_math=True)
+    result = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    got = (result if hasattr(result, "numpy") else result[0]).numpy()
+    np.testing.assert_allclose(got, _Gates()(x).numpy(), rtol=1e-5, atol=1e-5)

@@ -43,8 +43,8 @@ def _bf16(mod: Any, _target: Any) -> tuple[Any, Report]:
 
 
 def _fast_math(mod: Any, _target: Any) -> tuple[Any, Report]:
-    """``exp`` / ``erf`` / ``tanh`` / softmax / GELU -> TVM's fast polynomial versions (~5e-6 max abs
-    error), so vectorized loops do not call scalar libm (``FastMathTransform`` misses GELU)."""
+    """``exp`` / ``erf`` / ``tanh`` / softmax / GELU / sigmoid -> TVM's fast polynomial versions (~5e-6 max
+    abs error), so vectorized loops do not call scalar libm (``FastMathTransform`` misses GELU and sigmoid)."""
     from tvm import relax
 
     from aotforge.targets.tvm.rewrites.fast_gelu import fast_gelu_pass
