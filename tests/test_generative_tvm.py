@@ -47,6 +47,9 @@ def test_one_library_over_the_shared_weight_file(llama_tvm: Any) -> None:
     # K+V x layers x batch buckets x (decode + verify: the shared build has --speculative-k)
     assert info["kv_cache"] == {"in_place": 2 * 2 * 2 * 2, "skipped": {}}
     assert info["transposed_weights"]["rewritten"] == 4  # the head of each function reads [vocab, hidden] as stored
+    # 7 projections x layers in decode_1, decode_2 and verify_1 (verify_2 has more than 8 rows): each streams its
+    # [K, N] weights once for all rows
+    assert info["decode_matmuls"]["rewritten"] == 7 * 2 * 3, info["decode_matmuls"]
     assert info["decode_attention"]["rewritten"] == 2 * 2  # layers x decode functions: over the filled cache only
     assert m.target.info["pipeline"]["schedules"]["unscheduled"] == 0
     # The library holds code only: the weights stay in weights.data, read once at load.
@@ -139,6 +142,24 @@ def test_gemv_nt_kernel_is_exact(m: int, k: int, n: int) -> None:
     out = tvm.runtime.tensor(np.zeros((m, n), dtype=np.float32))
     lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
     np.testing.assert_allclose(out.numpy(), x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("m", "k", "n", "cores"), [(1, 64, 48, 2), (4, 96, 32, 2), (3, 20, 16, 2), (8, 32, 16, 1)])
+def test_gemv_kn_kernel_is_exact(m: int, k: int, n: int, cores: int) -> None:
+    import tvm
+
+    from aotforge.targets.tvm.kernels.gemv_kn import gemv_kn, plan, supports
+    from aotforge.targets.tvm.options import TvmOptions, target_dict
+
+    assert supports(m, k, n) == "" and supports(9, k, n) and supports(m, k, 20)
+    assert plan(576, 2) == (2, 16) and plan(20, 3) == (1, 4)
+    func = gemv_kn(m, k, n, cores).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target(target_dict(TvmOptions()))).jit()
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    out = tvm.runtime.tensor(np.zeros((m, n), dtype=np.float32))
+    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-5, atol=1e-5)
 
 
 def test_decode_attention_kernel_reads_only_the_filled_cache() -> None:

@@ -117,6 +117,7 @@ def compile_generative(
     from aotforge.targets.tvm.options import target_dict
     from aotforge.targets.tvm.pipeline import compile_relax
     from aotforge.targets.tvm.rewrites.decode_attention import attention_over_filled_cache
+    from aotforge.targets.tvm.rewrites.decode_matmul import decode_matmuls
     from aotforge.targets.tvm.rewrites.kv_inplace import kv_cache_in_place
     from aotforge.targets.tvm.rewrites.transposed_weight import transposed_weights
 
@@ -148,6 +149,7 @@ def compile_generative(
         mod, packed, weight_only = pack_weights(mod, workdir, WEIGHTS_FILE, refs, fmt, target)
         refs.update({w.name: w for w in packed})
     mod, head_report = transposed_weights(mod)
+    mod, matmul_report = decode_matmuls(mod, int(target_dict(options).get("num-cores", 1)))
     mod = tvm.relax.transform.DeadCodeElimination()(mod)  # the transposes the kernels made unused
     try:
         executable, report = compile_relax(mod, target, fast_math=options.fast_math)
@@ -178,6 +180,7 @@ def compile_generative(
             "batch_buckets": list(batches),
             "kv_cache": kv_report,
             "transposed_weights": head_report,
+            "decode_matmuls": matmul_report,
             "decode_attention": attention_report,
             **({"weight_only": weight_only} if weight_only is not None else {}),
         },
