@@ -7,7 +7,10 @@ slot's length, its new token included) and ``g = h // (heads / kv_heads)`` (grou
 attention reads the cache's head as stored, never expanded). The graph's own version multiplies
 against all ``max_seq_len`` positions, copies the cache once per query head, and masks the
 unfilled tail; this reads ``n`` positions. One (slot, head) per parallel task; the dot products
-and the weighted sum run on 16-lane vectors.
+(their 16 lanes added as a tree), the maximum, the exponentials and the weighted sum run on
+16-lane vectors. The exponential is Cephes' polynomial (what TVM's ``fast_exp`` computes, ~1e-7
+relative error) written out: the intrinsic ``exp`` is a scalar ``expf`` call per position
+(batch 4 on the SmolLM-135M shape: 2.4 ms of a 30 ms step went to this kernel, half as much now).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ def decode_attention(batch: int, heads: int, kv_heads: int, seq: int, dim: int, 
 
     b_, h_, kv_, s_, d_ = (T.int64(n) for n in (batch, heads, kv_heads, seq, dim))
     one, rep, chunks = T.int64(1), T.int64(heads // kv_heads), dim // LANES
+    # The scores buffer in whole vectors: the positions past the slot's length hold -3e38 (exp -> 0).
+    blocks = (seq + LANES - 1) // LANES
+    padded = T.int64(blocks * LANES)
 
     @T.prim_func(private=True, s_tir=True)
     def kernel(
@@ -41,27 +47,84 @@ def decode_attention(batch: int, heads: int, kv_heads: int, seq: int, dim: int, 
             b = bh // h_
             g = bh % h_ // rep
             n = T.min(T.max(pos[b] + T.int64(1), one), s_)
-            scores = T.decl_buffer((s_,), "float32")
+            scores = T.decl_buffer((padded,), "float32")
             lanes = T.decl_buffer((LANES,), "float32")
             acc = T.decl_buffer((d_,), "float32")
-            top = T.decl_buffer((1,), "float32")
-            total = T.decl_buffer((1,), "float32")
-            top[0] = T.float32(-3.0e38)
+            top = T.decl_buffer((LANES,), "float32")
+            total = T.decl_buffer((LANES,), "float32")
+            xs = T.decl_buffer((LANES,), "float32")
+            ns = T.decl_buffer((LANES,), "float32")
             for t in range(n):
                 for lane in T.vectorized(LANES):
-                    lanes[lane] = T.float32(0)
-                for c in range(chunks):
+                    lanes[lane] = q[b, bh % h_, 0, lane] * k[b, g, t, lane]
+                for c in range(1, chunks):
                     for lane in T.vectorized(LANES):
                         lanes[lane] = lanes[lane] + q[b, bh % h_, 0, c * LANES + lane] * k[b, g, t, c * LANES + lane]
-                scores[t] = T.float32(0)
-                for lane in range(LANES):
-                    scores[t] = scores[t] + lanes[lane]
-                scores[t] = scores[t] * T.float32(scale)
-                top[0] = T.max(top[0], scores[t])
-            total[0] = T.float32(0)
-            for t in range(n):
-                scores[t] = T.exp(scores[t] - top[0])
-                total[0] = total[0] + scores[t]
+                for lane in T.vectorized(8):
+                    lanes[lane] = lanes[lane] + lanes[lane + 8]
+                for lane in T.vectorized(4):
+                    lanes[lane] = lanes[lane] + lanes[lane + 4]
+                for lane in T.vectorized(2):
+                    lanes[lane] = lanes[lane] + lanes[lane + 2]
+                scores[t] = (lanes[0] + lanes[1]) * T.float32(scale)
+            for t in range(n, padded):
+                scores[t] = T.float32(-3.0e38)
+            for lane in T.vectorized(LANES):
+                top[lane] = scores[lane]
+            for blk in range(1, (n + LANES - 1) // LANES):
+                for lane in T.vectorized(LANES):
+                    top[lane] = T.max(top[lane], scores[blk * LANES + lane])
+            for lane in T.vectorized(8):
+                top[lane] = T.max(top[lane], top[lane + 8])
+            for lane in T.vectorized(4):
+                top[lane] = T.max(top[lane], top[lane + 4])
+            for lane in T.vectorized(2):
+                top[lane] = T.max(top[lane], top[lane + 2])
+            top[0] = T.max(top[0], top[1])
+            for lane in T.vectorized(LANES):
+                total[lane] = T.float32(0)
+            for blk in range((n + LANES - 1) // LANES):
+                for lane in T.vectorized(LANES):
+                    xs[lane] = T.max(scores[blk * LANES + lane] - top[0], T.float32(-88.0))
+                for lane in T.vectorized(LANES):
+                    ns[lane] = T.floor(xs[lane] * T.float32(1.4426950408889634) + T.float32(0.5))
+                for lane in T.vectorized(LANES):
+                    xs[lane] = xs[lane] - ns[lane] * T.float32(0.6931471805599453)
+                for lane in T.vectorized(LANES):
+                    # exp(x) for x <= 0 (Cephes' polynomial, as TVM's fast_exp): 2^n p(r), x = n ln 2 + r
+                    scores[blk * LANES + lane] = T.reinterpret(
+                        "float32", T.shift_left(T.Cast("int32", ns[lane]) + 127, 23)
+                    ) * (
+                        (
+                            (
+                                (
+                                    (
+                                        (T.float32(1.9875691500e-4) * xs[lane] + T.float32(1.3981999507e-3)) * xs[lane]
+                                        + T.float32(8.3334519073e-3)
+                                    )
+                                    * xs[lane]
+                                    + T.float32(4.1665795894e-2)
+                                )
+                                * xs[lane]
+                                + T.float32(1.6666665459e-1)
+                            )
+                            * xs[lane]
+                            + T.float32(5.0000001201e-1)
+                        )
+                        * xs[lane]
+                        * xs[lane]
+                        + xs[lane]
+                        + T.float32(1.0)
+                    )
+                for lane in T.vectorized(LANES):
+                    total[lane] = total[lane] + scores[blk * LANES + lane]
+            for lane in T.vectorized(8):
+                total[lane] = total[lane] + total[lane + 8]
+            for lane in T.vectorized(4):
+                total[lane] = total[lane] + total[lane + 4]
+            for lane in T.vectorized(2):
+                total[lane] = total[lane] + total[lane + 2]
+            total[0] = total[0] + total[1]
             for d in T.vectorized(d_):
                 acc[d] = T.float32(0)
             for t in range(n):
