@@ -25,6 +25,7 @@ from tests.llm_models import (
     left_padded,
     save_tiny_causal_lm,
     tiny_causal_lm,
+    transformers_greedy,
 )
 from tests.llm_models import build_text_generation as _build
 
@@ -42,6 +43,17 @@ def test_greedy_batch_is_token_exact_against_transformers(arch: str, tmp_path: P
     """Each architecture, built from the module itself."""
     model = tiny_causal_lm(arch)
     assert_build_token_exact(_build(model, tmp_path, name=arch), model)
+
+
+def test_one_token_prompt_beside_a_long_one(llama_ort: Any) -> None:
+    """Prefill's attention over prompts of 1 and 11 tokens in one batch (the short one padded over 10 positions
+    whose keys/values decode then overwrites): each row as transformers generates it alone."""
+    prompts = ([PROMPTS[1][0]], PROMPTS[0] + PROMPTS[1][:1] + [9, 10, 11])
+    ids, mask = left_padded(prompts)
+    out = aotforge.load(llama_ort.path).generate(ids, 8, attention_mask=mask)
+    model = tiny_causal_lm("llama")
+    for row, prompt in enumerate(prompts):
+        assert out[row, ids.shape[1] :].tolist() == transformers_greedy(model, prompt, 8), row
 
 
 def test_directory_build_shares_one_weight_file(llama_ort: Any) -> None:
