@@ -112,7 +112,7 @@ def test_rejection_rule_samples_the_targets_distribution() -> None:
     counts = np.zeros(6)
     for _ in range(20000):
         d = sample.draw(q)
-        kept, extra = _accept_sampled(np.array([d]), p_logits, [q], sample)
+        kept, extra = _accept_sampled([d], p_logits, [q], sample)
         counts[d if kept else extra] += 1
     np.testing.assert_allclose(counts / counts.sum(), p, atol=0.015)
 

@@ -83,8 +83,7 @@ class _VerifyCall:
     """The buffers a verify call of one width writes its inputs into and reads its logits from, and its bindings."""
 
     ids: np.ndarray
-    positions: np.ndarray
-    write_pos: np.ndarray
+    positions: np.ndarray  # [batch, width]; its first column is bound as write_pos too
     logits: np.ndarray
     steps: np.ndarray  # [1, width]: 0 .. width - 1, the offsets of each token's position
     rows: list[Any] = dataclasses.field(default_factory=list)
@@ -128,10 +127,11 @@ class OrtStepEngine:
         binding = self.decode_session.io_binding()
         binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self._logits))
         # The step's inputs too are bound once, over buffers each step writes (a bind per input per token
-        # is a few microseconds each: a draft model's step is a few hundred).
+        # is a few microseconds each: a draft model's step is a few tens). position_ids and write_pos are
+        # the same numbers: one buffer, bound as both (one write per step).
         self._ids = np.zeros((batch, 1), dtype=np.int64)
         self._positions = np.zeros((batch, 1), dtype=np.int64)
-        self._write_pos = np.zeros(batch, dtype=np.int64)
+        self._write_pos = self._positions.reshape(batch)
         for name, array in (
             ("input_ids", self._ids),
             ("position_ids", self._positions),
@@ -154,9 +154,8 @@ class OrtStepEngine:
         return np.asarray(logits)
 
     def decode(self, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
-        self._ids[:] = np.reshape(input_ids, self._ids.shape)
-        self._positions[:, 0] = write_pos
-        self._write_pos[:] = write_pos
+        self._ids[:] = input_ids  # [batch, 1] (np.reshape's dispatch alone costs more than the copy)
+        self._write_pos[:] = write_pos  # and position_ids: the same buffer
         self.decode_session.run_with_iobinding(self._binding)
         return self._logits  # written in place by ORT
 
@@ -168,7 +167,6 @@ class OrtStepEngine:
         call = self._verify_calls.get(width) or self._bind_verify(width)
         call.ids[:batch] = input_ids
         np.add(write_pos[:, None], call.steps, out=call.positions[:batch])
-        call.write_pos[:batch] = write_pos
         for binding in call.rows[:batch]:
             self.verify_session.run_with_iobinding(binding)
         return call.logits[:batch]
@@ -184,18 +182,17 @@ class OrtStepEngine:
         call = _VerifyCall(
             ids=np.zeros((batch, width), dtype=np.int64),
             positions=np.zeros((batch, width), dtype=np.int64),
-            write_pos=np.zeros(batch, dtype=np.int64),
             logits=np.empty((batch, width, self.spec.vocab), dtype=np.float32),
             steps=np.arange(width, dtype=np.int64)[None, :],
         )
         for row in range(batch):
             binding = self.verify_session.io_binding()
             for name, array in (
-                ("input_ids", call.ids),
-                ("position_ids", call.positions),
-                ("write_pos", call.write_pos),
+                ("input_ids", call.ids[row : row + 1]),
+                ("position_ids", call.positions[row : row + 1]),
+                ("write_pos", call.positions[row : row + 1, 0]),  # one number: contiguous whatever its stride
             ):
-                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array[row : row + 1]))
+                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
             binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(call.logits[row : row + 1]))
             for past, present, buffer in zip(self._past, self._present, self.cache, strict=True):
                 value = ort.OrtValue.ortvalue_from_numpy(buffer[row : row + 1])

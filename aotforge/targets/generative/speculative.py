@@ -59,10 +59,10 @@ class _Greedy:
     def start_round(self) -> None:
         pass
 
-    def propose(self, logits: np.ndarray) -> np.ndarray:
-        return logits.argmax(axis=-1)
+    def propose(self, logits: np.ndarray, out: np.ndarray) -> None:
+        logits.argmax(axis=-1, out=out)
 
-    def accept(self, row: int, proposals: np.ndarray, logits: np.ndarray) -> tuple[int, int]:
+    def accept(self, row: int, proposals: list[int], logits: np.ndarray) -> tuple[int, int]:
         return _accept_greedy(proposals, logits)
 
 
@@ -76,12 +76,12 @@ class _Sampled:
     def start_round(self) -> None:
         self.q = []
 
-    def propose(self, logits: np.ndarray) -> np.ndarray:
+    def propose(self, logits: np.ndarray, out: np.ndarray) -> None:
         probs = np.stack([self.sample.distribution(row) for row in logits])
         self.q.append(probs)
-        return np.array([self.sample.draw(p) for p in probs], dtype=np.int64)
+        out[:] = [self.sample.draw(p) for p in probs]
 
-    def accept(self, row: int, proposals: np.ndarray, logits: np.ndarray) -> tuple[int, int]:
+    def accept(self, row: int, proposals: list[int], logits: np.ndarray) -> tuple[int, int]:
         return _accept_sampled(proposals, logits, [q[row] for q in self.q], self.sample)
 
 
@@ -136,17 +136,17 @@ class _Speculation:
             if t == self.eos:
                 self.done[row] = True
 
-    def finished(self) -> bool:
-        return all(d or len(o) >= self.max_new for o, d in zip(self.out, self.done, strict=True))
+    def unfinished(self) -> list[int]:
+        """The slots still making tokens (not ended at eos, fewer than ``max_new_tokens``)."""
+        return [r for r, (o, d) in enumerate(zip(self.out, self.done, strict=True)) if not d and len(o) < self.max_new]
 
     def steps(self) -> Iterator[None]:
         """Advance until every slot is finished, pausing after each step (a round or a plain token)."""
         for row, token in enumerate(self.sample(self.first_logits).tolist()):
             self.emit(row, [token])
         yield
-        while not self.finished():
-            slots = [r for r in range(self.batch) if not self.done[r] and len(self.out[r]) < self.max_new]
-            kk = min(self.k, max(self.max_new - len(self.out[r]) for r in slots) - 1)
+        while slots := self.unfinished():
+            kk = min(self.k, self.max_new - min(len(self.out[r]) for r in slots) - 1)
             front = max(self.length[r] for r in slots)
             self.plain = (
                 self.plain
@@ -166,36 +166,38 @@ class _Speculation:
             self.length[slot] += 1
 
     def _round(self, slots: list[int], kk: int) -> None:
-        history, length, draft_len = self.history, self.length, self.draft_len
-        last = np.array([h[-1] for h in history], dtype=np.int64)
+        history, length, draft_len, counts = self.history, self.length, self.draft_len, self.counts
+        # [last, d1 .. dk] per slot: the verify call's input, each proposal written into it as it is drawn
+        # (column i is also the draft's input at step i).
+        ids = np.empty((self.batch, kk + 1), dtype=np.int64)
+        ids[:, 0] = [h[-1] for h in history]
         pos = np.array(length, dtype=np.int64)
-        behind = [d < n for d, n in zip(draft_len, length, strict=True)]
-        proposals = np.empty((self.batch, kk), dtype=np.int64)
         self.rule.start_round()
-        fold = any(behind) and self._draft_folds(max(length))
-        if any(behind) and not fold:  # the last round kept all k: the draft has not decoded its own dk yet
-            fix = [h[d] if b else h[-1] for h, d, b in zip(history, draft_len, behind, strict=True)]
-            at = [d if b else n for d, n, b in zip(draft_len, length, behind, strict=True)]
+        behind = draft_len != length  # (never ahead) the last round kept all k: the draft has not decoded dk
+        fold = behind and self._draft_folds(max(length))
+        if behind and not fold:
+            late = [d < n for d, n in zip(draft_len, length, strict=True)]
+            fix = [h[d] if b else h[-1] for h, d, b in zip(history, draft_len, late, strict=True)]
+            at = [d if b else n for d, n, b in zip(draft_len, length, late, strict=True)]
             self.draft.decode(np.array(fix, dtype=np.int64)[:, None], np.array(at, dtype=np.int64))
-            self.counts["draft_calls"] += 1  # (rows not behind decode last, which their first step writes again)
+            counts["draft_calls"] += 1  # (rows not behind decode last, which their first step writes again)
         draft_len[:] = length
-        token = last
         for i in range(kk):
             if fold and not i:  # dk and last in one call of the draft's own verify graph
                 pair = np.array([h[n - 1 : n] + h[-1:] for h, n in zip(history, length, strict=True)], dtype=np.int64)
                 d_logits = self.draft.verify(pair, pos - 1)[:, 1]  # type: ignore[attr-defined]
             else:
-                d_logits = self.draft.decode(token[:, None], pos + i)
-            token = self.rule.propose(d_logits)
-            proposals[:, i] = token
-        self.counts["draft_calls"] += kk
-        logits = self.engine.verify(np.concatenate([last[:, None], proposals], axis=1), pos)
-        self.counts["rounds"] += 1
+                d_logits = self.draft.decode(ids[:, i : i + 1], pos + i if i else pos)
+            self.rule.propose(d_logits, out=ids[:, i + 1])
+        counts["draft_calls"] += kk
+        logits = self.engine.verify(ids, pos)
+        counts["rounds"] += 1
+        proposed = ids[:, 1:].tolist()
         for r in slots:
-            kept, extra = self.rule.accept(r, proposals[r], logits[r])
-            self.counts["proposed"] += kk
-            self.counts["accepted"] += kept
-            self.emit(r, [*proposals[r, :kept].tolist(), extra])
+            kept, extra = self.rule.accept(r, proposed[r], logits[r])
+            counts["proposed"] += kk
+            counts["accepted"] += kept
+            self.emit(r, [*proposed[r][:kept], extra])
             length[r] += kept + 1
             draft_len[r] = min(length[r], draft_len[r] + kk)
 
@@ -303,22 +305,21 @@ def generate_speculative(
     return np.concatenate([ids.astype(np.int64), new], axis=1)
 
 
-def _accept_greedy(proposals: np.ndarray, logits: np.ndarray) -> tuple[int, int]:
+def _accept_greedy(proposals: list[int], logits: np.ndarray) -> tuple[int, int]:
     """How many proposals the target's argmax agrees with, then the target's own next token."""
     best = logits.argmax(axis=-1).tolist()
-    proposed = proposals.tolist()
     kept = 0
-    while kept < len(proposed) and best[kept] == proposed[kept]:
+    while kept < len(proposals) and best[kept] == proposals[kept]:
         kept += 1
     return kept, int(best[kept])
 
 
 def _accept_sampled(
-    proposals: np.ndarray, logits: np.ndarray, draft_probs: list[np.ndarray], sample: Sampler
+    proposals: list[int], logits: np.ndarray, draft_probs: list[np.ndarray], sample: Sampler
 ) -> tuple[int, int]:
     """The rejection rule: keep ``d`` with probability ``min(1, p(d)/q(d))``; the first rejection draws from
     ``norm(max(0, p - q))``; all kept draws the bonus from ``p`` at the position after the last."""
-    for i, d in enumerate(proposals.tolist()):
+    for i, d in enumerate(proposals):
         p, q = sample.distribution(logits[i]), draft_probs[i]
         if sample.rng.random() < min(1.0, p[d] / q[d]):
             continue
