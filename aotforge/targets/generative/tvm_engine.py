@@ -254,6 +254,7 @@ class TvmStepEngine:
         except Exception as e:
             raise CompileError(f"tvm cannot load {artifact_dir / LIBRARY}: {describe(e, last=True)}") from e
         weights = read_weights(artifact_dir, [WeightRef.from_dict(w) for w in info["weights"].values()])
+        self.vm = vm  # tools/tvm_decode_profile.py sets its instrument
         self._functions = {name: vm[name] for name in info["functions"]}
         self._weights = {name: [weights[w] for w in names] for name, names in info["functions"].items()}
         self.weights = weights
