@@ -251,3 +251,42 @@ def test_square_is_a_product() -> None:
     executable, _ = compile_relax(bb.get(), _target(), fast_math=True)
     got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
     np.testing.assert_allclose(got, data * data + data**3, rtol=1e-6)
+
+
+class _Ffn(torch.nn.Module):
+    """A ViT feed-forward block over 37 tokens (a prime row count: the rows are padded to 8-row tiles)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(64, 96)
+        self.fc2 = torch.nn.Linear(96, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+@pytest.mark.parametrize("params_as_input", [False, True])
+def test_constant_weights_are_packed_at_compile_time_and_keep_numerics(params_as_input: bool) -> None:
+    """Constant [K, N] weights wider than one j tile are read as contiguous [N / tj, K, tj] panels, packed
+    by FoldConstant at compile time; weights passed as arguments stay as they are (no per-call copy)."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    torch.manual_seed(0)
+    model, x = _Ffn().eval(), torch.randn(1, 37, 64)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    mod = from_exported_program(torch.export.export(model, (x,)), keep_params_as_input=params_as_input)
+    args = [tvm.runtime.tensor(x.numpy())]
+    if params_as_input:
+        mod, params = relax.frontend.detach_params(mod)
+        args += [tvm.runtime.tensor(p.numpy()) for p in params["main"]]
+    executable, report = compile_relax(mod, _target(), fast_math=False)
+    result = relax.VirtualMachine(executable, tvm.cpu())["main"](*args)
+    got = (result if hasattr(result, "numpy") else result[0]).numpy()
+    assert np.abs(got - expected).max() < 1e-4
+
+    packed = report["schedules"].get("prepack_weights")
+    if params_as_input:
+        assert packed is None, packed
+    else:
+        assert packed == {"packed_weights": 2, "not_folded": []}, packed

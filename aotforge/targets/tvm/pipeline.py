@@ -16,7 +16,8 @@ Phases (all inside ``with target:``):
 2. legalize: the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
 3. schedules: tuned schedules (optional: MetaSchedule records from the shared tuning store,
    searched first for workloads it lacks, ``tuning/``), then default schedules without search
-   (``schedules/``) for the rest; what no rule matched is reported;
+   (``schedules/``) for the rest; what no rule matched is reported; constant matmul weights the
+   matmul rule reads as contiguous j-tile panels are packed at compile time (``prepack_weights``);
 4. lower: the CPU backend's dataflow lowering + finalization passes, then ``tvm.compile``.
 """
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from aotforge.targets.tvm.tuning.tune import TuneSettings
 
 #: Step reports filed next to the default schedules' report, in this order.
-_EXTRA_REPORTS = ("combine_matmuls", "int8_vnni", "bf16", "clip", "ieee_nan", "tuning")
+_EXTRA_REPORTS = ("prepack_weights", "combine_matmuls", "int8_vnni", "bf16", "clip", "ieee_nan", "tuning")
 
 
 def rewrite_phase(*, fast_math: bool, conv_nhwc: bool) -> list[Step]:
@@ -54,7 +55,7 @@ def legalize_phase() -> list[Step]:
 
 
 def schedule_phase(tuning: TuneSettings | None) -> list[Step]:
-    return [*([steps.tuned(tuning)] if tuning is not None else []), steps.DEFAULT_SCHEDULES]
+    return [*([steps.tuned(tuning)] if tuning is not None else []), steps.DEFAULT_SCHEDULES, steps.PREPACK_WEIGHTS]
 
 
 def lower_passes(target: Any) -> list[Any]:

@@ -119,9 +119,45 @@ def _tuned(mod: Any, target: Any, settings: TuneSettings) -> tuple[Any, Report]:
 
 def _default_schedules(mod: Any, _target: Any) -> tuple[Any, Report]:
     """Search-free rules (GEMV, register-tiled matmul/conv, reductions, injective) for every PrimFunc left."""
+    from tvm import relax
+
     from aotforge.targets.tvm.schedules import apply_default_schedules
 
+    if _weights_are_constants(mod):
+        # Which PrimFunc parameters are constants: the matmul rule reads those packed (_prepack_weights).
+        mod = relax.transform.AttachAttrLayoutFreeBuffers()(mod)
     return apply_default_schedules(mod)
+
+
+def _weights_are_constants(mod: Any) -> bool:
+    """No Relax function takes weights as arguments (``num_input`` < its parameters, as generative
+    builds do): a packed copy of an argument would be made every call, not folded at compile time."""
+    from tvm import relax
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function) and func.attrs is not None and "num_input" in func.attrs:
+            if int(func.attrs["num_input"]) < len(func.params):
+                return False
+    return True
+
+
+def _prepack_weights(mod: Any, _target: Any) -> tuple[Any, Report]:
+    """Constant weights a schedule reads in another layout (``schedules/matmul._pack_weight``) are
+    re-laid out at compile time: the layout-rewrite copies split into functions of their own and
+    folded over the constants, so no call pays for them."""
+    from tvm import relax
+
+    mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+    packing = [gv.name_hint for gv, _ in mod.functions_items() if gv.name_hint.endswith(_PREPACK)]
+    if not packing:
+        return mod, None
+    mod = relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(mod))
+    left = sorted(gv.name_hint for gv, _ in mod.functions_items() if gv.name_hint.endswith(_PREPACK))
+    return mod, {"packed_weights": len(packing) - len(left), "not_folded": left}
+
+
+#: The suffix ``SplitLayoutRewritePreproc`` gives the functions that pack a weight.
+_PREPACK = "_weight_prepack"
 
 
 BF16 = Step("bf16", _bf16)
@@ -134,6 +170,7 @@ IEEE_NAN = Step("ieee_nan", _ieee_nan)
 NHWC = Step("conv_nhwc", _nhwc)
 LEGALIZE = Step("legalize", _legalize)
 DEFAULT_SCHEDULES = Step("default_schedules", _default_schedules)
+PREPACK_WEIGHTS = Step("prepack_weights", _prepack_weights)
 
 
 def tuned(settings: TuneSettings) -> Step:

@@ -336,6 +336,58 @@ def _vectorize(sch: s_tir.Schedule, red: Any, writeback: Any, r_loop: Any, ii: A
 STACK_BYTES = 1024
 
 
+#: The attribute Relax's ``AttachAttrLayoutFreeBuffers`` puts on a PrimFunc (indices of its parameters
+#: that are constants or weights) and the block annotation ``SplitLayoutRewritePreproc`` moves out.
+LAYOUT_FREE = "layout_free_buffers"
+PREPROC = "meta_schedule.layout_rewrite_preproc"
+
+
+def _weight_read(sch: s_tir.Schedule, mm: _Matmul, func: tirx.PrimFunc) -> int:
+    """Index among the reduction block's reads of a constant 2-D weight ``W[k, j]`` (-1: none)."""
+    free = func.attrs.get(LAYOUT_FREE) if func.attrs is not None else None
+    if not free:
+        return -1
+    # TVM 0.27: a parameter is its buffer (it has a name, shape and data)
+    weights = [func.params[int(k)] for k in free]
+    block = sch.get(mm.block)
+    j_var = block.iter_vars[mm.j].var
+    r_vars = [iv.var for iv in block.iter_vars[mm.n_s :]]
+    for idx, region in enumerate(block.reads):
+        buf = _source(region)
+        if not any(_same_buffer(buf, w) for w in weights) or len(region.region) != 2 or len(r_vars) != 1:
+            continue
+        k_min, j_min = (rng.min for rng in region.region)
+        if k_min.same_as(r_vars[0]) and j_min.same_as(j_var):
+            return idx
+    return -1
+
+
+def _pack_weight(sch: s_tir.Schedule, mm: _Matmul, func: tirx.PrimFunc, tj: int) -> bool:
+    """Read a constant ``W[K, N]`` as ``[N / tj, K, tj]``: each j tile's K x tj panel contiguous.
+
+    The copy is a layout-rewrite block that ``SplitLayoutRewritePreproc`` + ``FoldConstant`` run at
+    compile time (``steps._prepack_weights``), as MLAS pre-packs B. A model whose weights do not stay
+    in L2 streams them from L3 every call; read with the row stride of N, a panel is tj columns of
+    K rows, packed it is one contiguous run (ViT's 7 MB of weights, 2 threads: 1.06x -> 0.91x ORT;
+    flushed caches: its big matmuls 20-27% faster; unchanged when the weights are in L2).
+    """
+    idx = _weight_read(sch, mm, func)
+    if idx < 0 or tj >= mm.n or mm.n % tj:
+        return False
+    # The copy is made first: a refusal must not leave it behind (the caller keeps ``sch``).
+    trial = sch.copy()
+    try:
+        copy = trial.cache_read(mm.block, idx, "global")
+        trial.annotate(copy, PREPROC, True)
+        trial.transform_layout(mm.block, ("read", idx), lambda k, j: (j // tj, k, j % tj))
+    except Exception:  # a schedule error: leave the weight as stored
+        return False
+    copy = sch.cache_read(mm.block, idx, "global")
+    sch.annotate(copy, PREPROC, True)
+    sch.transform_layout(mm.block, ("read", idx), lambda k, j: (j // tj, k, j % tj))
+    return True
+
+
 def _stack_tile(sch: s_tir.Schedule, block: Any, tile_bytes: int) -> None:
     """Move the accumulator tile ``block`` writes to the stack when it is small enough to go there."""
     if tile_bytes < STACK_BYTES:
@@ -356,6 +408,7 @@ class TiledMatmul(CpuRule):
         writeback, separate, ti, n = _inline_neighbours(sch, infos, mm, ti)
         vec = _vector_width(n)
         tj = _largest_divisor(n, max(tile_j, vec), vec) or vec
+        _pack_weight(sch, mm, func, tj)
         fused, r_loops, ii, ji = _tile(sch, mm, tj, ti)
         _stack_tile(sch, mm.block, ti * tj * 4)
         if mm.macs >= PARALLEL_MIN_MACS:
