@@ -195,8 +195,8 @@ def test_trained_pair_speeds_up_greedy_decoding(tmp_path: Path) -> None:
 
 
 #: What the trained pair's speculative decoding must reach at batch 1 on onnxruntime. Issue 14's goal is 1.5x;
-#: measured 1.29-1.39x (CPU time per token, k=3..6, acceptance 50-69%; 1.20-1.26x before the contrib-op fusions)
-#: at load 3-12 on 2 cores: the pair is so small that each step is per-node overhead, a draft step costs 0.21 of a
-#: target step and the verify call 1.18 (README, "Speculative decoding"). The test holds the part that is met:
-#: speculation is a net win, output unchanged.
+#: tools/bench_speculative.py measured 1.49x / 1.53x / 1.57x CPU time per token at its chosen k (wall 1.51-1.56x;
+#: three runs, each run in its own process, at load 7.6-8.3 on 2 cores, the distilled draft): met, by too thin a
+#: margin for one process's wall-clock ratio under a shared machine's load (earlier runs' wall speed-ups ranged
+#: 0.79-1.72x). The test holds what such a measurement can: speculation is a net win, output unchanged.
 SPEED_UP_GOAL = 1.1
