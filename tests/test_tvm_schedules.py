@@ -233,26 +233,6 @@ def test_fast_math_sigmoid_and_silu_leave_no_libm_call() -> None:
     np.testing.assert_allclose(got, _Gates()(x).numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_square_is_a_product() -> None:
-    """``power(x, 2)`` (RMSNorm's) -> ``x * x``, the same numbers; other exponents stay."""
-    from aotforge.targets.tvm.relax_util import any_call, op_name
-    from aotforge.targets.tvm.rewrites.square import squares_as_products
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((4, 16), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            two = bb.emit(relax.op.power(x, relax.const(2.0, "float32")))
-            out = bb.emit_output(relax.op.add(two, relax.op.power(x, relax.const(3.0, "float32"))))
-        bb.emit_func_output(out)
-    mod, report = squares_as_products(bb.get())
-    assert report == {"rewritten": 1} and any_call(mod, lambda e: op_name(e) == "relax.power")
-    data = np.random.default_rng(0).standard_normal((4, 16), dtype=np.float32)
-    executable, _ = compile_relax(bb.get(), _target(), fast_math=True)
-    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
-    np.testing.assert_allclose(got, data * data + data**3, rtol=1e-6)
-
-
 class _Ffn(torch.nn.Module):
     """A ViT feed-forward block over 37 tokens (a prime row count: the rows are padded to 8-row tiles)."""
 

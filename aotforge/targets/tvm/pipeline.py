@@ -8,10 +8,10 @@ Phases (all inside ``with target:``):
 
 1. rewrites: bf16 graphs' NaN / Inf tests, matmul sums and transcendentals on fp32
    (``rewrites/bf16``); fast math (optional); projections of one input merged into one matmul
-   (Q/K/V, ``rewrites/combine_matmuls``); ``power(x, 2)`` as ``x * x`` (``rewrites/square``);
-   integer matmuls (``int8-dynamic``) and QDQ convolutions (``int8``) with constant int8
-   weights -> AVX-512 VNNI kernels (depthwise ones -> an integer depthwise kernel; NHWC kept
-   between them) where the target has VNNI (``rewrites/int8``: the ``int8_vnni`` report says which and why not); Clip as
+   (Q/K/V, ``rewrites/combine_matmuls``); integer matmuls (``int8-dynamic``) and QDQ
+   convolutions (``int8``) with constant int8 weights -> AVX-512 VNNI kernels (depthwise ones ->
+   an integer depthwise kernel; NHWC kept between them) where the target has VNNI
+   (``rewrites/int8``: the ``int8_vnni`` report says which and why not); Clip as
    maximum / minimum (``rewrites/clip``); NHWC convolutions;
 2. legalize: the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
 3. schedules: tuned schedules (optional: MetaSchedule records from the shared tuning store,
@@ -41,7 +41,6 @@ def rewrite_phase(*, fast_math: bool, conv_nhwc: bool) -> list[Step]:
         steps.BF16,  # first: fast math is fp32-only, and a FoldConstant of a bf16 isnan would compile it
         *([steps.FAST_MATH] if fast_math else []),
         steps.COMBINE_MATMULS,  # before legalize: fusion then gives the merged matmul its bias epilogue
-        steps.SQUARE,  # before legalize: the product fuses with the mean of an RMSNorm
         steps.INT8_VNNI,  # before NHWC: QDQ convolutions become VNNI kernels that are channels-last themselves
         steps.CLIP,  # before NHWC: a Clip the importers leave opaque pins its input to NCHW
         *([steps.NHWC] if conv_nhwc else []),

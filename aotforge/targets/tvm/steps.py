@@ -76,14 +76,6 @@ def _clip(mod: Any, _target: Any) -> tuple[Any, Report]:
     return clip_as_min_max(mod)
 
 
-def _square(mod: Any, _target: Any) -> tuple[Any, Report]:
-    """``power(x, 2)`` (RMSNorm's square) as ``x * x`` (``rewrites/square.py``): legalized, ``power`` is a
-    scalar ``powf`` call per element; the product is the same number and vectorizes."""
-    from aotforge.targets.tvm.rewrites.square import squares_as_products
-
-    return squares_as_products(mod)[0], None
-
-
 def _ieee_nan(mod: Any, _target: Any) -> tuple[Any, Report]:
     """fast_math=false: NaN through max / min / relu / Clip as ORT gives it (``rewrites/ieee_nan.py``)."""
     from aotforge.targets.tvm.rewrites.ieee_nan import propagate_nan
@@ -165,7 +157,6 @@ FAST_MATH = Step("fast_math", _fast_math)
 COMBINE_MATMULS = Step("combine_matmuls", _combine_matmuls)
 INT8_VNNI = Step("int8_vnni", _int8_vnni)
 CLIP = Step("clip", _clip)
-SQUARE = Step("square", _square)
 IEEE_NAN = Step("ieee_nan", _ieee_nan)
 NHWC = Step("conv_nhwc", _nhwc)
 LEGALIZE = Step("legalize", _legalize)
