@@ -139,6 +139,10 @@ def _prepack_weights(mod: Any, _target: Any) -> tuple[Any, Report]:
     folded over the constants, so no call pays for them."""
     from tvm import relax
 
+    if not _weights_are_constants(mod):
+        # Nothing was marked for packing; and the pass refuses hand-written kernels without a root
+        # block (kernels/decode_attention), which generative builds carry.
+        return mod, None
     mod = relax.transform.SplitLayoutRewritePreproc()(mod)
     packing = [gv.name_hint for gv, _ in mod.functions_items() if gv.name_hint.endswith(_PREPACK)]
     if not packing:
