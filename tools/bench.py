@@ -3,8 +3,11 @@
 For each model the ORT fp32 artifact is built first; its validation inputs are what every other
 runtime is timed on. aotforge variants are built with ``aotforge compile --no-bench`` and every
 runtime is then timed by tools/bench_worker.py in a process of its own (thread pools of
-different runtimes spin and steal each other's cores). Medians over >= 30 runs after warm-up, p90,
-and the ratio to ORT fp32 go to ``results.md`` / ``results.json`` with a chart, ``latency.png``.
+different runtimes spin and steal each other's cores), in ``--rounds`` alternating rounds (on a shared
+machine the load drifts between one runtime's run and the next: a ratio taken within each round and then
+the median over rounds holds where one run each does not). p50 (median over the rounds of each run's
+median of >= 30 calls after warm-up), p90, and the ratio to ORT fp32 go to ``results.md`` /
+``results.json`` with a chart, ``latency.png``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,39 +120,74 @@ def time_variant(kind: str, artifact: Path, inputs_from: Path, model: Model, sec
     return dict(json.loads(_last_line(proc.stdout)))
 
 
-def run_model(name: str, model: Model, variants: list[str], out: Path, seconds: float, trials: int) -> list[dict]:
+def build_variants(model: Model, variants: list[str], out: Path, trials: int) -> tuple[Path | None, list[dict]]:
+    """The ORT fp32 artifact (whose validation inputs every runtime is timed on) and a row per variant:
+    its artifact to time, or why there is none."""
+    baseline, build_s, error = compile_variant(model, VARIANTS[BASELINE][1] or [], out / "ort", trials)
+    if baseline is None:
+        return None, [{"variant": BASELINE, "error": error}]
     rows: list[dict] = []
+    for variant in variants:
+        args = VARIANTS[variant][1]
+        if variant == "tvm tuned" and trials <= 0:
+            rows.append({"variant": variant, "error": "skipped: pass --tune-trials N"})
+        elif args is None or variant == BASELINE:
+            rows.append({"variant": variant, "artifact": baseline, "build_s": round(build_s, 1) if args else None})
+        else:
+            built, seconds, error = compile_variant(model, args, out / variant.replace(" ", "-"), trials)
+            row = {"variant": variant, "build_s": round(seconds, 1)}
+            rows.append({**row, "artifact": built} if built else {**row, "error": error})
+    return baseline, rows
+
+
+def run_model(name: str, model: Model, variants: list[str], out: Path, bench: argparse.Namespace) -> list[dict]:
+    """Every variant of one model timed in ``bench.rounds`` alternating rounds, each run in a process of its own
+    (each round starts one variant later); a row's p50 is the median of its rounds' p50s and its ratio to ORT fp32
+    the median of the per-round ratios, so a load spike in one round moves neither much."""
     try:
         model = export_user_model(model, out.parent / "models")
     except subprocess.CalledProcessError as e:
         return [{"model": name, "variant": BASELINE, "error": f"export failed: {_last_line(e.stderr)}"}]
-    baseline, build_s, error = compile_variant(model, VARIANTS[BASELINE][1] or [], out / name / "ort", trials)
+    baseline, built = build_variants(model, variants, out / name, bench.tune_trials)
     if baseline is None:
-        return [{"model": name, "variant": BASELINE, "error": error}]
-    for variant in variants:
-        kind, args = VARIANTS[variant]
-        row: dict[str, Any] = {"model": name, "variant": variant}
-        if variant == "tvm tuned" and trials <= 0:
-            rows.append({**row, "error": "skipped: pass --tune-trials N"})
+        return [{"model": name, **built[0]}]
+    timed = [r for r in built if "artifact" in r]
+    if not any(r["variant"] == BASELINE for r in timed):
+        timed.append({"variant": BASELINE, "artifact": baseline, "hidden": True})  # the ratios need it
+    runs: dict[str, list[dict[str, Any]]] = {r["variant"]: [] for r in timed}
+    for round_ in range(bench.rounds):
+        shift = round_ % len(timed)
+        for r in timed[shift:] + timed[:shift]:
+            runs[r["variant"]].append(
+                time_variant(VARIANTS[r["variant"]][0], r["artifact"], baseline, model, bench.seconds)
+            )
+    base_runs = runs[BASELINE]
+    rows: list[dict] = []
+    for r in built:
+        row: dict[str, Any] = {"model": name, **{k: v for k, v in r.items() if k not in ("artifact", "hidden")}}
+        if r.get("hidden") or "error" in r:
+            rows += [] if r.get("hidden") else [row]
             continue
-        artifact = baseline
-        if args is not None and variant != BASELINE:
-            built, build_s, error = compile_variant(model, args, out / name / variant.replace(" ", "-"), trials)
-            if built is None:
-                rows.append({**row, "error": error, "build_s": round(build_s, 1)})
-                continue
-            artifact = built
-        result = time_variant(kind, artifact, baseline, model, seconds)
-        if args is not None:
-            result["build_s"] = round(build_s, 1)
-        elif "setup_seconds" in result:
-            result["build_s"] = result["setup_seconds"]
-        rows.append({**row, **result})
-        print(_row_md(rows[-1], None), flush=True)
-    base = next((r["p50_ms"] for r in rows if r["variant"] == BASELINE and "p50_ms" in r), None)
-    for r in rows:
-        if base and "p50_ms" in r:
-            r["vs_ort_fp32"] = round(r["p50_ms"] / base, 3)
+        ok = [x for x in runs[r["variant"]] if "error" not in x]
+        if not ok:
+            rows.append({**row, "error": runs[r["variant"]][-1]["error"]})
+            continue
+        row.update(ok[-1])
+        if row.get("build_s") is None:
+            row["build_s"] = row.get("setup_seconds")
+        for key in ("p50_ms", "p90_ms", "peak_rss_mb"):
+            row[key] = round(float(median([x[key] for x in ok])), 4)
+        row["runs"], row["rounds"] = sum(x["runs"] for x in ok), len(ok)
+        ratios = [
+            x["p50_ms"] / b["p50_ms"]
+            for x, b in zip(runs[r["variant"]], base_runs, strict=True)
+            if "error" not in x and "error" not in b
+        ]
+        if ratios:
+            row["vs_ort_fp32"] = round(float(median(ratios)), 3)
+            row["vs_ort_fp32_rounds"] = [round(x, 3) for x in ratios]
+        rows.append(row)
+        print(_row_md(row, None), flush=True)
     return rows
 
 
@@ -194,7 +233,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default=DEFAULT_MODELS, help=f"comma list of {', '.join(MODELS)}")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of runtimes")
-    parser.add_argument("--seconds", type=float, default=10.0, help="timing budget per runtime")
+    parser.add_argument("--seconds", type=float, default=4.0, help="timing budget per runtime and round")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians over them")
     parser.add_argument("--tune-trials", type=int, default=0, help="MetaSchedule trials for 'tvm tuned'")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench")
     args = parser.parse_args()
@@ -205,14 +245,15 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     header = (
-        f"batch 1, 2 threads, p50 of >= 30 runs after warm-up ({args.seconds:g} s budget per runtime); "
+        f"batch 1, 2 threads; each runtime in a process of its own, {args.rounds} alternating rounds of >= 30 runs "
+        f"after warm-up ({args.seconds:g} s budget each); p50 and ratio: medians over the rounds; "
         f"{os.cpu_count()} CPUs, load average at the start {load}"
     )
     print(header + "\n\n| model | runtime | p50 ms | p90 ms | vs ORT fp32 | runs | build s | peak RSS MB |")
     print("|---|---|---|---|---|---|---|---|", flush=True)
     rows: list[dict] = []
     for name in args.models.split(","):
-        rows += run_model(name, MODELS[name], variants, args.out / "artifacts", args.seconds, args.tune_trials)
+        rows += run_model(name, MODELS[name], variants, args.out / "artifacts", args)
         write_results(rows, args.out, header)
     print((args.out / "results.md").read_text())
     print(f"results: {args.out / 'results.md'}, {args.out / 'results.json'}, chart: {args.out / 'latency.png'}")
