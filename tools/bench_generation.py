@@ -96,7 +96,10 @@ def run_transformers(model_dir: Path, prompt: int, new: int, batch: int) -> dict
 
 
 #: ``--precisions``: the weight-only pass's parameters per precision (the same recipe on every target).
-WEIGHT_ONLY = {"int4": {"bits": 4, "block_size": 32}, "int8": {"bits": 8, "block_size": 32}}
+WEIGHT_ONLY = {
+    "int4": {"bits": 4, "block_size": 32, "accuracy_level": 4},
+    "int8": {"bits": 8, "block_size": 32, "accuracy_level": 4},
+}
 
 
 def build_aotforge(
