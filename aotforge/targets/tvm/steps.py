@@ -143,13 +143,37 @@ def _prepack_weights(mod: Any, _target: Any) -> tuple[Any, Report]:
         # Nothing was marked for packing; and the pass refuses hand-written kernels without a root
         # block (kernels/decode_attention), which generative builds carry.
         return mod, None
-    mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+    if not _has_layout_rewrites(mod):
+        # The pass also refuses PrimFuncs without a compute block under the root (some legalized Slices,
+        # hand-written kernels): run it only where a schedule asked for a packed weight.
+        return mod, None
+    try:
+        split = relax.transform.SplitLayoutRewritePreproc()(mod)
+    except Exception as e:  # tvm.error.TVMError, or an InternalError raised through the FFI
+        # The copies stay inside their functions: the same numerics, paid per call.
+        return mod, {"packed_weights": 0, "not_split": str(e).strip().splitlines()[-1][:200]}
+    mod = split
     packing = [gv.name_hint for gv, _ in mod.functions_items() if gv.name_hint.endswith(_PREPACK)]
     if not packing:
         return mod, None
     mod = relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(mod))
     left = sorted(gv.name_hint for gv, _ in mod.functions_items() if gv.name_hint.endswith(_PREPACK))
     return mod, {"packed_weights": len(packing) - len(left), "not_folded": left}
+
+
+def _has_layout_rewrites(mod: Any) -> bool:
+    """Some PrimFunc with layout-free parameters carries a layout-rewrite block (``schedules/matmul._pack_weight``)."""
+    from tvm import tirx
+
+    from aotforge.targets.tvm.schedules.matmul import LAYOUT_FREE, PREPROC
+
+    return any(
+        isinstance(func, tirx.PrimFunc)
+        and func.attrs is not None
+        and LAYOUT_FREE in func.attrs
+        and PREPROC in str(func)
+        for _, func in mod.functions_items()
+    )
 
 
 #: The suffix ``SplitLayoutRewritePreproc`` gives the functions that pack a weight.
