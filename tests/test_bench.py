@@ -102,3 +102,18 @@ def test_onnxruntime_load_takes_the_record_thread_count(artifact: Path) -> None:
     stored = json.loads((artifact / "session.json").read_text())["intra_op_threads"]
     runner = target.load(artifact, manifest.target, io)
     assert runner.session.get_session_options().intra_op_num_threads == stored
+
+
+@pytest.mark.parametrize("kind", ["artifact", "tvm-untuned"])
+def test_bench_worker_times_every_kind_without_a_model_file(kind: str, artifact: Path) -> None:
+    """``make bench``'s per-runtime child: each kind that needs no torch model file runs and reports a p50."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    worker = root / "tools" / "bench_worker.py"
+    args = ["--artifact", str(artifact), "--seconds", "0.2", "--runs", "3", "--warmup", "1"]
+    done = subprocess.run([sys.executable, str(worker), kind, *args], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["p50_ms"] > 0 and result["runs"] >= 3

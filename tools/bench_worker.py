@@ -78,13 +78,13 @@ def tvm_untuned_runner(artifact: Path, _model: str | None) -> tuple[Callable[[Ar
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
+    from aotforge.targets.tvm.importable import prepare
     from aotforge.targets.tvm.options import TvmOptions, target_dict
-    from aotforge.targets.tvm.target import _static_proto
 
     io, sizes, _ = inputs_of(artifact)
     shapes = {s.name: list(s.bind(sizes)) for s in io.inputs}
     started = time.perf_counter()
-    proto = _static_proto(ir.load(artifact / "model.onnx"), shapes)
+    proto, _ = prepare(ir.load(artifact / "model.onnx"), shapes)
     mod = from_onnx(proto, shape_dict=shapes, dtype_dict={s.name: s.dtype for s in io.inputs})
     executable = tvm.compile(mod, target=tvm.target.Target(target_dict(TvmOptions())))
     vm = relax.VirtualMachine(executable, tvm.cpu())
