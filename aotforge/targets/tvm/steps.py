@@ -134,18 +134,17 @@ def _weights_are_constants(mod: Any) -> bool:
 
 
 def _prepack_weights(mod: Any, _target: Any) -> tuple[Any, Report]:
-    """Constant weights a schedule reads in another layout (``schedules/matmul._pack_weight``) are
+    """Constant weights a schedule reads in another layout (``schedules/weight_packing``) are
     re-laid out at compile time: the layout-rewrite copies split into functions of their own and
     folded over the constants, so no call pays for them."""
     from tvm import relax
 
-    if not _weights_are_constants(mod):
-        # Nothing was marked for packing; and the pass refuses hand-written kernels without a root
-        # block (kernels/decode_attention), which generative builds carry.
-        return mod, None
-    if not _has_layout_rewrites(mod):
-        # The pass also refuses PrimFuncs without a compute block under the root (some legalized Slices,
-        # hand-written kernels): run it only where a schedule asked for a packed weight.
+    from aotforge.targets.tvm.schedules.weight_packing import has_packed_weights
+
+    if not has_packed_weights(mod):
+        # The pass refuses PrimFuncs without a root block or a compute block under it (hand-written
+        # kernels such as kernels/decode_attention, some legalized Slices): run it only where the
+        # matmul rule packed a weight (never in generative builds, whose weights are arguments).
         return mod, None
     try:
         split = relax.transform.SplitLayoutRewritePreproc()(mod)
@@ -159,21 +158,6 @@ def _prepack_weights(mod: Any, _target: Any) -> tuple[Any, Report]:
     mod = relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(mod))
     left = sorted(gv.name_hint for gv, _ in mod.functions_items() if gv.name_hint.endswith(_PREPACK))
     return mod, {"packed_weights": len(packing) - len(left), "not_folded": left}
-
-
-def _has_layout_rewrites(mod: Any) -> bool:
-    """Some PrimFunc with layout-free parameters carries a layout-rewrite block (``schedules/matmul._pack_weight``)."""
-    from tvm import tirx
-
-    from aotforge.targets.tvm.schedules.matmul import LAYOUT_FREE, PREPROC
-
-    return any(
-        isinstance(func, tirx.PrimFunc)
-        and func.attrs is not None
-        and LAYOUT_FREE in func.attrs
-        and PREPROC in str(func)
-        for _, func in mod.functions_items()
-    )
 
 
 #: The suffix ``SplitLayoutRewritePreproc`` gives the functions that pack a weight.

@@ -13,7 +13,11 @@ One rule covers every PrimFunc whose single reduction block is a sum of products
 - tile sizes are divisors of the extents, so no tail predicate ever reaches a vector loop
   (an ``N`` with no divisor among the vector widths gets narrower vectors, down to scalars);
   an ``i`` extent with no divisor from 4 to 8 (a prime token count) is padded to 8-row tiles,
-  and a ``j`` extent only narrow vectors divide (attention over 37 or 77 keys) to full vectors.
+  and a ``j`` extent only narrow vectors divide (attention over 37 or 77 keys) to full vectors;
+- a constant 2-D weight is read as contiguous j-tile panels, packed at compile time
+  (``weight_packing.py``).
+
+What qualifies and how its axes are found is ``matmul_match.py``.
 
 Producers that would put ``if_then_else`` into the inner loop (padding) stay separate loop
 nests and get an injective schedule. Anything else the rule cannot handle returns ``None``.
@@ -21,16 +25,16 @@ nests and get an injective schedule. Anything else the rule cannot handle return
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
-from tvm.tirx.analysis import undefined_vars
 
 from aotforge.targets.tvm.schedules.injective import schedule_spatial_block
+from aotforge.targets.tvm.schedules.matmul_match import Matmul, match
 from aotforge.targets.tvm.schedules.rule import CpuRule
+from aotforge.targets.tvm.schedules.weight_packing import mark_packed, pack_weight
 
 TILE_I = 8
 TILE_J = 32
@@ -87,108 +91,9 @@ def _tile_j(target: Target) -> int:
         return TILE_J
 
 
-def _strip_cast(e: Any) -> Any:
-    while isinstance(e, tirx.Cast):
-        e = e.value
-    return e
-
-
-def _same_buffer(a: Any, b: Any) -> bool:
-    return bool(a.same_as(b) or (getattr(a, "name", None) is not None and getattr(a, "name", None) == b.name))
-
-
-def _source(e: Any) -> Any:
-    """The buffer of a load or region (TVM 0.27: ``ir.TensorLoad`` / ``ir.TensorRegion`` with ``source``)."""
-    return getattr(e, "buffer", None) or getattr(e, "source", None)
-
-
-def _loads_from(e: Any, buffer: Any) -> bool:
-    src = _source(e)
-    return src is not None and hasattr(e, "indices") and _same_buffer(src, buffer)
-
-
-def _is_sum_of_products(block: tirx.SBlock) -> bool:
-    store = block.body
-    if not isinstance(store, tirx.BufferStore) or block.init is None:
-        return False
-    value = store.value
-    if not isinstance(value, tirx.Add):
-        return False
-    for acc, term in ((value.a, value.b), (value.b, value.a)):
-        if _loads_from(acc, store.buffer):
-            return isinstance(_strip_cast(term), tirx.Mul)
-    return False
-
-
-def _vars_in(region: Any) -> list[Any]:
-    return [v for rng in region.region for v in undefined_vars(rng.min)]
-
-
 def _has_if_then_else(block: tirx.SBlock) -> bool:
     # TVM 0.27's Python API has no TIR expression visitor; the printed body is enough here.
     return "if_then_else" in str(block.body)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Matmul:
-    """What the rule found: the reduction block (``infos[at]``), its ``n_s`` spatial loops, the
-    vector axis ``j`` (the last) and broadcast axis ``i`` (-1: none), their extents ``n``, ``m``."""
-
-    at: int
-    block: Any
-    n_s: int
-    i: int
-    j: int
-    m: int
-    n: int
-    #: multiply-adds: the product of every loop extent of the reduction block
-    macs: int
-
-
-def _broadcast_axis(block: tirx.SBlock, spatial: list[Any], j: int) -> int:
-    """The innermost spatial iterator of an operand that does not depend on ``j`` (-1: none)."""
-    i = -1
-    operands = [r for r in block.reads if not _same_buffer(_source(r), _source(block.writes[0]))]
-    for region in operands:
-        used = _vars_in(region)
-        if any(v.same_as(spatial[j].var) for v in used):
-            continue
-        for k in range(j - 1, -1, -1):
-            if any(v.same_as(spatial[k].var) for v in used):
-                i = max(i, k)
-                break
-    if i < 0 and j > 0:
-        i = j - 1
-    return i
-
-
-def _match(sch: s_tir.Schedule, infos: list[Any]) -> _Matmul | None:
-    """The one sum-of-products reduction with static extents and spatial loops first, else ``None``."""
-    reductions = [k for k, b in enumerate(infos) if not b.is_injective()]
-    if len(reductions) != 1:
-        return None
-    at = reductions[0]
-    red_info = infos[at]
-    kinds = red_info.dom_kind()
-    n_s = len(kinds) - len(kinds.lstrip("S"))
-    if n_s == 0 or set(kinds[n_s:]) != {"R"}:
-        return None
-    if any(not isinstance(d, int | tirx.IntImm) for d in red_info.dom()):
-        return None  # static shapes only
-    block = sch.get(red_info.block_rv)
-    if not _is_sum_of_products(block) or len(block.reads) < 2:
-        return None
-    spatial = red_info.iters[:n_s]
-    j = n_s - 1
-    i = _broadcast_axis(block, spatial, j)
-    m = int(spatial[i].dom) if i >= 0 else 1  # type: ignore[arg-type]
-    n = int(spatial[j].dom)  # type: ignore[arg-type]
-    if n * m < 4:
-        return None  # nothing to tile: let GEMV / Reduction take it
-    macs = 1
-    for d in red_info.dom():
-        macs *= int(d)
-    return _Matmul(at, red_info.block_rv, n_s, i, j, m, n, macs)
 
 
 def _i_tile(m: int) -> int:
@@ -214,7 +119,7 @@ def _pad_columns(n: int) -> int:
     return -(-n // VECTOR) * VECTOR
 
 
-def _pad(sch: s_tir.Schedule, mm: _Matmul, ti: int, pad_i: bool, pad_j: bool) -> bool:
+def _pad(sch: s_tir.Schedule, mm: Matmul, ti: int, pad_i: bool, pad_j: bool) -> bool:
     """Pad the i extent to a multiple of ``ti`` and / or the j extent to a multiple of the vector
     width (zero-filled copies of the operands that use them).
 
@@ -233,7 +138,7 @@ def _pad(sch: s_tir.Schedule, mm: _Matmul, ti: int, pad_i: bool, pad_j: bool) ->
     return True
 
 
-def _inline_neighbours(sch: s_tir.Schedule, infos: list[Any], mm: _Matmul, ti: int) -> tuple[Any, list[Any], int, int]:
+def _inline_neighbours(sch: s_tir.Schedule, infos: list[Any], mm: Matmul, ti: int) -> tuple[Any, list[Any], int, int]:
     """The local accumulator's write-back block, the blocks left separate, the i tile and the j extent.
 
     Producers are inlined when harmless, else kept as their own (scheduled) loop nests. A ragged
@@ -283,7 +188,7 @@ def _inline_neighbours(sch: s_tir.Schedule, infos: list[Any], mm: _Matmul, ti: i
     return writeback, separate, ti, n
 
 
-def _tile(sch: s_tir.Schedule, mm: _Matmul, tj: int, ti: int) -> tuple[Any, list[Any], Any, Any]:
+def _tile(sch: s_tir.Schedule, mm: Matmul, tj: int, ti: int) -> tuple[Any, list[Any], Any, Any]:
     """Split and order the loops; the fused parallel loop, the reduction loops, the i and j tile loops."""
     i, j, n_s = mm.i, mm.j, mm.n_s
     loops = sch.get_loops(mm.block)
@@ -336,58 +241,6 @@ def _vectorize(sch: s_tir.Schedule, red: Any, writeback: Any, r_loop: Any, ii: A
 STACK_BYTES = 1024
 
 
-#: The attribute Relax's ``AttachAttrLayoutFreeBuffers`` puts on a PrimFunc (indices of its parameters
-#: that are constants or weights) and the block annotation ``SplitLayoutRewritePreproc`` moves out.
-LAYOUT_FREE = "layout_free_buffers"
-PREPROC = "meta_schedule.layout_rewrite_preproc"
-
-
-def _weight_read(sch: s_tir.Schedule, mm: _Matmul, func: tirx.PrimFunc) -> int:
-    """Index among the reduction block's reads of a constant 2-D weight ``W[k, j]`` (-1: none)."""
-    free = func.attrs.get(LAYOUT_FREE) if func.attrs is not None else None
-    if not free:
-        return -1
-    # TVM 0.27: a parameter is its buffer (it has a name, shape and data)
-    weights = [func.params[int(k)] for k in free]
-    block = sch.get(mm.block)
-    j_var = block.iter_vars[mm.j].var
-    r_vars = [iv.var for iv in block.iter_vars[mm.n_s :]]
-    for idx, region in enumerate(block.reads):
-        buf = _source(region)
-        if not any(_same_buffer(buf, w) for w in weights) or len(region.region) != 2 or len(r_vars) != 1:
-            continue
-        k_min, j_min = (rng.min for rng in region.region)
-        if k_min.same_as(r_vars[0]) and j_min.same_as(j_var):
-            return idx
-    return -1
-
-
-def _pack_weight(sch: s_tir.Schedule, mm: _Matmul, func: tirx.PrimFunc, tj: int) -> bool:
-    """Read a constant ``W[K, N]`` as ``[N / tj, K, tj]``: each j tile's K x tj panel contiguous.
-
-    The copy is a layout-rewrite block that ``SplitLayoutRewritePreproc`` + ``FoldConstant`` run at
-    compile time (``steps._prepack_weights``), as MLAS pre-packs B. A model whose weights do not stay
-    in L2 streams them from L3 every call; read with the row stride of N, a panel is tj columns of
-    K rows, packed it is one contiguous run (ViT's 7 MB of weights, 2 threads: 1.06x -> 0.91x ORT;
-    flushed caches: its big matmuls 20-27% faster; unchanged when the weights are in L2).
-    """
-    idx = _weight_read(sch, mm, func)
-    if idx < 0 or tj >= mm.n or mm.n % tj:
-        return False
-    # The copy is made first: a refusal must not leave it behind (the caller keeps ``sch``).
-    trial = sch.copy()
-    try:
-        copy = trial.cache_read(mm.block, idx, "global")
-        trial.annotate(copy, PREPROC, True)
-        trial.transform_layout(mm.block, ("read", idx), lambda k, j: (j // tj, k, j % tj))
-    except Exception:  # a schedule error: leave the weight as stored
-        return False
-    copy = sch.cache_read(mm.block, idx, "global")
-    sch.annotate(copy, PREPROC, True)
-    sch.transform_layout(mm.block, ("read", idx), lambda k, j: (j // tj, k, j % tj))
-    return True
-
-
 def _stack_tile(sch: s_tir.Schedule, block: Any, tile_bytes: int) -> None:
     """Move the accumulator tile ``block`` writes to the stack when it is small enough to go there."""
     if tile_bytes < STACK_BYTES:
@@ -401,14 +254,16 @@ class TiledMatmul(CpuRule):
         tile_j = _tile_j(target)
         sch = s_tir.Schedule(func)
         infos = dl.normalize_prim_func(sch)
-        mm = _match(sch, infos) if infos is not None else None
+        mm = match(sch, infos) if infos is not None else None
         if infos is None or mm is None:
             return None
         ti = _i_tile(mm.m) if mm.i >= 0 else 1
         writeback, separate, ti, n = _inline_neighbours(sch, infos, mm, ti)
         vec = _vector_width(n)
         tj = _largest_divisor(n, max(tile_j, vec), vec) or vec
-        _pack_weight(sch, mm, func, tj)
+        packed = pack_weight(sch, mm, func, tj)
+        if packed is not None:
+            sch = packed
         fused, r_loops, ii, ji = _tile(sch, mm, tj, ti)
         _stack_tile(sch, mm.block, ti * tj * 4)
         if mm.macs >= PARALLEL_MIN_MACS:
@@ -417,4 +272,4 @@ class TiledMatmul(CpuRule):
         _vectorize(sch, mm.block, writeback, r_loops[0], ii, ji, vec)
         for b in separate:
             schedule_spatial_block(sch, b)
-        return sch
+        return mark_packed(sch) if packed is not None else sch
