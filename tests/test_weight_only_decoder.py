@@ -79,6 +79,31 @@ def test_a_gemm_it_cannot_take_is_reported_with_its_reason() -> None:
     assert op_counts(model) == {} and head.op_type == "Gemm"
 
 
+@pytest.mark.parametrize("target", ["onnxruntime", "tvm"])
+def test_text_generation_builds_default_to_int8_activations(target: str) -> None:
+    """A text-generation build's weight-only pass computes with int8 activations (``accuracy_level`` 4) unless the
+    user sets the level; an encoder's build keeps ONNX Runtime's own (0)."""
+    from aotforge.compiler.builder import target_passes
+    from aotforge.compiler.generative.build import _compile_passes, _graph_passes
+    from aotforge.compiler.options import BuildOptions
+    from aotforge.targets import get_target
+    from aotforge.targets.generative import generative_backend
+
+    backend, tgt = generative_backend(target), get_target(target)
+
+    def level(params: dict[str, Any]) -> int:
+        opts = BuildOptions(target=target, passes=("weight-only",), pass_params={"weight-only": params})
+        factory = _graph_passes(opts, tgt, backend)
+        (weight_only,) = factory() if factory is not None else _compile_passes(opts, tgt, backend).values()
+        weight_only = getattr(weight_only, "params", weight_only)
+        return int(weight_only.accuracy_level)
+
+    assert level({"bits": 4}) == 4
+    assert level({"bits": 8, "accuracy_level": 0}) == 0
+    encoder = BuildOptions(target="onnxruntime", passes=("weight-only",))
+    assert target_passes(encoder, get_target("onnxruntime"))[1][0].params.accuracy_level == 0
+
+
 #: One export (~25 s on 2 busy cores) runs by default: the tied head, the case that needs the transposed copy.
 @pytest.fixture(scope="module", params=["llama-tied", pytest.param("llama", marks=pytest.mark.slow)])
 def decoder_graphs(request: pytest.FixtureRequest) -> tuple[str, ir.Model, ir.Model]:

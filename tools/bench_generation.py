@@ -30,6 +30,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -95,11 +96,9 @@ def run_transformers(model_dir: Path, prompt: int, new: int, batch: int) -> dict
     return _measure(once, new, batch)
 
 
-#: ``--precisions``: the weight-only pass's parameters per precision (the same recipe on every target).
-WEIGHT_ONLY = {
-    "int4": {"bits": 4, "block_size": 32, "accuracy_level": 4},
-    "int8": {"bits": 8, "block_size": 32, "accuracy_level": 4},
-}
+#: ``--precisions``: the weight-only pass's parameters per precision (the same recipe on every target; text-generation
+#: builds default to int8 activations, ``accuracy_level`` 4, on both).
+WEIGHT_ONLY = {"int4": {"bits": 4, "block_size": 32}, "int8": {"bits": 8, "block_size": 32}}
 
 
 def build_aotforge(
@@ -324,14 +323,21 @@ RATIO_FIELDS = ("ttft_ms", "itl_p50_ms", "cpu_ms_per_token")
 
 def _per_round_ratios(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[float]]]:
     """Each runtime's ratio to GenAI fp32 per round: on a shared machine the load moves both runs of a round
-    alike more than it moves runs minutes apart."""
-    genai = rounds.get("genai", [])
+    alike more than it moves runs minutes apart. An int4 runtime is also compared with GenAI int4 (``label / genai
+    int4``), when that ran."""
     ratios: dict[str, dict[str, list[float]]] = {}
     for label, runs in rounds.items():
-        pairs = [(r, g) for r, g in zip(runs, genai, strict=False) if "error" not in r and "error" not in g]
-        if label != "genai" and pairs:
-            ratios[label] = {f: [round(r[f] / g[f], 3) for r, g in pairs] for f in RATIO_FIELDS}
+        for peer in {"genai", _genai_peer(label, rounds)} - {label}:
+            pairs = [(r, g) for r, g in zip(runs, rounds.get(peer, []), strict=False) if "error" not in {**r, **g}]
+            if pairs and not label.startswith("genai"):
+                key = label if peer == "genai" else f"{label} / {peer}"
+                ratios[key] = {f: [round(r[f] / g[f], 3) for r, g in pairs] for f in RATIO_FIELDS}
     return ratios
+
+
+def _genai_peer(label: str, runtimes: Mapping[str, Any]) -> str:
+    """The GenAI runtime of ``label``'s precision (int4), or GenAI fp32."""
+    return "genai int4" if label.endswith(" int4") and "genai int4" in runtimes else "genai"
 
 
 def _load(avg: Any) -> str:
@@ -340,11 +346,10 @@ def _load(avg: Any) -> str:
 
 def _table(results: dict[str, Any], batch: int) -> str:
     """Markdown: each runtime's figures and its ratios to ONNX Runtime GenAI and to the floor."""
-    genai = results["runtimes"].get("genai", results["runtimes"].get("genai int4", {}))
     floor = results["floor_itl_ms"]
     head = (
         f"| runtime | TTFT ms | ITL p50 | p90 | p99 | tok/s b1 | tok/s b{batch} | b{batch}/b1 | CPU ms/token "
-        "| ITL / GenAI | ITL / floor | TTFT / GenAI |"
+        "| ITL / GenAI | ITL / floor | TTFT / GenAI |  (GenAI: GenAI int4 for an int4 row)"
     )
     rows = [head, "|" + "---|" * 12]
     for label, r in results["runtimes"].items():
@@ -352,6 +357,7 @@ def _table(results: dict[str, Any], batch: int) -> str:
             rows.append(f"| {label} | error: {' '.join(r['error'])[:200]} |")
             continue
         wide = r.get(f"tokens_per_s_batch{batch}", float("nan"))
+        genai = results["runtimes"].get(_genai_peer(label, results["runtimes"]), {})
         itl_ratio = r["itl_p50_ms"] / genai["itl_p50_ms"] if "itl_p50_ms" in genai else float("nan")
         ttft_ratio = r["ttft_ms"] / genai["ttft_ms"] if "ttft_ms" in genai else float("nan")
         rows.append(
@@ -361,7 +367,7 @@ def _table(results: dict[str, Any], batch: int) -> str:
         )
     for label, fields in results.get("per_round_ratios", {}).items():
         text = ", ".join(f"{f} {np.median(v):.2f}x ({min(v):.2f}-{max(v):.2f})" for f, v in fields.items())
-        rows.append(f"{label} / GenAI per round (median, range): {text}")
+        rows.append(f"{label if ' / ' in label else label + ' / genai'} per round (median, range): {text}")
     rows.append(
         f"floor: {results['weight_bytes'] / 1e6:.0f} MB of weights / {results['read_bandwidth_gbs']} GB/s "
         f"({results['threads']} threads) = {floor} ms; load average {_load(results['load_before'])} before, "

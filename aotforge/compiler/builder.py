@@ -211,8 +211,11 @@ def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
     )
 
 
-def target_passes(opts: BuildOptions, target: Target) -> tuple[tuple[str, ...], list[GraphPass]]:
-    """The pass names (presets expanded) and the passes, with the target's pass defaults under the user's."""
+def target_passes(
+    opts: BuildOptions, target: Target, defaults: Mapping[str, Mapping[str, Any]] | None = None
+) -> tuple[tuple[str, ...], list[GraphPass]]:
+    """The pass names (presets expanded) and the passes, with the target's pass defaults (and ``defaults``, a
+    text-generation backend's, over them) under the user's."""
     pass_names = expand(list(opts.passes))
     stray = sorted(set(opts.pass_params) - set(pass_names))
     if stray:
@@ -221,9 +224,10 @@ def target_passes(opts: BuildOptions, target: Target) -> tuple[tuple[str, ...], 
         )
     pass_params = int8_shortcuts(opts, pass_names)
     # A target may need other pass defaults (TensorRT: signed symmetric Q/DQ); the user's win.
-    for pass_name, defaults in target.pass_defaults.items():
-        if pass_name in pass_names:
-            pass_params[pass_name] = {**defaults, **pass_params.get(pass_name, {})}
+    for pass_name in pass_names:
+        layered = {**target.pass_defaults.get(pass_name, {}), **(defaults or {}).get(pass_name, {})}
+        if layered:
+            pass_params[pass_name] = {**layered, **pass_params.get(pass_name, {})}
     return pass_names, [make_pass(n, pass_params.get(n)) for n in pass_names]
 
 

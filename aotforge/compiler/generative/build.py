@@ -157,7 +157,7 @@ def _compile_passes(opts: BuildOptions, target: Any, backend: Any) -> dict[str, 
     handled: frozenset[str] = getattr(backend, "COMPILE_PASSES", frozenset())
     if not handled or tuple(opts.passes) in ((DEFAULT_PRESET,), ()):
         return {}
-    passes = {p.name: p.params for p in target_passes(opts, target)[1] if p.name in handled}
+    passes = {p.name: p.params for p in _target_passes(opts, target, backend)[1] if p.name in handled}
     check = getattr(backend, "check_compile_passes", None)
     if check is not None:
         check(passes)
@@ -185,7 +185,7 @@ def _graph_passes(opts: BuildOptions, target: Any, backend: Any = None) -> Calla
     the build's token-agreement validation is what gates its numerics (``--min-token-agreement``)."""
     if tuple(opts.passes) in ((DEFAULT_PRESET,), ()):
         return None
-    names, _ = target_passes(opts, target)
+    names, _ = _target_passes(opts, target, backend)
     handled: frozenset[str] = getattr(backend, "COMPILE_PASSES", frozenset())
     if names and all(n in handled for n in names):
         return None
@@ -200,7 +200,14 @@ def _graph_passes(opts: BuildOptions, target: Any, backend: Any = None) -> Calla
         raise OptionsError(
             f"pass {', '.join(contrib)} emits ONNX Runtime contrib ops (MatMulNBits) that {opts.target} cannot run"
         )
-    return lambda: target_passes(opts, target)[1]
+    return lambda: _target_passes(opts, target, backend)[1]
+
+
+def _target_passes(opts: BuildOptions, target: Any, backend: Any) -> tuple[tuple[str, ...], list[Any]]:
+    """``target_passes`` with the backend's ``PASS_DEFAULTS`` under the user's parameters: a decode step is not an
+    encoder's batch, so a text-generation backend may want other defaults (onnxruntime's MatMulNBits
+    ``accuracy_level``)."""
+    return target_passes(opts, target, getattr(backend, "PASS_DEFAULTS", None))
 
 
 def _graphs_sha(stage: Path) -> str:

@@ -94,6 +94,8 @@ def plan_generative(spec: DecoderSpec, options: Any) -> tuple[tuple[int, ...], t
 
 #: Passes this backend runs itself, on the imported module (``tvm_weight_only``), not on the ONNX graphs.
 COMPILE_PASSES = frozenset({"weight-only"})
+#: Its kernel computes with int8 activations: the manifest records the level it runs (the user's 0 is taken too).
+PASS_DEFAULTS = {"weight-only": {"accuracy_level": 4}}
 
 
 def check_compile_passes(passes: dict[str, Any]) -> None:
