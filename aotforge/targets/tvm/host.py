@@ -7,6 +7,9 @@ Both are refused before the library is opened.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import platform
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +23,10 @@ _ISA = re.compile(
     r"^(sse|ssse|avx|amx|fma|f16c|bmi|popcnt|lzcnt|movbe|aes|pclmul|vpclmulqdq|gfni|vaes|sha|adx"
     r"|neon|sve|sme|dotprod|i8mm|bf16|fullfp16|fp16fml)"
 )
+#: LLVM ``mattr`` for AMX int8 tiles (``kernels/amx_dense``)
+AMX_MATTR = ("+amx-tile", "+amx-int8")
+#: x86-64 Linux: ``SYS_arch_prctl``, ``ARCH_REQ_XCOMP_PERM``, ``XFEATURE_XTILEDATA``
+ARCH_PRCTL = (158, 0x1023, 18)
 
 
 def host_cpu() -> str:
@@ -34,8 +41,23 @@ def isa_features(target: Mapping[str, Any]) -> list[str]:
     import tvm
     from tvm.target import codegen
 
-    t = tvm.target.Target({"kind": "llvm", "mcpu": target["mcpu"], "mtriple": target["mtriple"]})
+    keys = ("mcpu", "mtriple", "mattr")
+    t = tvm.target.Target({"kind": "llvm", **{k: target[k] for k in keys if k in target}})
     return sorted(str(f) for f in codegen.llvm_get_cpu_features(t) if _ISA.match(str(f)))
+
+
+@functools.cache
+def amx_usable() -> bool:
+    """Whether this host can run AMX int8 tiles: the CPU says ``amx_tile`` and ``amx_int8`` and the
+    kernel grants this process the tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, Linux 5.16+)."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    if not {"amxtile", "amxint8"} <= _cpuinfo_flags():
+        return False
+    try:
+        return int(ctypes.CDLL(None, use_errno=True).syscall(*ARCH_PRCTL)) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def _cpuinfo_flags() -> set[str]:
@@ -75,6 +97,8 @@ def check_tvm_host(manifest: Any) -> None:
     here = host_cpu()
     have = {_norm(f) for f in isa_features({"mcpu": here, "mtriple": built["mtriple"]})} | _cpuinfo_flags()
     missing = [f for f in required if _norm(f) not in have]
+    if not missing and any(_norm(f) == "amxint8" for f in required) and not amx_usable():
+        missing = ["amx-int8 (the OS refuses this process the AMX tile state)"]
     if missing:
         raise HostMismatchError(
             f"{name} was built with tvm {built_tvm or '?'} for mcpu {built['mcpu']}, this host has a {here} "

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from aotforge.core.errors import OptionsError
-from aotforge.targets.tvm.host import host_cpu
+from aotforge.targets.tvm.host import AMX_MATTR, amx_usable, host_cpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +82,14 @@ def target_dict(options: TvmOptions) -> dict[str, Any]:
     import tvm
 
     host = tvm.target.Target.from_device("cpu")
-    return {
+    target = {
         "kind": "llvm",
         "mcpu": options.mcpu or host_cpu(),
         "mtriple": options.mtriple or str(host.attrs["mtriple"]),
         "num-cores": options.num_cores or (os.cpu_count() or 1),
     }
+    # AMX int8 tiles where the host has them and its OS grants them (LLVM's host CPU name may not
+    # include them: a Xeon with AMX reads as "rocketlake" here); never for an mcpu the user named.
+    if not options.mcpu and amx_usable():
+        target["mattr"] = list(AMX_MATTR)
+    return target

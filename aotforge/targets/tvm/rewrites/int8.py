@@ -18,11 +18,12 @@ from aotforge.targets.tvm.rewrites.int8_matmul import IntegerMatmulToVnni
 from aotforge.targets.tvm.rewrites.rule import Rule, apply_rules, count_matches
 
 
-def integer_rules() -> list[Rule]:
-    """The kernel rules, then the ones that keep their NHWC outputs NHWC (one ``Twins`` table shared)."""
+def integer_rules(*, amx: bool = False) -> list[Rule]:
+    """The kernel rules, then the ones that keep their NHWC outputs NHWC (one ``Twins`` table shared);
+    ``amx``: matmuls go to the AMX tile kernel where their shape allows."""
     twins = Twins()
     return [
-        IntegerMatmulToVnni(),
+        IntegerMatmulToVnni(amx=amx),
         QdqConvToVnni(twins),
         QdqDepthwiseConv(twins),
         ElementwiseOnTwins(twins),
@@ -35,12 +36,12 @@ def count_integer_ops(mod: Any) -> int:
     return count_matches(mod, integer_rules())
 
 
-def rewrite_integer_ops(mod: Any) -> tuple[Any, dict[str, Any] | None]:
+def rewrite_integer_ops(mod: Any, *, amx: bool = False) -> tuple[Any, dict[str, Any] | None]:
     """Rewrite every matching integer matmul and QDQ convolution of ``mod``; what happened, or
     ``None`` (nothing to report) for a graph with neither."""
     from tvm import relax
 
-    rewritten, stats = apply_rules(mod, integer_rules())
+    rewritten, stats = apply_rules(mod, integer_rules(amx=amx))
     # The int32 widening of each rewritten weight is dead afterwards, and so is each NCHW transpose
     # of a channels-last value nothing reads in NCHW; drop them before legalization.
     mod = relax.transform.DeadCodeElimination()(rewritten)
@@ -48,6 +49,7 @@ def rewrite_integer_ops(mod: Any) -> tuple[Any, dict[str, Any] | None]:
     if not stats.applied and not stats.skipped:
         return mod, None
     report = {"rewritten": sum(stats.applied.values()), "by_op": dict(stats.applied), "kernels": stats.kernels}
+    report["amx_kernels"] = sum(gv.name_hint.startswith("amx_dense") for gv in mod.get_global_vars())
     return mod, {**report, "skipped": dict(stats.skipped), "channels_last_ops": channels_last}
 
 
@@ -56,7 +58,7 @@ def integer_ops_on_vnni(mod: Any, target: Any) -> tuple[Any, dict[str, Any] | No
     from tvm.target.codegen import target_has_features
 
     if target_has_features("avx512vnni", target):
-        return rewrite_integer_ops(mod)
+        return rewrite_integer_ops(mod, amx=target_has_features("amx-int8", target))
     found = count_integer_ops(mod)
     if not found:
         return mod, None
