@@ -75,7 +75,9 @@ class QuantizeDynamicParams:
     #: Under a budget, try per-channel weights and smoothing before exclusions.
     search: bool = True
     #: SmoothQuant strengths the search tries (with calibration data).
-    search_alphas: tuple[float, ...] = (0.5, 0.8)
+    #: Strongest first: smoothing scales only outlier channels down (quantize_prepare.smooth); on a user MiniLM
+    #: export 0.8 beat 0.5 on held-out sentences and on random token ids alike.
+    search_alphas: tuple[float, ...] = (0.8, 0.5)
     max_exclusions: int = 8
 
     def __post_init__(self) -> None:

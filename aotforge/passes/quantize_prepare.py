@@ -17,7 +17,11 @@ kernel for it took 3.6 ms for MiniLM's 12 calls at seq 128 where Add + LayerNorm
 Smoothing (SmoothQuant's per-channel migration, Xiao et al. 2023) divides each input channel
 of a quantized MatMul / Attention by ``s_j = max|X_j|^a / max|W_j|^(1-a)`` and multiplies the
 weight's row j by it: exact in fp32, but the few outlier channels of BERT-style activations
-(post-LayerNorm and GELU outputs, 3-6x the rest) no longer set the per-tensor int8 scale.
+(post-LayerNorm and GELU outputs, 3-6x the rest) no longer set the per-tensor int8 scale. Only
+channels above the median one are scaled down; none is scaled up, so a channel that was quiet
+on the calibration data does not blow up on inputs unlike it (a user's MiniLM export, smoothed at
+0.8 with the quiet channels amplified: held-out sentences 0.9980 mean, random token ids cosine
+0.86; outliers only: 0.9985 and 0.989).
 """
 
 from __future__ import annotations
@@ -150,7 +154,10 @@ def smooth(model: ir.Model, feeds: list[Feeds], alpha: float, min_ratio: float, 
         if weight is None or act.shape[0] != weight.shape[0] or act.max() < min_ratio * np.median(act):
             continue
         scale = act**alpha / np.maximum(np.abs(weight).max(axis=1), 1e-5) ** (1 - alpha)
-        scale = np.clip(scale / np.exp(np.mean(np.log(scale))), 1e-3, 1e3).astype(np.float32)  # geometric mean 1
+        # Outlier channels only: relative to the median channel, none is amplified (s >= 1). Normalised to
+        # a geometric mean of 1 instead, the quiet channels of the calibration data were scaled up, and inputs
+        # unlike it (random token ids, longer sequences) lost the fp32 result (cosine 0.86 where plain got 0.98).
+        scale = np.clip(scale / np.median(scale), 1.0, 1e3).astype(np.float32)
         inverse = _initializer(graph, f"{node.name}_smooth", (1 / scale).astype(np.float32))
         mul = ir.node("Mul", [x, inverse], name=f"{node.name}_smooth")
         mul.outputs[0].name, mul.outputs[0].shape = f"{node.name}_smoothed", x.shape
