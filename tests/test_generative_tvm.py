@@ -46,10 +46,14 @@ def test_one_library_over_the_shared_weight_file(llama_tvm: Any) -> None:
     assert info["prompt_buckets"] == [16, 64] and info["batch_buckets"] == [1, 2]
     # K+V x layers x batch buckets x (decode + verify: the shared build has --speculative-k)
     assert info["kv_cache"] == {"in_place": 2 * 2 * 2 * 2, "skipped": {}}
-    assert info["transposed_weights"]["rewritten"] == 4  # the head of each function reads [vocab, hidden] as stored
-    # 7 projections x layers in decode_1, decode_2 and verify_1 (verify_2 has more than 8 rows): each streams its
-    # [K, N] weights once for all rows
-    assert info["decode_matmuls"]["rewritten"] == 7 * 2 * 3, info["decode_matmuls"]
+    # 7 projections x layers x 6 functions (2 prefill buckets, 2 decode, 2 verify) read packed panels, in
+    # 4 calls a layer (Q/K/V and gate/up merged), over one copy of each weight: 2 x 4 packed tensors; the head
+    # too: [vocab, hidden] read transposed in prefill and decode (packed from its transpose), and a
+    # [hidden, vocab] copy of its own in the verify graphs (vocab 500 padded to 512 either way)
+    panels = info["panel_weights"]
+    assert (panels["matmuls_taken"], len(panels["weights_packed"])) == ((7 * 2 + 1) * 6, 2 * 4 + 2), panels
+    assert sorted(panels["weights_packed"].values())[-2:] == [[512 // 32, 64, 32]] * 2
+    assert panels["lookups_from_panels"] == 0  # the head is not tied: the embedding's lookup reads its own table
     assert info["decode_attention"]["rewritten"] == 2 * 2  # layers x decode functions: over the filled cache only
     assert m.target.info["pipeline"]["schedules"]["unscheduled"] == 0
     # The library holds code only: the weights stay in weights.data, read once at load.
@@ -127,38 +131,22 @@ def test_refuses_options_it_cannot_honour(tmp_path: Path) -> None:
         _build(model, tmp_path, target="tvm", target_options={"dynamic": True})
 
 
-@pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 500), (3, 32, 8)])
-def test_gemv_nt_kernel_is_exact(m: int, k: int, n: int) -> None:
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 96), (4, 96, 32), (3, 20, 16), (24, 32, 48), (12, 8, 80)])
+def test_panel_matmul_kernel_is_exact(m: int, k: int, n: int) -> None:
     import tvm
 
-    from aotforge.targets.tvm.kernels.gemv_nt import gemv_nt, supports
+    from aotforge.targets.tvm.kernels.panel_matmul import pack, padded_rows, panel_matmul, panel_width, supports
     from aotforge.targets.tvm.options import TvmOptions, target_dict
 
-    assert supports(m, k, n) == "" and supports(9, k, n) and supports(m, 20, n)
-    func = gemv_nt(m, k, n).with_attr("global_symbol", "main")
-    lib = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target(target_dict(TvmOptions()))).jit()
-    rng = np.random.default_rng(0)
-    x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((n, k), dtype=np.float32)
-    out = tvm.runtime.tensor(np.zeros((m, n), dtype=np.float32))
-    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
-    np.testing.assert_allclose(out.numpy(), x @ w.T, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize(("m", "k", "n", "cores"), [(1, 64, 48, 2), (4, 96, 32, 2), (3, 20, 16, 2), (8, 32, 16, 1)])
-def test_gemv_kn_kernel_is_exact(m: int, k: int, n: int, cores: int) -> None:
-    import tvm
-
-    from aotforge.targets.tvm.kernels.gemv_kn import gemv_kn, plan, supports
-    from aotforge.targets.tvm.options import TvmOptions, target_dict
-
-    assert supports(m, k, n) == "" and supports(9, k, n) and supports(m, k, 20)
-    assert plan(576, 2) == (2, 16) and plan(20, 3) == (1, 4)
-    func = gemv_kn(m, k, n, cores).with_attr("global_symbol", "main")
+    assert supports(k, n) == "" and supports(k, 20)
+    assert (panel_width(96), panel_width(32), panel_width(80)) == (48, 32, 16)
+    assert (padded_rows(7), padded_rows(24), padded_rows(13), padded_rows(36)) == (7, 24, 16, 36)
+    func = panel_matmul(m, k, n).with_attr("global_symbol", "main")
     lib = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target(target_dict(TvmOptions()))).jit()
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
     out = tvm.runtime.tensor(np.zeros((m, n), dtype=np.float32))
-    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(pack(w, panel_width(n))), out)
     np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-5, atol=1e-5)
 
 

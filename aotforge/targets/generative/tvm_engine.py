@@ -119,9 +119,7 @@ def compile_generative(
     from aotforge.targets.tvm.options import target_dict
     from aotforge.targets.tvm.pipeline import compile_relax
     from aotforge.targets.tvm.rewrites.decode_attention import attention_over_filled_cache
-    from aotforge.targets.tvm.rewrites.decode_matmul import decode_matmuls
     from aotforge.targets.tvm.rewrites.kv_inplace import kv_cache_in_place
-    from aotforge.targets.tvm.rewrites.transposed_weight import transposed_weights
 
     prompts, batches = plan_generative(spec, options)
     prefill, decode = weights_as_inputs(workdir / PREFILL_FILE), weights_as_inputs(workdir / DECODE_FILE)
@@ -144,15 +142,11 @@ def compile_generative(
         say(f"tvm: decode attention stays over all of max_seq_len in some layers: {attention_report}")
     target = tvm.target.Target(target_dict(options))
     refs = {w.name: w for g in (prefill, decode, verify) if g is not None for w in g.weights}
-    weight_only = None
-    if passes and "weight-only" in passes:
-        say("packing the matmul weights (weight-only)")
-        fmt = weight_only_format(passes["weight-only"])
-        mod, packed, weight_only = pack_weights(mod, workdir, WEIGHTS_FILE, refs, fmt, target)
-        refs.update({w.name: w for w in packed})
-    mod, head_report = transposed_weights(mod)
-    mod, matmul_report = decode_matmuls(mod, int(target_dict(options).get("num-cores", 1)))
-    mod = tvm.relax.transform.DeadCodeElimination()(mod)  # the transposes the kernels made unused
+    fmt = weight_only_format(passes["weight-only"]) if passes and "weight-only" in passes else None
+    say("packing the matmul weights" + (" (weight-only)" if fmt is not None else " (fp32 panels)"))
+    mod, packed, packing = pack_weights(mod, workdir, WEIGHTS_FILE, refs, fmt, target)
+    refs.update({w.name: w for w in packed})
+    mod = tvm.relax.transform.DeadCodeElimination()(mod)  # the transposes the panels made unused
     try:
         executable, report = compile_relax(mod, target, fast_math=options.fast_math)
         executable.export_library(str(workdir / LIBRARY), **({"cc": options.cc} if options.cc else {}))
@@ -181,16 +175,14 @@ def compile_generative(
             "prompt_buckets": list(prompts),
             "batch_buckets": list(batches),
             "kv_cache": kv_report,
-            "transposed_weights": head_report,
-            "decode_matmuls": matmul_report,
             "decode_attention": attention_report,
-            **({"weight_only": weight_only} if weight_only is not None else {}),
+            **packing,
         },
         "pipeline": report,
         "platform": {"system": platform.system(), "machine": built["mtriple"].split("-")[0]},
         "cpu_features": isa_features(built),
     }
-    files = (LIBRARY, INFO_FILE, *((PACKED_FILE,) if weight_only is not None else ()))
+    files = (LIBRARY, INFO_FILE, *((PACKED_FILE,) if packed else ()))
     return CompileResult(files=files, target_info=target_info, toolchain={"tvm": tvm.__version__})
 
 

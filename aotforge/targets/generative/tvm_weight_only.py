@@ -1,10 +1,12 @@
-"""The ``weight-only`` pass on a tvm text-generation build: weights packed at compile time, beside ``weights.data``.
+"""A tvm text-generation build's matmul weights, packed at compile time beside ``weights.data``.
 
-ONNX Runtime's pass rewrites the graphs into ``MatMulNBits``, which tvm cannot import; on tvm the
-same parameters (``bits``, ``block_size``) instead pick the packed format of
-``targets/tvm/rewrites/weight_only``, applied to the imported module. The packed bytes and
-scales go to ``tvm_weights.data`` (page-aligned, like ``weights.data``), and the functions take
-them as weight arguments like any other (``WeightRef.file`` says which file holds one).
+fp32 weights become the panels of ``targets/tvm/rewrites/panel_weights``: one packed copy that the
+prefill, decode and verify functions all read. The ``weight-only`` pass: ONNX Runtime's rewrites the
+graphs into ``MatMulNBits``, which tvm cannot import; on tvm the same parameters (``bits``,
+``block_size``) instead pick the packed format of ``targets/tvm/rewrites/weight_only``, applied to the
+imported module first (the panels take what it leaves). The packed tensors go to ``tvm_weights.data``
+(page-aligned, like ``weights.data``), and the functions take them as weight arguments like any other
+(``WeightRef.file`` says which file holds one).
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ def weight_only_format(params: Any) -> WeightOnlyFormat:
 
 
 def pack_weights(
-    mod: Any, workdir: Path, weights_file: str, refs: dict[str, WeightRef], fmt: WeightOnlyFormat, target: Any
+    mod: Any, workdir: Path, weights_file: str, refs: dict[str, WeightRef], fmt: WeightOnlyFormat | None, target: Any
 ) -> tuple[Any, list[WeightRef], dict[str, Any]]:
-    """``mod`` on the packed kernels, the packed tensors' refs (written to ``PACKED_FILE``), the report."""
+    """``mod`` on the packed kernels (weight-only ones where ``fmt`` asks, fp32 panels for the rest), the
+    packed tensors' refs (written to ``PACKED_FILE``), the reports by rewrite."""
     from tvm.target import codegen
 
+    from aotforge.targets.tvm.rewrites.panel_weights import panel_matmuls
     from aotforge.targets.tvm.rewrites.weight_only import weight_only_matmuls
 
     def read(name: str) -> np.ndarray:
@@ -53,18 +57,30 @@ def pack_weights(
             raw = f.read(ref.length)
         return np.frombuffer(raw, dtype=ref.dtype).reshape(ref.shape).astype(np.float32)
 
-    vnni = bool(codegen.target_has_features("avx512vnni", target))
-    mod, packed, report = weight_only_matmuls(mod, read, fmt, vnni, str(target.attrs["mcpu"]))
-    labels = _labels(workdir)
-    report["weights_taken"] = {f"{labels.get(w, '?')} ({w})": what for w, what in report["weights_taken"].items()}
+    reports: dict[str, Any] = {}
+    packed: dict[str, np.ndarray] = {}
+    if fmt is not None:
+        vnni = bool(codegen.target_has_features("avx512vnni", target))
+        mod, packed, report = weight_only_matmuls(mod, read, fmt, vnni, str(target.attrs["mcpu"]))
+        labels = _labels(workdir)
+        report["weights_taken"] = {f"{labels.get(w, '?')} ({w})": what for w, what in report["weights_taken"].items()}
+        reports["weight_only"] = report
+    mod, panels, reports["panel_weights"] = panel_matmuls(mod, read)
+    return mod, _write(workdir, {**packed, **panels}), reports
+
+
+def _write(workdir: Path, packed: dict[str, np.ndarray]) -> list[WeightRef]:
+    """``packed`` written to ``PACKED_FILE``, each tensor page-aligned; their refs."""
     out: list[WeightRef] = []
+    if not packed:
+        return out
     with (workdir / PACKED_FILE).open("wb") as f:
         for name, array in packed.items():
             offset = -(-f.tell() // _ALIGN) * _ALIGN
             f.seek(offset)
             f.write(array.tobytes())
             out.append(WeightRef(name, offset, array.nbytes, str(array.dtype), tuple(array.shape), PACKED_FILE))
-    return mod, out, report
+    return out
 
 
 def _labels(workdir: Path) -> dict[str, str]:

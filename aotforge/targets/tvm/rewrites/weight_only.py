@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 
 from aotforge.targets.tvm.kernels import weight_only as kernel
-from aotforge.targets.tvm.relax_util import op_name, relax_functions, static_shape
+from aotforge.targets.tvm.relax_util import op_name, relax_functions
+from aotforge.targets.tvm.rewrites import weight_args
+from aotforge.targets.tvm.rewrites.weight_args import WeightMatmul
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,37 +41,6 @@ class WeightOnlyFormat:
     @property
     def tag(self) -> str:
         return f"int4g{self.group}" if self.bits == 4 else f"int8g{self.group}"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Match:
-    x: Any
-    weight: Any  # the Relax argument
-    transposed: bool
-    rows: int
-    k: int
-    n: int
-    shape: list[int]
-
-
-def _match(call: Any, params: set[Any], bound: Callable[[Any], Any]) -> _Match | str:
-    """The weight matmul ``call`` is, or why it is not one the kernel takes."""
-    from tvm import relax
-
-    w, transposed = call.args[1], False
-    if op_name(bound(w)) == "relax.permute_dims" and len(static_shape(w) or []) == 2:
-        w, transposed = bound(w).args[0], True
-    if not isinstance(w, relax.Var) or w not in params:
-        return "the right operand is not a weight argument"
-    shape, w_shape = static_shape(call.args[0]), static_shape(w)
-    if shape is None or w_shape is None or len(w_shape) != 2:
-        return "not a static [.., K] x 2-D weight"
-    if str(call.args[0].ty.dtype) != "float32" or str(w.ty.dtype) != "float32":
-        return "not float32"
-    k, n = (w_shape[1], w_shape[0]) if transposed else (w_shape[0], w_shape[1])
-    if shape[-1] != k:
-        return "not a [.., K] x [K, N] matmul"
-    return _Match(call.args[0], w, transposed, int(np.prod(shape[:-1])), k, n, shape)
 
 
 def weight_only_matmuls(
@@ -111,7 +82,7 @@ def weight_only_matmuls(
             call = super().visit_call_(call)
             if op_name(call) != "relax.matmul":
                 return call
-            match = _match(call, self.params, self.bound)
+            match = weight_args.match(call, self.params, self.bound)
             why = match if isinstance(match, str) else _unsupported(match, fmt)
             if isinstance(match, str) or why:
                 skipped[str(why)] += 1
@@ -121,7 +92,7 @@ def weight_only_matmuls(
                 return call
             return self.rewrite(match)
 
-        def rewrite(self, m: _Match) -> Any:
+        def rewrite(self, m: WeightMatmul) -> Any:
             """The kernel's call for ``m`` and its siblings (same input, one call), then ``m``'s columns of it."""
             names = [m.weight.name] if m.transposed else self.siblings.get(str(m.x.name), [m.weight.name])
             names = names if m.weight.name in names else [m.weight.name]
@@ -134,7 +105,7 @@ def weight_only_matmuls(
                 merged[key] = len(names)
             return relax.op.reshape(self.outputs[key][m.weight.name], (*m.shape[:-1], m.n))
 
-        def emit_packed(self, m: _Match, names: list[str], key: str) -> dict[str, Any]:
+        def emit_packed(self, m: WeightMatmul, names: list[str], key: str) -> dict[str, Any]:
             base = f"{key}{'.t' if m.transposed else ''}.{fmt.tag}"
             widths = [m.n] if len(names) == 1 else [self.widths[n] for n in names]
             width = sum(widths)
@@ -165,13 +136,16 @@ def weight_only_matmuls(
             parts = self.builder_.emit(relax.op.split(out, list(np.cumsum(widths)[:-1].tolist()), axis=1))
             return {w: self.builder_.emit(relax.TupleGetItem(parts, i)) for i, w in enumerate(names)}
 
+    def takes(m: WeightMatmul) -> bool:
+        return not _unsupported(m, fmt)
+
     mutator = _Mutator(mod)
     for gv, func in relax_functions(mod):
         mutator.params = set(func.params)
         mutator.added, mutator.outputs = {}, {}
-        mutator.siblings, mutator.widths = _siblings(func, mutator.params, fmt)
+        mutator.siblings, mutator.widths = weight_args.siblings(func, mutator.params, takes)
         new = mutator.visit_expr(func)
-        mutator.builder_.update_func(gv, _with_arguments(new, list(mutator.added.values())))
+        mutator.builder_.update_func(gv, weight_args.with_arguments(new, list(mutator.added.values())))
     mod = mutator.builder_.get()
     report = {
         **_report(fmt, taken, calls, skipped, packed),
@@ -185,47 +159,9 @@ def _padded(n: int, multiple: int = kernel.LANES) -> int:
     return -(-n // multiple) * multiple
 
 
-def _unsupported(m: _Match, fmt: WeightOnlyFormat) -> str:
+def _unsupported(m: WeightMatmul, fmt: WeightOnlyFormat) -> str:
     """Why the kernel cannot take ``m`` once N is padded to whole lanes and K to whole groups ('' if it can)."""
     return kernel.supports(_padded(m.k, fmt.group), _padded(m.n), fmt.bits, fmt.group)
-
-
-def _siblings(func: Any, params: set[Any], fmt: WeightOnlyFormat) -> tuple[dict[str, list[str]], dict[str, int]]:
-    """The weights (in binding order) that each input of ``func`` multiplies, and each one's width N.
-
-    Q, K and V read one normalized input, as do the MLP's gate and up: their packed weights side by
-    side make one kernel call (one activation quantization, one parallel launch) instead of three or
-    two; the output is split back. Weights read transposed (a head) stay alone."""
-    from tvm import relax
-
-    values = relax.analysis.get_var2val(func)
-    groups: dict[str, list[str]] = {}
-    widths: dict[str, int] = {}
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            call = binding.value
-            if op_name(call) != "relax.matmul":
-                continue
-            m = _match(call, params, lambda e: values.get(e) if isinstance(e, relax.Var) else e)
-            if isinstance(m, str) or m.transposed or _unsupported(m, fmt):
-                continue
-            members = groups.setdefault(str(m.x.name), [])
-            if m.weight.name not in members:
-                members.append(m.weight.name)
-            widths[m.weight.name] = m.n
-    return groups, widths
-
-
-def _with_arguments(func: Any, added: list[Any]) -> Any:
-    """``func`` taking ``added`` after its arguments, less the weight arguments its body no longer reads."""
-    from tvm import relax
-
-    if not added:
-        return func
-    used = set(relax.analysis.free_vars(func.body))
-    inputs = int(func.attrs["num_input"]) if func.attrs and "num_input" in func.attrs else 0
-    params = list(func.params[:inputs]) + [p for p in func.params[inputs:] if p in used] + added
-    return relax.Function(params, func.body, func.ret_ty, func.is_pure, func.attrs)
 
 
 def _report(

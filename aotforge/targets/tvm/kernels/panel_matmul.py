@@ -1,0 +1,125 @@
+"""``out[m, n] = sum_k x[m, k] * w[k, n]`` with ``w`` packed as ``[N / tj, K, tj]`` panels: any number of rows.
+
+A generative build passes its weights as arguments, so the register-tiled schedule cannot pack
+them at compile time (``schedules/matmul._pack_weight`` folds constants only) and reads each
+``K x tj`` panel as ``tj`` columns at the row stride of N: the prefill's 128-row matmuls ran at
+~190 GFLOP/s on 2 cores, and a decode step's few rows at ~20 GB/s. Here the weight is stored
+packed (``pack``, at build time, ``rewrites/panel_weights``): each panel is one contiguous run,
+which the hardware prefetchers stream, and one kernel serves every row count:
+
+- the j panels (outer) and the tiles of ``mt`` rows (inner) are fused and run in parallel, so a
+  panel stays in L2 while the row tiles of a long prompt pass over it;
+- per row tile, an ``mt x tj`` accumulator in registers (up to 8 x 48 = 24 zmm) over all of K:
+  each ``k`` loads ``tj / 16`` weight vectors and broadcasts ``mt`` values of ``x``; at a decode
+  step's 1-8 rows every weight byte is read once for all rows, from memory, as it is stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+LANES = 16
+#: Panel widths, widest first: 3 x 16 lanes fill AVX-512's 32 registers at 8 rows (24 accumulators).
+PANEL_WIDTHS = (48, 32, 16)
+TILE_M = 8
+#: TVM keeps a kernel's buffer on the stack (so LLVM can hold it in registers) below 1 KiB.
+STACK_BYTES = 1024
+
+
+def panel_width(n: int) -> int:
+    """The widest panel that divides ``n`` (a multiple of 16)."""
+    return next(t for t in PANEL_WIDTHS if n % t == 0)
+
+
+def row_tile(m: int) -> int:
+    """The rows per tile: all of a few rows, else the largest divisor of ``m`` up to 8."""
+    return next(t for t in range(min(m, TILE_M), 0, -1) if m % t == 0)
+
+
+def padded_rows(m: int) -> int:
+    """``m``, or the next multiple of 8 when no divisor from 4 to 8 tiles it (a prime prompt bucket)."""
+    return m if m <= TILE_M or row_tile(m) >= TILE_M // 2 else -(-m // TILE_M) * TILE_M
+
+
+def supports(k: int, n: int) -> str:
+    """Why the kernel cannot take a ``[K, N]`` weight ('' when it can)."""
+    return "" if n % LANES == 0 else f"N={n} is not a multiple of {LANES}"
+
+
+def pack(w_kn: np.ndarray, tj: int) -> np.ndarray:
+    """``[K, N]`` -> ``[N / tj, K, tj]``: panel ``p`` holds columns ``p * tj ..`` of every row, contiguous."""
+    k, n = w_kn.shape
+    return np.ascontiguousarray(w_kn.reshape(k, n // tj, tj).transpose(1, 0, 2))
+
+
+def streams(m: int, k: int, tj: int) -> int:
+    """How many runs of K each task reads side by side: as many as 24 accumulators allow, up to 4."""
+    return next(s for s in (4, 2, 1) if k % s == 0 and s * row_tile(m) * (tj // LANES) <= 24)
+
+
+def panel_matmul(m: int, k: int, n: int, dtype: str = "float32") -> Any:
+    """The scheduled PrimFunc ``(x [m, k], w [n / tj, k, tj]) -> out [m, n]``, ``tj = panel_width(n)``.
+
+    A few rows (a decode step) read each panel as ``streams`` runs of K side by side, their partial sums
+    added at the end: one sequential run per thread left the memory system idle between misses (a 576 x
+    1536 weight, 160 of them in turn, 2 threads at load 12: 4 rows 340 -> 287 us a call with 2 runs,
+    1 row 240 -> 234 with 4)."""
+    from tvm import s_tir, te
+
+    tj, mt = panel_width(n), row_tile(m)
+    runs = streams(m, k, tj) if m <= TILE_M else 1
+    ks = k // runs
+    x = te.placeholder((m, k), dtype, name="x")
+    w = te.placeholder((n // tj, k, tj), dtype, name="w")
+    r = te.reduce_axis((0, ks), name="r")
+    part = te.compute(
+        (runs, m, n),
+        lambda s, i, j: te.sum(x[i, s * ks + r] * w[j // tj, s * ks + r, j % tj], axis=r),
+        name="part",
+    )
+    sr = te.reduce_axis((0, runs), name="sr")
+    out = te.compute((m, n), lambda i, j: te.sum(part[sr, i, j], axis=sr), name="out")
+    sch = s_tir.Schedule(te.create_prim_func([x, w, out]))
+    final, block = sch.get_sblock("out"), sch.get_sblock("part")
+    i, j, fs = sch.get_loops(final)
+    jo, ji = sch.split(j, [None, tj])
+    io, ii = sch.split(i, [None, mt])
+    sch.reorder(jo, io, fs, ii, ji)
+    tasks = sch.fuse(jo, io)
+    if (n // tj) * (m // mt) > 1:
+        sch.parallel(tasks)
+    sch.vectorize(sch.split(sch.get_loops(final)[-1], [None, LANES])[1])
+    # The runs x rows x tj partial sums of a task: registers (on the stack below 1 KiB, so LLVM can).
+    sch.compute_at(block, tasks, preserve_unit_loops=True)
+    sch.set_scope(block, 0, "global" if runs * mt * tj * 4 < STACK_BYTES else "local")
+    s, ii, ji, kr = sch.get_loops(block)[1:]
+    lanes_o, lanes = sch.split(ji, [None, LANES])
+    sch.reorder(kr, s, ii, lanes_o, lanes)
+    sch.vectorize(lanes)
+    for loop in (lanes_o, ii, s):
+        sch.unroll(loop)
+    init = sch.decompose_reduction(block, kr)
+    sch.vectorize(sch.split(sch.get_loops(init)[-1], [None, LANES])[1])
+    func = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("tirx.noalias", True)
+    return func.with_attr("op_pattern", 8)
+
+
+def panel_rows(count: int, k: int, n: int, index_dtype: str = "int64", dtype: str = "float32") -> Any:
+    """The scheduled PrimFunc ``(ids [count], w [n / tj, k, tj]) -> out [count, k]``: row ``ids[i]`` of the
+    ``[N, K]`` matrix whose transpose ``w`` packs (a tied embedding's lookup reading the head's panels).
+    An id outside ``[0, N)`` is clamped into it (ONNX Gather leaves that undefined)."""
+    from tvm import s_tir, te, tirx
+
+    tj = panel_width(n)
+    ids = te.placeholder((count,), index_dtype, name="ids")
+    w = te.placeholder((n // tj, k, tj), dtype, name="w")
+
+    def row(i: Any) -> Any:
+        return tirx.max(tirx.min(ids[i], tirx.const(n - 1, index_dtype)), tirx.const(0, index_dtype))
+
+    out = te.compute((count, k), lambda i, c: w[row(i) // tj, c, row(i) % tj], name="out")
+    sch = s_tir.Schedule(te.create_prim_func([ids, w, out]))
+    func = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("tirx.noalias", True)
+    return func.with_attr("op_pattern", 8)

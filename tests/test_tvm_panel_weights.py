@@ -1,0 +1,97 @@
+"""fp32 matmuls on a generative build's weight arguments -> one packed panel copy (``rewrites/panel_weights``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+
+def _module(rows: int, k: int, widths: tuple[int, ...]) -> Any:
+    """``main(x [rows, k], w0 [k, n0], ...) -> (x @ w0, ...)``: siblings (one input)."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, k), "float32"))
+    ws = [relax.Var(f"w{i}", relax.TensorType((k, n), "float32")) for i, n in enumerate(widths)]
+    with bb.function("main", [x, *ws], attrs={"num_input": 1}):
+        with bb.dataflow():
+            y = bb.emit_output(relax.Tuple([bb.emit(relax.op.matmul(x, w)) for w in ws]))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def _run(mod: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    import tvm
+    from tvm import relax
+
+    from aotforge.targets.tvm.options import TvmOptions, target_dict
+    from aotforge.targets.tvm.pipeline import compile_relax
+
+    target = tvm.target.Target(target_dict(TvmOptions()))
+    executable, _ = compile_relax(mod, target, fast_math=False)
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    out = vm["main"](*map(tvm.runtime.tensor, inputs))
+    return [o.numpy() for o in out] if isinstance(out, tvm.ir.Array | list | tuple) else [out.numpy()]
+
+
+@pytest.mark.parametrize(("rows", "widths"), [(1, (48, 16, 16)), (13, (40, 20)), (4, (96,))])
+def test_siblings_packed_into_one_call_and_sliced_back(rows: int, widths: tuple[int, ...]) -> None:
+    """Q/K/V-like siblings become one packed weight and one kernel call; an N off 16 lanes is padded with
+    zero columns, 13 rows (no tile from 4 to 8) with zero rows; the outputs equal x @ w."""
+    from aotforge.targets.tvm.kernels.panel_matmul import panel_width
+    from aotforge.targets.tvm.rewrites.panel_weights import panel_matmuls
+
+    k = 24
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((rows, k), dtype=np.float32)
+    weights = {f"w{i}": rng.standard_normal((k, n), dtype=np.float32) for i, n in enumerate(widths)}
+    mod, packed, report = panel_matmuls(_module(rows, k, widths), weights.__getitem__)
+    name = "_".join(weights) + f".p{panel_width(-(-sum(widths) // 16) * 16)}"
+    assert list(packed) == [name] and report["matmuls_taken"] == len(widths)
+    assert report["merged_calls"] == (1 if len(widths) > 1 else 0)
+    params = [p.name for p in mod["main"].params]
+    assert params == ["x", name], "the function takes the packed weight instead of the originals"
+    got = _run(mod, [x, packed[name]])
+    for out, w in zip(got, weights.values(), strict=True):
+        np.testing.assert_allclose(out, x @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_tied_head_packed_from_its_transpose_and_the_lookup_reads_it() -> None:
+    """``x @ permute_dims(E)`` packs ``E``'s transpose; ``take(E, ids)`` then reads rows of those panels, so ``E``
+    itself is no longer an argument (one copy of a tied embedding); the values equal the unpacked graph's."""
+    from tvm import relax
+
+    from aotforge.targets.tvm.rewrites.panel_weights import panel_matmuls
+
+    vocab, k = 40, 16
+    bb = relax.BlockBuilder()
+    ids = relax.Var("ids", relax.TensorType((1, 3), "int64"))
+    table = relax.Var("E", relax.TensorType((vocab, k), "float32"))
+    with bb.function("main", [ids, table], attrs={"num_input": 1}):
+        with bb.dataflow():
+            h = bb.emit(relax.op.take(table, ids, axis=0))
+            y = bb.emit_output(relax.op.matmul(h, relax.op.permute_dims(table)))
+        bb.emit_func_output(y)
+    e = np.random.default_rng(4).standard_normal((vocab, k), dtype=np.float32)
+    mod, packed, report = panel_matmuls(bb.get(), {"E": e}.__getitem__)
+    assert list(packed) == ["E.t.p48"] and packed["E.t.p48"].shape == (1, k, 48)  # 40 columns padded to 48
+    assert (report["matmuls_taken"], report["lookups_from_panels"]) == (1, 1)
+    assert [p.name for p in mod["main"].params] == ["ids", "E.t.p48"]
+    tokens = np.array([[0, 39, 7]])
+    (got,) = _run(mod, [tokens, packed["E.t.p48"]])
+    np.testing.assert_allclose(got, e[tokens] @ e.T, rtol=1e-5, atol=1e-5)
+
+
+def test_idempotent() -> None:
+    """A second run finds no weight matmul left: nothing packed, the module unchanged."""
+    import tvm
+
+    from aotforge.targets.tvm.rewrites.panel_weights import panel_matmuls
+
+    weights = {"w0": np.ones((16, 32), np.float32)}
+    once, _, _ = panel_matmuls(_module(2, 16, (32,)), weights.__getitem__)
+    twice, packed, report = panel_matmuls(once, weights.__getitem__)
+    assert packed == {} and report["matmuls_taken"] == 0
+    tvm.ir.assert_structural_equal(once, twice)
