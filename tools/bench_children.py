@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,3 +35,10 @@ def median_of(runs: list[dict[str, Any]], digits: int = 4) -> dict[str, Any]:
             merged[key] = round(float(np.median([r[key] for r in ok])), digits)
     merged["rounds"] = len(ok)
     return merged
+
+
+def built_artifact(out: Path, name: str, target: str) -> str | None:
+    """The newest version of artifact ``name`` for ``target`` under ``out`` (a registry), if one was built: a bench
+    builds each artifact once, its later runs and rounds load it."""
+    done = sorted((out / name).glob(f"*/{target}/manifest.json"), key=lambda p: int(p.parts[-3]))
+    return str(done[-1].parent) if done else None

@@ -3,18 +3,18 @@
 On a SmolLM-135M-shaped Llama (random weights, built offline from its config), prompt 128, 64 new
 tokens greedy, 2 threads. Each runtime runs in its own process, and the runtimes alternate for
 --rounds rounds (each figure is the median over rounds: ratios are what counts on a shared
-machine; the ratios to GenAI are also given round by round). Per runtime: TTFT (the median of 5
-one-token calls), ITL p50/p90/p99 and tokens/s at batch 1, tokens/s at batch
+machine; the ratios to GenAI are also given round by round). Per runtime (decode_timing.py): TTFT
+(the median of 5 one-token calls), ITL p50/p90/p99 and tokens/s at batch 1, tokens/s at batch
 --max-batch, and the process CPU time per decoded token at batch 1 (a figure that load moves
-less than wall time). The bandwidth floor is measured here: weight bytes / the read bandwidth of
-THREADS threads summing their halves of a 512 MiB array. The load average is printed before and
+less than wall time). The bandwidth floor (bandwidth_floor.py): weight bytes / the read bandwidth
+of THREADS threads summing their halves of a 512 MiB array. The load average is printed before and
 after.
 
 aotforge artifacts are built once per target (--targets onnxruntime,tvm) and reused from --work.
-ONNX Runtime GenAI is installed only into this bench's own venv (--genai-venv, created on first use;
-it borrows the dev venv's packages through a .pth line), never as a dependency of aotforge. Its
-model builder converts the same directory offline; it wants a tokenizer beside the weights, so a
-word-level stand-in is saved there.
+ONNX Runtime GenAI (genai_runner.py) is installed only into this bench's own venv (--genai-venv,
+created on first use; it borrows the dev venv's packages through a .pth line), never as a
+dependency of aotforge. Its model builder converts the same directory offline; it wants a
+tokenizer beside the weights, so a word-level stand-in is saved there.
 
     python tools/bench_generation.py --work /tmp/gen-bench [--layers 30] [--targets onnxruntime,tvm] [--rounds 3]
 
@@ -26,16 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_children import PREFIX, median_of, run_child  # tools/, beside this script
+from bandwidth_floor import floor_ms, read_bandwidth_gbs  # tools/, beside this script
+from bench_children import PREFIX, built_artifact, median_of, run_child
+from decode_timing import measure
+from genai_runner import genai_python, run_genai
 
 THREADS = 2
 SMOLLM = {  # HuggingFaceTB/SmolLM-135M's config.json shape
@@ -93,7 +94,7 @@ def run_transformers(model_dir: Path, prompt: int, new: int, batch: int) -> dict
                 marks.append(time.perf_counter() - start)
         return marks
 
-    return _measure(once, new, batch)
+    return measure(once, new, batch)
 
 
 #: ``--precisions``: the weight-only pass's parameters per precision (the same recipe on every target; text-generation
@@ -112,9 +113,9 @@ def build_aotforge(
     if precision != "fp32":  # validation still reports token agreement; it does not gate the bench's build
         quant = {"passes": ["weight-only"], "pass_params": {"weight-only": WEIGHT_ONLY[precision]}}
         quant |= {"tolerance": 10.0, "min_token_agreement": 0.0}
-    done = sorted((work / "artifacts" / name).glob(f"*/{target}/manifest.json"), key=lambda p: int(p.parts[-3]))
-    if done:
-        return str(done[-1].parent)
+    done = built_artifact(work / "artifacts", name, target)
+    if done is not None:
+        return done
     result = aotforge.build(
         model_dir,
         target=target,
@@ -141,98 +142,7 @@ def run_aotforge(artifact_path: Path, prompt: int, new: int, batch: int) -> dict
             marks.append(time.perf_counter() - start)
         return marks
 
-    return {**_measure(once, new, batch), "validation": artifact.manifest.validation.get("token_agreement")}
-
-
-def run_genai(
-    model_dir: Path, work: Path, prompt: int, new: int, batch: int, precision: str = "fp32"
-) -> dict[str, Any]:
-    """Inside the genai venv: convert with its model builder (fp32 or int4, cpu), then time greedy decoding."""
-    import onnxruntime_genai as og
-
-    built = work / f"genai-{precision}"
-    if not (built / "genai_config.json").is_file():
-        subprocess.run(
-            [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(model_dir), "-o", str(built)]
-            + ["-p", precision, "-e", "cpu", "-c", str(work / f"genai-cache-{precision}")],
-            check=True,
-        )
-        config = json.loads((built / "genai_config.json").read_text())
-        options = config["model"]["decoder"].setdefault("session_options", {})
-        options["intra_op_num_threads"] = THREADS
-        (built / "genai_config.json").write_text(json.dumps(config, indent=2))
-    model = og.Model(str(built))
-
-    def once(rows: int, n: int) -> list[float]:
-        params = og.GeneratorParams(model)
-        params.set_search_options(max_length=prompt + n, do_sample=False, batch_size=rows)
-        generator = og.Generator(model, params)
-        marks, start = [], time.perf_counter()
-        generator.append_tokens(np.array([prompt_ids(prompt)] * rows, dtype=np.int32))
-        for _ in range(n):
-            generator.generate_next_token()
-            marks.append(time.perf_counter() - start)
-        return marks
-
-    return {**_measure(once, new, batch), "genai": getattr(og, "__version__", "?")}
-
-
-#: TTFT is the median of this many one-token calls: a single prompt pass moves with every spike of load.
-TTFT_CALLS = 5
-
-
-def _measure(once: Any, new: int, batch: int) -> dict[str, Any]:
-    """Warm-up, batch 1 (wall marks per token and CPU time per decoded token), then batch ``batch``."""
-    once(1, 4)
-    cpu = time.process_time()
-    marks = once(1, new)
-    cpu_ms = (time.process_time() - cpu) * 1000.0 / new
-    summary = _summary(marks)
-    summary["ttft_ms"] = round(float(np.median([once(1, 1)[0] for _ in range(TTFT_CALLS)])) * 1000.0, 2)
-    wide = once(batch, new)
-    tps = batch * (len(wide) - 1) / (wide[-1] - wide[0])
-    return {**summary, "cpu_ms_per_token": round(cpu_ms, 2), f"tokens_per_s_batch{batch}": round(tps, 2)}
-
-
-def read_bandwidth_gbs(threads: int = THREADS) -> float:
-    """``threads`` threads each summing its half of 512 MiB (numpy releases the GIL), best of 3: the floor's
-    denominator, read the way a decode step reads its weights."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    data = np.ones(128 * 1024 * 1024, dtype=np.float32)
-    parts = np.array_split(data, threads)
-    with ThreadPoolExecutor(threads) as pool:
-        best = min(_timed(lambda: list(pool.map(np.sum, parts))) for _ in range(3))
-    return data.nbytes / best / 1e9
-
-
-def _timed(fn: Any) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def _summary(marks: list[float]) -> dict[str, Any]:
-    itl = np.diff(marks) * 1000.0
-    return {
-        "ttft_ms": round(marks[0] * 1000.0, 2),
-        "itl_p50_ms": round(float(np.percentile(itl, 50)), 3),
-        "itl_p90_ms": round(float(np.percentile(itl, 90)), 3),
-        "itl_p99_ms": round(float(np.percentile(itl, 99)), 3),
-        "tokens_per_s": round(len(itl) / (marks[-1] - marks[0]), 2),
-    }
-
-
-def genai_python(venv: Path) -> Path:
-    """The bench venv's python, created (and onnxruntime-genai installed into it) on first use."""
-    python = venv / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        site = subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
-        # After the venv's own site-packages: its onnxruntime (genai's pin) wins over the dev venv's.
-        (Path(site.decode().strip()) / "dev-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "onnxruntime-genai==0.18.0"], check=True)
-    return python
+    return {**measure(once, new, batch), "validation": artifact.manifest.validation.get("token_agreement")}
 
 
 def main() -> None:
@@ -273,7 +183,7 @@ def main() -> None:
             else:
                 print(f"aotforge {target} {precision}: not built: {built}", file=sys.stderr)
     results: dict[str, Any] = {"load_before": os.getloadavg(), "threads": THREADS}
-    results["read_bandwidth_gbs"] = round(read_bandwidth_gbs(), 2)
+    results["read_bandwidth_gbs"] = round(read_bandwidth_gbs(THREADS), 2)
     rounds: dict[str, list[dict[str, Any]]] = {}
     for _ in range(args.rounds):  # alternating: each round runs every runtime once
         for kind, python in runtimes:
@@ -281,7 +191,7 @@ def main() -> None:
     results["load_after"] = os.getloadavg()
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
     results["weight_bytes"] = weights
-    results["floor_itl_ms"] = round(weights / (results["read_bandwidth_gbs"] * 1e9) * 1000.0, 2)
+    results["floor_itl_ms"] = floor_ms(weights, results["read_bandwidth_gbs"])
     results["runtimes"] = {label: median_of(runs, 3) for label, runs in rounds.items()}
     results["per_round_ratios"] = _per_round_ratios(rounds)
     print(json.dumps(results, indent=2))
@@ -295,7 +205,8 @@ def _child(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     if kind == "transformers":
         return run_transformers(model_dir, args.prompt, args.new, args.max_batch)
     if kind == "genai":
-        return run_genai(model_dir, args.work, args.prompt, args.new, args.max_batch, rest or "fp32")
+        ids = prompt_ids(args.prompt)
+        return run_genai(model_dir, args.work, ids, args.new, args.max_batch, precision=rest or "fp32", threads=THREADS)
     if kind == "build":
         target, _, precision = rest.partition(":")
         path = build_aotforge(model_dir, args.work, target, args.prompt, args.new, args.max_batch, precision or "fp32")

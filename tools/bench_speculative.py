@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_children import PREFIX, median_of, run_child  # tools/, beside this script
+from bench_children import PREFIX, built_artifact, median_of, run_child  # tools/, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 64
@@ -59,9 +59,9 @@ def build(model_dir: Path, work: Path, target: str, role: str, k: int, max_seq: 
 
     spec_k = k if role == "target" else 1 if target == "tvm" else 0
     name = f"spec-{role}-{spec_k}-{max_seq}-1t"
-    done = sorted((work / "artifacts" / name).glob(f"*/{target}/manifest.json"), key=lambda p: int(p.parts[-3]))
-    if done:
-        return str(done[-1].parent)
+    done = built_artifact(work / "artifacts", name, target)
+    if done is not None:
+        return done
     result = aotforge.build(
         model_dir,
         target=target,

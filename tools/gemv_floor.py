@@ -3,7 +3,7 @@
 A graph of only the step's weight MatMuls (``x [1, 1, K] @ W [K, N]``: q/k/v packed, o, gate/up packed or
 apart, down, per layer, and the head), random weights of the same 538 MB, run at THREADS threads with I/O
 binding: its time is what MLAS needs to stream the weights, the part of a decode step no graph rewrite
-removes. Printed beside the numpy two-thread read floor of the same bytes (``bench_generation``): a decode
+removes. Printed beside the numpy two-thread read floor of the same bytes (``bandwidth_floor``): a decode
 step cannot go below the first in ONNX Runtime, nor below the second in any fp32 runtime.
 
     python tools/gemv_floor.py [--work /tmp/gemv-floor] [--layers 30] [--unpacked] [--runs 100]
@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_generation import SMOLLM, THREADS, read_bandwidth_gbs  # tools/, beside this script
+from bandwidth_floor import read_bandwidth_gbs  # tools/, beside this script
+from bench_generation import SMOLLM, THREADS
 
 
 def weight_shapes(layers: int, packed: bool) -> list[tuple[int, int]]:
@@ -85,7 +86,7 @@ def main() -> None:
         save_graph(path, shapes)
     wall, cpu = time_graph(path, sorted({k for k, _ in shapes}), args.runs)
     nbytes = sum(k * n * 4 for k, n in shapes)
-    bandwidth = read_bandwidth_gbs()
+    bandwidth = read_bandwidth_gbs(THREADS)
     print(
         f"{len(shapes)} GEMVs over {nbytes / 1e6:.0f} MB, {THREADS} threads: wall p50 {np.median(wall) * 1e3:.2f} ms, "
         f"min {min(wall) * 1e3:.2f} ms, CPU p50 {np.median(cpu) * 1e3:.2f} ms ({nbytes / np.median(wall) / 1e9:.1f} "
