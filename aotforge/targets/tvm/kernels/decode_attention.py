@@ -20,6 +20,10 @@ from typing import Any
 LANES = 16
 
 
+def _add(a: Any, b: Any) -> Any:
+    return a + b
+
+
 def supports(head_dim: int) -> str:
     return "" if head_dim % LANES == 0 else f"head_dim {head_dim} is not a multiple of {LANES}"
 
@@ -33,6 +37,17 @@ def decode_attention(batch: int, heads: int, kv_heads: int, seq: int, dim: int, 
     # The scores buffer in whole vectors: the positions past the slot's length hold -3e38 (exp -> 0).
     blocks = (seq + LANES - 1) // LANES
     padded = T.int64(blocks * LANES)
+
+    @T.macro
+    def fold_lanes(buf: T.Buffer, combine: Any) -> None:
+        """``buf[0] = combine`` over its 16 lanes, halving the vector each step (8, 4, 2 lanes, then 1)."""
+        for lane in T.vectorized(8):
+            buf[lane] = combine(buf[lane], buf[lane + 8])
+        for lane in T.vectorized(4):
+            buf[lane] = combine(buf[lane], buf[lane + 4])
+        for lane in T.vectorized(2):
+            buf[lane] = combine(buf[lane], buf[lane + 2])
+        buf[0] = combine(buf[0], buf[1])
 
     @T.prim_func(private=True, s_tir=True)
     def kernel(
@@ -74,13 +89,7 @@ def decode_attention(batch: int, heads: int, kv_heads: int, seq: int, dim: int, 
             for blk in range(1, (n + LANES - 1) // LANES):
                 for lane in T.vectorized(LANES):
                     top[lane] = T.max(top[lane], scores[blk * LANES + lane])
-            for lane in T.vectorized(8):
-                top[lane] = T.max(top[lane], top[lane + 8])
-            for lane in T.vectorized(4):
-                top[lane] = T.max(top[lane], top[lane + 4])
-            for lane in T.vectorized(2):
-                top[lane] = T.max(top[lane], top[lane + 2])
-            top[0] = T.max(top[0], top[1])
+            fold_lanes(top, T.max)
             for lane in T.vectorized(LANES):
                 total[lane] = T.float32(0)
             for blk in range((n + LANES - 1) // LANES):
@@ -118,13 +127,7 @@ def decode_attention(batch: int, heads: int, kv_heads: int, seq: int, dim: int, 
                     )
                 for lane in T.vectorized(LANES):
                     total[lane] = total[lane] + scores[blk * LANES + lane]
-            for lane in T.vectorized(8):
-                total[lane] = total[lane] + total[lane + 8]
-            for lane in T.vectorized(4):
-                total[lane] = total[lane] + total[lane + 4]
-            for lane in T.vectorized(2):
-                total[lane] = total[lane] + total[lane + 2]
-            total[0] = total[0] + total[1]
+            fold_lanes(total, _add)
             for d in T.vectorized(d_):
                 acc[d] = T.float32(0)
             for t in range(n):
