@@ -217,8 +217,10 @@ def ort_alone(case: Case) -> str | None:
     return None
 
 
-def through_aotforge(case: Case, target: str, out: Path) -> str | None:
-    """None when the artifact built from the case, validated on its own data, gives the expected outputs."""
+def through_aotforge(case: Case, target: str, out: Path, isolate: bool = True) -> str | None:
+    """None when the artifact built from the case, validated on its own data, gives the expected outputs.
+
+    ``isolate=False`` compiles in this process (no worker; a crash in the backend then ends the caller)."""
     import aotforge
 
     try:
@@ -229,6 +231,7 @@ def through_aotforge(case: Case, target: str, out: Path) -> str | None:
             bench=False,
             out=out,
             name=case.name,
+            isolate_backend=isolate,
         )
         artifact = aotforge.load(result.path)
         names = [s.name for s in artifact.io.inputs]
