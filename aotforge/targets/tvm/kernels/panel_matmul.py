@@ -54,22 +54,27 @@ def pack(w_kn: np.ndarray, tj: int) -> np.ndarray:
     return np.ascontiguousarray(w_kn.reshape(k, n // tj, tj).transpose(1, 0, 2))
 
 
-def streams(m: int, k: int, tj: int) -> int:
-    """How many runs of K each task reads side by side: as many as 24 accumulators allow, up to 4."""
-    return next(s for s in (4, 2, 1) if k % s == 0 and s * row_tile(m) * (tj // LANES) <= 24)
+def tiles(m: int, k: int, tj: int) -> tuple[int, int]:
+    """Rows per tile and runs of K per task: a prompt's 8-row tiles over whole panels; a decode step's 1-4
+    rows in tiles of 2 (or 1), each panel read as up to 4 runs side by side (accumulators: 24 at most)."""
+    if m > TILE_M:
+        return row_tile(m), 1
+    mt = (2 if m % 2 == 0 else 1) if m <= TILE_M // 2 else m
+    return mt, next(s for s in (4, 2, 1) if k % s == 0 and s * mt * (tj // LANES) <= 24)
 
 
 def panel_matmul(m: int, k: int, n: int, dtype: str = "float32") -> Any:
     """The scheduled PrimFunc ``(x [m, k], w [n / tj, k, tj]) -> out [m, n]``, ``tj = panel_width(n)``.
 
-    A few rows (a decode step) read each panel as ``streams`` runs of K side by side, their partial sums
-    added at the end: one sequential run per thread left the memory system idle between misses (a 576 x
-    1536 weight, 160 of them in turn, 2 threads at load 12: 4 rows 340 -> 287 us a call with 2 runs,
-    1 row 240 -> 234 with 4)."""
+    A few rows (a decode step) read each panel as up to 4 runs of K side by side, their partial sums added
+    at the end: one sequential run per thread left the memory system idle between misses; and 4 rows go
+    as two tiles of 2 (the second reads the panel from L2), which leaves room for 4 runs. A 576 x 1536
+    weight, 160 of them in turn, 2 threads, alternating rounds at load 10: 4 rows in one tile with 2 runs
+    228 us a call (p50), two tiles of 2 with 4 runs 186; 1 row with 4 runs 163."""
     from tvm import s_tir, te
 
-    tj, mt = panel_width(n), row_tile(m)
-    runs = streams(m, k, tj) if m <= TILE_M else 1
+    tj = panel_width(n)
+    mt, runs = tiles(m, k, tj)
     ks = k // runs
     x = te.placeholder((m, k), dtype, name="x")
     w = te.placeholder((n // tj, k, tj), dtype, name="w")
