@@ -21,15 +21,14 @@ from aotforge.core.spec import DimRange, IOSpec, TensorSpec
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets import get_target
 from aotforge.targets.base import BuildContext
+from aotforge.targets.tensorrt.compat import HardwareCompat, check_engine_compat
 from aotforge.targets.tensorrt.report import precision, summarize_layers
 from aotforge.targets.tensorrt.target import (
-    HardwareCompat,
     TensorRTOptions,
     TensorRTTarget,
     _check_profile,
     build_plan,
     builder_flags,
-    check_engine_compat,
     check_graph_inputs,
     check_qdq,
     plan_profiles,

@@ -32,8 +32,9 @@ from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, DecoderSpec
 from aotforge.core.errors import TargetUnavailableError
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets.base import CompileResult
+from aotforge.targets.tensorrt.compat import check_engine_compat
 from aotforge.targets.tensorrt.plan import Profile, TrtBuildPlan
-from aotforge.targets.tensorrt.target import builder_flags, check_engine_compat, query_gpu
+from aotforge.targets.tensorrt.target import builder_flags, query_gpu
 
 #: The decode graph this backend compiles (``compiler.generative.export``).
 DECODE_ATTENTION = "masked"

@@ -1,19 +1,17 @@
 """The ``tensorrt`` target: the IR through TensorRT's ONNX parser into a serialized engine.
 
 Everything here is plain Python and runs on any host: options, optimization profiles from the
-input spec, builder flags from the passes that ran, the engine/host compatibility check and the
-probe. Every ``tensorrt`` call lives in :mod:`targets.tensorrt.sdk`, imported only when building or
-loading. Networks are built strongly typed (the only mode TensorRT 11 has), so precision comes
+input spec, builder flags from the passes that ran and the probe (the engine/host compatibility
+check is ``compat.py``). Every ``tensorrt`` call lives in :mod:`targets.tensorrt.sdk`, imported
+only when building or loading. Networks are built strongly typed (the only mode TensorRT 11 has), so precision comes
 from the IR the passes wrote (fp16 casts, explicit Q/DQ), never from builder flags.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import hashlib
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,6 @@ import numpy as np
 import onnx_ir as ir
 
 from aotforge.core.errors import (
-    ArtifactError,
     InputSpecError,
     OptionsError,
     TargetUnavailableError,
@@ -37,6 +34,7 @@ from aotforge.targets.base import (
     TargetRecord,
     refuse_contrib_ops,
 )
+from aotforge.targets.tensorrt.compat import HardwareCompat, check_engine_compat
 from aotforge.targets.tensorrt.plan import Profile, TrtBuildPlan
 from aotforge.targets.tensorrt.report import summarize_layers
 from aotforge.targets.tensorrt.sdk import probe_host, query_gpu
@@ -45,14 +43,6 @@ from aotforge.targets.tensorrt.timing_cache import merge_into
 ENGINE_FILE = "model.engine"
 LAYER_REPORT = "layers.json"
 SPARSE_PASS = "sparsity24"
-
-
-class HardwareCompat(enum.StrEnum):
-    """TensorRT's hardware compatibility levels (``trt.HardwareCompatibilityLevel``)."""
-
-    NONE = "none"
-    AMPERE_PLUS = "ampere_plus"
-    SAME_COMPUTE_CAPABILITY = "same_compute_capability"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,47 +271,6 @@ class TensorRTTarget(Target):
             cuda_graphs=bool(info.get("cuda_graphs", True)),
         )
         return runner
-
-
-def check_engine_compat(built: Mapping[str, Any], host_version: str, host_cc: str) -> None:
-    """Refuse, before deserializing, an engine this host's TensorRT or GPU cannot run."""
-    version_ok = _version_ok(str(built["tensorrt_version"]), host_version, bool(built.get("version_compatible")))
-    mode = HardwareCompat(built.get("hardware_compatibility", "none"))
-    hw_ok = _hardware_ok(str(built["compute_capability"]), host_cc, mode)
-    if version_ok and hw_ok:
-        return
-    fix = (
-        "build with --target-opt version_compatible=true"
-        if not version_ok
-        else "build with --target-opt hardware_compatibility=ampere_plus"
-    )
-    raise ArtifactError(
-        f"tensorrt engine built with TensorRT {built['tensorrt_version']} for compute capability "
-        f"{built['compute_capability']} (hardware_compatibility={mode.value}, "
-        f"version_compatible={bool(built.get('version_compatible'))}), this host has TensorRT {host_version} "
-        f"on compute capability {host_cc or 'unknown'}: rebuild, or {fix}"
-    )
-
-
-#: Cross-major runs NVIDIA supports for version-compatible engines (older build, newer runtime).
-_CROSS_MAJOR = {(8, 10), (10, 11)}
-
-
-def _version_ok(built: str, host: str, version_compatible: bool) -> bool:
-    if not version_compatible:
-        return built == host
-    b, h = _numbers(built), _numbers(host)
-    return h >= b and (h[0] == b[0] or (b[0], h[0]) in _CROSS_MAJOR)
-
-
-def _hardware_ok(built_cc: str, host_cc: str, mode: HardwareCompat) -> bool:
-    if mode is HardwareCompat.AMPERE_PLUS:
-        return bool(host_cc) and _numbers(host_cc) >= (8, 0)
-    return bool(host_cc) and _numbers(host_cc) == _numbers(built_cc)
-
-
-def _numbers(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split(".") if p.isdigit())
 
 
 def _require(probe: ProbeResult) -> None:
