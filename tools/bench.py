@@ -151,6 +151,8 @@ def run_model(name: str, model: Model, variants: list[str], out: Path, bench: ar
     baseline, built = build_variants(model, variants, out / name, bench.tune_trials)
     if baseline is None:
         return [{"model": name, **built[0]}]
+    dims = timed_dims(baseline)
+    built = [{**r, "dims": dims} for r in built]
     timed = [r for r in built if "artifact" in r]
     if not any(r["variant"] == BASELINE for r in timed):
         timed.append({"variant": BASELINE, "artifact": baseline, "hidden": True})  # the ratios need it
@@ -191,19 +193,28 @@ def run_model(name: str, model: Model, variants: list[str], out: Path, bench: ar
     return rows
 
 
+def timed_dims(baseline: Path) -> str:
+    """The dims every runtime of a model is timed at: those the ORT fp32 artifact validated with."""
+    manifest = json.loads((baseline / "manifest.json").read_text())
+    return " ".join(f"{k}={v}" for k, v in sorted(manifest["validation"]["bound_dims"].items()))
+
+
+TABLE_HEAD = "| model | timed at | runtime | p50 ms | p90 ms | vs ORT fp32 | runs | build s | peak RSS MB |"
+
+
 def _row_md(r: dict, _base: float | None) -> str:
     if "error" in r:
-        return f"| {r['model']} | {r['variant']} | {r['error'][:140]} | | | | | |"
+        return f"| {r['model']} | {r.get('dims', '')} | {r['variant']} | {r['error'][:140]} | | | | | |"
     ratio = f"{r['vs_ort_fp32']:.2f}x" if "vs_ort_fp32" in r else ""
     return (
-        f"| {r['model']} | {r['variant']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {ratio} | {r['runs']} "
+        f"| {r['model']} | {r['dims']} | {r['variant']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {ratio} "
+        f"| {r['runs']} "
         f"| {r.get('build_s', '')} | {r['peak_rss_mb']:.0f} |"
     )
 
 
 def write_results(rows: list[dict], out: Path, header: str) -> None:
-    table = ["| model | runtime | p50 ms | p90 ms | vs ORT fp32 | runs | build s | peak RSS MB |"]
-    table += ["|---|---|---|---|---|---|---|---|"] + [_row_md(r, None) for r in rows]
+    table = [TABLE_HEAD, "|---" * TABLE_HEAD.count("|", 1) + "|"] + [_row_md(r, None) for r in rows]
     (out / "results.md").write_text(header + "\n\n" + "\n".join(table) + "\n")
     (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
     plot(rows, out / "latency.png")
@@ -222,7 +233,8 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.barh([r["variant"] for r in timed], [r["p50_ms"] for r in timed], color="tab:blue")
         ax.set_xscale("log")
         ax.invert_yaxis()
-        ax.set_title(f"{model}: p50 ms, batch 1 (log)")
+        dims = next((r["dims"] for r in timed if "dims" in r), "")
+        ax.set_title(f"{model} ({dims}): p50 ms (log)", fontsize=9)
         for i, r in enumerate(timed):
             ax.text(r["p50_ms"], i, f" {r['p50_ms']:.2f} ({r.get('vs_ort_fp32', 0):.2f}x)", va="center", fontsize=7)
     fig.tight_layout()
@@ -245,12 +257,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     header = (
-        f"batch 1, 2 threads; each runtime in a process of its own, {args.rounds} alternating rounds of >= 30 runs "
+        f"2 threads, at the dims of each row's 'timed at' column; each runtime in a process of its own, "
+        f"{args.rounds} alternating rounds of >= 30 runs "
         f"after warm-up ({args.seconds:g} s budget each); p50 and ratio: medians over the rounds; "
         f"{os.cpu_count()} CPUs, load average at the start {load}"
     )
-    print(header + "\n\n| model | runtime | p50 ms | p90 ms | vs ORT fp32 | runs | build s | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|", flush=True)
+    print(f"{header}\n\n{TABLE_HEAD}\n" + "|---" * TABLE_HEAD.count("|", 1) + "|", flush=True)
     rows: list[dict] = []
     for name in args.models.split(","):
         rows += run_model(name, MODELS[name], variants, args.out / "artifacts", args)
