@@ -26,19 +26,15 @@ from aotforge.core.target_record import TargetRecord
 from aotforge.targets import get_target
 from aotforge.targets.base import BuildContext
 from aotforge.targets.neuron import sdk as neuron_sdk
+from aotforge.targets.neuron.buckets import Bucket, actual_sizes, pad_inputs, route, unpad_outputs
 from aotforge.targets.neuron.target import (
-    Bucket,
     InstanceFamily,
     NeuronOptions,
-    actual_sizes,
     check_covered,
     compiler_args,
     pad_dims_for,
-    pad_inputs,
     plan_buckets,
     refuse_passes,
-    route,
-    unpad_outputs,
 )
 
 TOKENS = IOSpec(
