@@ -20,8 +20,8 @@ import aotforge
 from aotforge.artifacts.loader import LoadedArtifact
 from aotforge.compiler.cli import main
 from aotforge.core.errors import DraftMismatchError, InputSpecError
+from aotforge.targets.generative.acceptance import accept_sampled
 from aotforge.targets.generative.sampling import Sampler, SamplingOptions
-from aotforge.targets.generative.speculative import _accept_sampled
 from tests.llm_models import PROMPTS, VOCAB, left_padded
 from tests.llm_models import SPECULATIVE_K as K
 
@@ -112,7 +112,7 @@ def test_rejection_rule_samples_the_targets_distribution() -> None:
     counts = np.zeros(6)
     for _ in range(20000):
         d = sample.draw(q)
-        kept, extra = _accept_sampled([d], p_logits, [q], sample)
+        kept, extra = accept_sampled([d], p_logits, [q], sample)
         counts[d if kept else extra] += 1
     np.testing.assert_allclose(counts / counts.sum(), p, atol=0.015)
 

@@ -12,7 +12,7 @@ yet in any cache):
    ``dk`` comes free). Sampled: the standard rule (Leviathan et al. 2023, Chen et al. 2023): keep
    ``d`` with probability ``min(1, p(d) / q(d))``, else draw from ``max(0, p - q)`` normalized and
    stop; all kept: draw the bonus from ``p``. The output is then distributed as the target's own
-   sampling; seeded, it repeats exactly.
+   sampling; seeded, it repeats exactly (the rules: ``acceptance.py``).
 4. rollback is the position: ``length`` moves to ``length + accepted + 1`` in both caches. What the
    rejected proposals wrote beyond it stays in the buffers, masked (every query attends to positions
    ``<= its own``) until a later token overwrites it.
@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from aotforge.core.errors import InputSpecError
+from aotforge.targets.generative.acceptance import Greedy, Sampled
 from aotforge.targets.generative.decoding import StepEngine, check_fits, pack_prompts
 from aotforge.targets.generative.sampling import Sampler, SamplingOptions
 
@@ -51,38 +52,6 @@ class VerifyEngine(StepEngine, Protocol):
     def verify_positions(self, width: int) -> int:
         """Cache positions a verify call of ``width`` tokens writes from ``write_pos`` (a padded graph: more)."""
         ...
-
-
-class _Greedy:
-    """Greedy proposals and acceptance: the output is the target's greedy output, whatever the draft."""
-
-    def start_round(self) -> None:
-        pass
-
-    def propose(self, logits: np.ndarray, out: np.ndarray) -> None:
-        logits.argmax(axis=-1, out=out)
-
-    def accept(self, row: int, proposals: list[int], logits: np.ndarray) -> tuple[int, int]:
-        return _accept_greedy(proposals, logits)
-
-
-class _Sampled:
-    """Proposals drawn from the draft's distribution ``q`` (kept for the round), the rejection rule on them."""
-
-    def __init__(self, sample: Sampler) -> None:
-        self.sample = sample
-        self.q: list[np.ndarray] = []  # per proposal step: [batch, vocab]
-
-    def start_round(self) -> None:
-        self.q = []
-
-    def propose(self, logits: np.ndarray, out: np.ndarray) -> None:
-        probs = np.stack([self.sample.distribution(row) for row in logits])
-        self.q.append(probs)
-        out[:] = [self.sample.draw(p) for p in probs]
-
-    def accept(self, row: int, proposals: list[int], logits: np.ndarray) -> tuple[int, int]:
-        return _accept_sampled(proposals, logits, [q[row] for q in self.q], self.sample)
 
 
 class _Speculation:
@@ -111,7 +80,7 @@ class _Speculation:
         self.engine, self.draft, self.k, self.eos = engine, draft, k, eos_token_id
         self.max_new, self.batch = max_new_tokens, batch
         self.sample = Sampler(sampling or SamplingOptions())
-        self.rule: _Greedy | _Sampled = _Sampled(self.sample) if self.sample.options.do_sample else _Greedy()
+        self.rule: Greedy | Sampled = Sampled(self.sample) if self.sample.options.do_sample else Greedy()
         self.counts = {"proposed": 0, "accepted": 0, "rounds": 0, "draft_calls": 0, "plain_steps": 0}
         engine.start(batch, packed.shape[1])
         draft.start(batch, packed.shape[1])
@@ -299,27 +268,3 @@ def generate_speculative(
     width = max(len(o) for o in run.out)  # every slot finished: max_new_tokens, or all ended at eos
     new = np.array([o + [run.eos if run.eos is not None else 0] * (width - len(o)) for o in run.out], dtype=np.int64)
     return np.concatenate([ids.astype(np.int64), new], axis=1)
-
-
-def _accept_greedy(proposals: list[int], logits: np.ndarray) -> tuple[int, int]:
-    """How many proposals the target's argmax agrees with, then the target's own next token."""
-    best = logits.argmax(axis=-1).tolist()
-    kept = 0
-    while kept < len(proposals) and best[kept] == proposals[kept]:
-        kept += 1
-    return kept, int(best[kept])
-
-
-def _accept_sampled(
-    proposals: list[int], logits: np.ndarray, draft_probs: list[np.ndarray], sample: Sampler
-) -> tuple[int, int]:
-    """The rejection rule: keep ``d`` with probability ``min(1, p(d)/q(d))``; the first rejection draws from
-    ``norm(max(0, p - q))``; all kept draws the bonus from ``p`` at the position after the last."""
-    for i, d in enumerate(proposals):
-        p, q = sample.distribution(logits[i]), draft_probs[i]
-        if sample.rng.random() < min(1.0, p[d] / q[d]):
-            continue
-        residual = np.maximum(p - q, 0.0)
-        total = residual.sum()
-        return i, sample.draw(residual / total if total > 0 else p)
-    return len(proposals), sample.draw(sample.distribution(logits[len(proposals)]))
