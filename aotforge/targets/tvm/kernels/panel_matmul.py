@@ -1,7 +1,7 @@
 """``out[m, n] = sum_k x[m, k] * w[k, n]`` with ``w`` packed as ``[N / tj, K, tj]`` panels: any number of rows.
 
 A generative build passes its weights as arguments, so the register-tiled schedule cannot pack
-them at compile time (``schedules/matmul._pack_weight`` folds constants only) and reads each
+them at compile time (``schedules/weight_packing.pack_weight`` folds constants only) and reads each
 ``K x tj`` panel as ``tj`` columns at the row stride of N: the prefill's 128-row matmuls ran at
 ~190 GFLOP/s on 2 cores, and a decode step's few rows at ~20 GB/s. Here the weight is stored
 packed (``pack``, at build time, ``rewrites/panel_weights``): each panel is one contiguous run,
