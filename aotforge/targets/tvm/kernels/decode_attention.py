@@ -11,6 +11,10 @@ unfilled tail; this reads ``n`` positions. One (slot, head) per parallel task; t
 16-lane vectors. The exponential is Cephes' polynomial (what TVM's ``fast_exp`` computes, ~1e-7
 relative error) written out: the intrinsic ``exp`` is a scalar ``expf`` call per position
 (batch 4 on the SmolLM-135M shape: 2.4 ms of a 30 ms step went to this kernel, half as much now).
+A step's weights pass through the last-level cache between two layers' attention, so the cache rows
+come from memory, one sequential run per task (K, then V): the dot products' loop prefetches the V
+row it will weigh and the K row ``PREFETCH_K`` positions ahead, so the task keeps more misses in
+flight (isolated, 2 threads, ~600 MB of caches in turn: batch 4 at position 130 60 -> 49 us a call).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 LANES = 16
+#: How many positions ahead the dot products' loop prefetches the K cache (4 lines a 64-wide row).
+PREFETCH_K = 8
 
 
 def _add(a: Any, b: Any) -> Any:
@@ -49,6 +55,12 @@ def decode_attention(batch: int, heads: int, kv_heads: int, seq: int, dim: int, 
             buf[lane] = combine(buf[lane], buf[lane + 2])
         buf[0] = combine(buf[0], buf[1])
 
+    @T.macro
+    def prefetch(cache: T.Buffer, b: Any, g: Any, t: Any) -> None:
+        """Ask for the cache lines of row ``cache[b, g, t]`` ahead of its use (read, keep in all levels)."""
+        for c in T.unroll(chunks):
+            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(cache[b, g, t, c * LANES]), 0, 3, 1))
+
     @T.prim_func(private=True, s_tir=True)
     def kernel(
         q: T.Buffer((b_, h_, one, d_), "float32"),
@@ -70,6 +82,8 @@ def decode_attention(batch: int, heads: int, kv_heads: int, seq: int, dim: int, 
             xs = T.decl_buffer((LANES,), "float32")
             ns = T.decl_buffer((LANES,), "float32")
             for t in range(n):
+                prefetch(v, b, g, t)
+                prefetch(k, b, g, T.min(t + T.int64(PREFETCH_K), n - one))
                 for lane in T.vectorized(LANES):
                     lanes[lane] = q[b, bh % h_, 0, lane] * k[b, g, t, lane]
                 for c in range(1, chunks):

@@ -63,7 +63,7 @@ def tiles(m: int, k: int, tj: int) -> tuple[int, int]:
     return mt, next(s for s in (4, 2, 1) if k % s == 0 and s * mt * (tj // LANES) <= 24)
 
 
-def panel_matmul(m: int, k: int, n: int, dtype: str = "float32") -> Any:
+def panel_matmul(m: int, k: int, n: int, dtype: str = "float32", column_passes: bool = False) -> Any:
     """The scheduled PrimFunc ``(x [m, k], w [n / tj, k, tj]) -> out [m, n]``, ``tj = panel_width(n)``.
 
     A few rows (a decode step) read each panel as up to 4 runs of K side by side, their partial sums added
@@ -75,6 +75,8 @@ def panel_matmul(m: int, k: int, n: int, dtype: str = "float32") -> Any:
 
     tj = panel_width(n)
     mt, runs = tiles(m, k, tj)
+    if column_passes:
+        mt, runs = m, next(s for s in (4, 2, 1) if k % s == 0 and s * m <= 24)
     ks = k // runs
     x = te.placeholder((m, k), dtype, name="x")
     w = te.placeholder((n // tj, k, tj), dtype, name="w")
@@ -101,7 +103,10 @@ def panel_matmul(m: int, k: int, n: int, dtype: str = "float32") -> Any:
     sch.set_scope(block, 0, "global" if runs * mt * tj * 4 < STACK_BYTES else "local")
     s, ii, ji, kr = sch.get_loops(block)[1:]
     lanes_o, lanes = sch.split(ji, [None, LANES])
-    sch.reorder(kr, s, ii, lanes_o, lanes)
+    if column_passes:
+        sch.reorder(lanes_o, kr, s, ii, lanes)
+    else:
+        sch.reorder(kr, s, ii, lanes_o, lanes)
     sch.vectorize(lanes)
     for loop in (lanes_o, ii, s):
         sch.unroll(loop)
