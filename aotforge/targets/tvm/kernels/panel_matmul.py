@@ -63,20 +63,21 @@ def tiles(m: int, k: int, tj: int) -> tuple[int, int]:
     return mt, next(s for s in (4, 2, 1) if k % s == 0 and s * mt * (tj // LANES) <= 24)
 
 
-def panel_matmul(m: int, k: int, n: int, dtype: str = "float32", column_passes: bool = False) -> Any:
+def panel_matmul(m: int, k: int, n: int, dtype: str = "float32") -> Any:
     """The scheduled PrimFunc ``(x [m, k], w [n / tj, k, tj]) -> out [m, n]``, ``tj = panel_width(n)``.
 
     A few rows (a decode step) read each panel as up to 4 runs of K side by side, their partial sums added
     at the end: one sequential run per thread left the memory system idle between misses; and 4 rows go
     as two tiles of 2 (the second reads the panel from L2), which leaves room for 4 runs. A 576 x 1536
     weight, 160 of them in turn, 2 threads, alternating rounds at load 10: 4 rows in one tile with 2 runs
-    228 us a call (p50), two tiles of 2 with 4 runs 186; 1 row with 4 runs 163."""
+    228 us a call (p50), two tiles of 2 with 4 runs 186; 1 row with 4 runs 163. Also slower at 4 rows (576 x
+    3072 and 576 x 960, 60 weights in turn, priority runs): the row tiles outer, each thread streaming the
+    whole weight for its tile, 1.65x; one 4-row tile over the panel's 16-lane columns one after another
+    (16 accumulators, 4 runs), 1.4x."""
     from tvm import s_tir, te
 
     tj = panel_width(n)
     mt, runs = tiles(m, k, tj)
-    if column_passes:
-        mt, runs = m, next(s for s in (4, 2, 1) if k % s == 0 and s * m <= 24)
     ks = k // runs
     x = te.placeholder((m, k), dtype, name="x")
     w = te.placeholder((n // tj, k, tj), dtype, name="w")
@@ -103,10 +104,7 @@ def panel_matmul(m: int, k: int, n: int, dtype: str = "float32", column_passes: 
     sch.set_scope(block, 0, "global" if runs * mt * tj * 4 < STACK_BYTES else "local")
     s, ii, ji, kr = sch.get_loops(block)[1:]
     lanes_o, lanes = sch.split(ji, [None, LANES])
-    if column_passes:
-        sch.reorder(lanes_o, kr, s, ii, lanes)
-    else:
-        sch.reorder(kr, s, ii, lanes_o, lanes)
+    sch.reorder(kr, s, ii, lanes_o, lanes)
     sch.vectorize(lanes)
     for loop in (lanes_o, ii, s):
         sch.unroll(loop)
