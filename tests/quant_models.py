@@ -152,3 +152,27 @@ def skip_layer_norm_block(seed: int = 0, read_mean: bool = False) -> ir.Model:
         inits,
     )
     return _model(graph, [helper.make_opsetid("com.microsoft", 1)])
+
+
+def relu_mlp(path: Path, rows: int, dims: list[tuple[int, int]]) -> Path:
+    """x[1, rows, K0] -> MatMul (seeded weights, one per ``dims`` entry) with a Relu between each, saved at ``path``."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array((rng.standard_normal(d) * 0.2).astype(np.float32), f"w{i}") for i, d in enumerate(dims)
+    ]
+    nodes, x = [], "x"
+    for i in range(len(dims)):
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"fc{i}"))
+        if i < len(dims) - 1:
+            nodes.append(helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}"))
+            x = f"r{i}"
+    last = len(dims) - 1
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows, dims[0][0]])],
+        [helper.make_tensor_value_info(f"h{last}", TensorProto.FLOAT, [1, rows, dims[-1][1]])],
+        weights,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path

@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 tvm = pytest.importorskip("tvm")
 
@@ -17,6 +16,7 @@ from aotforge.targets.tvm.host import AMX_MATTR, amx_usable  # noqa: E402
 from aotforge.targets.tvm.kernels import amx_dense, vnni_dense  # noqa: E402
 from aotforge.targets.tvm.options import TvmOptions, target_dict  # noqa: E402
 from tests.conftest import quick_build  # noqa: E402
+from tests.quant_models import relu_mlp  # noqa: E402
 
 needs_amx = pytest.mark.skipif(not amx_usable(), reason="this host has no AMX int8 tiles (or the OS refuses them)")
 
@@ -58,26 +58,7 @@ def test_a_named_mcpu_gets_no_amx() -> None:
 
 def _mlp(path: Path) -> Path:
     """x[1,40,128] -> MatMul 128x64 -> Relu -> MatMul 64x96 -> Relu -> MatMul 96x32 (K=96: VNNI, not AMX)."""
-    rng = np.random.default_rng(0)
-    dims = [(128, 64), (64, 96), (96, 32)]
-    weights = [
-        numpy_helper.from_array((rng.standard_normal(d) * 0.2).astype(np.float32), f"w{i}") for i, d in enumerate(dims)
-    ]
-    nodes, x = [], "x"
-    for i in range(len(dims)):
-        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"fc{i}"))
-        if i < len(dims) - 1:
-            nodes.append(helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}"))
-            x = f"r{i}"
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 40, 128])],
-        [helper.make_tensor_value_info("h2", TensorProto.FLOAT, [1, 40, 32])],
-        weights,
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
+    return relu_mlp(path, 40, [(128, 64), (64, 96), (96, 32)])
 
 
 @pytest.mark.parametrize(("rows", "kernel"), [(37, "amx_dense_64x64x32"), (16, "vnni_dense_16x64x32")])

@@ -19,6 +19,7 @@ from tvm.target.codegen import target_has_features  # noqa: E402
 from aotforge.targets.tvm.kernels import vnni_dense  # noqa: E402
 from aotforge.targets.tvm.options import TvmOptions, target_dict  # noqa: E402
 from tests.conftest import quick_build  # noqa: E402
+from tests.quant_models import relu_mlp  # noqa: E402
 
 
 def _host() -> Any:
@@ -89,27 +90,7 @@ def test_shapes_the_kernel_cannot_take_say_why() -> None:
 
 def _mlp(path: Path) -> Path:
     """x[1,12,64] -> MatMul 64x48 -> Relu -> MatMul 48x32 -> Relu -> MatMul 32x10 (N=10: no VNNI)."""
-    rng = np.random.default_rng(0)
-    dims = [(64, 48), (48, 32), (32, 10)]
-    weights = [
-        numpy_helper.from_array((rng.standard_normal(d) * 0.2).astype(np.float32), f"w{i}") for i, d in enumerate(dims)
-    ]
-    nodes, x = [], "x"
-    for i in range(len(dims)):
-        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"fc{i}"))
-        if i < len(dims) - 1:
-            nodes.append(helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}"))
-            x = f"r{i}"
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 64])],
-        [helper.make_tensor_value_info("h2", TensorProto.FLOAT, [1, 12, 10])],
-        weights,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.save(model, path)
-    return path
+    return relu_mlp(path, 12, [(64, 48), (48, 32), (32, 10)])
 
 
 def _run_both(tmp_path: Path, **target_options: Any) -> tuple[Any, Any, np.ndarray]:
