@@ -196,7 +196,8 @@ def run_model(name: str, model: Model, variants: list[str], out: Path, bench: ar
 def timed_dims(baseline: Path) -> str:
     """The dims every runtime of a model is timed at: those the ORT fp32 artifact validated with."""
     manifest = json.loads((baseline / "manifest.json").read_text())
-    return " ".join(f"{k}={v}" for k, v in sorted(manifest["validation"]["bound_dims"].items()))
+    dims = sorted(manifest["validation"]["bound_dims"].items())
+    return " ".join(f"{k}={v}" for k, v in dims) or "its static shapes"
 
 
 TABLE_HEAD = "| model | timed at | runtime | p50 ms | p90 ms | vs ORT fp32 | runs | build s | peak RSS MB |"
