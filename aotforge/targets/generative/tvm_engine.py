@@ -4,10 +4,11 @@ Compile: both graphs are imported with their weights as arguments (``tvm_graphs`
 per prompt-length bucket at batch 1, decode once per batch bucket (a static cache of
 ``max_seq_len``); the decode graph's cache scatter becomes an in-place write into the cache
 argument (``rewrites/kv_inplace``); all functions go through the target's pipeline and schedule
-rules together, into one ``lib.so``, and ``tvm_generative.json`` says which function takes which
-weights of ``weights.data``.
+rules together, into one ``lib.so``; the matmul weights are packed (``tvm_weight_only``), and what the
+functions take is stored once in ``tvm_weights.data`` in place of ``weights.data`` (``tvm_weight_file``);
+``tvm_generative.json`` says which function takes which of its tensors.
 
-Run: ``weights.data`` is read once into tvm tensors that every function call shares. Each call
+Run: ``tvm_weights.data`` is read once into tvm tensors that every function call shares. Each call
 of ``generate`` allocates the cache once (per layer and kind, ``[slots, kv_heads, max_seq_len,
 head_dim]`` for the smallest batch bucket that holds it); prompts run one row at a time through the
 smallest prompt bucket that holds them (right-padded, mask 0), their keys / values copied into
@@ -37,7 +38,8 @@ from aotforge.targets.generative.tvm_graphs import (
     input_shapes,
     weights_as_inputs,
 )
-from aotforge.targets.generative.tvm_weight_only import PACKED_FILE, pack_weights, weight_only_format
+from aotforge.targets.generative.tvm_weight_file import TVM_WEIGHTS_FILE, read_weights, write_weights
+from aotforge.targets.generative.tvm_weight_only import pack_weights, weight_only_format
 
 LIBRARY = "lib.so"
 INFO_FILE = "tvm_generative.json"
@@ -145,7 +147,6 @@ def compile_generative(
     fmt = weight_only_format(passes["weight-only"]) if passes and "weight-only" in passes else None
     say("packing the matmul weights" + (" (weight-only)" if fmt is not None else " (fp32 panels)"))
     mod, packed, packing = pack_weights(mod, workdir, WEIGHTS_FILE, refs, fmt, target)
-    refs.update({w.name: w for w in packed})
     mod = tvm.relax.transform.DeadCodeElimination()(mod)  # the transposes the panels made unused
     try:
         executable, report = compile_relax(mod, target, fast_math=options.fast_math)
@@ -158,11 +159,13 @@ def compile_generative(
         ) from e
     functions = {name: _weight_arguments(mod[name]) for name, _ in imports}
     used = {w for names in functions.values() for w in names}
+    originals = [ref for name, ref in refs.items() if name in used and name not in packed]
+    stored = write_weights(workdir, originals, {name: a for name, a in packed.items() if name in used})
     info = {
         "prompt_buckets": list(prompts),
         "batch_buckets": list(batches),
         "functions": functions,
-        "weights": {name: ref.to_dict() for name, ref in refs.items() if name in used},
+        "weights": {ref.name: ref.to_dict() for ref in stored},
         "verify_width": verify_width,
     }
     (workdir / INFO_FILE).write_text(json.dumps(info, sort_keys=True, indent=1) + "\n")
@@ -177,13 +180,15 @@ def compile_generative(
             "kv_cache": kv_report,
             "decode_attention": attention_report,
             **packing,
+            "weights_file": {"file": TVM_WEIGHTS_FILE, "bytes": (workdir / TVM_WEIGHTS_FILE).stat().st_size},
         },
         "pipeline": report,
         "platform": {"system": platform.system(), "machine": built["mtriple"].split("-")[0]},
         "cpu_features": isa_features(built),
     }
-    files = (LIBRARY, INFO_FILE, *((PACKED_FILE,) if packed else ()))
-    return CompileResult(files=files, target_info=target_info, toolchain={"tvm": tvm.__version__})
+    return CompileResult(
+        files=(LIBRARY, INFO_FILE, TVM_WEIGHTS_FILE), target_info=target_info, toolchain={"tvm": tvm.__version__}
+    )
 
 
 def _weight_arguments(func: Any) -> list[str]:
@@ -211,25 +216,6 @@ def _import(prepared: Prepared, sizes: dict[str, int]) -> Any:
 def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:
     spec = DecoderSpec.from_dict(record.info["decoder"])
     return GenerativeRunner(TvmStepEngine(artifact_dir, spec))
-
-
-def read_weights(artifact_dir: Path, refs: list[WeightRef]) -> dict[str, Any]:
-    """Each weight tensor (``weights.data``, packed ones beside it) as a tvm tensor (64-byte aligned), read once."""
-    import tvm
-
-    out = {}
-    for ref in refs:
-        if ref.file not in (WEIGHTS_FILE, PACKED_FILE):
-            raise CompileError(f"{artifact_dir / INFO_FILE} names a weight file {ref.file!r} of no tvm artifact")
-        path = artifact_dir / ref.file
-        with path.open("rb") as f:
-            tensor = tvm.runtime.empty(ref.shape, ref.dtype)
-            view = np.from_dlpack(tensor)
-            f.seek(ref.offset)
-            if f.readinto(view.reshape(-1).view(np.uint8).data) != ref.length:
-                raise CompileError(f"{path} ends before tensor {ref.name} ({ref.length} bytes at {ref.offset})")
-            out[ref.name] = tensor
-    return out
 
 
 class TvmStepEngine:

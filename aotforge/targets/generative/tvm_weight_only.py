@@ -1,12 +1,11 @@
-"""A tvm text-generation build's matmul weights, packed at compile time beside ``weights.data``.
+"""A tvm text-generation build's matmul weights, packed at compile time from ``weights.data``.
 
 fp32 weights become the panels of ``targets/tvm/rewrites/panel_weights``: one packed copy that the
 prefill, decode and verify functions all read. The ``weight-only`` pass: ONNX Runtime's rewrites the
 graphs into ``MatMulNBits``, which tvm cannot import; on tvm the same parameters (``bits``,
 ``block_size``) instead pick the packed format of ``targets/tvm/rewrites/weight_only``, applied to the
-imported module first (the panels take what it leaves). The packed tensors go to ``tvm_weights.data``
-(page-aligned, like ``weights.data``), and the functions take them as weight arguments like any other
-(``WeightRef.file`` says which file holds one).
+imported module first (the panels take what it leaves). The functions take the packed tensors as
+weight arguments like any other; ``tvm_weight_file`` stores them with the originals still read.
 """
 
 from __future__ import annotations
@@ -20,10 +19,6 @@ from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE
 from aotforge.core.errors import OptionsError
 from aotforge.targets.generative.tvm_graphs import WeightRef
 from aotforge.targets.tvm.rewrites.weight_only import WeightOnlyFormat
-
-PACKED_FILE = "tvm_weights.data"
-#: Parameters of the pass tvm honours; the others must keep their defaults.
-_ALIGN = 4096
 
 
 def weight_only_format(params: Any) -> WeightOnlyFormat:
@@ -42,9 +37,9 @@ def weight_only_format(params: Any) -> WeightOnlyFormat:
 
 def pack_weights(
     mod: Any, workdir: Path, weights_file: str, refs: dict[str, WeightRef], fmt: WeightOnlyFormat | None, target: Any
-) -> tuple[Any, list[WeightRef], dict[str, Any]]:
+) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]]:
     """``mod`` on the packed kernels (weight-only ones where ``fmt`` asks, fp32 panels for the rest), the
-    packed tensors' refs (written to ``PACKED_FILE``), the reports by rewrite."""
+    packed arrays by argument name, the reports by rewrite."""
     from tvm.target import codegen
 
     from aotforge.targets.tvm.rewrites.panel_weights import panel_matmuls
@@ -66,21 +61,7 @@ def pack_weights(
         report["weights_taken"] = {f"{labels.get(w, '?')} ({w})": what for w, what in report["weights_taken"].items()}
         reports["weight_only"] = report
     mod, panels, reports["panel_weights"] = panel_matmuls(mod, read)
-    return mod, _write(workdir, {**packed, **panels}), reports
-
-
-def _write(workdir: Path, packed: dict[str, np.ndarray]) -> list[WeightRef]:
-    """``packed`` written to ``PACKED_FILE``, each tensor page-aligned; their refs."""
-    out: list[WeightRef] = []
-    if not packed:
-        return out
-    with (workdir / PACKED_FILE).open("wb") as f:
-        for name, array in packed.items():
-            offset = -(-f.tell() // _ALIGN) * _ALIGN
-            f.seek(offset)
-            f.write(array.tobytes())
-            out.append(WeightRef(name, offset, array.nbytes, str(array.dtype), tuple(array.shape), PACKED_FILE))
-    return out
+    return mod, {**packed, **panels}, reports
 
 
 def _labels(workdir: Path) -> dict[str, str]:
