@@ -69,6 +69,20 @@ def test_tvm_cpu_features_this_host_lacks_are_refused(built: dict[str, Path], tm
         aotforge.load(_edited(src, tmp_path / "a", edit))
 
 
+def test_tvm_amx_on_a_host_without_it_is_refused_naming_it(built: dict[str, Path], tmp_path: Path) -> None:
+    """A lib.so with AMX kernels never opens where the CPU lacks the tiles or the OS refuses the tile state."""
+    from aotforge.targets.tvm.host import amx_usable
+
+    if amx_usable():
+        pytest.skip("this host runs AMX tiles")
+
+    def edit(m: dict[str, Any]) -> None:
+        m["target"]["info"]["cpu_features"] = sorted({*m["target"]["info"]["cpu_features"], "amx-tile", "amx-int8"})
+
+    with pytest.raises(HostMismatchError, match=r"lacking .*amx-int8.*: rebuild it here"):
+        aotforge.load(_edited(_needs_tvm(built), tmp_path / "a", edit))
+
+
 def test_ort_newer_onnxruntime_is_refused(built: dict[str, Path], tmp_path: Path) -> None:
     path = _edited(built["onnxruntime"], tmp_path / "a", lambda m: m["toolchain"].update(onnxruntime="99.1.0"))
     with pytest.raises(HostMismatchError, match=r"built with onnxruntime 99.1.0 for opset \d+, this host has"):

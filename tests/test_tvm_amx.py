@@ -12,7 +12,7 @@ from onnx import helper
 
 tvm = pytest.importorskip("tvm")
 
-from aotforge.targets.tvm.host import AMX_MATTR, amx_usable  # noqa: E402
+from aotforge.targets.tvm.host import AMX_MATTR, amx_usable, grant_amx  # noqa: E402
 from aotforge.targets.tvm.kernels import amx_dense, vnni_dense  # noqa: E402
 from aotforge.targets.tvm.options import TvmOptions, target_dict  # noqa: E402
 from tests.conftest import quick_build  # noqa: E402
@@ -49,6 +49,23 @@ def test_tile_config_is_palette_1_with_eight_16_by_64_tiles() -> None:
     cfg = amx_dense.tile_config()
     assert cfg[0] == 1 and list(cfg[16:48].view(np.uint16)) == [64] * 8 + [0] * 8
     assert list(cfg[48:64]) == [16] * 8 + [0] * 8
+
+
+def test_the_kernel_leaves_the_tile_permission_to_the_process() -> None:
+    """No syscall per call: the process asks once (``host.amx_usable``), the grant covers every later call."""
+    assert "syscall" not in amx_dense.dense_u8s8(32, 64, 32).script()
+
+
+def test_the_tile_state_is_asked_for_once_per_process() -> None:
+    """``grant_amx`` asks only for a library built with AMX, and only the first time (any host: the answer is
+    cached whether it is yes or no)."""
+    amx_usable.cache_clear()
+    grant_amx(["avx512f", "avx512vnni"])
+    assert amx_usable.cache_info().misses == 0
+    for _ in range(3):
+        grant_amx(["amx-tile", "amx-int8", "avx512f"])
+    info = amx_usable.cache_info()
+    assert (info.misses, info.hits) == (1, 2)
 
 
 def test_a_named_mcpu_gets_no_amx() -> None:

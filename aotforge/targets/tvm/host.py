@@ -11,7 +11,7 @@ import ctypes
 import functools
 import platform
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,10 @@ def isa_features(target: Mapping[str, Any]) -> list[str]:
 @functools.cache
 def amx_usable() -> bool:
     """Whether this host can run AMX int8 tiles: the CPU says ``amx_tile`` and ``amx_int8`` and the
-    kernel grants this process the tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, Linux 5.16+)."""
+    kernel grants this process the tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, Linux 5.16+).
+
+    Asked once per process (cached): the grant is process-wide and permanent, and it is what lets
+    ``kernels/amx_dense`` run at all (that kernel does not ask itself)."""
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         return False
     if not {"amxtile", "amxint8"} <= _cpuinfo_flags():
@@ -58,6 +61,14 @@ def amx_usable() -> bool:
         return int(ctypes.CDLL(None, use_errno=True).syscall(*ARCH_PRCTL)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def grant_amx(cpu_features: Iterable[str]) -> None:
+    """Get this process the AMX tile state before a ``lib.so`` built with ``cpu_features`` runs, where they
+    include amx-int8 (once per process: ``amx_usable``). A host that refuses it is refused by
+    ``check_tvm_host`` before any load; here the answer only matters for its side effect."""
+    if any(_norm(f) == "amxint8" for f in cpu_features):
+        amx_usable()
 
 
 def _cpuinfo_flags() -> set[str]:

@@ -42,7 +42,7 @@ from aotforge.targets.base import (
 )
 from aotforge.targets.tvm.bucket_runner import run_bucketed
 from aotforge.targets.tvm.buckets import BucketPlan, plan_buckets
-from aotforge.targets.tvm.host import check_tvm_host, host_cpu, isa_features
+from aotforge.targets.tvm.host import check_tvm_host, grant_amx, host_cpu, isa_features
 from aotforge.targets.tvm.options import TUNING_DIR, TvmOptions, check_tunable, target_dict, tune_settings
 
 LIBRARY = "lib.so"
@@ -125,6 +125,7 @@ class TvmTarget(Target):
                 f"tvm artifact was built for {built['mtriple']}, this host is {platform.machine()}: "
                 "run it on a matching host or rebuild without mtriple"
             )
+        grant_amx(record.info.get("cpu_features", ()))  # before any of its AMX kernels runs
         buckets = record.info.get("shape_buckets")
         return TvmRunner(artifact_dir / LIBRARY, io, BucketPlan.from_info(buckets) if buckets else None)
 

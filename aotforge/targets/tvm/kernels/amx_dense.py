@@ -16,8 +16,10 @@ the output and the zero-point correction (``za * colsum``, as in ``vnni_dense``)
 Tile registers are per-thread state: each parallel task loads the tile configuration
 (``ldtilecfg``) and releases it. Linux gives a process AMX state only after
 ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`` (else the first tile instruction is
-SIGILL): the kernel asks itself, once per call (a syscall, well under a microsecond), so a
-``lib.so`` runs in any process; ``host.amx_usable`` asks at build and load time.
+SIGILL); the grant covers every thread of the process and stays, so the kernel does not ask:
+``host.amx_usable`` asks, once per process, when the build picks AMX and when the tvm target loads
+a ``lib.so`` built with it (``host.grant_amx``; a host that refuses is refused at load, naming
+amx-int8). A ``lib.so`` opened outside aotforge needs the same call first.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from typing import Any
 import numpy as np
 from tvm.script import tirx as T
 
-from aotforge.targets.tvm.host import ARCH_PRCTL
 from aotforge.targets.tvm.kernels.nhwc_input import OPAQUE
 from aotforge.targets.tvm.kernels.vnni_dense import VNNI_PARALLEL_MIN_MACS
 
@@ -67,7 +68,6 @@ def dense_u8s8(m: int, k: int, n: int) -> Any:
     multiple of ``BLOCK_M``."""
     steps, rows, cols = k // BLOCK_K, m // BLOCK_M, n // BLOCK_N
     loop = T.parallel if m * k * n >= VNNI_PARALLEL_MIN_MACS else T.serial
-    sys_arch_prctl, req_perm, xtiledata = (T.int64(v) for v in ARCH_PRCTL)
 
     @T.prim_func(s_tir=True)
     def main(
@@ -79,7 +79,6 @@ def dense_u8s8(m: int, k: int, n: int) -> Any:
         out: T.Buffer((m, n), "int32"),
     ) -> None:
         T.func_attr({"tirx.noalias": True})
-        T.evaluate(T.call_extern("int64", "syscall", sys_arch_prctl, req_perm, xtiledata))
         for jb in loop(cols):
             _tile("ldtilecfg", T.address_of(cfg[0]))
             for ib in T.serial(rows):
