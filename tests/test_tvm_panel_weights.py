@@ -22,7 +22,7 @@ def _module(rows: int, k: int, widths: tuple[int, ...]) -> Any:
     return bb.get()
 
 
-def _run(mod: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
+def _run(mod: Any, inputs: list[np.ndarray], function: str = "main") -> list[np.ndarray]:
     import tvm
     from tvm import relax
 
@@ -32,7 +32,7 @@ def _run(mod: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
     target = tvm.target.Target(target_dict(TvmOptions()))
     executable, _ = compile_relax(mod, target, fast_math=False)
     vm = relax.VirtualMachine(executable, tvm.cpu())
-    out = vm["main"](*map(tvm.runtime.tensor, inputs))
+    out = vm[function](*map(tvm.runtime.tensor, inputs))
     return [o.numpy() for o in out] if isinstance(out, tvm.ir.Array | list | tuple) else [out.numpy()]
 
 
@@ -95,3 +95,35 @@ def test_idempotent() -> None:
     twice, packed, report = panel_matmuls(once, weights.__getitem__)
     assert packed == {} and report["matmuls_taken"] == 0
     tvm.ir.assert_structural_equal(once, twice)
+
+
+def test_every_function_reads_one_packed_copy_and_skips_say_why() -> None:
+    """Two functions (a prefill- and a decode-like row count) over one weight: one packed array, each function
+    taking it as its own argument and calling its own kernel; a matmul of two activations is left, counted."""
+    from tvm import relax
+
+    from aotforge.targets.tvm.rewrites.panel_weights import panel_matmuls
+
+    k, n = 16, 32
+    bb = relax.BlockBuilder()
+    for name, rows in (("prefill", 8), ("decode", 1)):
+        x = relax.Var("x", relax.TensorType((rows, k), "float32"))
+        other = relax.Var("other", relax.TensorType((k, n), "float32"))
+        w = relax.Var("w0", relax.TensorType((k, n), "float32"))
+        with bb.function(name, [x, other, w], attrs={"num_input": 2}):
+            with bb.dataflow():
+                y = bb.emit(relax.op.matmul(x, w))
+                doubled = bb.emit(relax.op.add(other, other))  # a computed right operand: no weight
+                z = bb.emit_output(relax.op.add(y, bb.emit(relax.op.matmul(x, doubled))))
+            bb.emit_func_output(z)
+    weight = np.random.default_rng(6).standard_normal((k, n), dtype=np.float32)
+    mod, packed, report = panel_matmuls(bb.get(), {"w0": weight}.__getitem__)
+    assert list(packed) == ["w0.p32"] and report["matmuls_taken"] == 2
+    assert report["matmuls_skipped"] == {"the right operand is not a weight argument": 2}
+    for name in ("prefill", "decode"):
+        assert [p.name for p in mod[name].params] == ["x", "other", "w0.p32"]
+    assert {gv.name_hint for gv in mod.get_global_vars()} >= {"panel_matmul_8x16x32", "panel_matmul_1x16x32"}
+    rng = np.random.default_rng(7)
+    x, other = rng.standard_normal((1, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    (got,) = _run(mod, [x, other, packed["w0.p32"]], function="decode")
+    np.testing.assert_allclose(got, x @ weight + x @ (2 * other), rtol=1e-5, atol=1e-5)

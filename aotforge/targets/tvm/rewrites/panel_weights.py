@@ -12,7 +12,7 @@ packed side by side into one weight and one call, then sliced back. An N that is
 with zero rows. A head tied to the embedding (``matmul(x, permute_dims(E))``) is packed from ``E``'s
 transpose (``w0.t.p48``), and the embedding's lookup (``take(E, ids)``) then reads its rows out of
 those panels (``panel_rows``): the tied weight is not stored twice either. The packed arrays are
-the caller's to store.
+the caller's to store. The walk is ``weight_args.PackedWeightMutator``'s, shared with ``weight_only``.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from tvm import relax
 
 from aotforge.targets.tvm.kernels import panel_matmul as kernel
-from aotforge.targets.tvm.relax_util import op_name, relax_functions, static_shape
+from aotforge.targets.tvm.relax_util import op_name, static_shape
 from aotforge.targets.tvm.rewrites import weight_args
-from aotforge.targets.tvm.rewrites.weight_args import WeightMatmul
+from aotforge.targets.tvm.rewrites.weight_args import PackedWeightMutator, WeightMatmul
 
 
 def panel_matmuls(mod: Any, read: Callable[[str], np.ndarray]) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]]:
@@ -34,126 +35,91 @@ def panel_matmuls(mod: Any, read: Callable[[str], np.ndarray]) -> tuple[Any, dic
 
     ``read(name)`` is a weight argument's value (read once per packed weight).
     """
-    from tvm import relax
-    from tvm.relax import PyExprMutator, expr_functor
-
-    packed: dict[str, np.ndarray] = {}
-    calls: Counter[str] = Counter()
-    skipped: Counter[str] = Counter()
-    merged: dict[str, int] = {}
-    lookups: Counter[str] = Counter()
-    kernels: dict[str, Any] = {}
-
-    @expr_functor.mutator
-    class _Mutator(PyExprMutator):  # type: ignore[misc]
-        params: set[Any] = set()
-        added: dict[str, Any] = {}
-        groups: dict[str, list[str]] = {}
-        widths: dict[str, int] = {}
-        #: weights a matmul reads transposed (a head), by name: ``[N, K]``
-        tied: dict[str, tuple[int, int]] = {}
-        outputs: dict[str, dict[str, Any]] = {}
-
-        def bound(self, expr: Any) -> Any:
-            return self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
-
-        def visit_call_(self, call: Any) -> Any:
-            call = super().visit_call_(call)
-            if op_name(call) == "relax.take":
-                return self.lookup(call)
-            if op_name(call) != "relax.matmul":
-                return call
-            m = weight_args.match(call, self.params, self.bound)
-            if isinstance(m, str):
-                skipped[m] += 1
-                return call
-            names = [m.weight.name] if m.transposed else self.groups.get(str(m.x.name), [m.weight.name])
-            names = names if m.weight.name in names else [m.weight.name]
-            key = "_".join(names) + (".t" if m.transposed else "")
-            if key not in self.outputs:
-                self.outputs[key] = self.emit(m, names, key)
-            calls[m.weight.name] += 1
-            if len(names) > 1:
-                merged[key] = len(names)
-            return relax.op.reshape(self.outputs[key][m.weight.name], (*m.shape[:-1], m.n))
-
-        def panels(self, names: list[str], width: int, transposed: bool) -> Any:
-            """The function's argument for ``names`` packed side by side (``width`` columns), packed the first time."""
-            n = _lanes(width)
-            name = f"{'_'.join(names)}{'.t' if transposed else ''}.p{kernel.panel_width(n)}"
-            if name not in packed:
-                w = read(names[0]).T if transposed else np.concatenate([read(w) for w in names], axis=1)
-                packed[name] = kernel.pack(
-                    np.pad(w.astype(np.float32), ((0, 0), (0, n - width))), kernel.panel_width(n)
-                )
-            if name not in self.added:
-                self.added[name] = relax.Var(name, relax.TensorType(packed[name].shape, "float32"))
-            return self.added[name]
-
-        def lookup(self, call: Any) -> Any:
-            """``take(E, ids, axis=0)`` of an embedding whose transpose is a packed head -> rows of its panels."""
-            table, ids = call.args
-            if table not in self.params or table.name not in self.tied or int(call.attrs.axis or 0) != 0:
-                return call
-            (vocab, k), shape = self.tied[table.name], static_shape(ids) or []
-            count = int(np.prod(shape)) if shape else 0
-            if count == 0 or str(ids.ty.dtype) not in ("int32", "int64"):
-                return call
-            func = f"panel_rows_{count}x{k}x{_lanes(vocab)}_{ids.ty.dtype}"
-            if func not in kernels:
-                prim = kernel.panel_rows(count, k, _lanes(vocab), str(ids.ty.dtype))
-                kernels[func] = self.builder_.add_func(prim.with_attr("global_symbol", func), func)
-            flat = self.builder_.emit(relax.op.reshape(ids, (count,)))
-            weight = self.panels([table.name], vocab, transposed=True)
-            rows = self.builder_.emit(
-                relax.call_tir(kernels[func], [flat, weight], relax.TensorType((count, k), "float32"))
-            )
-            lookups[table.name] += 1
-            return relax.op.reshape(rows, (*shape, k))
-
-        def emit(self, m: WeightMatmul, names: list[str], key: str) -> dict[str, Any]:
-            """The kernel's call for ``names`` (one packed weight), then each weight's columns of its output."""
-            widths = [self.widths.get(n, m.n) for n in names]
-            width = sum(widths)
-            n = _lanes(width)
-            weight = self.panels(names, width, m.transposed)
-            rows = kernel.padded_rows(m.rows)
-            func = f"panel_matmul_{rows}x{m.k}x{n}"
-            if func not in kernels:
-                prim = kernel.panel_matmul(rows, m.k, n)
-                kernels[func] = self.builder_.add_func(prim.with_attr("global_symbol", func), func)
-            x = self.builder_.emit(relax.op.reshape(m.x, (m.rows, m.k)))
-            if rows != m.rows:
-                x = self.builder_.emit(relax.op.nn.pad(x, [0, rows - m.rows, 0, 0]))
-            out_ty = relax.TensorType((rows, n), "float32")
-            out = self.builder_.emit(relax.call_tir(kernels[func], [x, weight], out_ty))
-            parts, start = {}, 0
-            for w, cols in zip(names, widths, strict=True):
-                if (start, cols, rows) == (0, n, m.rows):
-                    parts[w] = out
-                else:
-                    end = [m.rows, start + cols]
-                    parts[w] = self.builder_.emit(relax.op.strided_slice(out, [0, 1], [0, start], end))
-                start += cols
-            return parts
-
-    mutator = _Mutator(mod)
-    for gv, func in relax_functions(mod):
-        mutator.params = set(func.params)
-        mutator.added, mutator.outputs = {}, {}
-        mutator.groups, mutator.widths = weight_args.siblings(func, mutator.params, lambda m: True)
-        mutator.tied = _read_transposed(func, mutator.params)
-        new = mutator.visit_expr(func)
-        mutator.builder_.update_func(gv, weight_args.with_arguments(new, list(mutator.added.values())))
+    mutator = _Panels(mod, read)
+    mod = mutator.rewrite_module()
+    packed = mutator.packed
     report = {
         "weights_packed": {name: list(a.shape) for name, a in sorted(packed.items())},
-        "matmuls_taken": sum(calls.values()),
-        "merged_calls": len(merged),
-        "lookups_from_panels": sum(lookups.values()),
-        "matmuls_skipped": dict(skipped),
+        "matmuls_taken": sum(mutator.calls.values()),
+        "merged_calls": len(mutator.merged),
+        "lookups_from_panels": sum(mutator.lookups.values()),
+        "matmuls_skipped": dict(mutator.skipped),
         "packed_mb": round(sum(a.nbytes for a in packed.values()) / 2**20, 3),
     }
-    return mutator.builder_.get(), packed, report
+    return mod, packed, report
+
+
+@relax.expr_functor.mutator
+class _Panels(PackedWeightMutator):
+    """Every fp32 weight matmul on the panel kernel; an embedding lookup of a packed head from its panels."""
+
+    def __init__(self, mod: Any, read: Callable[[str], np.ndarray]) -> None:
+        super().__init__(mod)
+        self.read = read
+        self.lookups: Counter[str] = Counter()
+        #: per function: the weights a matmul reads transposed (a head), by name: ``[N, K]``
+        self.tied: dict[str, tuple[int, int]] = {}
+
+    def start_function(self, func: Any) -> None:
+        super().start_function(func)
+        self.tied = _read_transposed(func, self.params)
+
+    def visit_call_(self, call: Any) -> Any:
+        call = super().visit_call_(call)
+        return self.lookup(call) if op_name(call) == "relax.take" else call
+
+    def panels(self, names: list[str], width: int, transposed: bool) -> Any:
+        """The function's argument for ``names`` packed side by side (``width`` columns), packed the first time."""
+        n = _lanes(width)
+        name = f"{'_'.join(names)}{'.t' if transposed else ''}.p{kernel.panel_width(n)}"
+        if name not in self.packed:
+            read = self.read
+            w = read(names[0]).T if transposed else np.concatenate([read(w) for w in names], axis=1)
+            self.packed[name] = kernel.pack(
+                np.pad(w.astype(np.float32), ((0, 0), (0, n - width))), kernel.panel_width(n)
+            )
+        return self.argument(name)
+
+    def lookup(self, call: Any) -> Any:
+        """``take(E, ids, axis=0)`` of an embedding whose transpose is a packed head -> rows of its panels."""
+        table, ids = call.args
+        if table not in self.params or table.name not in self.tied or int(call.attrs.axis or 0) != 0:
+            return call
+        (vocab, k), shape = self.tied[table.name], static_shape(ids) or []
+        count = int(np.prod(shape)) if shape else 0
+        if count == 0 or str(ids.ty.dtype) not in ("int32", "int64"):
+            return call
+        func = self.kernel(
+            f"panel_rows_{count}x{k}x{_lanes(vocab)}_{ids.ty.dtype}",
+            lambda: kernel.panel_rows(count, k, _lanes(vocab), str(ids.ty.dtype)),
+        )
+        flat = self.builder_.emit(relax.op.reshape(ids, (count,)))
+        weight = self.panels([table.name], vocab, transposed=True)
+        rows = self.builder_.emit(relax.call_tir(func, [flat, weight], relax.TensorType((count, k), "float32")))
+        self.lookups[table.name] += 1
+        return relax.op.reshape(rows, (*shape, k))
+
+    def emit(self, m: WeightMatmul, names: list[str]) -> dict[str, Any]:
+        """The kernel's call for ``names`` (one packed weight), then each weight's columns of its output."""
+        widths = [self.widths.get(n, m.n) for n in names]
+        width = sum(widths)
+        n = _lanes(width)
+        weight = self.panels(names, width, m.transposed)
+        rows = kernel.padded_rows(m.rows)
+        func = self.kernel(f"panel_matmul_{rows}x{m.k}x{n}", lambda: kernel.panel_matmul(rows, m.k, n))
+        x = self.builder_.emit(relax.op.reshape(m.x, (m.rows, m.k)))
+        if rows != m.rows:
+            x = self.builder_.emit(relax.op.nn.pad(x, [0, rows - m.rows, 0, 0]))
+        out = self.builder_.emit(relax.call_tir(func, [x, weight], relax.TensorType((rows, n), "float32")))
+        parts, start = {}, 0
+        for w, cols in zip(names, widths, strict=True):
+            if (start, cols, rows) == (0, n, m.rows):
+                parts[w] = out
+            else:
+                end = [m.rows, start + cols]
+                parts[w] = self.builder_.emit(relax.op.strided_slice(out, [0, 1], [0, start], end))
+            start += cols
+        return parts
 
 
 def _lanes(n: int) -> int:
@@ -162,8 +128,6 @@ def _lanes(n: int) -> int:
 
 def _read_transposed(func: Any, params: set[Any]) -> dict[str, tuple[int, int]]:
     """The weight arguments of ``func`` that a matmul reads transposed (a head tied or not), by name: ``[N, K]``."""
-    from tvm import relax
-
     values = relax.analysis.get_var2val(func)
     out: dict[str, tuple[int, int]] = {}
 
