@@ -138,7 +138,7 @@ def load(
     target = get_target(manifest.target.name)
     check_host(manifest, target)
     if manifest.target.info.get("task") == TEXT_GENERATION:  # prefill + decode graphs, not one model
-        runner: Runner = generative_backend(manifest.target.name).load_generative(path, manifest.target)
+        runner: Runner = generative_backend(manifest.target.name).load(path, manifest.target)
     else:
         runner = target.load(path, manifest.target, IOSpec.from_dict(manifest.io))
     return LoadedArtifact(path, manifest, runner)

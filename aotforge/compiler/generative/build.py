@@ -8,7 +8,7 @@ import dataclasses
 import hashlib
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from aotforge.passes import DEFAULT_PRESET, contrib_op_passes
 from aotforge.passes.manager import run_passes
 from aotforge.targets import get_target
 from aotforge.targets.generative import generative_backend
+from aotforge.targets.generative.backend import GenerativeBackend
 
 Progress = Callable[[str], None]
 #: Targets whose text-generation builds are prepared as a bundle and finished on the device host.
@@ -53,16 +54,15 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
     spec = decoder_spec(source.model, opts.max_seq_len, opts.max_batch)
-    plan = getattr(backend, "plan_generative", None)
-    if plan is not None:  # options the target cannot honour are refused before the export
-        plan(spec, target_opts)
-    if opts.speculative_k and not getattr(backend, "SPECULATIVE", False):
+    if backend.plan is not None:  # options the target cannot honour are refused before the export
+        backend.plan(spec, target_opts)
+    if opts.speculative_k and not backend.speculative:
         raise OptionsError(f"--speculative-k: {opts.target} text-generation artifacts have no verify graph yet")
     graph_passes, compile_passes = _graph_passes(opts, target, backend), _compile_passes(opts, target, backend)
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.plots)
     with staging_dir(opts.out) as stage:
         say("exporting the prefill and decode graphs")
-        attention = getattr(backend, "DECODE_ATTENTION", "masked")
+        attention = backend.decode_attention
         prefill, decode = export_graphs(source.model, spec, place.name, decode_attention=attention)
         graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
         verify_width = opts.speculative_k + 1 if opts.speculative_k else 0
@@ -70,7 +70,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
             say(f"exporting the verify graph (speculative decoding, up to {opts.speculative_k} draft tokens)")
             graphs[VERIFY_FILE] = export_verify(source.model, spec, place.name, decode_attention=attention)
         # The target's own graph rewrites (onnxruntime: MatMul packing before the passes, contrib ops after them).
-        prepare, rewrite = getattr(backend, "prepare_graphs", None), getattr(backend, "rewrite_graphs", None)
+        prepare, rewrite = backend.prepare_graphs, backend.rewrite_graphs
         rewrites = prepare(graphs, spec) if prepare is not None else {}
         pass_entries = []
         for file_name, graph in graphs.items():
@@ -87,7 +87,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
         say(f"compiling for {opts.target}")
         extra: dict[str, Any] = {"verify_width": verify_width} if verify_width else {}
         extra |= {"passes": compile_passes} if compile_passes else {}
-        compiled = backend.compile_generative(stage, spec, target_opts, say, **extra)
+        compiled = backend.compile(stage, spec, target_opts, say, **extra)
         pass_entries += _compile_pass_entries(compile_passes, compiled.target_info)
         info = {
             **compiled.target_info,
@@ -103,7 +103,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
             ),
         }
         record = TargetRecord(target.name, dataclasses.asdict(target_opts), info)
-        runner = backend.load_generative(stage, record)
+        runner = backend.load(stage, record)
         say("validating greedy generation against transformers")
         validation = validate_generation(
             source.model,
@@ -138,7 +138,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
     return BuildResult(place.path_of(manifest), manifest)
 
 
-def _backend(opts: BuildOptions) -> Any:
+def _backend(opts: BuildOptions) -> GenerativeBackend:
     """The target's generative backend; a target without one is refused before any work."""
     target = get_target(opts.target)
     probe = target.probe()
@@ -151,20 +151,19 @@ def _backend(opts: BuildOptions) -> Any:
 GENERATIVE_PASSES = frozenset({"weight-only"})
 
 
-def _compile_passes(opts: BuildOptions, target: Any, backend: Any) -> dict[str, Any]:
+def _compile_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -> dict[str, Any]:
     """Parameters of the passes the backend applies itself (tvm packs weight-only weights in its own
     format from the same parameters, so one recipe means the same on both targets); refused early."""
-    handled: frozenset[str] = getattr(backend, "COMPILE_PASSES", frozenset())
+    handled = backend.compile_passes
     if not handled or tuple(opts.passes) in ((DEFAULT_PRESET,), ()):
         return {}
     passes = {p.name: p.params for p in _target_passes(opts, target, backend)[1] if p.name in handled}
-    check = getattr(backend, "check_compile_passes", None)
-    if check is not None:
-        check(passes)
+    if backend.check_compile_passes is not None:
+        backend.check_compile_passes(passes)
     return passes
 
 
-def _compile_pass_entries(passes: dict[str, Any], target_info: dict[str, Any]) -> list[dict[str, Any]]:
+def _compile_pass_entries(passes: dict[str, Any], target_info: Mapping[str, Any]) -> list[dict[str, Any]]:
     stats = target_info.get("generative", {})
     return [
         {
@@ -178,7 +177,7 @@ def _compile_pass_entries(passes: dict[str, Any], target_info: dict[str, Any]) -
     ]
 
 
-def _graph_passes(opts: BuildOptions, target: Any, backend: Any = None) -> Callable[[], list[Any]] | None:
+def _graph_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -> Callable[[], list[Any]] | None:
     """A factory of fresh pass instances (each graph records its own stats), or None without passes.
 
     Weight-only quantization is what a memory-bound decoder wants, and it needs no calibration;
@@ -186,8 +185,7 @@ def _graph_passes(opts: BuildOptions, target: Any, backend: Any = None) -> Calla
     if tuple(opts.passes) in ((DEFAULT_PRESET,), ()):
         return None
     names, _ = _target_passes(opts, target, backend)
-    handled: frozenset[str] = getattr(backend, "COMPILE_PASSES", frozenset())
-    if names and all(n in handled for n in names):
+    if names and all(n in backend.compile_passes for n in names):
         return None
     refused = [n for n in names if n not in GENERATIVE_PASSES]
     if refused:
@@ -203,11 +201,11 @@ def _graph_passes(opts: BuildOptions, target: Any, backend: Any = None) -> Calla
     return lambda: _target_passes(opts, target, backend)[1]
 
 
-def _target_passes(opts: BuildOptions, target: Any, backend: Any) -> tuple[tuple[str, ...], list[Any]]:
-    """``target_passes`` with the backend's ``PASS_DEFAULTS`` under the user's parameters: a decode step is not an
+def _target_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -> tuple[tuple[str, ...], list[Any]]:
+    """``target_passes`` with the backend's ``pass_defaults`` under the user's parameters: a decode step is not an
     encoder's batch, so a text-generation backend may want other defaults (onnxruntime's MatMulNBits
     ``accuracy_level``)."""
-    return target_passes(opts, target, getattr(backend, "PASS_DEFAULTS", None))
+    return target_passes(opts, target, backend.pass_defaults)
 
 
 def _graphs_sha(stage: Path) -> str:

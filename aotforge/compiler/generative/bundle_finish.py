@@ -69,7 +69,12 @@ def finish_generative(
         target.options_type, data["target_options"] if name == data["target"] else {}, what=name
     )
     spec = DecoderSpec.from_dict(data["decoder"])
-    if name == data["target"] and json_values(backend.bundle_plan_generative(spec, target_opts)) != data["plan"]:
+    bundle_plan = backend.bundle_plan
+    if (
+        name == data["target"]
+        and bundle_plan is not None
+        and json_values(bundle_plan(spec, target_opts)) != data["plan"]
+    ):
         raise ArtifactError(
             f"the {name} plan in the bundle differs from what this aotforge plans for it: prepare the bundle "
             "with the same aotforge version as the device host"
@@ -84,7 +89,7 @@ def finish_generative(
                 shutil.copy2(path / rel, stage / rel)
         inputs = bundle_inputs(graphs_from)
         say(f"compiling for {name}")
-        compiled = backend.compile_generative(stage, spec, target_opts, say, **inputs.compile_kwargs(stage))
+        compiled = backend.compile(stage, spec, target_opts, say, **inputs.compile_kwargs(stage))
         inputs.after_compile(stage)
         info = {
             **compiled.target_info,
@@ -94,7 +99,7 @@ def finish_generative(
             "weights": data["weights"],
         }
         record = TargetRecord(target.name, dataclasses.asdict(target_opts), info)
-        runner = backend.load_generative(stage, record)
+        runner = backend.load(stage, record)
         say("validating greedy generation against the references in the bundle")
         checked = data["validation"]
         validation = check_generation(

@@ -3,7 +3,7 @@
 tensorrt compiles ONNX: the bundle holds the prefill and decode graphs over one ``weights.data``
 (:class:`OnnxGraphs`). neuronx-cc has no ONNX frontend: the bundle holds the causal LM as safetensors and the
 device host traces its prefill / decode torch modules per bucket (:class:`TorchModules`). The target's
-generative backend names which (``GRAPHS_FROM``); everything else about a bundle is the same for both.
+generative backend names which (``GenerativeBackend.graphs_from``); everything else about a bundle is the same for both.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class BundleInputs(Protocol):
         ...
 
     def compile_kwargs(self, stage: Path) -> dict[str, Any]:
-        """What the backend's ``compile_generative`` takes besides the staged files."""
+        """What the backend's ``compile`` takes besides the staged files."""
         ...
 
     def after_compile(self, stage: Path) -> None:
@@ -45,7 +45,7 @@ class BundleInputs(Protocol):
 
 
 def bundle_inputs(graphs_from: str) -> BundleInputs:
-    """The inputs a backend's ``GRAPHS_FROM`` names ("onnx" or "torch")."""
+    """The inputs a backend's ``graphs_from`` names ("onnx" or "torch")."""
     if graphs_from == "onnx":
         from aotforge.compiler.generative.onnx_inputs import OnnxGraphs
 

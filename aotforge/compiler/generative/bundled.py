@@ -61,12 +61,7 @@ Progress = Callable[[str], None]
 
 def build_bundled(model: Any, opts: BuildOptions, say: Progress) -> BuildResult:
     """``--prepare-only``: write the bundle. Otherwise refuse without the device, else prepare and finish here."""
-    backend = generative_backend(opts.target)
-    if not hasattr(backend, "bundle_plan_generative"):
-        raise OptionsError(
-            "--prepare-only bundles of text-generation builds are for tensorrt and neuron: build for "
-            f"{opts.target} on the host itself"
-        )
+    _bundle_plan(opts.target)
     if opts.speculative_k:
         raise OptionsError(f"--speculative-k: {opts.target} text-generation artifacts have no verify graph yet")
     if opts.prepare_only:
@@ -81,6 +76,17 @@ def build_bundled(model: Any, opts: BuildOptions, say: Progress) -> BuildResult:
         return finish_generative(prepared.path, data, opts.out, bench=opts.bench, progress=say, plots=opts.plots)
 
 
+def _bundle_plan(target: str) -> Callable[[DecoderSpec, Any], dict[str, Any]]:
+    """The plan a bundle for ``target`` carries; a target without bundles (built on its host itself) is refused."""
+    plan = generative_backend(target).bundle_plan
+    if plan is None:
+        raise OptionsError(
+            f"--prepare-only bundles of text-generation builds are for tensorrt and neuron: build for {target} "
+            "on the host itself"
+        )
+    return plan
+
+
 def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_check: bool) -> BuildResult:
     """Write the text-generation bundle for ``opts.target`` (see the module docstring); the result holds its draft."""
     target = get_target(opts.target)
@@ -89,8 +95,8 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
     spec = decoder_spec(source.model, opts.max_seq_len, opts.max_batch)
-    plan = backend.bundle_plan_generative(spec, target_opts)  # refuses options the target cannot honour first
-    graphs_from = backend.GRAPHS_FROM
+    plan = _bundle_plan(opts.target)(spec, target_opts)  # refuses options the target cannot honour first
+    graphs_from = backend.graphs_from
     inputs = bundle_inputs(graphs_from)
     if tuple(opts.passes) not in ((DEFAULT_PRESET,), ()):
         # The one text-generation pass, weight-only, emits ONNX Runtime contrib ops (MatMulNBits).
@@ -103,7 +109,7 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
     final = bundle_path(opts.out, name, opts.target)
     if final.exists():
         raise UnknownReferenceError(f"{final} already exists: remove it or give another --name")
-    attention = getattr(backend, "DECODE_ATTENTION", "masked")
+    attention = backend.decode_attention
     with staging_dir(opts.out) as stage:
         say(inputs.writing)
         weights, opset = inputs.write(stage, source.model, spec, name, attention)

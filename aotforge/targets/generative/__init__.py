@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from typing import TYPE_CHECKING
 
 from aotforge.core.errors import UnsupportedModelError
 
-#: Target -> the module whose ``compile_generative`` / ``load_generative`` handle the two graphs.
+if TYPE_CHECKING:
+    from aotforge.targets.generative.backend import GenerativeBackend
+
+#: Target -> the module whose ``BACKEND`` (a ``backend.GenerativeBackend``) compiles and loads the graphs.
 #: A table read on use (no import-time registry); a target missing here has no generative path yet.
 GENERATIVE_BACKENDS = {
     "onnxruntime": "aotforge.targets.generative.ort_engine",
@@ -18,12 +21,13 @@ GENERATIVE_BACKENDS = {
 }
 
 
-def generative_backend(target: str) -> ModuleType:
-    """The module that compiles and loads ``target``'s prefill + decode graphs, or a refusal."""
+def generative_backend(target: str) -> GenerativeBackend:
+    """What compiles and loads ``target``'s prefill + decode graphs, or a refusal."""
     dotted = GENERATIVE_BACKENDS.get(target)
     if dotted is None:
         raise UnsupportedModelError(
             f"text-generation artifacts for {target} are not implemented yet; use --target "
             f"{' or '.join(GENERATIVE_BACKENDS)}"
         )
-    return importlib.import_module(dotted)
+    backend: GenerativeBackend = importlib.import_module(dotted).BACKEND
+    return backend

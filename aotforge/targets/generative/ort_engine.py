@@ -21,14 +21,10 @@ from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, VERIFY_FILE, Decode
 from aotforge.core.errors import CompileError, describe
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets.base import CompileResult
+from aotforge.targets.generative.backend import GenerativeBackend
 from aotforge.targets.generative.runner import GenerativeRunner
 
 SESSION_FILE = "session.json"
-#: The decode graph this engine runs (``compiler.generative.export``): ORT's GroupQueryAttention writes each
-#: slot's new key/value into the bound cache and attends over the slot's filled length only.
-DECODE_ATTENTION = "gqa"
-#: This engine runs a verify graph (``--speculative-k``): ``compile_generative(..., verify_width=)``.
-SPECULATIVE = True
 #: Pass defaults of text-generation builds, under the user's (``--pass-opt weight-only.accuracy_level=0`` still
 #: wins): MatMulNBits with int8 activations, as ONNX Runtime GenAI's builder sets for CPU. On a decode step (one
 #: row) ORT 1.32's default (0, fp32 compute) ran 8-bit weights 9x slower than fp32 and int4 at 1.38x GenAI int4's
@@ -82,6 +78,19 @@ def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunne
     width = int(record.info.get("speculative", {}).get("verify_width", 0))
     engine = OrtStepEngine(artifact_dir, spec, session_options(options), list(options.providers), width)
     return GenerativeRunner(engine)
+
+
+BACKEND = GenerativeBackend(
+    compile=compile_generative,
+    load=load_generative,
+    # ORT's GroupQueryAttention writes each slot's new key/value into the bound cache and attends over the
+    # slot's filled length only.
+    decode_attention="gqa",
+    speculative=True,
+    prepare_graphs=prepare_graphs,
+    rewrite_graphs=rewrite_graphs,
+    pass_defaults=PASS_DEFAULTS,
+)
 
 
 @dataclasses.dataclass

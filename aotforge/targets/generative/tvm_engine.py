@@ -29,6 +29,7 @@ from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, VERIFY_FILE, WEIGHT
 from aotforge.core.errors import AotforgeError, CompileError, OptionsError, UnsupportedModelError, describe
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets.base import CompileResult
+from aotforge.targets.generative.backend import GenerativeBackend
 from aotforge.targets.generative.runner import GenerativeRunner
 from aotforge.targets.generative.tvm_graphs import (
     Prepared,
@@ -43,8 +44,6 @@ from aotforge.targets.generative.tvm_weight_only import pack_weights, weight_onl
 
 LIBRARY = "lib.so"
 INFO_FILE = "tvm_generative.json"
-#: This engine runs a verify graph (``--speculative-k``): one function per batch bucket at ``verify_width`` tokens.
-SPECULATIVE = True
 #: Smallest prompt bucket; the others double up to ``max_seq_len`` (which is always one).
 MIN_PROMPT_BUCKET = 16
 
@@ -94,14 +93,8 @@ def plan_generative(spec: DecoderSpec, options: Any) -> tuple[tuple[int, ...], t
     return prompt_buckets(spec, declared), batch_buckets(spec, declared)
 
 
-#: Passes this backend runs itself, on the imported module (``tvm_weight_only``), not on the ONNX graphs.
-COMPILE_PASSES = frozenset({"weight-only"})
-#: Its kernel computes with int8 activations: the manifest records the level it runs (the user's 0 is taken too).
-PASS_DEFAULTS = {"weight-only": {"accuracy_level": 4}}
-
-
 def check_compile_passes(passes: dict[str, Any]) -> None:
-    """Refuse, before the export, parameters of ``COMPILE_PASSES`` this backend cannot honour."""
+    """Refuse, before the export, parameters of the passes it compiles itself that this backend cannot honour."""
     if "weight-only" in passes:
         weight_only_format(passes["weight-only"])
 
@@ -216,6 +209,20 @@ def _import(prepared: Prepared, sizes: dict[str, int]) -> Any:
 def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:
     spec = DecoderSpec.from_dict(record.info["decoder"])
     return GenerativeRunner(TvmStepEngine(artifact_dir, spec))
+
+
+BACKEND = GenerativeBackend(
+    compile=compile_generative,
+    load=load_generative,
+    # A verify graph (``--speculative-k``): one function per batch bucket at ``verify_width`` tokens.
+    speculative=True,
+    plan=plan_generative,
+    # weight-only runs on the imported module (``tvm_weight_only``), not on the ONNX graphs; its kernel computes
+    # with int8 activations: the manifest records the level it runs (the user's 0 is taken too).
+    compile_passes=frozenset({"weight-only"}),
+    check_compile_passes=check_compile_passes,
+    pass_defaults={"weight-only": {"accuracy_level": 4}},
+)
 
 
 class TvmStepEngine:

@@ -19,7 +19,7 @@ the decode graph attends over whatever cache length it is traced with):
 ``--target-opt buckets=prompt=32/64,cache=64/128,batch=1/4`` overrides any of them (the largest must be the
 maximum). Plain Python; the torch-neuronx calls are :mod:`targets.neuron.sdk`'s. neuronx-cc compiles torch,
 not ONNX, so a bundle for this target carries the weights (safetensors) and the device host traces the
-graphs' torch modules (``GRAPHS_FROM``).
+graphs' torch modules (``BACKEND.graphs_from``).
 """
 
 from __future__ import annotations
@@ -36,12 +36,10 @@ from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets.base import CompileResult
+from aotforge.targets.generative.backend import GenerativeBackend
 from aotforge.targets.neuron import sdk
 from aotforge.targets.neuron.target import check_instance_family, compiler_args
 
-#: A bundle for this target carries the source weights: the device host traces the torch modules.
-GRAPHS_FROM = "torch"
-DECODE_ATTENTION = "masked"
 CONTEXT_ENCODING = "context_encoding"
 TOKEN_GENERATION = "token_generation"
 #: NxDI's smallest default bucket.
@@ -192,6 +190,16 @@ def load_generative(artifact_dir: Path, record: TargetRecord) -> Any:
         for g in info["graphs"]
     }
     return GenerativeRunner(BucketStepEngine(spec, loaded, lambda key, arrays: sdk.call(loaded[key], arrays)))
+
+
+#: A bundle for this target carries the source weights: the device host traces the torch modules.
+BACKEND = GenerativeBackend(
+    compile=compile_generative,
+    load=load_generative,
+    plan=plan_generative,
+    bundle_plan=bundle_plan_generative,
+    graphs_from="torch",
+)
 
 
 Key = tuple[str, int, int]

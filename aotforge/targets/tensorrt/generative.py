@@ -32,14 +32,11 @@ from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, DecoderSpec
 from aotforge.core.errors import TargetUnavailableError
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets.base import CompileResult
+from aotforge.targets.generative.backend import GenerativeBackend
 from aotforge.targets.tensorrt.compat import check_engine_compat
 from aotforge.targets.tensorrt.plan import Profile, TrtBuildPlan
 from aotforge.targets.tensorrt.target import builder_flags, query_gpu
 
-#: The decode graph this backend compiles (``compiler.generative.export``).
-DECODE_ATTENTION = "masked"
-#: What a bundle for this target carries to the device host: the ONNX graphs over their shared weights.
-GRAPHS_FROM = "onnx"
 PREFILL_ENGINE = "prefill.engine"
 DECODE_ENGINE = "decode.engine"
 ENGINES = {"prefill": (PREFILL_FILE, PREFILL_ENGINE), "decode": (DECODE_FILE, DECODE_ENGINE)}
@@ -155,3 +152,13 @@ def load_generative(artifact_dir: Path, record: TargetRecord) -> Any:
         allow_host_code=bool(info.get("version_compatible")),
     )
     return GenerativeRunner(engine)
+
+
+#: A bundle for this target carries the ONNX graphs over their shared weights to the device host.
+BACKEND = GenerativeBackend(
+    compile=compile_generative,
+    load=load_generative,
+    plan=plan_generative,
+    bundle_plan=bundle_plan_generative,
+    graphs_from="onnx",
+)

@@ -1,0 +1,39 @@
+"""Every text-generation backend is one typed record (``targets/generative/backend``) the build line reads."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from aotforge.compiler.generative.build import GENERATIVE_PASSES
+from aotforge.compiler.generative.export import DECODE_ATTENTION
+from aotforge.core.errors import UnsupportedModelError
+from aotforge.targets.generative import GENERATIVE_BACKENDS, generative_backend
+from aotforge.targets.generative.backend import GenerativeBackend
+
+
+@pytest.mark.parametrize("target", sorted(GENERATIVE_BACKENDS))
+def test_each_backend_module_gives_a_consistent_record(target: str) -> None:
+    """Importable without the target's SDK; what it says it does, its hooks take."""
+    backend = generative_backend(target)
+    assert isinstance(backend, GenerativeBackend)
+    assert backend.decode_attention in DECODE_ATTENTION
+    compile_args = inspect.signature(backend.compile).parameters
+    assert "verify_width" in compile_args or not backend.speculative
+    assert "passes" in compile_args or not backend.compile_passes
+    assert backend.compile_passes <= GENERATIVE_PASSES and set(backend.pass_defaults) <= GENERATIVE_PASSES
+    # A bundle's device host compiles what the bundle holds: both fields or neither.
+    assert backend.graphs_from in ("", "onnx", "torch")
+    assert (backend.bundle_plan is None) == (backend.graphs_from == "")
+
+
+def test_the_device_targets_are_built_through_bundles_the_cpu_ones_here() -> None:
+    bundled = {t for t in GENERATIVE_BACKENDS if generative_backend(t).bundle_plan is not None}
+    assert bundled == {"tensorrt", "neuron"}
+    assert {t for t in GENERATIVE_BACKENDS if generative_backend(t).speculative} == {"onnxruntime", "tvm"}
+
+
+def test_a_target_without_a_backend_is_refused_naming_those_there_are() -> None:
+    with pytest.raises(UnsupportedModelError, match="onnxruntime or tvm or tensorrt or neuron"):
+        generative_backend("coreml")
