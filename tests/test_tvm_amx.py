@@ -84,9 +84,9 @@ def test_the_rule_takes_amx_where_the_shape_allows(rows: int, kernel: str) -> No
     from tvm.relax.frontend.onnx import from_onnx
 
     from aotforge.targets.tvm.rewrites.int8 import rewrite_integer_ops
-    from tests.test_tvm_int8 import _matmul_integer_graph
+    from tests.int8_graphs import matmul_integer_graph
 
-    graph = _matmul_integer_graph(rows=rows)
+    graph = matmul_integer_graph(rows=rows)
     mod = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
     mod, report = rewrite_integer_ops(mod, amx=True)
     assert report is not None and report["amx_kernels"] == kernel.startswith("amx")
