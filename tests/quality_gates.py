@@ -84,7 +84,7 @@ def quality_report(
             "increase": round(ppl / base - 1, 4),
             "allowed": allowed,
             **agreement(reference, got),
-            "weights_file_bytes": result.manifest.target.info["weights"]["weights_file_bytes"],
+            "weights_file_bytes": sum(n for f, n in result.manifest.file_sizes.items() if f.endswith(".data")),
         }
     return report
 

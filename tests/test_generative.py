@@ -80,6 +80,7 @@ def test_benchmark_generation_record(llama_ort: Any) -> None:
     assert set(g["itl_ms"]) == {"p50", "p90", "p99"} and 0 < g["itl_ms"]["p50"] <= g["itl_ms"]["p99"]
     assert set(g["tokens_per_s"]) == {"1", "2"} and all(v > 0 for v in g["tokens_per_s"].values())
     assert g["kv_cache_bytes"]["2"] == 2 * 2 * 2 * 2 * MAX_SEQ * 16 * 4  # K+V, layers, batch, kv heads, dims
+    assert g["weight_bytes"] == llama_ort.manifest.file_sizes["weights.data"]
     card = (llama_ort.path / "MODEL_CARD.md").read_text()
     assert "Time to first token" in card and "token for token" in card
 

@@ -73,6 +73,7 @@ def test_the_weights_are_stored_and_held_once(llama_tvm: Any) -> None:
     sizes = llama_tvm.manifest.file_sizes
     on_disk = sum(size for name, size in sizes.items() if name.endswith(".data"))
     assert "weights.data" not in sizes and 0.95 * params <= on_disk <= 1.02 * params, (on_disk, params)
+    assert llama_tvm.manifest.benchmark["generation"]["weight_bytes"] == on_disk  # the model card's figure
     engine = aotforge.load(llama_tvm.path)._generative().engine
     held = {id(t): t.numpy().nbytes for t in engine.weights.values()}
     assert 0.95 * params <= sum(held.values()) <= 1.02 * params, (sum(held.values()), params)

@@ -117,7 +117,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
         bench = None
         if opts.bench:
             say("benchmarking generation")
-            bench = {"generation": benchmark_generation(runner, spec, weights["weights_file_bytes"])}
+            bench = {"generation": benchmark_generation(runner, spec, _stored_weight_bytes(stage))}
         manifest = Manifest(
             name=place.name,
             version=place.version,
@@ -206,6 +206,12 @@ def _target_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) 
     encoder's batch, so a text-generation backend may want other defaults (onnxruntime's MatMulNBits
     ``accuracy_level``)."""
     return target_passes(opts, target, backend.pass_defaults)
+
+
+def _stored_weight_bytes(stage: Path) -> int:
+    """The weight files the artifact keeps, which its runner reads: the export's ``weights.data``, or what the
+    target stores in its place (tvm: the packed ``tvm_weights.data``)."""
+    return sum(p.stat().st_size for p in stage.glob("*.data"))
 
 
 def _graphs_sha(stage: Path) -> str:
