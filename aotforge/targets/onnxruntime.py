@@ -19,6 +19,7 @@ from aotforge.core.errors import (
     CompileError,
     HostMismatchError,
     InputSpecError,
+    OptionsError,
     TargetUnavailableError,
     UnsupportedModelError,
     describe,
@@ -42,6 +43,16 @@ class OrtOptions:
     #: transforms specific to this host's ISA.
     optimization_level: str = "extended"
     intra_op_threads: int = 0
+    #: How long (microseconds) an idle intra-op thread spins for new work before it sleeps
+    #: (``session.intra_op.spin_duration_us``); -1 leaves ONNX Runtime's own spinning, 0 never spins.
+    intra_op_spin_us: int = -1
+
+    def __post_init__(self) -> None:
+        if self.intra_op_spin_us < -1:
+            raise OptionsError(
+                f"onnxruntime intra_op_spin_us must be microseconds >= 0, or -1 for ONNX Runtime's own spinning; "
+                f"got {self.intra_op_spin_us}"
+            )
 
 
 class OrtTarget(Target):
@@ -185,6 +196,10 @@ def session_options(options: OrtOptions, optimized_path: Path | None = None) -> 
     sess_options.graph_optimization_level = levels[options.optimization_level]
     sess_options.intra_op_num_threads = options.intra_op_threads
     sess_options.log_severity_level = 3
+    if options.intra_op_spin_us == 0:
+        sess_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    elif options.intra_op_spin_us > 0:
+        sess_options.add_session_config_entry("session.intra_op.spin_duration_us", str(options.intra_op_spin_us))
     if optimized_path is not None:
         sess_options.optimized_model_filepath = str(optimized_path)
     return sess_options

@@ -50,7 +50,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
     started = time.perf_counter()
     backend = _backend(opts)
     target = get_target(opts.target)
-    target_opts = options_from_dict(target.options_type, opts.target_options, what=opts.target)
+    target_opts = _target_options(opts, target, backend)
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
     spec = decoder_spec(source.model, opts.max_seq_len, opts.max_batch)
@@ -212,6 +212,13 @@ def _stored_weight_bytes(stage: Path) -> int:
     """The weight files the artifact keeps, which its runner reads: the export's ``weights.data``, or what the
     target stores in its place (tvm: the packed ``tvm_weights.data``)."""
     return sum(p.stat().st_size for p in stage.glob("*.data"))
+
+
+def _target_options(opts: BuildOptions, target: Any, backend: Any) -> Any:
+    """The target's options with the backend's ``TARGET_DEFAULTS`` under the user's (onnxruntime: a decode step's
+    thread hand-offs want a short spin, ``ort_engine.TARGET_DEFAULTS``)."""
+    layered = {**getattr(backend, "TARGET_DEFAULTS", {}), **opts.target_options}
+    return options_from_dict(target.options_type, layered, what=opts.target)
 
 
 def _graphs_sha(stage: Path) -> str:

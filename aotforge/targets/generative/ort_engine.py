@@ -31,6 +31,13 @@ SESSION_FILE = "session.json"
 #: ITL; at 4, 0.39x fp32 and 1.02x. Not the pass's own default: on an encoder's 128-row batch (MiniLM) 4 is ~10%
 #: slower than 0 for int4 and doubles int8's error for a 30% gain.
 PASS_DEFAULTS = {"weight-only": {"accuracy_level": 4}}
+#: Target-option defaults of text-generation builds, under the user's (``--target-opt intra_op_spin_us=-1`` gives
+#: back ORT's own): an idle intra-op thread spins 20 us for new work, then sleeps. A decode step is ~300 small
+#: kernels, each a hand-off between the threads; ORT's own spinning (far longer) holds the core the other thread
+#: needs when the host's cores are shared. SmolLM-135M shape, int4, 2 threads, 2 shared cores at load average
+#: 11-28: a bare decode step at 0.5-0.7x the wall and CPU time of ORT's default, ITL 0.59x GenAI int4's (0.88x
+#: without). 20 us covers the gaps between a step's kernels (a few us), so threads with cores to themselves spin on.
+TARGET_DEFAULTS = {"intra_op_spin_us": 20}
 
 
 def prepare_graphs(graphs: dict[str, Any], spec: DecoderSpec) -> dict[str, dict[str, int]]:
