@@ -87,9 +87,15 @@ def qdq_conv(out_channels: int, group: int, in_channels: int = 8) -> Any:
     return from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
 
 
-def qdq_chain(path: Path) -> Path:
+def qdq_chain(
+    path: Path, *, bias: bool = False, activations: tuple[str, str, str] = ("", "", ""), second_reader: bool = False
+) -> Path:
     """QDQ stem 3x3 (16) -> depthwise 3x3 -> pointwise 1x1 (32) -> + residual-free mean: quantized the
-    way static ``int8`` leaves a CNN (every Conv between DequantizeLinear and QuantizeLinear)."""
+    way static ``int8`` leaves a CNN (every Conv between DequantizeLinear and QuantizeLinear).
+
+    ``bias``: each Conv has a float bias; ``activations``: ``Clip`` (0, 6), ``Relu`` or nothing after
+    each Conv, as a quantizer that did not absorb them leaves them; ``second_reader``: the stem's
+    float output is also read by the graph's output (a mean of it added)."""
     rng = np.random.default_rng(5)
     inits, nodes, x = [], [], "x"
     for i, (cout, cin, k, group) in enumerate([(16, 3, 3, 1), (16, 1, 3, 16), (32, 16, 1, 1)]):
@@ -100,14 +106,27 @@ def qdq_chain(path: Path) -> Path:
             numpy_helper.from_array(np.array(0.05, np.float32), f"s{i}"),
             numpy_helper.from_array(np.array(100 + i, np.uint8), f"z{i}"),
         ]
+        if bias:
+            inits.append(numpy_helper.from_array(rng.uniform(-0.5, 0.5, cout).astype(np.float32), f"b{i}"))
         nodes += [
             helper.make_node("QuantizeLinear", [x, f"s{i}", f"z{i}"], [f"q{i}"]),
             helper.make_node("DequantizeLinear", [f"q{i}", f"s{i}", f"z{i}"], [f"d{i}"]),
             helper.make_node("DequantizeLinear", [f"w{i}", f"sw{i}", f"zw{i}"], [f"wf{i}"], axis=0),
-            helper.make_node("Conv", [f"d{i}", f"wf{i}"], [f"c{i}"], pads=[k // 2] * 4, group=group),
+            helper.make_node(
+                "Conv", [f"d{i}", f"wf{i}", *([f"b{i}"] if bias else [])], [f"c{i}"], pads=[k // 2] * 4, group=group
+            ),
         ]
         x = f"c{i}"
-    nodes.append(helper.make_node("ReduceMean", [x], ["y"], axes=[2, 3], keepdims=0))
+        if activations[i]:
+            bounds = ["lo", "hi"] if activations[i] == "Clip" else []
+            nodes.append(helper.make_node(activations[i], [x, *bounds], [f"a{i}"]))
+            x = f"a{i}"
+    if "Clip" in activations:
+        inits += [numpy_helper.from_array(np.array(v, np.float32), n) for v, n in ((0.0, "lo"), (6.0, "hi"))]
+    nodes.append(helper.make_node("ReduceMean", [x], ["m" if second_reader else "y"], axes=[2, 3], keepdims=0))
+    if second_reader:
+        nodes.append(helper.make_node("ReduceMean", ["c0"], ["m0"], axes=[1, 2, 3], keepdims=0))
+        nodes.append(helper.make_node("Add", ["m", "m0"], ["y"]))
     graph = helper.make_graph(
         nodes,
         "qdq_chain",

@@ -10,9 +10,10 @@ Phases (all inside ``with target:``):
    (``rewrites/bf16``); fast math (optional); projections of one input merged into one matmul
    (Q/K/V, ``rewrites/combine_matmuls``); integer matmuls (``int8-dynamic``) and QDQ
    convolutions (``int8``) with constant int8 weights -> AVX-512 VNNI kernels (depthwise ones ->
-   an integer depthwise kernel; NHWC kept between them) where the target has VNNI
-   (``rewrites/int8``: the ``int8_vnni`` report says which and why not); Clip as
-   maximum / minimum (``rewrites/clip``); NHWC convolutions;
+   an integer depthwise kernel; NHWC kept between them; each one's bias / clip / requantize
+   in its write-back) where the target has VNNI (``rewrites/int8``: the ``int8_vnni`` report
+   says which and why not), after Clip became maximum / minimum (``rewrites/clip``); NHWC
+   convolutions;
 2. legalize: the CPU backend's library dispatch + legalization + fusion passes (``cpu_generic``);
 3. schedules: tuned schedules (optional: MetaSchedule records from the shared tuning store,
    searched first for workloads it lacks, ``tuning/``), then default schedules without search
@@ -41,8 +42,10 @@ def rewrite_phase(*, fast_math: bool, conv_nhwc: bool) -> list[Step]:
         steps.BF16,  # first: fast math is fp32-only, and a FoldConstant of a bf16 isnan would compile it
         *([steps.FAST_MATH] if fast_math else []),
         steps.COMBINE_MATMULS,  # before legalize: fusion then gives the merged matmul its bias epilogue
+        # before NHWC and int8: a Clip the importers leave opaque pins its input to NCHW, and as
+        # maximum / minimum it joins a quantized convolution's requantizing write-back
+        steps.CLIP,
         steps.INT8_VNNI,  # before NHWC: QDQ convolutions become VNNI kernels that are channels-last themselves
-        steps.CLIP,  # before NHWC: a Clip the importers leave opaque pins its input to NCHW
         *([steps.NHWC] if conv_nhwc else []),
         # Last: after Clip became max / min, and on NHWC's ops (ConvertLayout does not know isnan / where).
         *([] if fast_math else [steps.IEEE_NAN]),

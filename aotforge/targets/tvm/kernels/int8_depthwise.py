@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from tvm import s_tir, te
 
+from aotforge.targets.tvm.kernels import requantize
 from aotforge.targets.tvm.kernels.nhwc_input import OPAQUE
 from aotforge.targets.tvm.kernels.vnni_dense import LANES, STACK_BYTES, largest_divisor
 from aotforge.targets.tvm.schedules.matmul import PARALLEL_MIN_MACS
@@ -48,9 +49,19 @@ def pack_weight(w: np.ndarray) -> np.ndarray:
 
 
 def depthwise_u8s8(
-    n: int, h: int, w: int, c: int, kh: int, kw: int, strides: tuple[int, int], out_hw: tuple[int, int]
+    n: int,
+    h: int,
+    w: int,
+    c: int,
+    kh: int,
+    kw: int,
+    strides: tuple[int, int],
+    out_hw: tuple[int, int],
+    out_dtype: str = "int32",
 ) -> Any:
-    """The scheduled PrimFunc ``(x u8[n,h,w,c] (padded), w f32[kh,kw,c], za u8[], colsum i32[c]) -> i32[n,oh,ow,c]``."""
+    """The scheduled PrimFunc ``(x u8[n,h,w,c] (padded), w f32[kh,kw,c], za u8[], colsum i32[c]) -> i32[n,oh,ow,c]``;
+    with an 8-bit ``out_dtype``, a ``requantize`` table ``f32[4, c]`` follows ``colsum`` and the
+    write-back requantizes (``kernels.requantize``)."""
     oh, ow = out_hw
     sh, sw = strides
     x = te.placeholder((n, h, w, c), "uint8", name="x")
@@ -63,10 +74,15 @@ def depthwise_u8s8(
         lambda b, y, xx, j: te.sum(x[b, y * sh + ry, xx * sw + rx, j].astype("float32") * wp[ry, rx, j], axis=[ry, rx]),
         name="acc",
     )
-    out = te.compute(
-        (n, oh, ow, c), lambda b, y, xx, j: acc[b, y, xx, j].astype("int32") - za[()].astype("int32") * colsum[j]
-    )
-    sch = s_tir.Schedule(te.create_prim_func([x, wp, za, colsum, out]))
+    table = requantize.placeholder(c)
+
+    def corrected(b: Any, y: Any, xx: Any, j: Any) -> Any:
+        value = acc[b, y, xx, j].astype("int32") - za[()].astype("int32") * colsum[j]
+        return value if out_dtype == "int32" else requantize.apply(value, table, j, out_dtype)
+
+    out = te.compute((n, oh, ow, c), corrected)
+    params = [x, wp, za, colsum, *([] if out_dtype == "int32" else [table]), out]
+    sch = s_tir.Schedule(te.create_prim_func(params))
     block = sch.get_sblock("acc")
     b, y, xx, j, ry_l, rx_l = sch.get_loops(block)
     jo, jl = sch.split(j, [None, LANES])

@@ -12,19 +12,24 @@ from __future__ import annotations
 
 from typing import Any
 
+import tvm
 from tvm import s_tir, te, tirx
 
-from aotforge.targets.tvm.schedules.injective import PARALLEL_MIN
-
 VECTOR = 16
+#: Below this many output bytes these copies run on the calling thread. They move a pixel's
+#: channels as one vector (~1-2 us for the 50 x 50 x 32 pad of a 96 x 96 MobileNet, 1 thread);
+#: split over 2 threads they took 3-4x as long (the fork/join, and a descheduled worker's time
+#: slice on a loaded machine). The injective rule's element count (``PARALLEL_MIN``) is for
+#: float kernels doing arithmetic, not byte copies.
+PARALLEL_MIN_BYTES = 1 << 20
 
 
 def _parallel(sch: s_tir.Schedule, loop: Any, out: Any) -> None:
-    """Run ``loop`` in parallel when ``out`` is big enough to pay for a fork/join (the injective rule's bar)."""
+    """Run ``loop`` in parallel when ``out`` is big enough to pay for a fork/join."""
     elements = 1
     for d in out.shape:
         elements *= int(d)
-    if elements >= PARALLEL_MIN:
+    if elements * tvm.DataType(out.dtype).bits // 8 >= PARALLEL_MIN_BYTES:
         sch.parallel(loop)
 
 

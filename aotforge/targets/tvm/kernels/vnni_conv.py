@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from tvm import s_tir, te
 
+from aotforge.targets.tvm.kernels import requantize
 from aotforge.targets.tvm.kernels.vnni_dense import (
     GROUP,
     LANES,
@@ -35,9 +36,20 @@ def pack_weight(w: np.ndarray, channels: int) -> np.ndarray:
 
 
 def conv2d_u8s8(
-    n: int, h: int, w: int, c: int, o: int, kh: int, kw: int, strides: tuple[int, int], out_hw: tuple[int, int]
+    n: int,
+    h: int,
+    w: int,
+    c: int,
+    o: int,
+    kh: int,
+    kw: int,
+    strides: tuple[int, int],
+    out_hw: tuple[int, int],
+    out_dtype: str = "int32",
 ) -> Any:
-    """The scheduled PrimFunc ``(x u8[n,h,w,c] (padded), w_packed, za u8[], colsum i32[o]) -> i32[n,oh,ow,o]``."""
+    """The scheduled PrimFunc ``(x u8[n,h,w,c] (padded), w_packed, za u8[], colsum i32[o]) -> i32[n,oh,ow,o]``;
+    with an 8-bit ``out_dtype``, a ``requantize`` table ``f32[4, o]`` follows ``colsum`` and the
+    write-back requantizes (``kernels.requantize``)."""
     register_intrinsic()
     oh, ow = out_hw
     sh, sw = strides
@@ -53,8 +65,15 @@ def conv2d_u8s8(
         return te.sum(a * wp[j // LANES, k // GROUP, j % LANES, k % GROUP].astype("int32"), axis=[ry, rx, rc])
 
     acc = te.compute((n, oh, ow, o), dot, name="acc")
-    out = te.compute((n, oh, ow, o), lambda b, y, xx, j: acc[b, y, xx, j] - za[()].astype("int32") * colsum[j])
-    sch = s_tir.Schedule(te.create_prim_func([x, wp, za, colsum, out]))
+    table = requantize.placeholder(o)
+
+    def corrected(b: Any, y: Any, xx: Any, j: Any) -> Any:
+        value = acc[b, y, xx, j] - za[()].astype("int32") * colsum[j]
+        return value if out_dtype == "int32" else requantize.apply(value, table, j, out_dtype)
+
+    out = te.compute((n, oh, ow, o), corrected)
+    params = [x, wp, za, colsum, *([] if out_dtype == "int32" else [table]), out]
+    sch = s_tir.Schedule(te.create_prim_func(params))
     block = sch.get_sblock("acc")
     b, y, xx, j, ry_l, rx_l, rc_l = sch.get_loops(block)
     jv, jl = sch.split(j, [None, LANES])

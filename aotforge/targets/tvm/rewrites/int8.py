@@ -14,18 +14,20 @@ from typing import Any
 
 from aotforge.targets.tvm.rewrites.channels_last import ElementwiseOnTwins, SpatialMeanOnTwin, Twins
 from aotforge.targets.tvm.rewrites.int8_conv import QdqConvToVnni, QdqDepthwiseConv
+from aotforge.targets.tvm.rewrites.int8_epilogue import KernelBuilders, RequantizeInKernel, readers
 from aotforge.targets.tvm.rewrites.int8_matmul import IntegerMatmulToVnni
 from aotforge.targets.tvm.rewrites.rule import Rule, apply_rules, count_matches
 
 
-def integer_rules(*, amx: bool = False) -> list[Rule]:
+def integer_rules(*, amx: bool = False, builders: KernelBuilders | None = None) -> list[Rule]:
     """The kernel rules, then the ones that keep their NHWC outputs NHWC (one ``Twins`` table shared);
-    ``amx``: matmuls go to the AMX tile kernel where their shape allows."""
-    twins = Twins()
+    ``amx``: matmuls go to the AMX tile kernel where their shape allows; ``builders`` collects the
+    convolution kernels ``int8_epilogue`` may rebuild."""
+    twins, builders = Twins(), builders or KernelBuilders()
     return [
         IntegerMatmulToVnni(amx=amx),
-        QdqConvToVnni(twins),
-        QdqDepthwiseConv(twins),
+        QdqConvToVnni(twins, builders),
+        QdqDepthwiseConv(twins, builders),
         ElementwiseOnTwins(twins),
         SpatialMeanOnTwin(twins),
     ]
@@ -41,15 +43,22 @@ def rewrite_integer_ops(mod: Any, *, amx: bool = False) -> tuple[Any, dict[str, 
     ``None`` (nothing to report) for a graph with neither."""
     from tvm import relax
 
-    rewritten, stats = apply_rules(mod, integer_rules(amx=amx))
+    builders = KernelBuilders()
+    rewritten, stats = apply_rules(mod, integer_rules(amx=amx, builders=builders))
     # The int32 widening of each rewritten weight is dead afterwards, and so is each NCHW transpose
-    # of a channels-last value nothing reads in NCHW; drop them before legalization.
+    # of a channels-last value nothing reads in NCHW; drop them before counting readers.
     mod = relax.transform.DeadCodeElimination()(rewritten)
+    # A second walk, on the channels-last chains the first one made: each convolution's requantize
+    # into its kernel's write-back; the int32 kernels and float chains it replaced are dead after it.
+    mod, epilogues = apply_rules(mod, [RequantizeInKernel(builders, readers(mod))])
+    mod = relax.transform.DeadCodeElimination()(mod)
     channels_last = stats.applied.pop(ElementwiseOnTwins.name, 0)
     if not stats.applied and not stats.skipped:
         return mod, None
     report = {"rewritten": sum(stats.applied.values()), "by_op": dict(stats.applied), "kernels": stats.kernels}
     report["amx_kernels"] = sum(gv.name_hint.startswith("amx_dense") for gv in mod.get_global_vars())
+    report["requantize_epilogues"] = epilogues.applied[RequantizeInKernel.name]
+    report["epilogues_left"] = dict(epilogues.skipped)
     return mod, {**report, "skipped": dict(stats.skipped), "channels_last_ops": channels_last}
 
 

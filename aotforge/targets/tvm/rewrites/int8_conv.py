@@ -23,6 +23,7 @@ import numpy as np
 from aotforge.targets.tvm.kernels import int8_depthwise, nhwc_input, vnni_conv, vnni_dense
 from aotforge.targets.tvm.relax_util import constant_value, op_name, static_shape
 from aotforge.targets.tvm.rewrites.channels_last import Twins
+from aotforge.targets.tvm.rewrites.int8_epilogue import KernelBuilders
 from aotforge.targets.tvm.rewrites.rule import MatchResult, Rewriter, Rule
 
 
@@ -129,8 +130,9 @@ class QdqConvToVnni(Rule):
 
     name = "conv2d"
 
-    def __init__(self, twins: Twins) -> None:
+    def __init__(self, twins: Twins, builders: KernelBuilders | None = None) -> None:
         self.twins = twins
+        self.builders = builders or KernelBuilders()
 
     def matches(self, call: Any, bound: Callable[[Any], Any]) -> bool:
         return (
@@ -204,9 +206,28 @@ class QdqConvToVnni(Rule):
         out = relax.TensorType([shape.n, *shape.padded_hw, shape.channels], "uint8")
         return rw.builder_.emit(relax.call_tir(kernel, [source, zero_point], out))
 
+    def _kernel_call(self, rw: Rewriter, shape: ConvShape, padded: Any, zero_point: Any, weight: np.ndarray) -> Any:
+        """The ``call_tir`` of the kernel for ``shape`` (added once per shape; its builder registered
+        for ``int8_epilogue``, which may rebuild it with a requantizing write-back)."""
+        from tvm import relax
+
+        name, build, packed = self._kernel(shape, weight)
+        self.builders.register(name, build)
+        kernel = rw.add_kernel(name, lambda: build("int32"))
+        colsum = weight.astype(np.int32).sum(axis=(1, 2, 3), dtype=np.int32)
+        args = [padded, relax.const(packed), zero_point, relax.const(colsum)]
+        return relax.call_tir(kernel, args, relax.TensorType([shape.n, *shape.out_hw, shape.o], "int32"))
+
     @staticmethod
-    def _kernel_call(rw: Rewriter, shape: ConvShape, padded: Any, zero_point: Any, weight: np.ndarray) -> Any:
-        return _conv_call(rw, shape, padded, zero_point, weight)
+    def _kernel(shape: ConvShape, weight: np.ndarray) -> tuple[str, Callable[[str], Any], np.ndarray]:
+        """The VNNI convolution kernel's name, builder (by output dtype) and packed weight."""
+        key = (*shape.padded_hw, shape.channels, shape.o, shape.kh, shape.kw, *shape.strides, shape.n)
+        args = (shape.n, *shape.padded_hw, shape.channels, shape.o, shape.kh, shape.kw, shape.strides, shape.out_hw)
+        return (
+            "vnni_conv2d_" + "x".join(str(v) for v in key),
+            lambda out_dtype: vnni_conv.conv2d_u8s8(*args, out_dtype),
+            vnni_conv.pack_weight(weight, shape.channels),
+        )
 
 
 class QdqDepthwiseConv(QdqConvToVnni):
@@ -219,34 +240,11 @@ class QdqDepthwiseConv(QdqConvToVnni):
         return groups > 1
 
     @staticmethod
-    def _kernel_call(rw: Rewriter, shape: ConvShape, padded: Any, zero_point: Any, weight: np.ndarray) -> Any:
-        from tvm import relax
-
-        oh, ow = shape.out_hw
+    def _kernel(shape: ConvShape, weight: np.ndarray) -> tuple[str, Callable[[str], Any], np.ndarray]:
         key = (*shape.padded_hw, shape.c, shape.kh, shape.kw, *shape.strides, shape.n)
-        kernel = rw.add_kernel(
+        args = (shape.n, *shape.padded_hw, shape.c, shape.kh, shape.kw, shape.strides, shape.out_hw)
+        return (
             "int8_depthwise_" + "x".join(str(v) for v in key),
-            lambda: int8_depthwise.depthwise_u8s8(
-                shape.n, *shape.padded_hw, shape.c, shape.kh, shape.kw, shape.strides, (oh, ow)
-            ),
+            lambda out_dtype: int8_depthwise.depthwise_u8s8(*args, out_dtype),
+            int8_depthwise.pack_weight(weight),
         )
-        colsum = weight.astype(np.int32).sum(axis=(1, 2, 3), dtype=np.int32)
-        args = [padded, relax.const(int8_depthwise.pack_weight(weight)), zero_point, relax.const(colsum)]
-        return relax.call_tir(kernel, args, relax.TensorType([shape.n, oh, ow, shape.o], "int32"))
-
-
-def _conv_call(rw: Rewriter, shape: ConvShape, padded: Any, zero_point: Any, weight: np.ndarray) -> Any:
-    """The ``call_tir`` of the VNNI convolution kernel for ``shape`` (added once per shape)."""
-    from tvm import relax
-
-    oh, ow = shape.out_hw
-    key = (*shape.padded_hw, shape.channels, shape.o, shape.kh, shape.kw, *shape.strides, shape.n)
-    kernel = rw.add_kernel(
-        "vnni_conv2d_" + "x".join(str(v) for v in key),
-        lambda: vnni_conv.conv2d_u8s8(
-            shape.n, *shape.padded_hw, shape.channels, shape.o, shape.kh, shape.kw, shape.strides, (oh, ow)
-        ),
-    )
-    colsum = weight.astype(np.int32).sum(axis=(1, 2, 3), dtype=np.int32)
-    args = [padded, relax.const(vnni_conv.pack_weight(weight, shape.channels)), zero_point, relax.const(colsum)]
-    return relax.call_tir(kernel, args, relax.TensorType([shape.n, oh, ow, shape.o], "int32"))
