@@ -146,17 +146,33 @@ def test_refuses_options_it_cannot_honour(tmp_path: Path) -> None:
         _build(model, tmp_path, target="tvm", target_options={"dynamic": True})
 
 
-@pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 96), (4, 96, 32), (3, 20, 16), (24, 32, 48), (12, 8, 80)])
-def test_panel_matmul_kernel_is_exact(m: int, k: int, n: int) -> None:
+@pytest.mark.parametrize(
+    ("m", "k", "n", "few"),
+    [(1, 64, 96, "SPLIT"), (4, 96, 32, "SPLIT"), (3, 20, 16, "SPLIT"), (24, 32, 48, "SPLIT"), (12, 8, 80, "SPLIT")]
+    + [(4, 96, 96, "WHOLE"), (3, 20, 48, "WHOLE"), (1, 64, 96, "WHOLE")],
+)
+def test_panel_matmul_kernel_is_exact(m: int, k: int, n: int, few: str) -> None:
     import tvm
 
-    from aotforge.targets.tvm.kernels.panel_matmul import pack, padded_rows, panel_matmul, panel_width, supports
+    from aotforge.targets.tvm.kernels.panel_matmul import (
+        FewRows,
+        few_rows,
+        pack,
+        padded_rows,
+        panel_matmul,
+        panel_width,
+        supports,
+        tiles,
+    )
     from aotforge.targets.tvm.options import TvmOptions, target_dict
 
     assert supports(k, n) == "" and supports(k, 20)
     assert (panel_width(96), panel_width(32), panel_width(80)) == (48, 32, 16)
     assert (padded_rows(7), padded_rows(24), padded_rows(13), padded_rows(36)) == (7, 24, 16, 36)
-    func = panel_matmul(m, k, n).with_attr("global_symbol", "main")
+    assert (few_rows("znver4"), few_rows("sapphirerapids")) == (FewRows.WHOLE, FewRows.SPLIT)
+    assert (tiles(4, 576, 48, FewRows.SPLIT), tiles(4, 576, 48, FewRows.WHOLE)) == ((2, 4), (4, 1))
+    assert tiles(1, 576, 48, FewRows.WHOLE) == (1, 4)
+    func = panel_matmul(m, k, n, few=FewRows[few]).with_attr("global_symbol", "main")
     lib = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target(target_dict(TvmOptions()))).jit()
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)

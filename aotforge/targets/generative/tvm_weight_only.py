@@ -42,6 +42,7 @@ def pack_weights(
     packed arrays by argument name, the reports by rewrite."""
     from tvm.target import codegen
 
+    from aotforge.targets.tvm.kernels.panel_matmul import few_rows
     from aotforge.targets.tvm.rewrites.panel_weights import panel_matmuls
     from aotforge.targets.tvm.rewrites.weight_only import weight_only_matmuls
 
@@ -60,7 +61,7 @@ def pack_weights(
         labels = _labels(workdir)
         report["weights_taken"] = {f"{labels.get(w, '?')} ({w})": what for w, what in report["weights_taken"].items()}
         reports["weight_only"] = report
-    mod, panels, reports["panel_weights"] = panel_matmuls(mod, read)
+    mod, panels, reports["panel_weights"] = panel_matmuls(mod, read, few_rows(str(target.attrs["mcpu"])))
     return mod, {**packed, **panels}, reports
 
 

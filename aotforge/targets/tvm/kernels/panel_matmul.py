@@ -12,10 +12,20 @@ which the hardware prefetchers stream, and one kernel serves every row count:
 - per row tile, an ``mt x tj`` accumulator in registers (up to 8 x 48 = 24 zmm) over all of K:
   each ``k`` loads ``tj / 16`` weight vectors and broadcasts ``mt`` values of ``x``; at a decode
   step's 1-8 rows every weight byte is read once for all rows, from memory, as it is stored.
+
+How a decode step's 2-8 rows tile a panel is the one choice measured to flip between hosts (``FewRows``):
+on Intel, 4 rows in two tiles of 2 with 4 runs of K each beat one 4-row tile with 2 runs (186 against 228
+us a 576 x 1536 call); on AMD Zen 4 the same split made a step's 121 weight calls 1.30x the 1-row step's
+and one tile with one run 0.86-0.99x (below). No ISA flag or cache size tells the two apart: the difference is
+in how each core streams memory (not established further: on Intel more sequential runs in flight helped
+a core's bandwidth, on Zen 4 one run is streamed as fast and the extra runs and tiles cost time), so the
+choice follows the target's CPU family, its LLVM ``mcpu``, which the build records (a build for another
+``mcpu`` tiles for that one); a family not measured keeps the Intel tiling.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import numpy as np
@@ -26,6 +36,20 @@ PANEL_WIDTHS = (48, 32, 16)
 TILE_M = 8
 #: TVM keeps a kernel's buffer on the stack (so LLVM can hold it in registers) below 1 KiB.
 STACK_BYTES = 1024
+
+
+class FewRows(enum.Enum):
+    """How 2-8 rows (a decode or verify step) tile a panel; one row always reads it as up to 4 runs of K."""
+
+    #: tiles of 2 rows (the second reads the panel from L2), each panel as up to 4 runs side by side (Intel)
+    SPLIT = "2-row tiles, up to 4 runs"
+    #: all the rows in one tile and one sequential run of K (AMD Zen: LLVM's ``znver*``)
+    WHOLE = "one tile, one run"
+
+
+def few_rows(mcpu: str) -> FewRows:
+    """The tiling measured fastest on the family of LLVM CPU ``mcpu`` (``SPLIT`` where none was measured)."""
+    return FewRows.WHOLE if mcpu.startswith("znver") else FewRows.SPLIT
 
 
 def panel_width(n: int) -> int:
@@ -54,30 +78,37 @@ def pack(w_kn: np.ndarray, tj: int) -> np.ndarray:
     return np.ascontiguousarray(w_kn.reshape(k, n // tj, tj).transpose(1, 0, 2))
 
 
-def tiles(m: int, k: int, tj: int) -> tuple[int, int]:
-    """Rows per tile and runs of K per task: a prompt's 8-row tiles over whole panels; a decode step's 1-4
-    rows in tiles of 2 (or 1), each panel read as up to 4 runs side by side (accumulators: 24 at most)."""
+def tiles(m: int, k: int, tj: int, few: FewRows = FewRows.SPLIT) -> tuple[int, int]:
+    """Rows per tile and runs of K per task: a prompt's 8-row tiles over whole panels; one row as up to 4 runs
+    side by side; 2-8 rows as ``few`` says (accumulators: 24 at most)."""
     if m > TILE_M:
         return row_tile(m), 1
+    if few is FewRows.WHOLE and m > 1:
+        return m, 1
     mt = (2 if m % 2 == 0 else 1) if m <= TILE_M // 2 else m
     return mt, next(s for s in (4, 2, 1) if k % s == 0 and s * mt * (tj // LANES) <= 24)
 
 
-def panel_matmul(m: int, k: int, n: int, dtype: str = "float32") -> Any:
+def panel_matmul(m: int, k: int, n: int, dtype: str = "float32", few: FewRows = FewRows.SPLIT) -> Any:
     """The scheduled PrimFunc ``(x [m, k], w [n / tj, k, tj]) -> out [m, n]``, ``tj = panel_width(n)``.
 
-    A few rows (a decode step) read each panel as up to 4 runs of K side by side, their partial sums added
-    at the end: one sequential run per thread left the memory system idle between misses; and 4 rows go
-    as two tiles of 2 (the second reads the panel from L2), which leaves room for 4 runs. A 576 x 1536
-    weight, 160 of them in turn, 2 threads, alternating rounds at load 10: 4 rows in one tile with 2 runs
-    228 us a call (p50), two tiles of 2 with 4 runs 186; 1 row with 4 runs 163. Also slower at 4 rows (576 x
-    3072 and 576 x 960, 60 weights in turn, priority runs): the row tiles outer, each thread streaming the
-    whole weight for its tile, 1.65x; one 4-row tile over the panel's 16-lane columns one after another
-    (16 accumulators, 4 runs), 1.4x."""
+    ``FewRows.SPLIT`` (measured on Intel): a few rows (a decode step) read each panel as up to 4 runs of K
+    side by side, their partial sums added at the end: one sequential run per thread left the memory system
+    idle between misses; and 4 rows go as two tiles of 2 (the second reads the panel from L2), which leaves
+    room for 4 runs. A 576 x 1536 weight, 160 of them in turn, 2 threads, alternating rounds at load 10: 4
+    rows in one tile with 2 runs 228 us a call (p50), two tiles of 2 with 4 runs 186; 1 row with 4 runs 163.
+    Also slower at 4 rows (576 x 3072 and 576 x 960, 60 weights in turn, priority runs): the row tiles outer,
+    each thread streaming the whole weight for its tile, 1.65x; one 4-row tile over the panel's 16-lane
+    columns one after another (16 accumulators, 4 runs), 1.4x.
+
+    ``FewRows.WHOLE`` (measured on AMD Zen 4, 2 threads, a step's 121 weight calls in turn (538 MB), 3-4
+    alternating rounds at load 10-13, p50 against 1 row as 4 runs): 4 rows as SPLIT 1.30x, one tile with 2
+    runs 1.02x, with one run 0.86-0.99x; 2 rows in one tile with 4 runs 1.18x, 2 runs 1.00x, one run 0.95x;
+    1 row as one run 0.89-1.15x over four runs, no clear gain (so one row keeps its 4 runs)."""
     from tvm import s_tir, te
 
     tj = panel_width(n)
-    mt, runs = tiles(m, k, tj)
+    mt, runs = tiles(m, k, tj, few)
     ks = k // runs
     x = te.placeholder((m, k), dtype, name="x")
     w = te.placeholder((n // tj, k, tj), dtype, name="w")

@@ -30,12 +30,15 @@ from aotforge.targets.tvm.rewrites import weight_args
 from aotforge.targets.tvm.rewrites.weight_args import PackedWeightMutator, WeightMatmul
 
 
-def panel_matmuls(mod: Any, read: Callable[[str], np.ndarray]) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]]:
+def panel_matmuls(
+    mod: Any, read: Callable[[str], np.ndarray], few: kernel.FewRows = kernel.FewRows.SPLIT
+) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]]:
     """``mod`` with the fp32 weight matmuls on the panel kernel, the packed arrays by argument name, the report.
 
-    ``read(name)`` is a weight argument's value (read once per packed weight).
+    ``read(name)`` is a weight argument's value (read once per packed weight); ``few``, how the kernel tiles a
+    decode step's rows (``kernel.few_rows`` of the target's CPU).
     """
-    mutator = _Panels(mod, read)
+    mutator = _Panels(mod, read, few)
     mod = mutator.rewrite_module()
     packed = mutator.packed
     report = {
@@ -45,6 +48,7 @@ def panel_matmuls(mod: Any, read: Callable[[str], np.ndarray]) -> tuple[Any, dic
         "lookups_from_panels": sum(mutator.lookups.values()),
         "matmuls_skipped": dict(mutator.skipped),
         "packed_mb": round(sum(a.nbytes for a in packed.values()) / 2**20, 3),
+        "few_rows": few.value,
     }
     return mod, packed, report
 
@@ -53,9 +57,10 @@ def panel_matmuls(mod: Any, read: Callable[[str], np.ndarray]) -> tuple[Any, dic
 class _Panels(PackedWeightMutator):
     """Every fp32 weight matmul on the panel kernel; an embedding lookup of a packed head from its panels."""
 
-    def __init__(self, mod: Any, read: Callable[[str], np.ndarray]) -> None:
+    def __init__(self, mod: Any, read: Callable[[str], np.ndarray], few: kernel.FewRows) -> None:
         super().__init__(mod)
         self.read = read
+        self.few = few
         self.lookups: Counter[str] = Counter()
         #: per function: the weights a matmul reads transposed (a head), by name: ``[N, K]``
         self.tied: dict[str, tuple[int, int]] = {}
@@ -106,7 +111,7 @@ class _Panels(PackedWeightMutator):
         n = _lanes(width)
         weight = self.panels(names, width, m.transposed)
         rows = kernel.padded_rows(m.rows)
-        func = self.kernel(f"panel_matmul_{rows}x{m.k}x{n}", lambda: kernel.panel_matmul(rows, m.k, n))
+        func = self.kernel(f"panel_matmul_{rows}x{m.k}x{n}", lambda: kernel.panel_matmul(rows, m.k, n, few=self.few))
         x = self.builder_.emit(relax.op.reshape(m.x, (m.rows, m.k)))
         if rows != m.rows:
             x = self.builder_.emit(relax.op.nn.pad(x, [0, rows - m.rows, 0, 0]))
