@@ -1,7 +1,7 @@
 """One ONNX Runtime decode graph's step, bare: p50 wall and CPU ms per step, then each op type's kernel time.
 
     python tools/ort_decode_profile.py MODEL.onnx [--threads 2] [--steps 200] [--position 130] [--top 12]
-        [--max-len 192] [--no-kernels] [--config session.intra_op.spin_duration_us=20 ...] [--json OUT]
+        [--max-len 192] [--no-kernels] [--by-weight] [--config session.intra_op.spin_duration_us=20 ...] [--json OUT]
 
 MODEL.onnx is an aotforge onnxruntime text-generation artifact's ``decode.onnx`` (inputs ``input_ids``,
 ``position_ids``, ``write_pos``, ``past_key_<i>`` ...) or ONNX Runtime GenAI's ``model.onnx`` (``input_ids``,
@@ -12,7 +12,10 @@ plain session at ``--threads`` intra-op threads and ORT's default optimization. 
 GenAI's C++ around the step, the difference left is the graph's. Kernel times come from a second session with
 ORT's profiler on (``SessionOptions.enable_profiling``), summed per op type over the same steps. ``--config``
 adds session config entries to both sessions (e.g. the thread pool's spin, which the artifacts set through the
-onnxruntime target option ``intra_op_spin_us``).
+onnxruntime target option ``intra_op_spin_us``). ``--by-weight`` also lists the kernels by op type and constant
+weight shape (q/k/v, o, gate/up, down, head), each kernel's median time times its count per step and the
+weight bytes it streams per second at that median: the GEMVs' rate against the bandwidth floor
+(``bandwidth_floor.py``), kernel for kernel between two graphs.
 
 Time two graphs in alternating processes (the machine is shared): one run of this tool per graph.
 """
@@ -96,8 +99,38 @@ def step_times(model: Path, options: Any, max_len: int, position: int, steps: in
     }
 
 
-def kernel_times(model: Path, options: Any, max_len: int, position: int, steps: int) -> dict[str, Any]:
-    """Per op type: ms per step inside its kernels and kernels per step, from ORT's profiler."""
+def weight_shapes(model: Path) -> dict[str, tuple[int, ...]]:
+    """Each node's constant 2-D weight shape (its first such input), by node name."""
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    shapes = {init.name: tuple(init.dims) for init in graph.initializer if len(init.dims) == 2}
+    inputs = {node.name: [shapes[name] for name in node.input if name in shapes] for node in graph.node}
+    return {name: found[0] for name, found in inputs.items() if found}
+
+
+def by_weight(events: list[dict[str, Any]], start: int, steps: int, shapes: dict[str, tuple[int, ...]]) -> list[Any]:
+    """``[op, weight shape, kernels per step, median kernel ms x count, weight GB/s at the median]``, slowest first."""
+    durations: dict[tuple[str, tuple[int, ...]], list[float]] = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start:
+            node = e["name"].removesuffix("_kernel_time")
+            durations[(e.get("args", {}).get("op_name", "?"), shapes.get(node, ()))].append(e["dur"] / 1e3)
+    rows = []
+    for (op, shape), ms in durations.items():
+        count = len(ms) // steps
+        total = float(np.median(ms)) * count
+        streams = op in ("MatMul", "Gemm") and shape and total  # reads all of its fp32 weight (a Gather: one row)
+        rate = float(np.prod(shape)) * 4 * count / total / 1e6 if streams else 0.0
+        rows.append([op, list(shape), count, round(total, 3), round(rate, 1)])
+    return sorted(rows, key=lambda row: -row[3])
+
+
+def kernel_times(
+    model: Path, options: Any, max_len: int, position: int, steps: int, weights: bool = False
+) -> dict[str, Any]:
+    """Per op type: ms per step inside its kernels and kernels per step, from ORT's profiler (``weights``: and
+    per op type and weight shape, ``by_weight``)."""
     import onnxruntime as ort
 
     options.enable_profiling = True
@@ -119,12 +152,15 @@ def kernel_times(model: Path, options: Any, max_len: int, position: int, steps: 
             per_op[op] += e["dur"] / 1e3 / steps
             count[op] += 1
     run_ms = float(np.median([e["dur"] for e in runs[10:]])) / 1e3 if len(runs) > 10 else float("nan")
-    return {
+    result = {
         "run_p50_ms": round(run_ms, 3),
         "kernels_ms": round(sum(per_op.values()), 3),
         "kernels_per_step": round(sum(count.values()) / steps, 1),
         "ops": {op: [round(ms, 3), count[op] // steps] for op, ms in sorted(per_op.items(), key=lambda kv: -kv[1])},
     }
+    if weights:
+        result["by_weight"] = by_weight(events, start, steps, weight_shapes(model))
+    return result
 
 
 def main() -> None:
@@ -136,6 +172,7 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=192)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--no-kernels", action="store_true", help="time the steps only, no profiled session")
+    parser.add_argument("--by-weight", action="store_true", help="kernels by op and weight shape, GB/s each")
     parser.add_argument("--config", action="append", default=[], help="KEY=VALUE: a session config entry")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -144,7 +181,7 @@ def main() -> None:
     result |= step_times(args.model, session_options(args.threads, config), args.max_len, args.position, args.steps)
     if not args.no_kernels:
         options = session_options(args.threads, config)
-        result |= kernel_times(args.model, options, args.max_len, args.position, args.steps)
+        result |= kernel_times(args.model, options, args.max_len, args.position, args.steps, args.by_weight)
     print(f"{args.model} {config or ''}")
     print(f"  step wall p50 {result['wall_p50_ms']} ms (min {result['wall_min_ms']}), "
           f"CPU p50 {result['cpu_p50_ms']} ms, load {result['load']:.1f}")  # fmt: skip
@@ -153,6 +190,8 @@ def main() -> None:
               f"({result['kernels_per_step']} per step)")  # fmt: skip
         for op, (ms, n) in list(result["ops"].items())[: args.top]:
             print(f"  {op:36s} {ms:8.3f} ms  x{n}")
+    for op, shape, n, ms, rate in result.get("by_weight", [])[: args.top]:
+        print(f"  {op:24s} {str(shape):14s} x{n:<3d} {ms:8.3f} ms (median kernel x{n}) {rate:6.1f} GB/s of weights")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 
