@@ -214,10 +214,10 @@ def _stored_weight_bytes(stage: Path) -> int:
     return sum(p.stat().st_size for p in stage.glob("*.data"))
 
 
-def _target_options(opts: BuildOptions, target: Any, backend: Any) -> Any:
-    """The target's options with the backend's ``TARGET_DEFAULTS`` under the user's (onnxruntime: a decode step's
+def _target_options(opts: BuildOptions, target: Any, backend: GenerativeBackend) -> Any:
+    """The target's options with the backend's ``target_defaults`` under the user's (onnxruntime: a decode step's
     thread hand-offs want a short spin, ``ort_engine.TARGET_DEFAULTS``)."""
-    layered = {**getattr(backend, "TARGET_DEFAULTS", {}), **opts.target_options}
+    layered = {**backend.target_defaults, **opts.target_options}
     return options_from_dict(target.options_type, layered, what=opts.target)
 
 

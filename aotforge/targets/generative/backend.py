@@ -45,6 +45,8 @@ class GenerativeBackend:
     check_compile_passes: Callable[[dict[str, Any]], None] | None = None
     #: pass parameters of text-generation builds, under the user's (a decode step is not an encoder's batch)
     pass_defaults: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    #: target options of text-generation builds, under the user's (onnxruntime: the thread pool's short spin)
+    target_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: device targets, built through a bundle: the plan the bundle carries, and what it holds for the device
     #: host ("onnx": the graphs over their weights; "torch": the causal LM's weights)
     bundle_plan: Callable[[DecoderSpec, Any], dict[str, Any]] | None = None

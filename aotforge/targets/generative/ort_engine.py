@@ -97,6 +97,7 @@ BACKEND = GenerativeBackend(
     prepare_graphs=prepare_graphs,
     rewrite_graphs=rewrite_graphs,
     pass_defaults=PASS_DEFAULTS,
+    target_defaults=TARGET_DEFAULTS,
 )
 
 
