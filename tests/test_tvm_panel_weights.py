@@ -127,3 +127,36 @@ def test_every_function_reads_one_packed_copy_and_skips_say_why() -> None:
     x, other = rng.standard_normal((1, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
     (got,) = _run(mod, [x, other, packed["w0.p32"]], function="decode")
     np.testing.assert_allclose(got, x @ weight + x @ (2 * other), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [16, 4])
+def test_residual_added_inside_a_prompts_kernel(rows: int) -> None:
+    """``y + x @ w`` (through a reshape, as a decoder layer's residual) is one adding panel call over a prompt's
+    rows; a decode step's few rows and a broadcast add keep the plain kernel and a separate add; values equal."""
+    from tvm import relax
+
+    from aotforge.targets.tvm.rewrites.panel_weights import panel_matmuls
+
+    k, n = 32, 48
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, rows, k), "float32"))
+    y = relax.Var("y", relax.TensorType((1, rows, n), "float32"))
+    bias = relax.Var("bias", relax.TensorType((n,), "float32"))
+    w0, w1 = relax.Var("w0", relax.TensorType((k, n), "float32")), relax.Var("w1", relax.TensorType((n, n), "float32"))
+    with bb.function("main", [x, y, bias, w0, w1], attrs={"num_input": 3}):
+        with bb.dataflow():
+            residual = bb.emit(relax.op.add(y, bb.emit(relax.op.matmul(x, w0))))
+            broadcast = bb.emit(relax.op.add(bb.emit(relax.op.matmul(residual, w1)), bias))
+            out = bb.emit_output(broadcast)
+        bb.emit_func_output(out)
+    rng = np.random.default_rng(8)
+    weights = {"w0": rng.standard_normal((k, n), dtype=np.float32), "w1": rng.standard_normal((n, n), dtype=np.float32)}
+    mod, packed, report = panel_matmuls(bb.get(), weights.__getitem__)
+    assert report["residuals_added_in_kernel"] == (1 if rows > 8 else 0)
+    mod = relax.transform.DeadCodeElimination()(mod)
+    names = {gv.name_hint for gv in mod.get_global_vars()}
+    assert (f"panel_matmul_add_{rows}x{k}x{n}" in names) == (rows > 8)
+    xv, yv, bv = (rng.standard_normal(s, dtype=np.float32) for s in ((1, rows, k), (1, rows, n), (n,)))
+    (got,) = _run(mod, [xv, yv, bv, packed["w0.p48"], packed["w1.p48"]])
+    want = (yv + xv @ weights["w0"]) @ weights["w1"] + bv
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

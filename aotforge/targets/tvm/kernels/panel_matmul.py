@@ -89,8 +89,12 @@ def tiles(m: int, k: int, tj: int, few: FewRows = FewRows.SPLIT) -> tuple[int, i
     return mt, next(s for s in (4, 2, 1) if k % s == 0 and s * mt * (tj // LANES) <= 24)
 
 
-def panel_matmul(m: int, k: int, n: int, dtype: str = "float32", few: FewRows = FewRows.SPLIT) -> Any:
-    """The scheduled PrimFunc ``(x [m, k], w [n / tj, k, tj]) -> out [m, n]``, ``tj = panel_width(n)``.
+def panel_matmul(
+    m: int, k: int, n: int, dtype: str = "float32", few: FewRows = FewRows.SPLIT, *, add: bool = False
+) -> Any:
+    """The scheduled PrimFunc ``(x [m, k], w [n / tj, k, tj]) -> out [m, n]``, ``tj = panel_width(n)``; with
+    ``add`` (a prompt's many rows only), ``(x, w, y [m, n]) -> x @ w + y``: a residual added as each tile leaves
+    its registers (``rewrites/panel_epilogue``), not in a kernel of its own that reads both again.
 
     ``FewRows.SPLIT`` (measured on Intel): a few rows (a decode step) read each panel as up to 4 runs of K
     side by side, their partial sums added at the end: one sequential run per thread left the memory system
@@ -109,6 +113,8 @@ def panel_matmul(m: int, k: int, n: int, dtype: str = "float32", few: FewRows = 
 
     tj = panel_width(n)
     mt, runs = tiles(m, k, tj, few)
+    if add and runs != 1:
+        raise ValueError(f"panel_matmul: an added input is for a prompt's rows (> {TILE_M}), not {m}")
     ks = k // runs
     x = te.placeholder((m, k), dtype, name="x")
     w = te.placeholder((n // tj, k, tj), dtype, name="w")
@@ -118,14 +124,19 @@ def panel_matmul(m: int, k: int, n: int, dtype: str = "float32", few: FewRows = 
         lambda s, i, j: te.sum(x[i, s * ks + r] * w[j // tj, s * ks + r, j % tj], axis=r),
         name="part",
     )
-    sr = te.reduce_axis((0, runs), name="sr")
-    out = te.compute((m, n), lambda i, j: te.sum(part[sr, i, j], axis=sr), name="out")
-    sch = s_tir.Schedule(te.create_prim_func([x, w, out]))
+    if add:  # one run of K: the tile's sums plus y, written out once
+        y = te.placeholder((m, n), dtype, name="y")
+        out = te.compute((m, n), lambda i, j: part[0, i, j] + y[i, j], name="out")
+        sch = s_tir.Schedule(te.create_prim_func([x, w, y, out]))
+    else:
+        sr = te.reduce_axis((0, runs), name="sr")
+        out = te.compute((m, n), lambda i, j: te.sum(part[sr, i, j], axis=sr), name="out")
+        sch = s_tir.Schedule(te.create_prim_func([x, w, out]))
     final, block = sch.get_sblock("out"), sch.get_sblock("part")
-    i, j, fs = sch.get_loops(final)
+    i, j, *fs = sch.get_loops(final)
     jo, ji = sch.split(j, [None, tj])
     io, ii = sch.split(i, [None, mt])
-    sch.reorder(jo, io, fs, ii, ji)
+    sch.reorder(jo, io, *fs, ii, ji)
     tasks = sch.fuse(jo, io)
     if (n // tj) * (m // mt) > 1:
         sch.parallel(tasks)

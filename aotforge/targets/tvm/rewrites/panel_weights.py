@@ -12,7 +12,8 @@ packed side by side into one weight and one call, then sliced back. An N that is
 with zero rows. A head tied to the embedding (``matmul(x, permute_dims(E))``) is packed from ``E``'s
 transpose (``w0.t.p48``), and the embedding's lookup (``take(E, ids)``) then reads its rows out of
 those panels (``panel_rows``): the tied weight is not stored twice either. The packed arrays are
-the caller's to store. The walk is ``weight_args.PackedWeightMutator``'s, shared with ``weight_only``.
+the caller's to store. A residual added to a prompt's product is added inside the kernel
+(``rewrites/panel_epilogue``). The walk is ``weight_args.PackedWeightMutator``'s, shared with ``weight_only``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tvm import relax
 from aotforge.targets.tvm.kernels import panel_matmul as kernel
 from aotforge.targets.tvm.relax_util import op_name, static_shape
 from aotforge.targets.tvm.rewrites import weight_args
+from aotforge.targets.tvm.rewrites.panel_epilogue import residuals_into_panels
 from aotforge.targets.tvm.rewrites.weight_args import PackedWeightMutator, WeightMatmul
 
 
@@ -39,13 +41,14 @@ def panel_matmuls(
     decode step's rows (``kernel.few_rows`` of the target's CPU).
     """
     mutator = _Panels(mod, read, few)
-    mod = mutator.rewrite_module()
+    mod, residuals = residuals_into_panels(mutator.rewrite_module())
     packed = mutator.packed
     report = {
         "weights_packed": {name: list(a.shape) for name, a in sorted(packed.items())},
         "matmuls_taken": sum(mutator.calls.values()),
         "merged_calls": len(mutator.merged),
         "lookups_from_panels": sum(mutator.lookups.values()),
+        "residuals_added_in_kernel": residuals,
         "matmuls_skipped": dict(mutator.skipped),
         "packed_mb": round(sum(a.nbytes for a in packed.values()) / 2**20, 3),
         "few_rows": few.value,
