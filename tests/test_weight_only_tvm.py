@@ -12,22 +12,11 @@ import pytest
 import aotforge
 from aotforge.core.errors import OptionsError
 from aotforge.targets.tvm.kernels import weight_only as wo
+from tests.int8_graphs import needs_vnni
 from tests.llm_models import PROMPTS, build_text_generation, tiny_llama
 
 FORMATS = [(4, 32), (4, 64), (4, 128), (8, 32)]
 ROWS = (1, 3, 8)
-
-
-def _host_has_vnni() -> bool:
-    import tvm
-    from tvm.target.codegen import target_has_features
-
-    from aotforge.targets.tvm.options import TvmOptions, target_dict
-
-    return bool(target_has_features("avx512vnni", tvm.target.Target(target_dict(TvmOptions()))))
-
-
-needs_vnni = pytest.mark.skipif(not _host_has_vnni(), reason="the packed kernel runs on AVX-512 VNNI only")
 
 
 @pytest.mark.parametrize(("bits", "group"), FORMATS)
