@@ -71,6 +71,7 @@ def test_directory_build_shares_one_weight_file(llama_ort: Any) -> None:
     weights = m.target.info["weights"]
     # Both graphs hold every weight, the file holds each once (plus page alignment).
     assert weights["unshared_bytes"] > 1.8 * weights["weights_file_bytes"] - 4096 * 40
+    assert weights["file"] == "weights.data" and weights["weights_file_bytes"] == m.file_sizes["weights.data"]
     assert m.source["format"] == "transformers" and m.target.info["task"] == "text-generation"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,18 @@ def test_the_weights_are_stored_and_held_once(llama_tvm: Any) -> None:
     engine = aotforge.load(llama_tvm.path)._generative().engine
     held = {id(t): t.numpy().nbytes for t in engine.weights.values()}
     assert 0.95 * params <= sum(held.values()) <= 1.02 * params, (sum(held.values()), params)
+
+
+def test_the_manifest_names_the_weight_file_the_artifact_holds(llama_tvm: Any) -> None:
+    """The manifest and tvm_generative.json name the file the weights are read from, which the artifact holds
+    (the export's weights.data is replaced: its size is kept as exported_bytes, not as the stored file's)."""
+    path, m = llama_tvm.path, llama_tvm.manifest
+    weights = m.target.info["weights"]
+    refs = json.loads((path / "tvm_generative.json").read_text())["weights"].values()
+    named = {weights["file"], m.target.info["generative"]["weights_file"]["file"]} | {w["file"] for w in refs}
+    assert named == {"tvm_weights.data"}
+    assert (path / "tvm_weights.data").is_file() and not (path / "weights.data").exists()
+    assert weights["weights_file_bytes"] == m.file_sizes["tvm_weights.data"] != weights["exported_bytes"]
 
 
 def test_stream_eos_and_end_of_cache(llama_tvm: Any) -> None:

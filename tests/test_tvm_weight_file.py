@@ -50,3 +50,12 @@ def test_a_short_or_foreign_file_is_refused(tmp_path: Path) -> None:
         read_weights(tmp_path, [WeightRef("w0", 0, 64, "float32", (16,), TVM_WEIGHTS_FILE)])
     with pytest.raises(CompileError, match="weight file 'model.bin'"):
         read_weights(tmp_path, [WeightRef("w0", 0, 16, "float32", (4,), "model.bin")])
+
+
+def test_an_artifact_built_before_its_own_weight_file_still_loads(tmp_path: Path) -> None:
+    """Refs written before ``TVM_WEIGHTS_FILE`` have no ``file``: they point into the ``weights.data`` kept then."""
+    table = np.arange(12, dtype=np.float32).reshape(3, 4)
+    (ref,) = _export(tmp_path, {"w0": table})
+    old = {k: v for k, v in ref.to_dict().items() if k != "file"}
+    loaded = read_weights(tmp_path, [WeightRef.from_dict(old)])
+    np.testing.assert_array_equal(loaded["w0"].numpy(), table)

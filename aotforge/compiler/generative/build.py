@@ -26,7 +26,7 @@ from aotforge.compiler.generative.source import load_causal_lm
 from aotforge.compiler.generative.validation import validate_generation
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
-from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, VERIFY_FILE, prefill_io
+from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, VERIFY_FILE, WEIGHTS_FILE, prefill_io
 from aotforge.core.errors import OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
 from aotforge.core.target_record import TargetRecord
@@ -95,7 +95,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
             "decoder": spec.to_dict(),
             "decode_attention": attention,
             **({"fusions": rewrites} if rewrites else {}),
-            "weights": weights,
+            "weights": _stored_weights(stage, weights, backend.weights_file),
             **(
                 {"speculative": {"max_tokens": opts.speculative_k, "verify_width": verify_width}}
                 if verify_width
@@ -206,6 +206,16 @@ def _target_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) 
     encoder's batch, so a text-generation backend may want other defaults (onnxruntime's MatMulNBits
     ``accuracy_level``)."""
     return target_passes(opts, target, backend.pass_defaults)
+
+
+def _stored_weights(stage: Path, exported: Mapping[str, int], file: str) -> dict[str, Any]:
+    """``target.info.weights``: the file the runner reads the weights from and its bytes, and how much sharing
+    saved in the export. A target that stores the weights in a file of its own (tvm) replaced ``weights.data``,
+    whose bytes are kept as ``exported_bytes``: the manifest names no file the artifact lacks."""
+    stored = {**exported, "file": file, "weights_file_bytes": (stage / file).stat().st_size}
+    if file != WEIGHTS_FILE:
+        stored["exported_bytes"] = exported["weights_file_bytes"]
+    return stored
 
 
 def _stored_weight_bytes(stage: Path) -> int:

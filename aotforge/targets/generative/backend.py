@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from aotforge.core.decoder import DecoderSpec
+from aotforge.core.decoder import WEIGHTS_FILE, DecoderSpec
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets.base import CompileResult
 
@@ -47,6 +47,9 @@ class GenerativeBackend:
     pass_defaults: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     #: target options of text-generation builds, under the user's (onnxruntime: the thread pool's short spin)
     target_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: the artifact file its runner reads the weights from, which the manifest's ``target.info.weights`` names:
+    #: the export's ``weights.data``, or what ``compile`` stores in its place (tvm: ``tvm_weights.data``)
+    weights_file: str = WEIGHTS_FILE
     #: device targets, built through a bundle: the plan the bundle carries, and what it holds for the device
     #: host ("onnx": the graphs over their weights; "torch": the causal LM's weights)
     bundle_plan: Callable[[DecoderSpec, Any], dict[str, Any]] | None = None

@@ -160,4 +160,6 @@ BACKEND = GenerativeBackend(
     compile_passes=frozenset({"weight-only"}),
     check_compile_passes=check_compile_passes,
     pass_defaults={"weight-only": {"accuracy_level": 4}},
+    # The packed weights replace the export's weights.data (``tvm_weight_file``).
+    weights_file=TVM_WEIGHTS_FILE,
 )

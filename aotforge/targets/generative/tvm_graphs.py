@@ -25,14 +25,15 @@ _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BF
 
 @dataclasses.dataclass(frozen=True)
 class WeightRef:
-    """One tensor of ``weights.data``: the argument name the functions give it, and where it lies."""
+    """One weight tensor: the argument name the functions give it, and where it lies."""
 
     name: str
     offset: int
     length: int
     dtype: str
     shape: tuple[int, ...]
-    #: the artifact file holding it: ``weights.data``, or the tvm build's own packed weights
+    #: the file holding it: the export's ``weights.data`` (what the graphs point at, and what artifacts built
+    #: before ``tvm_weight_file.TVM_WEIGHTS_FILE`` store and name by leaving ``file`` out), or the build's own
     file: str = WEIGHTS_FILE
 
     def to_dict(self) -> dict[str, Any]:
