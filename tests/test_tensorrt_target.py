@@ -1,4 +1,5 @@
-"""The tensorrt target: everything that runs without TensorRT is tested for real here.
+"""The tensorrt target: everything that runs without TensorRT is tested for real here (its engine
+compatibility checks: tests/test_tensorrt_compat.py; its layer report: tests/test_tensorrt_report.py).
 
 The end-to-end test at the bottom needs TensorRT and an NVIDIA GPU and skips elsewhere.
 """
@@ -21,8 +22,7 @@ from aotforge.core.spec import DimRange, IOSpec, TensorSpec
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets import get_target
 from aotforge.targets.base import BuildContext
-from aotforge.targets.tensorrt.compat import HardwareCompat, check_engine_compat
-from aotforge.targets.tensorrt.report import precision, summarize_layers
+from aotforge.targets.tensorrt.compat import HardwareCompat
 from aotforge.targets.tensorrt.target import (
     TensorRTOptions,
     TensorRTTarget,
@@ -163,50 +163,6 @@ def test_options_from_cli_strings_and_refusals() -> None:
         options_from_dict(TensorRTOptions, {"fp16": "true"}, what="tensorrt")
 
 
-def _built(version: str = "10.3.0", cc: str = "8.9", mode: str = "none", vc: bool = False) -> dict[str, object]:
-    return {
-        "tensorrt_version": version,
-        "compute_capability": cc,
-        "hardware_compatibility": mode,
-        "version_compatible": vc,
-    }
-
-
-def test_engine_compat_exact_match_passes() -> None:
-    check_engine_compat(_built(), "10.3.0", "8.9")
-
-
-def test_engine_compat_version_mismatch_says_what_and_how() -> None:
-    with pytest.raises(ArtifactError) as err:
-        check_engine_compat(_built(), "10.4.0", "8.9")
-    text = str(err.value)
-    assert "built with TensorRT 10.3.0 for compute capability 8.9" in text
-    assert "this host has TensorRT 10.4.0 on compute capability 8.9" in text
-    assert text.endswith("rebuild, or build with --target-opt version_compatible=true")
-
-
-@pytest.mark.parametrize(
-    ("built", "host", "ok"),
-    [("10.3.0", "10.8.1", True), ("10.8.1", "10.3.0", False), ("10.8.0", "11.1.0", True), ("8.6.1", "11.0.0", False)],
-)
-def test_version_compatible_engines_run_on_newer_supported_runtimes(built: str, host: str, ok: bool) -> None:
-    if ok:
-        check_engine_compat(_built(version=built, vc=True), host, "8.9")
-    else:
-        with pytest.raises(ArtifactError, match="version_compatible=True"):
-            check_engine_compat(_built(version=built, vc=True), host, "8.9")
-
-
-def test_hardware_compat_levels() -> None:
-    with pytest.raises(ArtifactError, match="hardware_compatibility=ampere_plus"):
-        check_engine_compat(_built(cc="8.9"), "10.3.0", "9.0")
-    check_engine_compat(_built(cc="8.0", mode="ampere_plus"), "10.3.0", "9.0")
-    with pytest.raises(ArtifactError, match="compute capability 7.5"):
-        check_engine_compat(_built(cc="8.0", mode="ampere_plus"), "10.3.0", "7.5")
-    with pytest.raises(ArtifactError, match="compute capability unknown"):
-        check_engine_compat(_built(cc="8.9", mode="same_compute_capability"), "10.3.0", "")
-
-
 def test_onnx_for_the_parser_passes_checker_and_keeps_qdq_and_fp16(tmp_path: Path) -> None:
     path = prepare_onnx(_qdq_fp16_model(), tmp_path)
     saved = onnx.load(str(path))
@@ -227,86 +183,6 @@ def test_onnx_that_fails_checker_is_refused_before_the_parser(tmp_path: Path) ->
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(tmp_path / "model.onnx"))
     with pytest.raises(InputSpecError, match="fails onnx.checker"):
         prepare_onnx(_qdq_fp16_model(), tmp_path)  # the file on disk is what the parser would read
-
-
-TRT_DATA = Path(__file__).parent / "data" / "tensorrt"  # where each file comes from: its README.md
-
-
-@pytest.mark.parametrize(
-    ("fixture", "layers", "precisions", "io"),
-    [
-        # NVIDIA's TREx examples: real DETAILED inspector output of ResNet-50 engines on an A100.
-        ("trex_a100_fp16.graph.json", 36, {"FP16": 35, "FP32": 1}, ["input.1", "191"]),
-        ("trex_a100_qat.graph.json", 37, {"FP16": 14, "FP32": 4, "INT8": 19}, ["input.1", "422"]),
-        # Myelin layers say "Float" / "Half" (sampleEditableTimingCache's layer as JSON).
-        ("trt10_editable_timing_cache.layer.json", 2, {"FP16": 1, "FP32": 1}, ["input", "output"]),
-        # 11.x: I/O Tensors objects, Format and Datatype apart.
-        ("trt11_migration_doc.engine.json", 3, {"BF16": 1, "FP16": 1, "FP32": 1}, ["input_0", "output_0"]),
-    ],
-)
-def test_layer_report_reads_published_inspector_json(
-    fixture: str, layers: int, precisions: dict[str, int], io: list[str]
-) -> None:
-    report = summarize_layers((TRT_DATA / fixture).read_text(), sparse_requested=False)
-    assert report["layer_count"] == layers and report["precisions"] == precisions
-    assert [t["name"] for t in report["io_tensors"]] == io
-    assert all(entry["outputs"] for entry in report["per_layer"]), "a layer's output type was not recognised"
-    assert "note" not in report and report["sparse_layers"] == []
-
-
-def test_11x_io_tensors_carry_their_mode_and_type() -> None:
-    report = summarize_layers((TRT_DATA / "trt11_migration_doc.engine.json").read_text(), sparse_requested=False)
-    assert report["io_tensors"] == [
-        {"name": "input_0", "mode": "Input", "dtype": "FP32"},
-        {"name": "output_0", "mode": "Output", "dtype": "FP32"},
-    ]
-
-
-@pytest.mark.parametrize(
-    ("text", "canonical"),
-    [
-        ("Float", "FP32"),
-        ("Half", "FP16"),
-        ("BFloat16", "BF16"),
-        ("FP8", "FP8"),
-        ("Int8", "INT8"),
-        ("Row major linear FP32", "FP32"),
-        ("Row major linear FP32 format (kLINEAR)", "FP32"),
-        ("Channel major FP16 format where channel % 8 == 0", "FP16"),
-        ("Channel major BFloat16 format where channel % 8 == 0", "BF16"),
-        ("Row major linear FP8 format", "FP8"),
-        ("Thirty-two wide channel vectorized row major Int8 format", "INT8"),
-        ("Row major linear UInt8 format", "UINT8"),
-        ("Row major linear FP4 format (kLINEAR)", "FP4"),
-        ("Unknown format", ""),
-    ],
-)
-def test_type_strings_map_to_one_name(text: str, canonical: str) -> None:
-    assert precision(text) == canonical
-
-
-def test_sparse_layers_come_from_tensorrts_own_log_line() -> None:
-    # NVIDIA/TensorRT#1403's build: one layer eligible, none picked -> the pass gained nothing,
-    # even though a tactic name says "sparse" (the log is TensorRT's word; names are a guess).
-    log = (TRT_DATA / "sparsity_build.log").read_text().splitlines()
-    engine = {"Layers": [{"Name": "Conv_0", "TacticName": "sm80_xmma_fprop_sparse_conv", "Outputs": []}]}
-    report = summarize_layers(json.dumps(engine), sparse_requested=True, log_lines=log)
-    assert report["sparse_eligible"] == ["Conv_0"] and report["sparse_layers"] == []
-    assert report["sparse_source"] == "build log" and "gained nothing" in report["note"]
-    picked = [*log, "(Sparsity) TRT inference plan picked sparse implementation for layers: Conv_0, Conv_3 + Relu_4"]
-    report = summarize_layers(json.dumps(engine), sparse_requested=True, log_lines=picked)
-    assert report["sparse_layers"] == ["Conv_0", "Conv_3 + Relu_4"] and "note" not in report
-    # No (Sparsity) lines at all (an older log): tactic names are the fallback.
-    guessed = summarize_layers(json.dumps(engine), sparse_requested=True)
-    assert guessed["sparse_layers"] == ["Conv_0"] and guessed["sparse_source"] == "tactic names"
-
-
-def test_layer_report_skips_bare_layer_names() -> None:
-    # Without DETAILED verbosity the inspector lists bare names (NVIDIA/TensorRT#4020's output).
-    report = summarize_layers(
-        json.dumps({"Layers": ["Reformatting CopyNode for Input Tensor 0"]}), sparse_requested=False
-    )
-    assert report["layer_count"] == 0 and report["precisions"] == {}
 
 
 def test_probe_names_what_this_host_lacks_and_compile_refuses(tmp_path: Path) -> None:
