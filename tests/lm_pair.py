@@ -12,8 +12,7 @@ target on its batches; 12 min of wall time there; ``meta.json`` records wall and
 and the load); a warm one loads in well under a second.
 Concurrent callers (several pytest processes) wait on a file lock instead of training twice.
 
-The vocabulary is bytes: ids 0-255 are the UTF-8 bytes, then ``BOS``, ``EOS``, ``PAD`` and reserved
-ids up to ``VOCAB`` (264, a multiple of 8). :func:`encode` / :func:`decode` convert text.
+The vocabulary is bytes (``tests/lm_bytes.py``); the recipe and the training loop: ``tests/lm_training.py``.
 The target's LM head is untied, the draft's is tied to its embedding, so one pair covers both.
 """
 
@@ -32,8 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-VOCAB = 264
-BOS, EOS, PAD = 256, 257, 258
+from tests.lm_bytes import byte_tokenizer, encode
+from tests.lm_training import RECIPE, train_model
 
 #: Stdlib modules the models learn from, and the ones they never see (the held-out text).
 TRAIN_MODULES = (
@@ -47,42 +46,6 @@ TRAIN_MODULES = (
 HELDOUT_MODULES = ("textwrap", "heapq", "fractions", "string")
 HELDOUT_CHARS = 16384
 
-#: Everything that decides the weights; its hash (with the text and library versions) keys the cache.
-RECIPE: dict[str, Any] = {
-    "version": 3,
-    "seed": 0,
-    # One thread: on a shared 2-core machine two OpenMP threads spin at every barrier while the other is
-    # descheduled (a 500-step run took over 40 min under load 12); one thread took 260 ms a step at load 4.
-    "threads": 1,
-    "seq_len": 256,
-    "batch": 16,
-    "lr": 3e-3,
-    "warmup": 30,
-    "weight_decay": 0.01,
-    "target": {
-        "hidden_size": 128,
-        "intermediate_size": 384,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "tie_word_embeddings": False,
-        "steps": 400,
-    },
-    "draft": {
-        "hidden_size": 64,
-        "intermediate_size": 192,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "tie_word_embeddings": True,
-        "steps": 300,
-        # The loss: KL(target || draft) over the target's next-byte distribution on each batch (1.0), none of
-        # the cross-entropy on the bytes. Measured on 4 held-out prompts x 96 bytes, greedy: acceptance at
-        # k=3 / 4 72% / 66% trained on the bytes (perplexity 7.54), 73% / - half and half (7.06), 77% / 71%
-        # distilled alone (7.20).
-        "distill": 1.0,
-    },
-}
 #: The window held-out perplexity is measured over (non-overlapping; each window scores its last N-1 tokens).
 PPL_WINDOW = 256
 
@@ -97,35 +60,6 @@ class LmPair:
     draft_ppl: float
     #: How the pair was made: the recipe, each model's parameter count and training seconds (cold run).
     meta: dict[str, Any]
-
-
-def encode(text: str, bos: bool = False) -> list[int]:
-    return ([BOS] if bos else []) + list(text.encode("utf-8"))
-
-
-def decode(ids: list[int]) -> str:
-    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-
-
-def byte_tokenizer() -> Any:
-    """A transformers tokenizer whose ids are the UTF-8 bytes (what ``encode`` gives), saved beside the weights.
-
-    ``tokenizers``' ByteLevel pre-tokenizer maps each byte to one printable character (GPT-2's table),
-    split into single characters, each looked up in a word-level vocabulary that maps it back to its byte."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    shifted = [b for b in range(256) if b not in printable]
-    chars = {b: chr(b) for b in printable} | {b: chr(256 + n) for n, b in enumerate(shifted)}
-    vocab = {chars[b]: b for b in range(256)} | {"<s>": BOS, "</s>": EOS, "<pad>": PAD}
-    vocab |= {f"<reserved_{i}>": i for i in range(PAD + 1, VOCAB)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False), pre_tokenizers.Split("", "isolated")]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 
 def corpus() -> tuple[str, str]:
@@ -199,74 +133,6 @@ def _train_into(root: Path, train_text: str, heldout_text: str, progress: Callab
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(root, ignore_errors=True)
     tmp.rename(root)
-
-
-def llama_config(role: str) -> Any:
-    import transformers as tf
-
-    shape = {k: v for k, v in RECIPE[role].items() if k not in ("steps", "distill")}
-    return tf.LlamaConfig(
-        vocab_size=VOCAB,
-        max_position_embeddings=512,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        **shape,
-    )
-
-
-def train_model(role: str, train_text: str, progress: Callable[[str], None] | None = None, teacher: Any = None) -> Any:
-    """One model trained from scratch (AdamW, warmup then cosine decay) on next-byte prediction, or, with
-    the role's ``distill`` weight and a ``teacher``, partly or wholly on the teacher's next-byte distribution."""
-    import numpy as np
-    import torch
-    import transformers as tf
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(RECIPE["threads"])
-    try:
-        torch.manual_seed(RECIPE["seed"])
-        model = tf.LlamaForCausalLM(llama_config(role)).train()
-        data = torch.tensor(np.frombuffer(train_text.encode("utf-8"), dtype=np.uint8).astype(np.int64))
-        rng = np.random.default_rng(RECIPE["seed"])
-        steps, seq, batch = RECIPE[role]["steps"], RECIPE["seq_len"], RECIPE["batch"]
-        optim = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=RECIPE["weight_decay"])
-        warmup, distill = RECIPE["warmup"], float(RECIPE[role].get("distill", 0.0)) if teacher is not None else 0.0
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optim,
-            lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)),
-        )
-        for step in range(steps):
-            if progress is not None and step % 50 == 0:
-                progress(f"{role}: step {step}/{steps}")
-            starts = rng.integers(0, len(data) - seq - 1, size=batch)
-            ids = torch.stack([data[s : s + seq] for s in starts])
-            with torch.autocast("cpu", dtype=torch.bfloat16):  # AMX / AVX512-BF16 matmuls: ~8x fp32 here
-                loss = (
-                    model(input_ids=ids, labels=ids).loss
-                    if not distill
-                    else _distill_loss(model, teacher, ids, distill)
-                )
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optim.step()
-            schedule.step()
-        return model.eval()
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _distill_loss(model: Any, teacher: Any, ids: Any, weight: float) -> Any:
-    """``weight`` x KL(teacher || model) of the next-byte distributions + (1 - ``weight``) x the cross-entropy
-    on the bytes themselves."""
-    import torch
-
-    with torch.inference_mode():
-        target = torch.log_softmax(teacher(input_ids=ids).logits[:, :-1].float(), -1).flatten(0, 1)
-    logq = torch.log_softmax(model(input_ids=ids).logits[:, :-1].float(), -1).flatten(0, 1)
-    kl = torch.nn.functional.kl_div(logq, target.clone(), log_target=True, reduction="batchmean")
-    return weight * kl + (1 - weight) * torch.nn.functional.nll_loss(logq, ids[:, 1:].flatten())
 
 
 def torch_perplexity(model: Any, ids: list[int], window: int = PPL_WINDOW) -> float:

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from tests.lm_pair import PPL_WINDOW, LmPair, encode
+from tests.lm_bytes import encode
+from tests.lm_pair import PPL_WINDOW, LmPair
 
 #: Held-out tokens the gates score: 16 windows of 256 bytes (the window tests/lm_pair.py records its perplexity over).
 GATE_TOKENS = 16 * PPL_WINDOW

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lm_pair import VOCAB, LmPair, byte_tokenizer, decode, encode, greedy_acceptance
+from tests.lm_bytes import VOCAB, byte_tokenizer, decode, encode
+from tests.lm_pair import LmPair, greedy_acceptance
 
 
 def test_byte_tokenizer_round_trips_utf8() -> None:

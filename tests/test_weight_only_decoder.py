@@ -16,7 +16,8 @@ from aotforge.passes import make_pass
 from aotforge.passes.manager import run_passes
 from aotforge.passes.ort_quantization import op_counts
 from tests.llm_models import tiny_causal_lm
-from tests.lm_pair import LmPair, encode, torch_perplexity
+from tests.lm_bytes import encode
+from tests.lm_pair import LmPair, torch_perplexity
 from tests.pass_models import _finish, run
 from tests.quality_gates import GATE_TOKENS, assert_within_gates, build_trained_target, quality_report
 

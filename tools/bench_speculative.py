@@ -41,7 +41,8 @@ def models(args: argparse.Namespace) -> tuple[Path, Path, list[list[int]]]:
         prompts = [[int(t) for t in rng.integers(0, vocab, PROMPT_LEN)] for _ in range(args.prompts)]
         return args.target_model, args.draft_model, prompts
     sys.path.insert(0, str(ROOT))
-    from tests.lm_pair import encode, trained_pair
+    from tests.lm_bytes import encode
+    from tests.lm_pair import trained_pair
 
     pair = trained_pair()
     text = pair.heldout_text
