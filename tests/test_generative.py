@@ -1,29 +1,24 @@
-"""Text-generation artifacts: prefill + decode graphs, generate / stream, token-exact vs transformers."""
+"""Text-generation artifacts: prefill + decode graphs, generate / stream, token-exact vs transformers (their CLI:
+tests/test_generative_cli.py; their fused attention: tests/test_generative_fusions.py)."""
 
 from __future__ import annotations
 
-import collections
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import aotforge
-from aotforge.compiler.cli import main
 from aotforge.core.errors import InputSpecError, OptionsError, UnsupportedModelError
 from tests.llm_models import (
     ARCHITECTURES,
     MAX_SEQ,
     NEW,
     PROMPTS,
-    VOCAB,
     assert_build_token_exact,
     left_padded,
-    save_tiny_causal_lm,
     tiny_causal_lm,
     transformers_greedy,
 )
@@ -151,54 +146,6 @@ def test_kv_cache_is_not_reallocated_per_token(llama_ort: Any) -> None:
     assert len(engine.cache) == 2 * 2 and engine.cache[0].shape == (2, 2, MAX_SEQ, 16)
 
 
-def test_cli_generate(llama_ort: Any) -> None:
-    runner, path = CliRunner(), str(llama_ort.path)
-    ran = runner.invoke(main, ["generate", path, "--prompt-ids", "1,2,3", "--max-new-tokens", "12"])
-    assert ran.exit_code == 0, ran.output
-    tokens = [int(t) for t in ran.output.split()]
-    want = aotforge.load(path).generate(np.array([[1, 2, 3]]), 12)[0, 3:].tolist()
-    assert tokens == want and all(0 <= t < VOCAB for t in tokens)
-    too_long = runner.invoke(main, ["generate", path, "--prompt-ids", "1,2,3", "--max-new-tokens", "63"])
-    assert too_long.exit_code != 0 and "max_seq_len=64" in too_long.output
-    no_text = runner.invoke(main, ["generate", path, "--prompt", "hello"])
-    assert no_text.exit_code != 0 and "no tokenizer" in no_text.output
-
-
-def test_cli_perplexity_equals_torch_on_the_same_windows(llama_ort: Any, tmp_path: Path) -> None:
-    """``aotforge perplexity`` (prefill + decode steps, windows batched) == torch's full-sequence forward."""
-    from aotforge.core.errors import EXIT_VALIDATION
-    from tests.lm_pair import torch_perplexity
-
-    ids = np.random.default_rng(1).integers(0, VOCAB, size=150).tolist()
-    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)))
-    runner, path = CliRunner(), str(llama_ort.path)
-    ran = runner.invoke(main, ["perplexity", path, "--ids-file", str(tmp_path / "ids.txt"), "--window", "40", "--json"])
-    assert ran.exit_code == 0, ran.output
-    got = json.loads(ran.output)
-    assert (got["windows"], got["scored_tokens"]) == (4, 3 * 39 + 29)
-    want = torch_perplexity(tiny_causal_lm("llama"), ids, window=40)
-    assert got["perplexity"] == pytest.approx(want, rel=1e-4)
-    gate = ["perplexity", path, "--ids-file", str(tmp_path / "ids.txt"), "--max-perplexity", "1.5"]
-    gated = runner.invoke(main, gate)
-    assert gated.exit_code == EXIT_VALIDATION and "above --max-perplexity 1.5" in gated.output, gated.output
-    too_wide = runner.invoke(main, ["perplexity", path, "--ids-file", str(tmp_path / "ids.txt"), "--window", "66"])
-    assert too_wide.exit_code != 0 and "use a window of 2 to 65" in too_wide.output
-    no_text = runner.invoke(main, ["perplexity", path, "--text-file", str(tmp_path / "ids.txt")])
-    assert no_text.exit_code != 0 and "no tokenizer" in no_text.output
-
-
-@pytest.mark.slow
-def test_cli_compile(tmp_path: Path) -> None:
-    model_dir = save_tiny_causal_lm("llama-tied", tmp_path / "tied")
-    args = ["compile", str(model_dir), "--task", "text-generation", "--target", "onnxruntime"]
-    args += ["--max-seq-len", "48", "--max-batch", "1", "--no-bench", "--out", str(tmp_path / "out")]
-    built = CliRunner().invoke(main, args)
-    assert built.exit_code == 0, built.output
-    path = Path(built.output.strip().splitlines()[-1])
-    assert json.loads((path / "manifest.json").read_text())["target"]["info"]["decoder"]["max_seq_len"] == 48
-    assert "greedy tokens vs transformers: 100.0% agree" in built.output
-
-
 def test_refusals(tmp_path: Path) -> None:
     import torch
 
@@ -229,94 +176,6 @@ def test_device_targets_refuse_with_the_probe_reason(target: str, tmp_path: Path
         pytest.skip(f"{target} is available here: its text-generation path is not implemented yet")
     with pytest.raises(TargetUnavailableError, match=re.escape(probe.reason[:40])):
         _build(tiny_causal_lm("llama"), tmp_path, target=target)
-
-
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_fused_decode_matches_the_masked_graph(arch: str) -> None:
-    """The GroupQueryAttention decode (eager reference of aotforge::slot_gqa) equals the masked graph: same
-    logits, the same cache at every filled position, two slots at different positions."""
-    import torch
-
-    from aotforge.compiler.generative.export import decoder_spec
-    from aotforge.compiler.generative.graphs import Decode
-
-    model = tiny_causal_lm(arch)
-    spec = decoder_spec(model, 32, 2)
-    torch.manual_seed(1)
-    cache = [torch.randn(2, spec.kv_heads, 32, spec.head_dim) for _ in range(2 * spec.layers)]
-    write_pos, ids = torch.tensor([5, 9]), torch.tensor([[3], [7]])
-    with torch.no_grad():
-        masked = Decode(model)(ids, write_pos[:, None], write_pos, *cache)
-        fused = Decode(model, fused_attention=True)(ids, write_pos[:, None], write_pos, *cache)
-    torch.testing.assert_close(fused[0], masked[0], rtol=1e-5, atol=1e-5)
-    for a, b in zip(fused[1:], masked[1:], strict=True):
-        torch.testing.assert_close(a, b)
-
-
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_fused_prefill_matches_the_masked_graph(arch: str) -> None:
-    """The GroupQueryAttention prefill (eager reference of aotforge::prompt_gqa) equals the masked graph on two
-    right-padded prompts: the same last-token logits, the same keys/values at every real position."""
-    import torch
-
-    from aotforge.compiler.generative.graphs import Prefill
-
-    model = tiny_causal_lm(arch)
-    ids = torch.tensor([PROMPTS[0][:6], PROMPTS[0][2:6] + [0, 0]])
-    mask = torch.tensor([[1] * 6, [1] * 4 + [0, 0]])
-    pos = torch.arange(6).repeat(2, 1)
-    with torch.no_grad():
-        masked = Prefill(model)(ids, mask, pos)
-        fused = Prefill(model, fused_attention=True)(ids, mask, pos)
-    torch.testing.assert_close(fused[0], masked[0], rtol=1e-5, atol=1e-5)
-    for a, b in zip(fused[1:], masked[1:], strict=True):
-        torch.testing.assert_close(a[0], b[0])
-        torch.testing.assert_close(a[1, :, :4], b[1, :, :4])
-
-
-def test_onnxruntime_decode_runs_group_query_attention(llama_ort: Any) -> None:
-    import onnx
-
-    decode = onnx.load(llama_ort.path / "decode.onnx", load_external_data=False)
-    ops = {(n.domain, n.op_type) for n in decode.graph.node}
-    assert ("com.microsoft", "GroupQueryAttention") in ops and ("", "ScatterElements") not in ops
-    assert llama_ort.manifest.target.info["decode_attention"] == "gqa"
-
-
-def test_onnxruntime_graphs_run_fused_contrib_ops(llama_ort: Any) -> None:
-    """The onnxruntime graphs run ORT's contrib ops (the token-exact tests above run these graphs): RMSNorm and
-    residual + RMSNorm fused, q / k / v and gate / up each one MatMul over weights stored side by side (the same
-    bytes in both graphs: stored once), attention one GroupQueryAttention per layer (over the prompt in prefill,
-    no past), rotary inside it (do_rotary, packed QKV, the graph's position_ids), its output into o_proj with no
-    Reshape; no standard-op spelling is left.
-    """
-    import onnx
-
-    layers = tiny_causal_lm("llama").config.num_hidden_layers
-    for graph in ("prefill", "decode"):
-        model = onnx.load(llama_ort.path / f"{graph}.onnx", load_external_data=False)
-        ops = collections.Counter(n.op_type for n in model.graph.node)
-        assert ops["GroupQueryAttention"] == layers and ops["SkipSimplifiedLayerNormalization"] == 2 * layers
-        assert ops["SimplifiedLayerNormalization"] == 1
-        unfused = {"Pow", "Sqrt", "Reciprocal", "Neg", "Cos", "Sin", "Softmax", "RotaryEmbedding"} & set(ops)
-        assert not unfused, sorted(ops.items())
-        fused = llama_ort.manifest.target.info["fusions"][graph]
-        assert fused == {
-            "packed_matmuls": 5 * layers,
-            "rotary_embedding": 2 * layers,
-            "rms_normalization": 2 * layers + 1,
-            "skip_rms_normalization": 2 * layers,
-            "rotary_in_attention": layers,
-            "packed_qkv_attention": layers,
-            "identity_reshapes": layers,
-        }
-        assert ops["Reshape"] == (1 if graph == "prefill" else 0)  # prefill: the last token's index
-        for node in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
-            assert node.input[1:3] == ["", ""] and node.input[9] == "position_ids"
-            past = node.input[3:5]
-            assert past == ["", ""] if graph == "prefill" else past[0].startswith("past_key_"), past
-            assert {a.name: a.i for a in node.attribute}["do_rotary"] == 1
-            assert next(n.op_type for n in model.graph.node if node.input[0] in n.output) == "MatMul"
 
 
 @pytest.mark.slow  # three builds of the tiny Llama (about a minute on a quiet 2-core machine)

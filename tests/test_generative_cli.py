@@ -1,0 +1,64 @@
+"""The CLI over text-generation artifacts: ``aotforge generate``, ``aotforge perplexity`` and ``aotforge compile
+--task text-generation`` (``llama_ort``, tests/conftest.py: the tiny Llama built for onnxruntime)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import aotforge
+from aotforge.compiler.cli import main
+from tests.llm_models import VOCAB, save_tiny_causal_lm, tiny_causal_lm
+
+
+def test_cli_generate(llama_ort: Any) -> None:
+    runner, path = CliRunner(), str(llama_ort.path)
+    ran = runner.invoke(main, ["generate", path, "--prompt-ids", "1,2,3", "--max-new-tokens", "12"])
+    assert ran.exit_code == 0, ran.output
+    tokens = [int(t) for t in ran.output.split()]
+    want = aotforge.load(path).generate(np.array([[1, 2, 3]]), 12)[0, 3:].tolist()
+    assert tokens == want and all(0 <= t < VOCAB for t in tokens)
+    too_long = runner.invoke(main, ["generate", path, "--prompt-ids", "1,2,3", "--max-new-tokens", "63"])
+    assert too_long.exit_code != 0 and "max_seq_len=64" in too_long.output
+    no_text = runner.invoke(main, ["generate", path, "--prompt", "hello"])
+    assert no_text.exit_code != 0 and "no tokenizer" in no_text.output
+
+
+def test_cli_perplexity_equals_torch_on_the_same_windows(llama_ort: Any, tmp_path: Path) -> None:
+    """``aotforge perplexity`` (prefill + decode steps, windows batched) == torch's full-sequence forward."""
+    from aotforge.core.errors import EXIT_VALIDATION
+    from tests.lm_pair import torch_perplexity
+
+    ids = np.random.default_rng(1).integers(0, VOCAB, size=150).tolist()
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)))
+    runner, path = CliRunner(), str(llama_ort.path)
+    ran = runner.invoke(main, ["perplexity", path, "--ids-file", str(tmp_path / "ids.txt"), "--window", "40", "--json"])
+    assert ran.exit_code == 0, ran.output
+    got = json.loads(ran.output)
+    assert (got["windows"], got["scored_tokens"]) == (4, 3 * 39 + 29)
+    want = torch_perplexity(tiny_causal_lm("llama"), ids, window=40)
+    assert got["perplexity"] == pytest.approx(want, rel=1e-4)
+    gate = ["perplexity", path, "--ids-file", str(tmp_path / "ids.txt"), "--max-perplexity", "1.5"]
+    gated = runner.invoke(main, gate)
+    assert gated.exit_code == EXIT_VALIDATION and "above --max-perplexity 1.5" in gated.output, gated.output
+    too_wide = runner.invoke(main, ["perplexity", path, "--ids-file", str(tmp_path / "ids.txt"), "--window", "66"])
+    assert too_wide.exit_code != 0 and "use a window of 2 to 65" in too_wide.output
+    no_text = runner.invoke(main, ["perplexity", path, "--text-file", str(tmp_path / "ids.txt")])
+    assert no_text.exit_code != 0 and "no tokenizer" in no_text.output
+
+
+@pytest.mark.slow
+def test_cli_compile(tmp_path: Path) -> None:
+    model_dir = save_tiny_causal_lm("llama-tied", tmp_path / "tied")
+    args = ["compile", str(model_dir), "--task", "text-generation", "--target", "onnxruntime"]
+    args += ["--max-seq-len", "48", "--max-batch", "1", "--no-bench", "--out", str(tmp_path / "out")]
+    built = CliRunner().invoke(main, args)
+    assert built.exit_code == 0, built.output
+    path = Path(built.output.strip().splitlines()[-1])
+    assert json.loads((path / "manifest.json").read_text())["target"]["info"]["decoder"]["max_seq_len"] == 48
+    assert "greedy tokens vs transformers: 100.0% agree" in built.output
