@@ -11,6 +11,7 @@ import click
 
 from aotforge.compiler.cli.common import DimRangeParam, KeyValueParam, manifest_summary, user_errors
 from aotforge.compiler.cli.progress import build_progress
+from aotforge.compiler.cli.recipe_flags import with_recipe
 from aotforge.compiler.frontend_transformers import Task
 from aotforge.core.spec import parse_value_range
 
@@ -163,7 +164,7 @@ def compile(model: str, **kw: Any) -> None:
         }
     )
     if kw["recipe"]:
-        options = _with_recipe(kw["recipe"], options, click.get_current_context())
+        options = with_recipe(kw["recipe"], options, click.get_current_context())
     if kw["precision"]:  # after the recipe: its pass list is what the precision's pass is appended to
         options = dataclasses.replace(options, passes=with_precision(options.passes, kw["precision"]))
     if "," in options.target or options.target == "all":  # compiler.farm: one artifact per target
@@ -238,48 +239,6 @@ def _digest_line(path: Path) -> str:
 def _tuning_options(kw: dict[str, Any]) -> dict[str, str]:
     """``--tune-trials`` / ``--tune-minutes`` are spellings of the tvm target options of those names."""
     return {k: str(kw[k]) for k in ("tune_trials", "tune_minutes") if kw[k]}
-
-
-#: BuildOptions field -> the compile flag that sets it, for fields a recipe can hold.
-_RECIPE_FLAGS = {
-    "target": "target",
-    "passes": "passes",
-    "pass_params": "pass_opt",
-    "target_options": "target_opt",
-    "tolerance": "tolerance",
-    "sample_inputs": "sample_inputs",
-    "dynamic": "dynamic",
-    "input_ranges": "input_range",
-    "name": "name",
-    "calibration": "calibration",
-    "accuracy_budget": "accuracy_budget",
-    "task": "task",
-}
-
-
-def _with_recipe(path: Path, options: Any, ctx: click.Context) -> Any:
-    """The recipe's values, replaced by flags given on the command line (option tables merged)."""
-    from click.core import ParameterSource
-
-    from aotforge.compiler.options import BuildOptions
-    from aotforge.compiler.recipe import load_recipe
-
-    values = {**load_recipe(path)}
-    for field, flag in _RECIPE_FLAGS.items():
-        flags = (flag, "tune_trials", "tune_minutes") if field == "target_options" else (flag,)
-        if all(ctx.get_parameter_source(f) in (ParameterSource.DEFAULT, None) for f in flags):
-            continue
-        given = getattr(options, field)
-        if field == "pass_params":
-            merged = {k: dict(v) for k, v in values.get(field, {}).items()}
-            for name, params in given.items():
-                merged.setdefault(name, {}).update(params)
-            given = merged
-        elif field == "target_options":
-            given = {**values.get(field, {}), **given}
-        values[field] = given
-    rest = {f: getattr(options, f) for f in ("out", "version", "bench", "bench_options", "dump_ir", "cache_dir")}
-    return BuildOptions.from_dict({**values, **rest, "prepare_only": options.prepare_only})
 
 
 def _pass_params(pairs: tuple[tuple[str, str], ...]) -> dict[str, dict[str, str]]:
