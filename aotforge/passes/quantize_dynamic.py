@@ -25,6 +25,7 @@ import onnx_ir.passes
 from aotforge.core.errors import OptionsError, PassFailedError
 from aotforge.passes import quantize_prepare as prep
 from aotforge.passes.base import GraphPass
+from aotforge.passes.calibration_feeds import load_samples
 from aotforge.passes.ort_quantization import (
     QUANTIZED_OPS,
     adopt,
@@ -247,6 +248,4 @@ def _weight_shape(node: ir.Node) -> tuple[int, ...] | None:
 
 
 def _load(model: ir.Model, source: str, limit: int) -> list[Feeds]:
-    from aotforge.passes.quantize_static import load_samples
-
     return load_samples(model, source, limit) if source else []

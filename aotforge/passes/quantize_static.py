@@ -28,7 +28,6 @@ import enum
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -36,6 +35,7 @@ from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, Q
 from aotforge.core.errors import OptionsError
 from aotforge.passes import quantize_prepare as prep
 from aotforge.passes.base import GraphPass
+from aotforge.passes.calibration_feeds import load_samples, random_samples
 from aotforge.passes.ort_quantization import (
     QUANTIZED_OPS,
     adopt,
@@ -44,10 +44,8 @@ from aotforge.passes.ort_quantization import (
     quantize_through_files,
     split_held_out,
 )
-from aotforge.passes.quantization_debug import copy_model
+from aotforge.passes.quantization_debug import Feeds, copy_model
 from aotforge.passes.quantization_search import SEARCH_MIN_RATIO, Budget, Method, search
-
-Feeds = dict[str, np.ndarray]
 
 
 class Calibration(enum.StrEnum):
@@ -267,37 +265,3 @@ def _quantized_nodes(model: ir.Model, excluded: set[str]) -> list[str]:
         if any(p is not None and p.op_type == "DequantizeLinear" for p in producers):
             quantized.append(node.op_type)
     return quantized
-
-
-def load_samples(model: ir.Model, source: Path | str, limit: int) -> list[Feeds]:
-    """Calibration feeds from a directory of .npz / .npy files or ``module.py:function``."""
-    from aotforge.core.calibration import load_calibration
-
-    inputs = {
-        str(v.name): (len(v.shape) if v.shape is not None else -2, v.dtype.numpy() if v.dtype is not None else None)
-        for v in model.graph.inputs
-        if v.name not in model.graph.initializers
-    }
-    try:
-        return load_calibration(str(source), inputs, limit)
-    except OptionsError as e:
-        raise OptionsError(f"pass int8: {e}") from e
-
-
-def random_samples(model: ir.Model, count: int, seed: int) -> list[Feeds]:
-    """Seeded feeds of each input's shape (dynamic dims as 1): normal floats, 0/1 integers."""
-    rng = np.random.default_rng(seed)
-    samples = []
-    for _ in range(count):
-        feeds = {}
-        for value in model.graph.inputs:
-            if value.name in model.graph.initializers or value.name is None:
-                continue
-            shape = [d if isinstance(d, int) else 1 for d in (value.shape or ())]
-            dtype = value.dtype.numpy() if value.dtype is not None else np.dtype(np.float32)
-            if np.issubdtype(dtype, np.floating):
-                feeds[value.name] = rng.standard_normal(shape).astype(dtype)
-            else:
-                feeds[value.name] = rng.integers(0, 2, size=shape).astype(dtype)
-        samples.append(feeds)
-    return samples
