@@ -1,7 +1,7 @@
 """TensorRT text generation: the prefill and decode graphs as two engines, each with its optimization profile.
 
 Plain Python (plans, the engine's I/O contract); the builder and runtime calls are in
-:mod:`targets.tensorrt.sdk` and :mod:`targets.tensorrt.runner`, imported only to build or load.
+:mod:`targets.tensorrt.sdk` and :mod:`targets.tensorrt.step_engine`, imported only to build or load.
 
 Two engines, not one engine with two profiles: the graphs are two ONNX files (``compiler.generative.export``)
 and an engine is one network; a network holding both would run both on every call. Each engine has

@@ -214,6 +214,6 @@ def runner(engine_bytes: bytes, *, allow_host_code: bool, cuda_graphs: bool) -> 
 
 def step_engine(prefill_bytes: bytes, decode_bytes: bytes, spec: Any, *, allow_host_code: bool) -> Any:
     """The generative step engine over the prefill and decode engines (``targets.tensorrt.generative``)."""
-    from aotforge.targets.tensorrt.runner import TrtStepEngine
+    from aotforge.targets.tensorrt.step_engine import TrtStepEngine
 
     return TrtStepEngine(prefill_bytes, decode_bytes, spec, logger=_logger(), allow_host_code=allow_host_code)
