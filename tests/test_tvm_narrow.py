@@ -18,7 +18,8 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper
 
-from aotforge.targets.tvm.importable.narrow import _reference_bytes, encoding, narrow_types
+from aotforge.targets.tvm.importable.narrow import narrow_types
+from aotforge.targets.tvm.importable.narrow_encoding import _reference_bytes, encoding
 
 EDGES = np.array(
     [0.0, -0.0, np.inf, -np.inf, 448, 464, 470, -464, 57344, 61440, 65536, 1e-45, -1e-45, 2**-9, 2**-10, 1.5 * 2**-10],
