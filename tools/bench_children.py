@@ -42,3 +42,16 @@ def built_artifact(out: Path, name: str, target: str) -> str | None:
     builds each artifact once, its later runs and rounds load it."""
     done = sorted((out / name).glob(f"*/{target}/manifest.json"), key=lambda p: int(p.parts[-3]))
     return str(done[-1].parent) if done else None
+
+
+def text_generation_artifact(model_dir: Path, out: Path, name: str, target: str, **options: Any) -> str:
+    """Artifact ``name`` for ``target`` under ``out``: the one built before (``built_artifact``), else the causal
+    LM at ``model_dir`` built as a text-generation artifact with ``options``, without the benchmark (the bench
+    times it)."""
+    done = built_artifact(out, name, target)
+    if done is not None:
+        return done
+    import aotforge
+
+    built = aotforge.build(model_dir, target=target, task="text-generation", out=out, name=name, bench=False, **options)
+    return str(built.path)

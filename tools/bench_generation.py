@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 from bandwidth_floor import floor_ms, read_bandwidth_gbs  # tools/, beside this script
-from bench_children import PREFIX, built_artifact, median_of, run_child
+from bench_children import PREFIX, median_of, run_child, text_generation_artifact
 from decode_timing import measure
 from genai_runner import genai_python, run_genai
 
@@ -106,29 +106,21 @@ def build_aotforge(
     model_dir: Path, work: Path, target: str, prompt: int, new: int, max_batch: int, precision: str = "fp32"
 ) -> str:
     """The artifact for ``target`` at ``precision`` (built once: later runs and rounds load it)."""
-    import aotforge
-
     name = f"{model_dir.name}-{prompt + new}-{max_batch}" + ("" if precision == "fp32" else f"-{precision}")
     quant: dict[str, Any] = {}
     if precision != "fp32":  # validation still reports token agreement; it does not gate the bench's build
         quant = {"passes": ["weight-only"], "pass_params": {"weight-only": WEIGHT_ONLY[precision]}}
         quant |= {"tolerance": 10.0, "min_token_agreement": 0.0}
-    done = built_artifact(work / "artifacts", name, target)
-    if done is not None:
-        return done
-    result = aotforge.build(
+    return text_generation_artifact(
         model_dir,
-        target=target,
-        task="text-generation",
+        work / "artifacts",
+        name,
+        target,
         max_seq_len=prompt + new,
         max_batch=max_batch,
-        out=work / "artifacts",
-        name=name,
-        bench=False,
         target_options={"intra_op_threads": THREADS} if target == "onnxruntime" else {},
         **quant,
     )
-    return str(result.path)
 
 
 def run_aotforge(artifact_path: Path, prompt: int, new: int, batch: int) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_children import PREFIX, built_artifact, median_of, run_child  # tools/, beside this script
+from bench_children import PREFIX, median_of, run_child, text_generation_artifact  # tools/, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 64
@@ -56,26 +56,17 @@ def build(model_dir: Path, work: Path, target: str, role: str, k: int, max_seq: 
 
     An onnxruntime draft's verify call of 2 tokens took 122-145 us of CPU against 104-107 us for two decode calls
     (its session's own copy of the weights is cold in cache): 1.48x -> 1.51x at k=4 without it (4 rounds, load 8)."""
-    import aotforge
-
     spec_k = k if role == "target" else 1 if target == "tvm" else 0
-    name = f"spec-{role}-{spec_k}-{max_seq}-1t"
-    done = built_artifact(work / "artifacts", name, target)
-    if done is not None:
-        return done
-    result = aotforge.build(
+    return text_generation_artifact(
         model_dir,
-        target=target,
-        task="text-generation",
+        work / "artifacts",
+        f"spec-{role}-{spec_k}-{max_seq}-1t",
+        target,
         max_seq_len=max_seq,
         max_batch=1,
-        out=work / "artifacts",
-        name=name,
-        bench=False,
         speculative_k=spec_k,
         target_options={"intra_op_threads": 1} if target == "onnxruntime" else {},
     )
-    return str(result.path)
 
 
 def run(target: Path, draft: Path | None, k: int, prompts: list[list[int]], new: int) -> dict[str, Any]:
