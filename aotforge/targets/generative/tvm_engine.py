@@ -77,7 +77,7 @@ def compile_generative(
     refs = {w.name: w for g in (prefill, decode, verify) if g is not None for w in g.weights}
     fmt = weight_only_format(passes["weight-only"]) if passes and "weight-only" in passes else None
     say("packing the matmul weights" + (" (weight-only)" if fmt is not None else " (fp32 panels)"))
-    mod, packed, packing = pack_weights(mod, workdir, WEIGHTS_FILE, refs, fmt, target)
+    mod, packed, packing = pack_weights(mod, workdir, WEIGHTS_FILE, refs, fmt, target, options.fast_math)
     mod = tvm.relax.transform.DeadCodeElimination()(mod)  # the transposes the panels made unused
     try:
         executable, report = compile_relax(mod, target, fast_math=options.fast_math)

@@ -36,10 +36,17 @@ def weight_only_format(params: Any) -> WeightOnlyFormat:
 
 
 def pack_weights(
-    mod: Any, workdir: Path, weights_file: str, refs: dict[str, WeightRef], fmt: WeightOnlyFormat | None, target: Any
+    mod: Any,
+    workdir: Path,
+    weights_file: str,
+    refs: dict[str, WeightRef],
+    fmt: WeightOnlyFormat | None,
+    target: Any,
+    fast_math: bool = True,
 ) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]]:
     """``mod`` on the packed kernels (weight-only ones where ``fmt`` asks, fp32 panels for the rest), the
-    packed arrays by argument name, the reports by rewrite."""
+    packed arrays by argument name, the reports by rewrite (``fast_math``: the build's, which the kernels
+    that compute a graph's activation follow)."""
     from tvm.target import codegen
 
     from aotforge.targets.tvm.kernels.panel_matmul import few_rows
@@ -61,7 +68,7 @@ def pack_weights(
         labels = _labels(workdir)
         report["weights_taken"] = {f"{labels.get(w, '?')} ({w})": what for w, what in report["weights_taken"].items()}
         reports["weight_only"] = report
-    mod, panels, reports["panel_weights"] = panel_matmuls(mod, read, few_rows(str(target.attrs["mcpu"])))
+    mod, panels, reports["panel_weights"] = panel_matmuls(mod, read, few_rows(str(target.attrs["mcpu"])), fast_math)
     return mod, {**packed, **panels}, reports
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -68,3 +69,17 @@ def constant_value(expr: Any) -> np.ndarray | None:
     import tvm
 
     return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
+
+
+def var_uses(func: Any) -> Counter[Any]:
+    """How many times each variable of the Relax function ``func`` is read."""
+    from tvm import relax
+
+    uses: Counter[Any] = Counter()
+
+    def visit(e: Any) -> None:
+        if isinstance(e, relax.Var):
+            uses[e] += 1
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return uses

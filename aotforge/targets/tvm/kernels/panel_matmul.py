@@ -47,6 +47,25 @@ class FewRows(enum.Enum):
     WHOLE = "one tile, one run"
 
 
+class Gate(enum.Enum):
+    """How a gated panel call (SwiGLU's ``silu(x @ G) * (x @ U)``) computes the sigmoid: as the graph's own
+    sigmoid would have been compiled (``fast`` math: ``rewrites/fast_gelu``'s ``1 / (1 + fast_exp(-g))``)."""
+
+    FAST_SIGMOID = "1 / (1 + fast_exp(-g))"
+    SIGMOID = "sigmoid(g)"
+
+    def silu(self, g: Any) -> Any:
+        """``g * sigmoid(g)`` of the tensor ``g``, in the graph's order of operations."""
+        from tvm import te, topi
+
+        if self is Gate.SIGMOID:
+            sigmoid = topi.sigmoid(g)
+        else:
+            e = topi.fast_exp(topi.negative(g))
+            sigmoid = te.compute(e.shape, lambda *i: 1.0 / (1.0 + e(*i)), name="sigmoid")
+        return topi.multiply(g, sigmoid)
+
+
 def few_rows(mcpu: str) -> FewRows:
     """The tiling measured fastest on the family of LLVM CPU ``mcpu`` (``SPLIT`` where none was measured)."""
     return FewRows.WHOLE if mcpu.startswith("znver") else FewRows.SPLIT
@@ -78,6 +97,15 @@ def pack(w_kn: np.ndarray, tj: int) -> np.ndarray:
     return np.ascontiguousarray(w_kn.reshape(k, n // tj, tj).transpose(1, 0, 2))
 
 
+def pack_gated(gate_kn: np.ndarray, up_kn: np.ndarray, tj: int) -> np.ndarray:
+    """Two ``[K, F]`` weights -> ``[2F / tj, K, tj]``: panel ``p`` holds columns ``p * tj/2 ..`` of ``gate`` then
+    the same columns of ``up`` (what ``panel_matmul(..., gate=...)`` reads; ``tj / 2`` divides ``F``)."""
+    k, f = gate_kn.shape
+    half = tj // 2
+    both = np.stack([gate_kn.reshape(k, f // half, half), up_kn.reshape(k, f // half, half)], axis=2)
+    return pack(both.reshape(k, 2 * f), tj)
+
+
 def tiles(m: int, k: int, tj: int, few: FewRows = FewRows.SPLIT) -> tuple[int, int]:
     """Rows per tile and runs of K per task: a prompt's 8-row tiles over whole panels; one row as up to 4 runs
     side by side; 2-8 rows as ``few`` says (accumulators: 24 at most)."""
@@ -90,11 +118,21 @@ def tiles(m: int, k: int, tj: int, few: FewRows = FewRows.SPLIT) -> tuple[int, i
 
 
 def panel_matmul(
-    m: int, k: int, n: int, dtype: str = "float32", few: FewRows = FewRows.SPLIT, *, add: bool = False
+    m: int,
+    k: int,
+    n: int,
+    dtype: str = "float32",
+    few: FewRows = FewRows.SPLIT,
+    *,
+    add: bool = False,
+    gate: Gate | None = None,
 ) -> Any:
     """The scheduled PrimFunc ``(x [m, k], w [n / tj, k, tj]) -> out [m, n]``, ``tj = panel_width(n)``; with
-    ``add`` (a prompt's many rows only), ``(x, w, y [m, n]) -> x @ w + y``: a residual added as each tile leaves
-    its registers (``rewrites/panel_epilogue``), not in a kernel of its own that reads both again.
+    ``add``, ``(x, w, y [m, n]) -> x @ w + y``: a residual added as each tile leaves its registers
+    (``rewrites/panel_epilogue``), not in a kernel of its own that reads both again. With ``gate``, ``w`` is
+    packed by ``pack_gated`` and the call is ``(x, w) -> out [m, n / 2] = silu(x @ G) * (x @ U)``
+    (``rewrites/panel_gate``): each panel holds the same ``tj / 2`` columns of ``G`` and of ``U``, so one task
+    has both halves in its registers and writes the gated product once, at half the bytes of the pair.
 
     ``FewRows.SPLIT`` (measured on Intel): a few rows (a decode step) read each panel as up to 4 runs of K
     side by side, their partial sums added at the end: one sequential run per thread left the memory system
@@ -113,8 +151,8 @@ def panel_matmul(
 
     tj = panel_width(n)
     mt, runs = tiles(m, k, tj, few)
-    if add and runs != 1:
-        raise ValueError(f"panel_matmul: an added input is for a prompt's rows (> {TILE_M}), not {m}")
+    if add and gate is not None:
+        raise ValueError("panel_matmul: a gated product takes no added input")
     ks = k // runs
     x = te.placeholder((m, k), dtype, name="x")
     w = te.placeholder((n // tj, k, tj), dtype, name="w")
@@ -124,23 +162,23 @@ def panel_matmul(
         lambda s, i, j: te.sum(x[i, s * ks + r] * w[j // tj, s * ks + r, j % tj], axis=r),
         name="part",
     )
-    if add:  # one run of K: the tile's sums plus y, written out once
-        y = te.placeholder((m, n), dtype, name="y")
-        out = te.compute((m, n), lambda i, j: part[0, i, j] + y[i, j], name="out")
-        sch = s_tir.Schedule(te.create_prim_func([x, w, y, out]))
-    else:
-        sr = te.reduce_axis((0, runs), name="sr")
-        out = te.compute((m, n), lambda i, j: te.sum(part[sr, i, j], axis=sr), name="out")
-        sch = s_tir.Schedule(te.create_prim_func([x, w, out]))
+    half = tj // 2
+    sch = s_tir.Schedule(te.create_prim_func(_epilogue(x, w, part, add, gate)))
+    for block in sch.get_child_blocks(sch.get_sblock("root")):  # a gate's sums and sigmoid, into out
+        if sch.get(block).name_hint not in ("part", "out"):
+            sch.compute_inline(block)
     final, block = sch.get_sblock("out"), sch.get_sblock("part")
     i, j, *fs = sch.get_loops(final)
-    jo, ji = sch.split(j, [None, tj])
+    jo, ji = sch.split(j, [None, half if gate is not None else tj])
     io, ii = sch.split(i, [None, mt])
     sch.reorder(jo, io, *fs, ii, ji)
     tasks = sch.fuse(jo, io)
     if (n // tj) * (m // mt) > 1:
         sch.parallel(tasks)
-    sch.vectorize(sch.split(sch.get_loops(final)[-1], [None, LANES])[1])
+    if (half if gate is not None else tj) % LANES:  # a gated half panel of 24 or 8: one vector, LLVM splits it
+        sch.vectorize(ji)
+    else:
+        sch.vectorize(sch.split(sch.get_loops(final)[-1], [None, LANES])[1])
     # The runs x rows x tj partial sums of a task: registers (on the stack below 1 KiB, so LLVM can).
     sch.compute_at(block, tasks, preserve_unit_loops=True)
     sch.set_scope(block, 0, "global" if runs * mt * tj * 4 < STACK_BYTES else "local")
@@ -154,6 +192,33 @@ def panel_matmul(
     sch.vectorize(sch.split(sch.get_loops(init)[-1], [None, LANES])[1])
     func = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("tirx.noalias", True)
     return func.with_attr("op_pattern", 8)
+
+
+def _epilogue(x: Any, w: Any, part: Any, add: bool, gate: Gate | None) -> list[Any]:
+    """The kernel's arguments, its output last: ``out`` from the ``part`` sums (``[runs, m, n]``), each output
+    element's runs added in turn (``te.sum`` over them for a plain product), plus ``y`` or gated."""
+    from tvm import te
+
+    runs, m, n = (int(d) for d in part.shape)
+    tj = int(w.shape[2])
+    half = tj // 2
+
+    def summed(i: Any, c: Any) -> Any:
+        return sum((part[s, i, c] for s in range(1, runs)), part[0, i, c])
+
+    if gate is not None:  # column f of the output: G's at column f % (tj/2) of panel f // (tj/2), U's tj/2 on
+
+        def half_of(at: int, name: str) -> Any:
+            return te.compute((m, n // 2), lambda i, f: summed(i, f // half * tj + at + f % half), name=name)
+
+        g, u = half_of(0, "g"), half_of(half, "u")
+        silu = gate.silu(g)
+        return [x, w, te.compute((m, n // 2), lambda i, f: silu[i, f] * u[i, f], name="out")]
+    if add:  # a residual added as the sums leave the registers, written out once
+        y = te.placeholder((m, n), x.dtype, name="y")
+        return [x, w, y, te.compute((m, n), lambda i, j: summed(i, j) + y[i, j], name="out")]
+    sr = te.reduce_axis((0, runs), name="sr")
+    return [x, w, te.compute((m, n), lambda i, j: te.sum(part[sr, i, j], axis=sr), name="out")]
 
 
 def panel_rows(count: int, k: int, n: int, index_dtype: str = "int64", dtype: str = "float32") -> Any:

@@ -1,15 +1,16 @@
-"""``add(panel_matmul(x, w), y)`` over a prompt's rows -> one panel kernel that adds ``y`` as each tile leaves its
-registers (``kernels/panel_matmul``, ``add=True``).
+"""``add(panel_matmul(x, w), y)`` -> one panel kernel that adds ``y`` as each tile leaves its registers
+(``kernels/panel_matmul``, ``add=True``).
 
 The panel kernel is a hand-scheduled PrimFunc, opaque to Relax's FuseOps, so a residual added to a projection's
 output (a decoder layer's attention output and its MLP's down projection) was a kernel of its own: one more
-parallel launch per add, reading the product and the residual back from memory. On a loaded machine each launch's
+launch per add, reading the product and the residual back from memory. On a loaded machine each parallel launch's
 fork / join can wait out a descheduled worker's time slice, so on a prompt pass these small kernels cost far more
-than their bytes (a SmolLM-135M-shaped prompt of 128, 60 such adds: ~65 ms of the profile's ~580 ms inside calls).
+than their bytes (a SmolLM-135M-shaped prompt of 128, 60 such adds: ~65 ms of the profile's ~580 ms inside calls);
+a decode step's 60 are small serial kernels, each a VM call and an allocation.
 
 The rule is over the graph, not a model: an ``add`` whose one operand is the panel kernel's whole output
 (through a reshape, nothing else reading either) and whose other operand has the add's own shape (no
-broadcast), at a row count the kernel tiles by 8 (a prompt; a decode step's few rows keep their own kernel).
+broadcast), at any row count (a decode step's few rows add ``y`` after summing their runs of K).
 """
 
 from __future__ import annotations
@@ -21,26 +22,27 @@ import numpy as np
 from tvm import relax
 
 from aotforge.targets.tvm.kernels import panel_matmul as kernel
-from aotforge.targets.tvm.relax_util import dtype_of, op_name, relax_functions, static_shape
+from aotforge.targets.tvm.relax_util import dtype_of, op_name, relax_functions, static_shape, var_uses
 
 _PREFIX = "panel_matmul_"
 
 
-def residuals_into_panels(mod: Any) -> tuple[Any, int]:
-    """``mod`` with each such add on the panel kernel's adding variant; how many were taken. The calls left
-    unused are the caller's to drop (``DeadCodeElimination``)."""
-    mutator = _Residuals(mod)
+def residuals_into_panels(mod: Any, few: kernel.FewRows = kernel.FewRows.SPLIT) -> tuple[Any, int]:
+    """``mod`` with each such add on the panel kernel's adding variant (a few rows tiled as ``few``); how many
+    were taken. The calls left unused are the caller's to drop (``DeadCodeElimination``)."""
+    mutator = _Residuals(mod, few)
     for gv, func in relax_functions(mod):
-        mutator.uses = _uses(func)
+        mutator.uses = var_uses(func)
         mutator.builder_.update_func(gv, mutator.visit_expr(func))
     return mutator.builder_.get(), mutator.taken
 
 
 @relax.expr_functor.mutator
 class _Residuals(relax.PyExprMutator):  # type: ignore[misc]
-    def __init__(self, mod: Any) -> None:
+    def __init__(self, mod: Any, few: kernel.FewRows) -> None:
         super().__init__(mod)
         self.mod = mod
+        self.few = few
         self.uses: Counter[Any] = Counter()
         self.kernels: dict[str, Any] = {}
         self.taken = 0
@@ -71,13 +73,13 @@ class _Residuals(relax.PyExprMutator):  # type: ignore[misc]
         if x_shape is None or out_shape is None or w is None:
             return None
         (rows, k), n = x_shape, out_shape[1]
-        if inner.args[0].name_hint != f"{_PREFIX}{rows}x{k}x{n}" or rows <= kernel.TILE_M:
+        if inner.args[0].name_hint != f"{_PREFIX}{rows}x{k}x{n}":
             return None
         if out_shape != [rows, n] or int(np.prod(shape)) != rows * n:
             return None
         name = f"{_PREFIX}add_{rows}x{k}x{n}"
         if name not in self.kernels:
-            func = kernel.panel_matmul(rows, k, n, add=True).with_attr("global_symbol", name)
+            func = kernel.panel_matmul(rows, k, n, few=self.few, add=True).with_attr("global_symbol", name)
             self.kernels[name] = self.builder_.add_func(func, name)
         flat = self.builder_.emit(relax.op.reshape(y, (rows, n)))
         out = self.builder_.emit(
@@ -91,15 +93,3 @@ class _Residuals(relax.PyExprMutator):  # type: ignore[misc]
         if not isinstance(expr, relax.Var) or self.uses[expr] != 1:
             return None
         return self.lookup_binding(expr)
-
-
-def _uses(func: Any) -> Counter[Any]:
-    """How many times each variable of ``func`` is read."""
-    uses: Counter[Any] = Counter()
-
-    def visit(e: Any) -> None:
-        if isinstance(e, relax.Var):
-            uses[e] += 1
-
-    relax.analysis.post_order_visit(func.body, visit)
-    return uses

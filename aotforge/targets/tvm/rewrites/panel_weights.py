@@ -12,8 +12,9 @@ packed side by side into one weight and one call, then sliced back. An N that is
 with zero rows. A head tied to the embedding (``matmul(x, permute_dims(E))``) is packed from ``E``'s
 transpose (``w0.t.p48``), and the embedding's lookup (``take(E, ids)``) then reads its rows out of
 those panels (``panel_rows``): the tied weight is not stored twice either. The packed arrays are
-the caller's to store. A residual added to a prompt's product is added inside the kernel
-(``rewrites/panel_epilogue``). The walk is ``weight_args.PackedWeightMutator``'s, shared with ``weight_only``.
+the caller's to store. A residual added to a product is added inside the kernel (``rewrites/panel_epilogue``),
+and SwiGLU's ``silu(gate) * up`` computed inside the gate / up call (``rewrites/panel_gate``). The walk is
+``weight_args.PackedWeightMutator``'s, shared with ``weight_only``.
 """
 
 from __future__ import annotations
@@ -29,25 +30,32 @@ from aotforge.targets.tvm.kernels import panel_matmul as kernel
 from aotforge.targets.tvm.relax_util import op_name, static_shape
 from aotforge.targets.tvm.rewrites import weight_args
 from aotforge.targets.tvm.rewrites.panel_epilogue import residuals_into_panels
+from aotforge.targets.tvm.rewrites.panel_gate import gates_into_panels
 from aotforge.targets.tvm.rewrites.weight_args import PackedWeightMutator, WeightMatmul
 
 
 def panel_matmuls(
-    mod: Any, read: Callable[[str], np.ndarray], few: kernel.FewRows = kernel.FewRows.SPLIT
+    mod: Any,
+    read: Callable[[str], np.ndarray],
+    few: kernel.FewRows = kernel.FewRows.SPLIT,
+    fast_math: bool = True,
 ) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]]:
     """``mod`` with the fp32 weight matmuls on the panel kernel, the packed arrays by argument name, the report.
 
     ``read(name)`` is a weight argument's value (read once per packed weight); ``few``, how the kernel tiles a
-    decode step's rows (``kernel.few_rows`` of the target's CPU).
+    decode step's rows (``kernel.few_rows`` of the target's CPU); ``fast_math``, the build's (a SwiGLU gate
+    computed in the kernel computes its sigmoid as the pipeline would have).
     """
     mutator = _Panels(mod, read, few)
-    mod, residuals = residuals_into_panels(mutator.rewrite_module())
     packed = mutator.packed
+    mod, gates = gates_into_panels(mutator.rewrite_module(), packed, fast_math)
+    mod, residuals = residuals_into_panels(mod, few)
     report = {
         "weights_packed": {name: list(a.shape) for name, a in sorted(packed.items())},
         "matmuls_taken": sum(mutator.calls.values()),
         "merged_calls": len(mutator.merged),
         "lookups_from_panels": sum(mutator.lookups.values()),
+        "gates_in_kernel": gates,
         "residuals_added_in_kernel": residuals,
         "matmuls_skipped": dict(mutator.skipped),
         "packed_mb": round(sum(a.nbytes for a in packed.values()) / 2**20, 3),
