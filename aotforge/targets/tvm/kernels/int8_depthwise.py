@@ -1,5 +1,8 @@
 """A u8 x s8 -> i32 NHWC depthwise convolution, vectorized over channels, reading the padded input in place.
 
+The fallback of ``vnni_depthwise`` (which takes stride 1, or channels in multiples of 64): here any
+multiple of 16 channels at any stride.
+
 A depthwise convolution has ``KH * KW`` (9) products per output channel and none shared
 between channels, so ``vpdpbusd``'s 4 consecutive reduction bytes would have to be gathered
 from 4 taps of one channel (a byte transpose per 4 taps). With channels last, 16 consecutive

@@ -3,9 +3,10 @@
 The importer keeps ``conv2d(dequantize(q_u8, s, z), dequantize(w_s8, sw, 0))``: a float
 convolution on values that are integers underneath. Here it is computed in integers, as ONNX
 Runtime's QLinearConv does: the uint8 activation goes channels-last and padded with the zero
-point ``z`` (which dequantizes to 0) in one pass (``kernels.nhwc_input``),
-a kernel convolves it with the constant weight (``kernels.vnni_conv`` for plain convolutions,
-``kernels.int8_depthwise`` for depthwise ones), and the int32 result is scaled back to float by
+point ``z`` (which dequantizes to 0) in one pass (``kernels.nhwc_input``, or ``kernels.nhwc_stem``
+for a 3-channel image), a kernel convolves it with the constant weight (``kernels.vnni_conv`` for
+plain convolutions, ``kernels.vnni_depthwise`` for depthwise ones, ``kernels.int8_depthwise`` where
+that one cannot take the shape), and the int32 result is scaled back to float by
 ``s * sw`` per output channel. That result is NHWC; its NCHW form is bound as a transpose of it
 (``channels_last.Twins``), so an activation another integer kernel reads next stays NHWC, and an
 unpadded one is read in place. Channels of a plain convolution are padded to a multiple of 4
@@ -20,7 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from aotforge.targets.tvm.kernels import int8_depthwise, nhwc_input, vnni_conv, vnni_dense
+from aotforge.targets.tvm.kernels import (
+    int8_depthwise,
+    nhwc_input,
+    nhwc_stem,
+    vnni_conv,
+    vnni_dense,
+    vnni_depthwise,
+)
 from aotforge.targets.tvm.relax_util import constant_value, op_name, static_shape
 from aotforge.targets.tvm.rewrites.channels_last import Twins
 from aotforge.targets.tvm.rewrites.int8_epilogue import KernelBuilders
@@ -100,14 +108,31 @@ def _from_nchw(match: ConvMatch, zero_point: Any, rw: Rewriter) -> Any:
     )
     dims = (shape.n, shape.c, shape.h, shape.w)
     key = "x".join(str(v) for v in (*dims, *shape.padding, shape.channels))
+    vectorized = nhwc_stem.supports(dims, shape.channels)  # a 3-channel image: runs of 16 pixels
     kernel = rw.add_kernel(
         ("quantize_nhwc_" if quantize else "nhwc_") + key,
-        lambda: nhwc_input.to_nhwc_padded(dims, shape.padding, shape.channels, quantize=quantize),
+        lambda: (
+            nhwc_stem.to_nhwc4(dims, shape.padding, quantize=quantize)
+            if vectorized
+            else nhwc_input.to_nhwc_padded(dims, shape.padding, shape.channels, quantize=quantize)
+        ),
     )
     scale = [relax.const(match.scale.reshape(()).astype(np.float32))] if quantize else []
     args = [producer.args[0] if quantize else q, *scale, zero_point]
     out = relax.TensorType([shape.n, *shape.padded_hw, shape.channels], "uint8")
     return rw.builder_.emit(relax.call_tir(kernel, args, out))
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A convolution kernel for one shape: its name, its builder (by output dtype), the packed weight,
+    and where the kernel's per-channel constants are not in channel order, the channel of each of
+    their positions (``colsum`` and the requantize table are indexed with it)."""
+
+    name: str
+    build: Callable[[str], Any]
+    packed: np.ndarray
+    lanes: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -211,19 +236,20 @@ class QdqConvToVnni(Rule):
         for ``int8_epilogue``, which may rebuild it with a requantizing write-back)."""
         from tvm import relax
 
-        name, build, packed = self._kernel(shape, weight)
-        self.builders.register(name, build)
-        kernel = rw.add_kernel(name, lambda: build("int32"))
+        spec = self._kernel(shape, weight)
+        self.builders.register(spec.name, spec.build, spec.lanes)
+        kernel = rw.add_kernel(spec.name, lambda: spec.build("int32"))
         colsum = weight.astype(np.int32).sum(axis=(1, 2, 3), dtype=np.int32)
-        args = [padded, relax.const(packed), zero_point, relax.const(colsum)]
+        colsum = colsum if spec.lanes is None else colsum[spec.lanes]
+        args = [padded, relax.const(spec.packed), zero_point, relax.const(colsum)]
         return relax.call_tir(kernel, args, relax.TensorType([shape.n, *shape.out_hw, shape.o], "int32"))
 
     @staticmethod
-    def _kernel(shape: ConvShape, weight: np.ndarray) -> tuple[str, Callable[[str], Any], np.ndarray]:
-        """The VNNI convolution kernel's name, builder (by output dtype) and packed weight."""
+    def _kernel(shape: ConvShape, weight: np.ndarray) -> Kernel:
+        """The VNNI convolution kernel."""
         key = (*shape.padded_hw, shape.channels, shape.o, shape.kh, shape.kw, *shape.strides, shape.n)
         args = (shape.n, *shape.padded_hw, shape.channels, shape.o, shape.kh, shape.kw, shape.strides, shape.out_hw)
-        return (
+        return Kernel(
             "vnni_conv2d_" + "x".join(str(v) for v in key),
             lambda out_dtype: vnni_conv.conv2d_u8s8(*args, out_dtype),
             vnni_conv.pack_weight(weight, shape.channels),
@@ -231,7 +257,8 @@ class QdqConvToVnni(Rule):
 
 
 class QdqDepthwiseConv(QdqConvToVnni):
-    """The depthwise case (``groups == C == O``): ``kernels.int8_depthwise``, channels vectorized."""
+    """The depthwise case (``groups == C == O``): ``kernels.vnni_depthwise`` where it takes the shape,
+    else ``kernels.int8_depthwise`` (fp32 multiply-adds on the integers)."""
 
     name = "depthwise_conv2d"
 
@@ -240,11 +267,18 @@ class QdqDepthwiseConv(QdqConvToVnni):
         return groups > 1
 
     @staticmethod
-    def _kernel(shape: ConvShape, weight: np.ndarray) -> tuple[str, Callable[[str], Any], np.ndarray]:
-        key = (*shape.padded_hw, shape.c, shape.kh, shape.kw, *shape.strides, shape.n)
+    def _kernel(shape: ConvShape, weight: np.ndarray) -> Kernel:
+        key = "x".join(str(v) for v in (*shape.padded_hw, shape.c, shape.kh, shape.kw, *shape.strides, shape.n))
         args = (shape.n, *shape.padded_hw, shape.c, shape.kh, shape.kw, shape.strides, shape.out_hw)
-        return (
-            "int8_depthwise_" + "x".join(str(v) for v in key),
+        if not vnni_depthwise.supports(shape.c, shape.strides[1], shape.out_hw[1]):
+            return Kernel(
+                "vnni_depthwise_" + key,
+                lambda out_dtype: vnni_depthwise.depthwise_u8s8(*args, out_dtype),
+                vnni_depthwise.pack_weight(weight, shape.out_hw[1]),
+                vnni_depthwise.lane_channels(shape.c, shape.out_hw[1]),
+            )
+        return Kernel(
+            "int8_depthwise_" + key,
             lambda out_dtype: int8_depthwise.depthwise_u8s8(*args, out_dtype),
             int8_depthwise.pack_weight(weight),
         )

@@ -34,12 +34,22 @@ class KernelBuilders:
 
     def __init__(self) -> None:
         self._builders: dict[str, Callable[[str], Any]] = {}
+        self._lanes: dict[str, np.ndarray] = {}
 
-    def register(self, name: str, build: Callable[[str], Any]) -> None:
+    def register(self, name: str, build: Callable[[str], Any], lanes: np.ndarray | None = None) -> None:
+        """``lanes``: the channel of each position of the kernel's per-channel constants, where they
+        are not in channel order (the requantize table is then laid out the same way)."""
         self._builders[name] = build
+        if lanes is not None:
+            self._lanes[name] = lanes
 
     def get(self, name: str) -> Callable[[str], Any] | None:
         return self._builders.get(name)
+
+    def table(self, name: str, table: np.ndarray) -> np.ndarray:
+        """``table`` (``f32[ROWS, C]``) in kernel ``name``'s order of positions."""
+        lanes = self._lanes.get(name)
+        return table if lanes is None else np.ascontiguousarray(table[:, lanes])
 
 
 @dataclass
@@ -227,7 +237,7 @@ class RequantizeInKernel(Rule):
         build = self.builders.get(name)
         assert build is not None  # ``matches`` checked it
         gv = rw.add_kernel(f"{name}_{out_dtype}", lambda: build(out_dtype))
-        args = [*kernel.args[1].fields, relax.const(table)]
+        args = [*kernel.args[1].fields, relax.const(self.builders.table(name, table))]
         return relax.call_tir(gv, args, relax.TensorType(static_shape(kernel), out_dtype))
 
 
