@@ -26,6 +26,7 @@ from aotforge.core.errors import (
 )
 from aotforge.core.spec import IOSpec
 from aotforge.targets.base import Arrays, BuildContext, BuiltArtifact, CompileResult, ProbeResult, Target, TargetRecord
+from aotforge.targets.huge_pages import huge_pages
 from aotforge.targets.ort_io import run_session
 
 OPTIMIZED_MODEL = "model.ort.onnx"
@@ -46,6 +47,9 @@ class OrtOptions:
     #: How long (microseconds) an idle intra-op thread spins for new work before it sleeps
     #: (``session.intra_op.spin_duration_us``); -1 leaves ONNX Runtime's own spinning, 0 never spins.
     intra_op_spin_us: int = -1
+    #: Back the sessions' weights with 2 MiB transparent huge pages once they open (``targets/huge_pages.py``):
+    #: a batch-1 decode step streams every weight, and on 4 KiB pages nearly every page is a TLB miss.
+    huge_pages: bool = False
 
     def __post_init__(self) -> None:
         if self.intra_op_spin_us < -1:
@@ -163,7 +167,8 @@ class OrtRunner:
         import onnxruntime as ort
 
         sess_options = session_options(dataclasses.replace(options, optimization_level="disable"))
-        self.session = ort.InferenceSession(str(model_path), sess_options, providers=list(options.providers))
+        with huge_pages(options.huge_pages) as self.huge_pages:
+            self.session = ort.InferenceSession(str(model_path), sess_options, providers=list(options.providers))
         _check_providers(self.session, options.providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
 
