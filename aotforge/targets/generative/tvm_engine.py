@@ -53,6 +53,7 @@ def compile_generative(
     from aotforge.targets.tvm.pipeline import compile_relax
     from aotforge.targets.tvm.rewrites.decode_attention import attention_over_filled_cache
     from aotforge.targets.tvm.rewrites.kv_inplace import kv_cache_in_place
+    from aotforge.targets.tvm.rewrites.mean_of_square import norm_squares_fused
 
     prompts, batches = plan_generative(spec, options)
     prefill, decode = weights_as_inputs(workdir / PREFILL_FILE), weights_as_inputs(workdir / DECODE_FILE)
@@ -71,6 +72,7 @@ def compile_generative(
             f"could be made in place ({kv_report['skipped']}): the cache would be copied every token"
         )
     mod, attention_report = attention_over_filled_cache(mod)
+    mod, norm_squares = norm_squares_fused(mod)
     if attention_report["rewritten"] != spec.layers * len(batches):
         say(f"tvm: decode attention stays over all of max_seq_len in some layers: {attention_report}")
     target = tvm.target.Target(target_dict(options))
@@ -110,6 +112,8 @@ def compile_generative(
             "batch_buckets": list(batches),
             "kv_cache": kv_report,
             "decode_attention": attention_report,
+            # RMSNorms whose square joined the norm's kernel (rewrites/mean_of_square)
+            "norm_squares_fused": norm_squares,
             **packing,
             "weights_file": {"file": TVM_WEIGHTS_FILE, "bytes": (workdir / TVM_WEIGHTS_FILE).stat().st_size},
         },
