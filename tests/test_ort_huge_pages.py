@@ -10,26 +10,15 @@ import numpy as np
 import pytest
 
 import aotforge
-from aotforge.targets.huge_pages import HUGE_PAGE, _unavailable, huge_pages
+from aotforge.targets.huge_pages import HUGE_PAGE, huge_bytes, huge_pages, unavailable
 from aotforge.targets.onnxruntime import OrtOptions
 
 
 def _huge_bytes(array: np.ndarray) -> int:
-    """AnonHugePages of this process's mappings that overlap ``array`` (/proc/self/smaps; the advice splits the
-    array's mapping at 2 MiB boundaries)."""
-    low, high = array.ctypes.data, array.ctypes.data + array.nbytes
-    inside, total = False, 0
-    for line in open("/proc/self/smaps"):
-        fields = line.split()
-        if "-" in fields[0] and len(fields) >= 5:
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            inside = start < high and low < end
-        elif inside and fields[0] == "AnonHugePages:":
-            total += int(fields[1]) * 1024
-    return total
+    return huge_bytes(array.ctypes.data, array.ctypes.data + array.nbytes)
 
 
-@pytest.mark.skipif(bool(_unavailable()), reason=_unavailable() or "-")
+@pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "-")
 def test_block_allocations_land_on_huge_pages() -> None:
     """An array allocated (and written) inside the block is on huge pages after it, with its values unchanged."""
     with huge_pages() as report:
@@ -63,4 +52,4 @@ def test_artifact_engine_opens_on_huge_pages(llama_ort: Any) -> None:
     assert llama_ort.manifest.target.options["huge_pages"] is True
     assert json.loads((llama_ort.path / "session.json").read_text())["huge_pages"] is True
     report = aotforge.load(llama_ort.path)._generative().engine.huge_pages
-    assert report.skipped == _unavailable()
+    assert report.skipped == unavailable()

@@ -10,6 +10,7 @@ import pytest
 from aotforge.core.errors import CompileError
 from aotforge.targets.generative.tvm_graphs import WeightRef
 from aotforge.targets.generative.tvm_weight_file import TVM_WEIGHTS_FILE, read_weights, write_weights
+from aotforge.targets.huge_pages import HUGE_PAGE, HugePageReport, huge_bytes, unavailable
 
 
 def _export(tmp_path: Path, arrays: dict[str, np.ndarray]) -> list[WeightRef]:
@@ -59,3 +60,26 @@ def test_an_artifact_built_before_its_own_weight_file_still_loads(tmp_path: Path
     old = {k: v for k, v in ref.to_dict().items() if k != "file"}
     loaded = read_weights(tmp_path, [WeightRef.from_dict(old)])
     np.testing.assert_array_equal(loaded["w0"].numpy(), table)
+
+
+@pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "-")
+def test_the_weights_are_read_into_one_region_on_huge_pages(tmp_path: Path) -> None:
+    """Every tensor is a view of one 2 MiB-aligned region the kernel backs with huge pages; values unchanged."""
+    rng = np.random.default_rng(1)
+    packed = {f"w{i}.p48": rng.standard_normal((1024, 1024 + i)).astype(np.float32) for i in range(3)}  # ~12 MiB
+    (tmp_path / "weights.data").write_bytes(b"")
+    stored = write_weights(tmp_path, [], packed)
+    report = HugePageReport()
+    loaded = read_weights(tmp_path, stored, huge_pages=True, report=report)
+    views = {name: np.from_dlpack(t) for name, t in loaded.items()}
+    for name, array in packed.items():
+        np.testing.assert_array_equal(views[name], array)
+    low = min(v.ctypes.data for v in views.values())
+    high = max(v.ctypes.data + v.nbytes for v in views.values())
+    assert low % HUGE_PAGE == 0 and high - low == (tmp_path / TVM_WEIGHTS_FILE).stat().st_size
+    if report.refused and not huge_bytes(low, high):
+        pytest.skip(f"the kernel granted no huge pages here: {report.refused}")
+    assert huge_bytes(low, high) >= 4 * HUGE_PAGE
+    off = HugePageReport()
+    read_weights(tmp_path, stored, huge_pages=False, report=off)
+    assert off.skipped == "not asked" and not off.advised_bytes

@@ -49,7 +49,21 @@ def anonymous_mappings() -> set[tuple[int, int]]:
     return found
 
 
-def _unavailable() -> str:
+def huge_bytes(low: int, high: int) -> int:
+    """Bytes on transparent huge pages (AnonHugePages, /proc/self/smaps) of the mappings overlapping ``[low, high)``."""
+    inside, total = False, 0
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5:
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            inside = start < high and low < end
+        elif inside and fields and fields[0] == "AnonHugePages:":
+            total += int(fields[1]) * 1024
+    return total
+
+
+def unavailable() -> str:
+    """Why this host gives no transparent huge pages ('' where it does)."""
     if not sys.platform.startswith("linux") or not _MAPS.is_file():
         return "not Linux: no /proc/self/maps"
     setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -58,16 +72,17 @@ def _unavailable() -> str:
     return ""
 
 
-def advise(mappings: set[tuple[int, int]], report: HugePageReport) -> None:
-    """``MADV_HUGEPAGE`` then ``MADV_COLLAPSE`` over each mapping's 2 MiB-aligned part."""
+def advise(mappings: set[tuple[int, int]], report: HugePageReport, collapse: bool = True) -> None:
+    """``MADV_HUGEPAGE`` then (``collapse``) ``MADV_COLLAPSE`` over each mapping's 2 MiB-aligned part."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     for start, end in sorted(mappings):
         first, last = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
         if last <= first:
             continue
-        report.advised_bytes += last - first
-        for name, advice in (("MADV_HUGEPAGE", MADV_HUGEPAGE), ("MADV_COLLAPSE", MADV_COLLAPSE)):
+        report.advised_bytes += last - first if collapse else 0
+        steps = (("MADV_HUGEPAGE", MADV_HUGEPAGE), ("MADV_COLLAPSE", MADV_COLLAPSE))
+        for name, advice in steps if collapse else steps[:1]:
             if libc.madvise(first, last - first, advice) != 0:  # EINVAL on kernels before 6.1, EAGAIN/ENOMEM if busy
                 key = f"{name}: errno {ctypes.get_errno()}"
                 report.refused[key] = report.refused.get(key, 0) + 1
@@ -78,7 +93,7 @@ def huge_pages(enabled: bool = True) -> Iterator[HugePageReport]:
     """Advise the anonymous mappings that appear or change inside the block (``with huge_pages() as report:``)."""
     report = HugePageReport(skipped="" if enabled else "not asked")
     if enabled:
-        report.skipped = _unavailable()
+        report.skipped = unavailable()
     before = anonymous_mappings() if not report.skipped else set()
     yield report
     if report.skipped:

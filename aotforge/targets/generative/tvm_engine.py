@@ -100,6 +100,7 @@ def compile_generative(
         "functions": functions,
         "weights": {ref.name: ref.to_dict() for ref in stored},
         "verify_width": verify_width,
+        "huge_pages": options.huge_pages,
     }
     (workdir / INFO_FILE).write_text(json.dumps(info, sort_keys=True, indent=1) + "\n")
     built = target_dict(options)
@@ -114,6 +115,7 @@ def compile_generative(
             "decode_attention": attention_report,
             # RMSNorms whose square joined the norm's kernel (rewrites/mean_of_square)
             "norm_squares_fused": norm_squares,
+            "huge_pages": options.huge_pages,
             **packing,
             "weights_file": {"file": TVM_WEIGHTS_FILE, "bytes": (workdir / TVM_WEIGHTS_FILE).stat().st_size},
         },

@@ -20,6 +20,7 @@ from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import CompileError, describe
 from aotforge.targets.generative.tvm_graphs import WeightRef
 from aotforge.targets.generative.tvm_weight_file import read_weights
+from aotforge.targets.huge_pages import HugePageReport
 
 LIBRARY = "lib.so"
 #: Which function takes which weights, and the buckets (written by ``tvm_engine.compile_generative``).
@@ -41,7 +42,10 @@ class TvmStepEngine:
             vm = relax.VirtualMachine(tvm.runtime.load_module(str(artifact_dir / LIBRARY)), tvm.cpu())
         except Exception as e:
             raise CompileError(f"tvm cannot load {artifact_dir / LIBRARY}: {describe(e, last=True)}") from e
-        weights = read_weights(artifact_dir, [WeightRef.from_dict(w) for w in info["weights"].values()])
+        refs = [WeightRef.from_dict(w) for w in info["weights"].values()]
+        #: What the kernel granted of the weights' huge pages (``tvm_weight_file.read_weights``).
+        self.huge_pages = HugePageReport()
+        weights = read_weights(artifact_dir, refs, bool(info.get("huge_pages", True)), self.huge_pages)
         self.vm = vm  # tools/tvm_decode_profile.py sets its instrument
         self._functions = {name: vm[name] for name in info["functions"]}
         self._weights = {name: [weights[w] for w in names] for name, names in info["functions"].items()}

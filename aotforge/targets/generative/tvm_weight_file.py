@@ -9,11 +9,16 @@ the IR it compiled, without their weight bytes (nothing runs them from a tvm art
 equal bytes are stored once (an untied head packed from ``[vocab, hidden]`` for prefill / decode and
 from the exporter's ``[hidden, vocab]`` transpose for verify), and at load every ref to one place of
 the file gets one tvm tensor.
+
+At load the file is read once into one anonymous mapping, 2 MiB aligned and advised onto transparent huge
+pages (``targets/huge_pages.py``: a decode step streams every weight, and on 4 KiB pages nearly every page
+is a TLB miss), and each tensor is a zero-copy view of it (page-aligned offsets, so 64-byte aligned too).
 """
 
 from __future__ import annotations
 
 import hashlib
+import mmap
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,7 @@ import numpy as np
 from aotforge.core.decoder import WEIGHTS_FILE
 from aotforge.core.errors import CompileError
 from aotforge.targets.generative.tvm_graphs import WeightRef
+from aotforge.targets.huge_pages import HUGE_PAGE, HugePageReport, advise, unavailable
 
 TVM_WEIGHTS_FILE = "tvm_weights.data"
 _ALIGN = 4096  # page-aligned offsets, like weights.data: a runtime may map the file
@@ -60,22 +66,65 @@ def _read_raw(f: Any, ref: WeightRef) -> bytes:
     return bytes(raw)
 
 
-def read_weights(artifact_dir: Path, refs: Iterable[WeightRef]) -> dict[str, Any]:
-    """Each weight tensor as a tvm tensor (64-byte aligned), read once; refs to the same bytes share one tensor.
+def read_weights(
+    artifact_dir: Path, refs: Iterable[WeightRef], huge_pages: bool = True, report: HugePageReport | None = None
+) -> dict[str, Any]:
+    """Each weight tensor as a tvm tensor, read once; refs to the same bytes share one tensor. ``huge_pages``:
+    ``TVM_WEIGHTS_FILE`` lands in one region on 2 MiB pages (what the kernel granted goes to ``report``).
 
-    Artifacts built before ``TVM_WEIGHTS_FILE`` held everything name ``weights.data`` too."""
+    Artifacts built before ``TVM_WEIGHTS_FILE`` held everything name ``weights.data`` too: those tensors are
+    read one by one into tvm's own allocations, as before."""
     import tvm
 
     out: dict[str, Any] = {}
     tensors: dict[tuple[str, int, int, str, tuple[int, ...]], Any] = {}
+    regions: dict[str, np.ndarray] = {}
     for ref in refs:
         if ref.file not in (WEIGHTS_FILE, TVM_WEIGHTS_FILE):
             raise CompileError(f"{artifact_dir} names a weight file {ref.file!r} of no tvm artifact")
         where = (ref.file, ref.offset, ref.length, ref.dtype, ref.shape)
-        if where not in tensors:
+        if where in tensors:
+            pass
+        elif ref.file == TVM_WEIGHTS_FILE:
+            if ref.file not in regions:
+                regions[ref.file] = _read_region(artifact_dir / ref.file, huge_pages, report or HugePageReport())
+            tensors[where] = tvm.runtime.from_dlpack(_view(regions[ref.file], ref, artifact_dir / ref.file))
+        else:
             tensors[where] = _read_tensor(tvm, artifact_dir / ref.file, ref)
         out[ref.name] = tensors[where]
     return out
+
+
+def _read_region(path: Path, huge_pages: bool, report: HugePageReport) -> np.ndarray:
+    """``path``'s bytes in a private anonymous mapping that starts on a 2 MiB boundary (advised onto huge pages
+    before it is written, so the page faults take 2 MiB pages, and collapsed after for whatever did not)."""
+    size = path.stat().st_size
+    mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = np.frombuffer(mapping, np.uint8)
+    start = -whole.ctypes.data % HUGE_PAGE
+    region = whole[start : start + size]
+    report.skipped = "" if huge_pages else "not asked"
+    if huge_pages:
+        report.skipped = unavailable()
+    span = {(region.ctypes.data, region.ctypes.data + size)}
+    if not report.skipped:
+        advise(span, report, collapse=False)
+    with path.open("rb") as f:
+        done = 0
+        while done < size:
+            got = f.readinto(region[done:].data)
+            if not got:
+                raise CompileError(f"{path} is shorter than its {size} bytes: the artifact is damaged; rebuild it")
+            done += got
+    if not report.skipped:
+        advise(span, report)
+    return region
+
+
+def _view(region: np.ndarray, ref: WeightRef, path: Path) -> np.ndarray:
+    if ref.offset + ref.length > region.size:
+        raise CompileError(f"{path} ends before tensor {ref.name} ({ref.length} bytes at {ref.offset})")
+    return region[ref.offset : ref.offset + ref.length].view(ref.dtype).reshape(ref.shape)
 
 
 def _read_tensor(tvm: Any, path: Path, ref: WeightRef) -> Any:
