@@ -15,10 +15,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import mmap
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+import numpy as np
 
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
@@ -88,12 +91,15 @@ def advise(mappings: set[tuple[int, int]], report: HugePageReport, collapse: boo
                 report.refused[key] = report.refused.get(key, 0) + 1
 
 
+def _skip_reason(enabled: bool) -> str:
+    return unavailable() if enabled else "not asked"
+
+
 @contextlib.contextmanager
 def huge_pages(enabled: bool = True) -> Iterator[HugePageReport]:
-    """Advise the anonymous mappings that appear or change inside the block (``with huge_pages() as report:``)."""
-    report = HugePageReport(skipped="" if enabled else "not asked")
-    if enabled:
-        report.skipped = unavailable()
+    """Advise the anonymous mappings that appear or change inside the block (``with huge_pages() as report:``):
+    for memory a runtime allocates itself (ONNX Runtime's prepacked weights)."""
+    report = HugePageReport(skipped=_skip_reason(enabled))
     before = anonymous_mappings() if not report.skipped else set()
     yield report
     if report.skipped:
@@ -101,3 +107,22 @@ def huge_pages(enabled: bool = True) -> Iterator[HugePageReport]:
     started = time.perf_counter()
     advise(anonymous_mappings() - before, report)
     report.seconds = round(time.perf_counter() - started, 3)
+
+
+@contextlib.contextmanager
+def huge_page_region(nbytes: int, enabled: bool, report: HugePageReport) -> Iterator[np.ndarray]:
+    """A fresh private anonymous region of ``nbytes`` on a 2 MiB boundary for the block to fill (``with
+    huge_page_region(n, True, report) as region:``): for memory we allocate (tvm's weights). Advised onto huge
+    pages before it is written, so its page faults take 2 MiB pages; collapsed after for what they did not."""
+    report.skipped = _skip_reason(enabled)
+    whole = np.frombuffer(mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
+    start = -whole.ctypes.data % HUGE_PAGE
+    region = whole[start : start + nbytes]
+    span = {(region.ctypes.data, region.ctypes.data + nbytes)}
+    if not report.skipped:
+        advise(span, report, collapse=False)
+    yield region
+    if not report.skipped:
+        started = time.perf_counter()
+        advise(span, report)
+        report.seconds = round(time.perf_counter() - started, 3)

@@ -18,7 +18,6 @@ is a TLB miss), and each tensor is a zero-copy view of it (page-aligned offsets,
 from __future__ import annotations
 
 import hashlib
-import mmap
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import numpy as np
 from aotforge.core.decoder import WEIGHTS_FILE
 from aotforge.core.errors import CompileError
 from aotforge.targets.generative.tvm_graphs import WeightRef
-from aotforge.targets.huge_pages import HUGE_PAGE, HugePageReport, advise, unavailable
+from aotforge.targets.huge_pages import HugePageReport, huge_page_region
 
 TVM_WEIGHTS_FILE = "tvm_weights.data"
 _ALIGN = 4096  # page-aligned offsets, like weights.data: a runtime may map the file
@@ -96,28 +95,15 @@ def read_weights(
 
 
 def _read_region(path: Path, huge_pages: bool, report: HugePageReport) -> np.ndarray:
-    """``path``'s bytes in a private anonymous mapping that starts on a 2 MiB boundary (advised onto huge pages
-    before it is written, so the page faults take 2 MiB pages, and collapsed after for whatever did not)."""
+    """``path``'s bytes in one region on 2 MiB pages (``huge_page_region``; plain pages unless ``huge_pages``)."""
     size = path.stat().st_size
-    mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    whole = np.frombuffer(mapping, np.uint8)
-    start = -whole.ctypes.data % HUGE_PAGE
-    region = whole[start : start + size]
-    report.skipped = "" if huge_pages else "not asked"
-    if huge_pages:
-        report.skipped = unavailable()
-    span = {(region.ctypes.data, region.ctypes.data + size)}
-    if not report.skipped:
-        advise(span, report, collapse=False)
-    with path.open("rb") as f:
+    with huge_page_region(size, huge_pages, report) as region, path.open("rb") as f:
         done = 0
         while done < size:
             got = f.readinto(region[done:].data)
             if not got:
                 raise CompileError(f"{path} is shorter than its {size} bytes: the artifact is damaged; rebuild it")
             done += got
-    if not report.skipped:
-        advise(span, report)
     return region
 
 
