@@ -194,9 +194,9 @@ def test_trained_pair_speeds_up_greedy_decoding(tmp_path: Path) -> None:
     assert best[0] >= SPEED_UP_GOAL, best
 
 
-#: What the trained pair's speculative decoding must reach at batch 1 on onnxruntime. Issue 14's goal is 1.5x;
-#: tools/bench_speculative.py measured 1.49x / 1.53x / 1.57x CPU time per token at its chosen k (wall 1.51-1.56x;
-#: three runs, each run in its own process, at load 7.6-8.3 on 2 cores, the distilled draft): met, by too thin a
-#: margin for one process's wall-clock ratio under a shared machine's load (earlier runs' wall speed-ups ranged
-#: 0.79-1.72x). The test holds what such a measurement can: speculation is a net win, output unchanged.
-SPEED_UP_GOAL = 1.1
+#: What the trained pair's speculative decoding must reach at batch 1 on onnxruntime, end to end (prefills in the
+#: time). Issue 14's goal is 1.5x of decode tokens/s: tools/bench_speculative.py measured 1.55x at its chosen k
+#: (1.41x end to end; 5 alternating rounds, each run in its own process, load 0.5-1.0, AMD EPYC), and 1.37x-1.51x
+#: end to end in two earlier runs of the same artifacts: the ratio moves with the target-only speed, which a shared
+#: host's load moves most. The test holds what one process's wall-clock ratio can: a clear win, output unchanged.
+SPEED_UP_GOAL = 1.2
