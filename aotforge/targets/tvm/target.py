@@ -44,6 +44,7 @@ from aotforge.targets.tvm.bucket_runner import run_bucketed
 from aotforge.targets.tvm.buckets import BucketPlan, plan_buckets
 from aotforge.targets.tvm.host import check_tvm_host, grant_amx, host_cpu, isa_features
 from aotforge.targets.tvm.options import TUNING_DIR, TvmOptions, check_tunable, target_dict, tune_settings
+from aotforge.targets.tvm.threads import fix_thread_count
 
 LIBRARY = "lib.so"
 
@@ -141,6 +142,7 @@ class TvmRunner:
         import tvm
         from tvm import relax
 
+        fix_thread_count()  # before any kernel runs: each parallel launch would read sysfs otherwise
         self._tvm = tvm
         self._vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
         self.io, self.plan = io, plan
