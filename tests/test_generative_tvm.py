@@ -56,6 +56,7 @@ def test_one_library_over_the_shared_weight_file(llama_tvm: Any) -> None:
     assert sorted(panels["weights_packed"].values())[-2:] == [[512 // 32, 64, 32]] * 2
     assert panels["lookups_from_panels"] == 0  # the head is not tied: the embedding's lookup reads its own table
     assert info["decode_attention"]["rewritten"] == 2 * 2  # layers x decode functions: over the filled cache only
+    assert info["verify_attention"] == {"rewritten": 2 * 2}  # layers x verify functions, the same way
     assert m.target.info["pipeline"]["schedules"]["unscheduled"] == 0
     # The library holds code only: the weights are in tvm_weights.data, read once at load.
     lib = (llama_tvm.path / "lib.so").stat().st_size
@@ -194,27 +195,39 @@ def test_panel_matmul_kernel_is_exact(m: int, k: int, n: int, few: str) -> None:
     np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-5, atol=1e-5)
 
 
-def test_decode_attention_kernel_reads_only_the_filled_cache() -> None:
-    """Grouped heads, two slots of different lengths; what lies past a slot's length is never read."""
+@pytest.mark.parametrize(
+    ("b", "h", "kv", "s", "d", "w", "pos"),
+    [
+        (2, 4, 2, 32, 16, 1, [3, 20]),  # decode: one query a slot
+        (2, 4, 2, 32, 16, 5, [3, 27]),  # verify, grouped heads, slot 1's last query at the cache's last position
+        (1, 2, 2, 48, 64, 2, [46]),  # the draft's 2-token verify shape: one KV head a query head
+        (2, 8, 1, 20, 32, 3, [0, 17]),  # one KV head for all, a cache length off the 16 lanes
+    ],
+)
+def test_decode_attention_kernel_reads_only_the_filled_cache(
+    b: int, h: int, kv: int, s: int, d: int, w: int, pos: list[int]
+) -> None:
+    """Query i of a slot sees positions <= pos + i, each query head its KV head; what lies past a slot's
+    last query is never read."""
     import tvm
 
     from aotforge.targets.tvm.kernels.decode_attention import decode_attention
     from aotforge.targets.tvm.options import TvmOptions, target_dict
 
-    b, h, kv, s, d, scale = 2, 4, 2, 32, 16, 0.25
-    func = decode_attention(b, h, kv, s, d, scale).with_attr("global_symbol", "main")
+    scale = 0.25
+    func = decode_attention(b, h, kv, s, d, scale, w).with_attr("global_symbol", "main")
     lib = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target(target_dict(TvmOptions()))).jit()
     rng = np.random.default_rng(0)
-    q = rng.standard_normal((b, h, 1, d), dtype=np.float32)
+    q = rng.standard_normal((b, h, w, d), dtype=np.float32)
     k, v = (rng.standard_normal((b, kv, s, d), dtype=np.float32) for _ in range(2))
-    pos = np.array([3, 20])
-    k[0, :, 4:], v[0, :, 4:] = np.nan, np.nan  # past slot 0's length
-    out = tvm.runtime.tensor(np.zeros((b, h, 1, d), dtype=np.float32))
-    lib["main"](*map(tvm.runtime.tensor, (q, k, v, pos)), out)
+    k[0, :, pos[0] + w :], v[0, :, pos[0] + w :] = np.nan, np.nan  # past slot 0's last query
+    out = tvm.runtime.tensor(np.zeros((b, h, w, d), dtype=np.float32))
+    lib["main"](*map(tvm.runtime.tensor, (q, k, v, np.array(pos))), out)
     for slot in range(b):
         for head in range(h):
-            group, n = head // (h // kv), pos[slot] + 1
-            scores = k[slot, group, :n] @ q[slot, head, 0] * scale
-            p = np.exp(scores - scores.max())
-            want = (p / p.sum()) @ v[slot, group, :n]
-            np.testing.assert_allclose(out.numpy()[slot, head, 0], want, rtol=1e-5, atol=1e-5)
+            for i in range(w):
+                group, n = head // (h // kv), pos[slot] + i + 1
+                scores = k[slot, group, :n] @ q[slot, head, i] * scale
+                p = np.exp(scores - scores.max())
+                want = (p / p.sum()) @ v[slot, group, :n]
+                np.testing.assert_allclose(out.numpy()[slot, head, i], want, rtol=1e-5, atol=1e-5)

@@ -73,8 +73,11 @@ def compile_generative(
         )
     mod, attention_report = attention_over_filled_cache(mod)
     mod, norm_squares = norm_squares_fused(mod)
+    verify_attention = attention_report.pop("verify_rewritten")
     if attention_report["rewritten"] != spec.layers * len(batches):
         say(f"tvm: decode attention stays over all of max_seq_len in some layers: {attention_report}")
+    if verify is not None and verify_attention != spec.layers * len(batches):
+        say(f"tvm: verify attention stays over all of max_seq_len in some layers: {attention_report}")
     target = tvm.target.Target(target_dict(options))
     refs = {w.name: w for g in (prefill, decode, verify) if g is not None for w in g.weights}
     fmt = weight_only_format(passes["weight-only"]) if passes and "weight-only" in passes else None
@@ -113,6 +116,7 @@ def compile_generative(
             "batch_buckets": list(batches),
             "kv_cache": kv_report,
             "decode_attention": attention_report,
+            "verify_attention": {"rewritten": verify_attention},
             # RMSNorms whose square joined the norm's kernel (rewrites/mean_of_square)
             "norm_squares_fused": norm_squares,
             "huge_pages": options.huge_pages,

@@ -1,12 +1,14 @@
 # mypy: disable-error-code="valid-type"
 # (TVMScript buffer annotations are calls, which mypy cannot read as types.)
-"""One decode step's attention over the filled part of a static KV cache.
+"""One decode (or verify) step's attention over the filled part of a static KV cache.
 
-``out[b, h] = softmax(scale * q[b, h] . k[b, g, :n]) @ v[b, g, :n]`` with ``n = pos[b] + 1`` (the
-slot's length, its new token included) and ``g = h // (heads / kv_heads)`` (grouped-query
-attention reads the cache's head as stored, never expanded). The graph's own version multiplies
+``out[b, h, i] = softmax(scale * q[b, h, i] . k[b, g, :n]) @ v[b, g, :n]`` with ``n = pos[b] + i + 1``
+(query ``i`` of a slot's ``width`` sits at ``pos[b] + i`` and sees the cache up to itself: a decode
+step's one token, or a verify step's ``width`` written at ``pos[b] ..``) and
+``g = h // (heads / kv_heads)`` (grouped-query attention reads the cache's head as stored, never
+expanded). The graph's own version multiplies
 against all ``max_seq_len`` positions, copies the cache once per query head, and masks the
-unfilled tail; this reads ``n`` positions. One (slot, head) per parallel task; the dot products
+unfilled tail; this reads ``n`` positions. One (slot, head, query) per parallel task; the dot products
 (their 16 lanes added as a tree), the maximum, the exponentials and the weighted sum run on
 16-lane vectors. The exponential is Cephes' polynomial (what TVM's ``fast_exp`` computes, ~1e-7
 relative error) written out: the intrinsic ``exp`` is a scalar ``expf`` call per position
@@ -34,11 +36,11 @@ def supports(head_dim: int) -> str:
     return "" if head_dim % LANES == 0 else f"head_dim {head_dim} is not a multiple of {LANES}"
 
 
-def decode_attention(batch: int, heads: int, kv_heads: int, seq: int, dim: int, scale: float) -> Any:
-    """The scheduled PrimFunc ``(q [b, h, 1, d], k [b, kv, s, d], v [b, kv, s, d], pos [b]) -> out [b, h, 1, d]``."""
+def decode_attention(batch: int, heads: int, kv_heads: int, seq: int, dim: int, scale: float, width: int = 1) -> Any:
+    """The scheduled PrimFunc ``(q [b, h, w, d], k [b, kv, s, d], v [b, kv, s, d], pos [b]) -> out [b, h, w, d]``."""
     from tvm.script import tirx as T
 
-    b_, h_, kv_, s_, d_ = (T.int64(n) for n in (batch, heads, kv_heads, seq, dim))
+    b_, h_, kv_, s_, d_, w_ = (T.int64(n) for n in (batch, heads, kv_heads, seq, dim, width))
     one, rep, chunks = T.int64(1), T.int64(heads // kv_heads), dim // LANES
     # The scores buffer in whole vectors: the positions past the slot's length hold -3e38 (exp -> 0).
     blocks = (seq + LANES - 1) // LANES
@@ -63,17 +65,19 @@ def decode_attention(batch: int, heads: int, kv_heads: int, seq: int, dim: int, 
 
     @T.prim_func(private=True, s_tir=True)
     def kernel(
-        q: T.Buffer((b_, h_, one, d_), "float32"),
+        q: T.Buffer((b_, h_, w_, d_), "float32"),
         k: T.Buffer((b_, kv_, s_, d_), "float32"),
         v: T.Buffer((b_, kv_, s_, d_), "float32"),
         pos: T.Buffer((b_,), "int64"),
-        out: T.Buffer((b_, h_, one, d_), "float32"),
+        out: T.Buffer((b_, h_, w_, d_), "float32"),
     ) -> None:
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True, "op_pattern": 8})
-        for bh in T.parallel(b_ * h_):
+        for bhi in T.parallel(b_ * h_ * w_):
+            bh = bhi // w_
+            i = bhi % w_
             b = bh // h_
             g = bh % h_ // rep
-            n = T.min(T.max(pos[b] + T.int64(1), one), s_)
+            n = T.min(T.max(pos[b] + i + one, one), s_)
             scores = T.decl_buffer((padded,), "float32")
             lanes = T.decl_buffer((LANES,), "float32")
             acc = T.decl_buffer((d_,), "float32")
@@ -85,10 +89,10 @@ def decode_attention(batch: int, heads: int, kv_heads: int, seq: int, dim: int, 
                 prefetch(v, b, g, t)
                 prefetch(k, b, g, T.min(t + T.int64(PREFETCH_K), n - one))
                 for lane in T.vectorized(LANES):
-                    lanes[lane] = q[b, bh % h_, 0, lane] * k[b, g, t, lane]
+                    lanes[lane] = q[b, bh % h_, i, lane] * k[b, g, t, lane]
                 for c in range(1, chunks):
                     for lane in T.vectorized(LANES):
-                        lanes[lane] = lanes[lane] + q[b, bh % h_, 0, c * LANES + lane] * k[b, g, t, c * LANES + lane]
+                        lanes[lane] = lanes[lane] + q[b, bh % h_, i, c * LANES + lane] * k[b, g, t, c * LANES + lane]
                 for lane in T.vectorized(8):
                     lanes[lane] = lanes[lane] + lanes[lane + 8]
                 for lane in T.vectorized(4):
@@ -148,6 +152,6 @@ def decode_attention(batch: int, heads: int, kv_heads: int, seq: int, dim: int, 
                 for d in T.vectorized(d_):
                     acc[d] = acc[d] + scores[t] * v[b, g, t, d]
             for d in T.vectorized(d_):
-                out[b, bh % h_, 0, d] = acc[d] / total[0]
+                out[b, bh % h_, i, d] = acc[d] / total[0]
 
     return kernel

@@ -1,13 +1,17 @@
-"""A decode step's attention over the whole static cache -> ``kernels/decode_attention`` over its filled part.
+"""A decode / verify step's attention over the whole static cache -> ``kernels/decode_attention`` over its filled part.
 
 The decode graph (``compiler.generative.graphs.Decode``) attends over all ``max_seq_len`` positions
-of the cache with a mask that allows ``position <= write_pos`` of each slot; the exporter spells it
+of the cache with a mask that allows ``position <= write_pos`` of each slot; the verify graph
+(``graphs.Verify``) writes its ``w`` tokens at ``write_pos + 0 .. w-1`` and lets query ``i`` see
+``position <= write_pos + i``. The exporter spells either
 ``softmax(q * c1 @ (K^T * c2) + mask) @ V`` with K and V reached from the in-place cache update
 (``rewrites/kv_inplace``) through the head expansion of grouped-query attention (expand /
 broadcast / reshape / transpose). That is matched from the final matmul back to the two caches and
 replaced by one kernel that reads ``write_pos + 1`` positions of each slot, with each query head
-reading its KV head as stored. The mask is not read: only this graph's mask, which the kernel's
-bound computes, makes the rewrite exact, so it runs on generative decode functions only.
+reading its KV head as stored (a verify step's query ``i``: ``write_pos + i + 1``). The mask is not
+read: only these graphs' masks, which the kernel's bound computes, make the rewrite exact, so it runs
+on generative decode / verify functions only. Which one a match is, and ``write_pos``, come from the
+cache update's index: ``write_pos`` itself (decode), or ``write_pos + [0 .. w-1]`` (verify).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class Attention:
     values: Any
     pos: Any
     scale: float
+    width: int
 
 
 def _trace(expr: Any, bound: Callable[[Any], Any], until: str) -> Any:
@@ -48,6 +53,28 @@ def _trace(expr: Any, bound: Callable[[Any], Any], until: str) -> Any:
         expr = value.args[0]
 
 
+def _write_position(index: Any, bound: Callable[[Any], Any]) -> tuple[Any, int] | None:
+    """``(write_pos, w)`` for a cache index that is a view of ``write_pos`` (w = 1) or of
+    ``write_pos[:, None] + [0 .. w-1]`` (the verify graph's positions); ``None`` for anything else."""
+    import numpy as np
+
+    pos = _trace(index, bound, "")
+    if pos is not None:
+        return pos, 1
+    added = _trace(index, bound, "relax.add")
+    if added is None:
+        return None
+    add, shape = bound(added), static_shape(added)
+    for base, offsets in ((add.args[0], add.args[1]), (add.args[1], add.args[0])):
+        steps, pos = constant_value(offsets), _trace(base, bound, "")
+        if steps is None or pos is None or shape is None or len(shape) != 2:
+            continue
+        # [w] or [1, w] counting 0 .. w-1 along the sum's last axis: query i is written at write_pos + i
+        if steps.shape[-1] == steps.size == shape[1] and np.array_equal(steps.reshape(-1), np.arange(steps.size)):
+            return pos, steps.size
+    return None
+
+
 def _scaled(expr: Any, bound: Callable[[Any], Any]) -> tuple[Any, float]:
     """``(x, c)`` for ``multiply(x, constant c)``, else ``(expr, 1.0)``."""
     value = bound(expr)
@@ -61,6 +88,9 @@ def _scaled(expr: Any, bound: Callable[[Any], Any]) -> tuple[Any, float]:
 
 class DecodeAttention(Rule):
     name = "decode_attention"
+
+    def __init__(self) -> None:
+        self.verify = 0  # how many of the rewritten attentions are a verify step's (width > 1)
 
     def matches(self, call: Any, bound: Callable[[Any], Any]) -> bool:
         return op_name(call) == "relax.matmul" and op_name(bound(call.args[0])) == "relax.nn.softmax"
@@ -82,16 +112,18 @@ class DecodeAttention(Rule):
         values = _trace(call.args[1], bound, "relax.call_tir_inplace")
         if keys is None or values is None:
             return MatchResult.fail("K or V is not a view of the in-place cache")
-        index = bound(keys).args[1].fields[1]
-        pos = _trace(index, bound, "")
-        if pos is None:  # a verify graph's positions are write_pos + 0..w-1, computed
-            return MatchResult.fail("the cache index is not a view of a write position input")
-        return self._shapes(Attention(q, keys, values, pos, c1 * c2 * after))
+        written = _write_position(bound(keys).args[1].fields[1], bound)
+        if written is None:
+            return MatchResult.fail("the cache index is neither write_pos nor write_pos + 0..w-1 of an input")
+        pos, width = written
+        return self._shapes(Attention(q, keys, values, pos, c1 * c2 * after, width))
 
     def _shapes(self, att: Attention) -> MatchResult[Any]:
         q, cache, pos = static_shape(att.q), static_shape(att.keys), static_shape(att.pos)
-        if q is None or cache is None or len(q) != 4 or len(cache) != 4 or q[2] != 1 or pos != q[:1]:
-            return MatchResult.fail("not one query per slot over a [batch, kv_heads, seq, dim] cache")
+        if q is None or cache is None or len(q) != 4 or len(cache) != 4 or q[2] != att.width or pos != q[:1]:
+            return MatchResult.fail(
+                "not one query per written position of a slot over a [batch, kv_heads, seq, dim] cache"
+            )
         if q[1] % cache[1] or q[3] != cache[3] or static_shape(att.values) != cache:
             return MatchResult.fail("query heads do not group over the cache's heads")
         why = kernel.supports(q[3])
@@ -101,12 +133,18 @@ class DecodeAttention(Rule):
         from tvm import relax
 
         att, (b, h, kv, s, d) = value
-        name = f"decode_attention_{b}x{h}x{kv}x{s}x{d}_{att.scale:.6g}".replace(".", "p").replace("-", "m")
-        prim = rw.add_kernel(name, lambda: kernel.decode_attention(b, h, kv, s, d, att.scale))
+        w = att.width
+        self.verify += w > 1
+        shape = f"{b}x{h}x{kv}x{s}x{d}" + (f"_w{w}" if w > 1 else "")
+        name = f"decode_attention_{shape}_{att.scale:.6g}".replace(".", "p").replace("-", "m")
+        prim = rw.add_kernel(name, lambda: kernel.decode_attention(b, h, kv, s, d, att.scale, w))
         return relax.call_tir(prim, [att.q, att.keys, att.values, att.pos], call.ty)
 
 
 def attention_over_filled_cache(mod: Any) -> tuple[Any, dict[str, Any]]:
-    """``mod`` with each matched decode attention on the kernel; what was and was not."""
-    mod, stats = apply_rules(mod, [DecodeAttention()])
-    return mod, {"rewritten": sum(stats.applied.values()), "skipped": dict(stats.skipped)}
+    """``mod`` with each matched decode / verify attention on the kernel; what was and was not
+    (``rewritten``: the decode steps', ``verify_rewritten``: the verify steps')."""
+    rule = DecodeAttention()
+    mod, stats = apply_rules(mod, [rule])
+    decode = sum(stats.applied.values()) - rule.verify
+    return mod, {"rewritten": decode, "verify_rewritten": rule.verify, "skipped": dict(stats.skipped)}
