@@ -15,7 +15,7 @@ def test_byte_tokenizer_round_trips_utf8() -> None:
     assert decode(encode(text)) == text and len(tokenizer) == VOCAB
 
 
-@pytest.mark.slow  # trains the pair on a cold cache (~150 s on 2 quiet cores, ~290 s of CPU)
+@pytest.mark.slow  # trains the pair on a cold cache (~146 s on 2 quiet cores, ~290 s of CPU)
 def test_the_pair_has_learned_the_held_out_text(lm_pair: LmPair) -> None:
     """Held-out perplexity far below the uniform 264 (target 5.87, draft 8.41 as trained here), the draft
     worse than the target, and greedy speculation with k=4 keeping a third or more of the draft's tokens
