@@ -8,7 +8,7 @@ next byte; the draft, trained in the same loop over the target's last steps, lea
 distribution on the same batches (KL divergence from the target's logits of that step: its greedy choices
 agree with the target's more often than a draft trained on the bytes alone, which is what speculative decoding
 keeps). Training takes about 146 s on 2 cores (AMD EPYC at load 2; ``meta.json`` records the wall and CPU
-seconds and the load); a warm one loads in well under a second.
+seconds and the load); from a warm cache the pair loads in well under a second.
 Concurrent callers (several pytest processes) wait on a file lock instead of training twice.
 
 The vocabulary is bytes (``tests/lm_bytes.py``); the recipe and the training loop: ``tests/lm_training.py``.
