@@ -28,9 +28,7 @@ from aotforge.core import errors
 from aotforge.core.errors import AotforgeError, ArtifactError, InputSpecError
 from aotforge.core.spec import IOSpec
 from aotforge.core.target_record import TargetRecord
-
-#: Environment variables the runtimes read for their thread pools (ORT's comes through its options).
-THREAD_ENV = ("TVM_NUM_THREADS", "OMP_NUM_THREADS")
+from aotforge.targets.tvm.threads import THREAD_VARIABLES  # tvm's pool reads them (ORT's comes through its options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +102,7 @@ def _run_child(work: Path, request: Mapping[str, Any]) -> BenchRun:
     # The same aotforge as this process, whatever the child's working directory and site-packages say.
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     if request["threads"]:
-        env.update({k: str(request["threads"]) for k in THREAD_ENV})
+        env.update({k: str(request["threads"]) for k in THREAD_VARIABLES})
     proc = subprocess.run(
         [sys.executable, "-m", "aotforge.compiler.bench_child", str(work)],
         env=env,

@@ -7,7 +7,10 @@ huge pages only when asked (``/sys/kernel/mm/transparent_hugepage/enabled`` is `
 Debian's default among them). So after the sessions open, the anonymous mappings they added are advised
 ``MADV_HUGEPAGE`` and collapsed in place (``MADV_COLLAPSE``, Linux 6.1+): same bytes, same addresses, no copy
 the runtime sees. Best effort: where the kernel cannot (another OS, THP ``never``, an older kernel) the memory
-stays as it was and the report says why.
+stays as it was and the report says why. Only mappings that appear or change inside the block are seen: in a
+process that freed large blocks before, glibc can serve the runtime from heap it had already mapped (a freed
+block raises its mmap threshold, up to 32 MiB), and that memory stays on 4 KiB pages (``advised_bytes`` then
+falls short of the weights' size).
 """
 
 from __future__ import annotations

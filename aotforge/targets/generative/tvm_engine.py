@@ -77,7 +77,10 @@ def compile_generative(
     if attention_report["rewritten"] != spec.layers * len(batches):
         say(f"tvm: decode attention stays over all of max_seq_len in some layers: {attention_report}")
     if verify is not None and verify_attention != spec.layers * len(batches):
-        say(f"tvm: verify attention stays over all of max_seq_len in some layers: {attention_report}")
+        say(
+            f"tvm: verify attention stays over all of max_seq_len in some layers ({verify_attention} of "
+            f"{spec.layers * len(batches)} rewritten): {attention_report['skipped']}"
+        )
     target = tvm.target.Target(target_dict(options))
     refs = {w.name: w for g in (prefill, decode, verify) if g is not None for w in g.weights}
     fmt = weight_only_format(passes["weight-only"]) if passes and "weight-only" in passes else None
