@@ -65,6 +65,10 @@ class TargetUnavailableError(AotforgeError):
     exit_code = EXIT_TARGET_UNAVAILABLE
 
 
+class EngineBusyError(AotforgeError):
+    """The serving engine's queue of waiting requests is full: retry after a while (the server's 429)."""
+
+
 class UnsupportedModelError(AotforgeError):
     """The target cannot honour the model or a pass that ran on it."""
 
