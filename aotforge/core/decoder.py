@@ -26,7 +26,12 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
     "tokenizer.model",
+    # The chat template (transformers 5 writes it beside the tokenizer): what a served chat request needs.
+    "chat_template.jinja",
 )
+#: The model's generation defaults (its end-of-sequence ids: where the runtime stops by default), carried too.
+GENERATION_CONFIG_FILE = "generation_config.json"
+CARRIED_FILES = (*TOKENIZER_FILES, GENERATION_CONFIG_FILE)
 #: The speculative-decoding verify graph (``--speculative-k``): k+1 query tokens per slot -> logits of each.
 VERIFY_FILE = "verify.onnx"
 

@@ -7,7 +7,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from aotforge.core.decoder import TOKENIZER_FILES
+from aotforge.core.decoder import CARRIED_FILES
 from aotforge.core.errors import ModelLoadError, UnsupportedModelError, describe
 
 
@@ -58,7 +58,7 @@ def _from_dir(path: Path, name: str | None) -> CausalLM:
     for file in sorted(path.iterdir()):
         if file.is_file() and (file.name == "config.json" or file.suffix == ".safetensors"):
             digest.update(file.name.encode() + file.read_bytes())
-    files = {f: path / f for f in TOKENIZER_FILES if (path / f).is_file()}
+    files = {f: path / f for f in CARRIED_FILES if (path / f).is_file()}
     return _checked(model, name or path.name, "transformers", digest.hexdigest(), files)
 
 

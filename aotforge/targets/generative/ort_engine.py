@@ -246,9 +246,99 @@ class OrtStepEngine:
     def verify_positions(self, width: int) -> int:
         return width
 
+    def model_runner(self, num_slots: int) -> OrtModelRunner:
+        """The serving runtime's runner over these sessions, with a cache of ``num_slots`` slots of its own."""
+        return OrtModelRunner(self, num_slots)
+
     def cache_pointers(self) -> list[int]:
         """Where ORT last wrote each ``present_*`` output (the cache buffers, if nothing was reallocated)."""
         return [value.data_ptr() for value in self._binding.get_outputs()[1:]]
 
     def buffer_pointers(self) -> list[int]:
         return [buffer.ctypes.data for buffer in self.cache]
+
+
+class OrtModelRunner:
+    """The serving runtime's runner (``runtime.runner.ModelRunner``) over an engine's sessions.
+
+    The cache is ``num_slots`` slots of ``max_seq_len`` positions per layer and kind, allocated once; a decode
+    over the first ``rows`` slots binds views of them (contiguous: the slot is the outermost axis), made once
+    per row count. A prompt runs alone through the prefill graph and its keys/values are copied into its
+    slot; ``extend`` (a prompt chunk, or the rest after a reused prefix) runs through the verify graph at one
+    slot, which artifacts built with ``--speculative-k`` carry.
+    """
+
+    def __init__(self, engine: OrtStepEngine, num_slots: int) -> None:
+        self.engine = engine
+        self.spec = spec = engine.spec
+        self.num_slots = num_slots
+        self.can_extend = engine.verify_session is not None
+        shape = (num_slots, spec.kv_heads, spec.max_seq_len, spec.head_dim)
+        self.cache = [np.zeros(shape, dtype=np.float32) for _ in engine._past]
+        self._decodes: dict[int, tuple[Any, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def decode_rows(self, rows: int) -> int:
+        return rows
+
+    def decode(self, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        binding, ids, write_pos, logits = self._decodes.get(len(token_ids)) or self._bind_decode(len(token_ids))
+        ids[:, 0] = token_ids
+        write_pos[:] = positions
+        self.engine.decode_session.run_with_iobinding(binding)
+        return logits
+
+    def _bind_decode(self, rows: int) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+        import onnxruntime as ort
+
+        binding = self.engine.decode_session.io_binding()
+        ids = np.zeros((rows, 1), dtype=np.int64)
+        positions = np.zeros((rows, 1), dtype=np.int64)
+        logits = np.empty((rows, self.spec.vocab), dtype=np.float32)
+        binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
+        for name, array in (("input_ids", ids), ("position_ids", positions), ("write_pos", positions.reshape(rows))):
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
+        self._bind_cache(binding, slice(0, rows))
+        self._decodes[rows] = (binding, ids, positions.reshape(rows), logits)
+        return self._decodes[rows]
+
+    def _bind_cache(self, binding: Any, slots: slice) -> None:
+        import onnxruntime as ort
+
+        for past, present, buffer in zip(self.engine._past, self.engine._present, self.cache, strict=True):
+            value = ort.OrtValue.ortvalue_from_numpy(buffer[slots])
+            binding.bind_ortvalue_input(past, value)
+            binding.bind_ortvalue_output(present, value)
+
+    def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
+        n = len(token_ids)
+        feeds = {
+            "input_ids": token_ids.reshape(1, n).astype(np.int64),
+            "attention_mask": np.ones((1, n), dtype=np.int64),
+            "position_ids": np.arange(n, dtype=np.int64)[None, :],
+        }
+        logits, *present = self.engine.prefill_session.run(None, feeds)
+        for buffer, values in zip(self.cache, present, strict=True):
+            buffer[slot, :, :n] = values[0]
+        return np.asarray(logits)[0]
+
+    def extend(self, slot: int, token_ids: np.ndarray, start: int) -> np.ndarray:
+        import onnxruntime as ort
+
+        n = len(token_ids)
+        binding = self.engine.verify_session.io_binding()
+        positions = np.arange(start, start + n, dtype=np.int64)[None, :]
+        logits = np.empty((1, n, self.spec.vocab), dtype=np.float32)
+        for name, array in (
+            ("input_ids", token_ids.reshape(1, n).astype(np.int64)),
+            ("position_ids", positions),
+            ("write_pos", positions[:, 0].copy()),
+        ):
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
+        binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
+        self._bind_cache(binding, slice(slot, slot + 1))
+        self.engine.verify_session.run_with_iobinding(binding)
+        return logits[0, -1]
+
+    def copy(self, src: int, dst: int, length: int) -> None:
+        for buffer in self.cache:
+            buffer[dst, :, :length] = buffer[src, :, :length]

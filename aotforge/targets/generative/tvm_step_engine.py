@@ -130,9 +130,73 @@ class TvmStepEngine:
     def verify_positions(self, width: int) -> int:
         return self.verify_width
 
+    def model_runner(self, num_slots: int) -> TvmModelRunner:
+        """The serving runtime's runner over these functions and weights, with a cache of its own."""
+        return TvmModelRunner(self, num_slots)
+
     def cache_pointers(self) -> list[int]:
         """Where the last decode step's ``present_*`` outputs live (the cache, if it was updated in place)."""
         return [t.data_ptr() for t in list(self._last)[1:]]
 
     def buffer_pointers(self) -> list[int]:
         return [t.data_ptr() for t in self.cache]
+
+
+class TvmModelRunner:
+    """The serving runtime's runner (``runtime.runner.ModelRunner``) over an engine's functions and weights.
+
+    One cache of the smallest batch bucket that holds ``num_slots``; a decode over the first ``rows`` slots
+    calls the smallest bucket's function that holds them, over views of the cache's first slots (the slot is
+    the outermost axis). A prompt runs through the smallest prompt bucket that holds it, its keys/values
+    copied into its slot. The verify functions take a fixed width, so prompts are not extended in chunks.
+    """
+
+    def __init__(self, engine: TvmStepEngine, num_slots: int) -> None:
+        tvm = engine._tvm
+        self.engine = engine
+        self.spec = spec = engine.spec
+        self.num_slots = num_slots
+        self.can_extend = False
+        top = next(b for b in engine.batch_buckets if b >= num_slots)
+        shape = (top, spec.kv_heads, spec.max_seq_len, spec.head_dim)
+        self.cache = [tvm.runtime.empty(shape, "float32") for _ in range(2 * spec.layers)]
+        self._views = [np.from_dlpack(t) for t in self.cache]
+        for view in self._views:
+            view.fill(0.0)
+        #: per bucket: its input tensors' numpy views (ids, positions, write_pos), the argument list
+        self._calls: dict[int, tuple[list[np.ndarray], list[Any]]] = {}
+        for b in (b for b in engine.batch_buckets if b <= top):
+            inputs = [tvm.runtime.empty(s, "int64") for s in ((b, 1), (b, 1), (b,))]
+            views = [t._create_view((b, *shape[1:])) for t in self.cache]
+            self._calls[b] = ([np.from_dlpack(t) for t in inputs], [*inputs, *views, *engine._weights[f"decode_{b}"]])
+
+    def decode_rows(self, rows: int) -> int:
+        return next(b for b in sorted(self._calls) if b >= rows)
+
+    def decode(self, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        rows = len(token_ids)
+        (ids, pos, write_pos), arguments = self._calls[rows]
+        ids[:, 0] = token_ids
+        pos[:, 0] = positions
+        write_pos[:] = positions
+        out = self.engine._functions[f"decode_{rows}"](*arguments)
+        return np.from_dlpack(out[0]).reshape(rows, -1)
+
+    def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
+        engine = self.engine
+        n = len(token_ids)
+        size = next(p for p in engine.prompt_buckets if p >= n)
+        padded = [np.zeros((1, size), dtype=np.int64) for _ in range(3)]
+        padded[0][0, :n], padded[1][0, :n], padded[2][0, :n] = token_ids, 1, np.arange(n)
+        name = f"prefill_{size}"
+        logits, *present = engine._functions[name](*map(engine._tvm.runtime.tensor, padded), *engine._weights[name])
+        for view, values in zip(self._views, present, strict=True):
+            view[slot, :, :n] = np.from_dlpack(values)[0, :, :n]
+        return logits.numpy()[0]
+
+    def extend(self, slot: int, token_ids: np.ndarray, start: int) -> np.ndarray:
+        raise NotImplementedError("tvm artifacts prefill whole prompts (can_extend is False)")
+
+    def copy(self, src: int, dst: int, length: int) -> None:
+        for view in self._views:
+            view[dst, :, :length] = view[src, :, :length]

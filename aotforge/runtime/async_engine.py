@@ -1,0 +1,194 @@
+"""The engine on a thread of its own, for asyncio clients (the server): submit, stream, abort, drain.
+
+The step loop runs on one thread (the runners' calls release the GIL while they compute); requests and
+aborts reach it through a locked inbox, its outputs reach each request's ``asyncio.Queue`` through the
+event loop's ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from aotforge.core.decoder import GENERATION_CONFIG_FILE
+from aotforge.core.errors import EngineBusyError, InputSpecError
+from aotforge.runtime.engine import LLMEngine
+from aotforge.runtime.outputs import FinishReason, RequestOutput, StepStats
+from aotforge.runtime.params import EngineConfig, SamplingParams
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, model_name: str, chat_template: str | None = None) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.max_model_len = engine.max_model_len
+        self.tokenizer = engine.tokenizer
+        self.chat_template = chat_template
+        self._listeners: list[Callable[[StepStats], None]] = []
+        self._lock = threading.Condition()
+        self._inbox: list[tuple[str, Any]] = []
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}
+        self._pending = 0  # requests added to the inbox, not yet in the engine
+        self._accepting = True
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_artifact(cls, path: str | Path, config: EngineConfig | None = None) -> AsyncEngine:
+        """Load a text-generation artifact (verified as ``aotforge.load`` does) and its tokenizer files."""
+        return cls(*load_engine(path, config or EngineConfig()))
+
+    # -- the asyncio side ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="aotforge-engine", daemon=True)
+            self._thread.start()
+
+    def add_listener(self, fn: Callable[[StepStats], None]) -> None:
+        self._listeners.append(fn)
+
+    def stats(self) -> StepStats:
+        return self.engine.last_stats
+
+    async def generate(
+        self, request_id: str | None, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        """Each update of the request until it finishes; closing the iterator early aborts the request."""
+        request_id = request_id or uuid.uuid4().hex
+        self.engine.check_request(prompt_token_ids, params)
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        with self._lock:
+            if not self._accepting:
+                raise EngineBusyError("the server is shutting down: send the request to another replica")
+            waiting = self.engine.num_waiting + self._pending
+            if waiting >= self.engine.config.max_waiting:
+                raise EngineBusyError(
+                    f"{waiting} requests are waiting already (--max-waiting {self.engine.config.max_waiting}): "
+                    "retry later"
+                )
+            if request_id in self._queues:
+                raise InputSpecError(f"request id {request_id!r} is already in use")
+            self._queues[request_id] = (asyncio.get_running_loop(), queue)
+            self._inbox.append(("add", (request_id, list(prompt_token_ids), params)))
+            self._pending += 1
+            self._lock.notify()
+        finished = False
+        try:
+            while not finished:
+                output = await queue.get()
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._inbox.append(("abort", request_id))
+            self._lock.notify()
+
+    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+        """Stop admitting; let running and waiting requests finish up to the deadline, then abort the rest."""
+        with self._lock:
+            self._accepting = False
+        deadline = time.monotonic() + drain_timeout_s
+        while time.monotonic() < deadline and (self._queues or self._pending):
+            await asyncio.sleep(0.05)
+        with self._lock:
+            self._inbox += [("abort", rid) for rid in list(self._queues)]
+            self._stopping = True
+            self._lock.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10.0)
+
+    # -- the engine thread ---------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._inbox and not self.engine.has_unfinished() and not self._stopping:
+                    self._lock.wait()
+                inbox, self._inbox = self._inbox, []
+                stopping = self._stopping
+            outputs = [o for item in inbox if (o := self._take(item)) is not None]
+            if self.engine.has_unfinished():
+                outputs += self.engine.step()
+            elif outputs:
+                self.engine._finish_stats()  # aborts alone still change the gauges
+            self._deliver(outputs)
+            for listener in self._listeners:
+                listener(self.engine.last_stats)
+            if stopping and not self.engine.has_unfinished():
+                return
+
+    def _take(self, item: tuple[str, Any]) -> RequestOutput | None:
+        kind, payload = item
+        if kind == "abort":
+            return self.engine.abort(payload)
+        request_id, prompt, params = payload
+        with self._lock:
+            self._pending -= 1
+        try:
+            self.engine.add_request(request_id, prompt, params)
+        except InputSpecError as e:
+            return RequestOutput(request_id, (), "", True, FinishReason.ERROR, len(prompt), 0, error=str(e))
+        return None
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            with self._lock:
+                target = self._queues.get(output.request_id)
+                if target is not None and output.finished:
+                    del self._queues[output.request_id]
+            if target is not None:
+                loop, queue = target
+                loop.call_soon_threadsafe(queue.put_nowait, output)
+
+
+def load_engine(path: str | Path, config: EngineConfig) -> tuple[LLMEngine, str, str | None]:
+    """The engine over a text-generation artifact, its name, and its chat template (or None)."""
+    from aotforge.artifacts.loader import load
+
+    path = Path(path)
+    loaded = load(path)
+    engine = loaded._generative().engine
+    spec = engine.spec
+    if config.max_num_seqs > spec.max_batch:
+        raise InputSpecError(
+            f"--max-num-seqs {config.max_num_seqs} is more than the artifact's max_batch {spec.max_batch}: ask for at "
+            f"most {spec.max_batch}, or rebuild it with --max-batch {config.max_num_seqs}"
+        )
+    tokenizer = load_tokenizer(path)
+    runner = engine.model_runner(config.max_num_seqs)
+    chat_template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+    llm = LLMEngine(runner, config, tokenizer, eos_token_ids(path, tokenizer))
+    return llm, loaded.manifest.name, chat_template
+
+
+def load_tokenizer(path: Path) -> Any | None:
+    """The tokenizer the artifact carries (its model directory's files), or None."""
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def eos_token_ids(path: Path, tokenizer: Any | None) -> tuple[int, ...]:
+    """Where generation stops by default: the model's generation config's end-of-sequence ids, else the
+    tokenizer's; none when the artifact carries neither."""
+    config = path / GENERATION_CONFIG_FILE
+    if config.is_file():
+        eos = json.loads(config.read_text()).get("eos_token_id")
+        if eos is not None:
+            return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        return (int(tokenizer.eos_token_id),)
+    return ()

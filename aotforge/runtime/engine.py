@@ -1,0 +1,221 @@
+"""The engine: a step loop over a model runner, the scheduler and the KV blocks (one path for every client).
+
+``add_request`` queues a prompt; each ``step`` runs what the scheduler planned (prompt chunks, then one
+decode over every decoding sequence), samples each sequence's next token with its own parameters, and
+returns what changed as :class:`RequestOutput`s. Not thread-safe: ``AsyncEngine`` drives it from one thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import numpy as np
+
+from aotforge.core.errors import InputSpecError, describe
+from aotforge.runtime.detokenizer import Detokenizer
+from aotforge.runtime.kv_blocks import KVBlockManager
+from aotforge.runtime.outputs import FinishedRequestStats, FinishReason, RequestOutput, StepStats
+from aotforge.runtime.params import EngineConfig, SamplingParams
+from aotforge.runtime.runner import ModelRunner
+from aotforge.runtime.scheduler import Plan, Scheduler
+from aotforge.runtime.sequence import Sequence, Status
+from aotforge.runtime.slots import SlotTable
+
+
+def kv_block_bytes(runner: ModelRunner, block_size: int) -> int:
+    spec = runner.spec
+    return 2 * spec.layers * spec.kv_heads * spec.head_dim * 4 * block_size
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        config: EngineConfig | None = None,
+        tokenizer: Any | None = None,
+        eos_token_ids: Seq[int] = (),
+    ) -> None:
+        self.config = config = config or EngineConfig()
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.max_model_len = runner.spec.max_seq_len
+        slot_blocks = -(-self.max_model_len // config.block_size)
+        num_blocks = config.num_blocks or (
+            config.kv_cache_bytes // kv_block_bytes(runner, config.block_size)
+            if config.kv_cache_bytes
+            else runner.num_slots * slot_blocks
+        )
+        if num_blocks < slot_blocks:
+            raise InputSpecError(
+                f"a KV cache of {num_blocks} blocks of {config.block_size} tokens cannot hold one sequence of the "
+                f"model's {self.max_model_len} positions ({slot_blocks} blocks): give more --num-blocks / "
+                "--kv-cache-bytes"
+            )
+        self.blocks = KVBlockManager(num_blocks, config.block_size)
+        self.slots = SlotTable(runner.num_slots, config.block_size)
+        self.scheduler = Scheduler(config, self.blocks, self.slots, runner.can_extend)
+        self._sequences: dict[str, Sequence] = {}
+        self._stats = StepStats()
+        self.last_stats = StepStats(kv_blocks_total=num_blocks)
+
+    # -- requests ------------------------------------------------------------------------------------------
+
+    def check_request(self, prompt_ids: Seq[int], params: SamplingParams) -> None:
+        """Refuse, before it queues, a request the model's context cannot hold."""
+        if not prompt_ids:
+            raise InputSpecError("the prompt is empty: give at least one token")
+        vocab = self.runner.spec.vocab
+        bad = [t for t in prompt_ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise InputSpecError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        # The last new token is only sampled, never written: prompt + max_tokens - 1 positions.
+        if len(prompt_ids) + params.max_tokens - 1 > self.max_model_len:
+            raise InputSpecError(
+                f"this model's context is {self.max_model_len} tokens; the prompt has {len(prompt_ids)} and "
+                f"max_tokens is {params.max_tokens} ({len(prompt_ids) + params.max_tokens - 1} positions): shorten "
+                f"the prompt or ask for at most {max(self.max_model_len - len(prompt_ids) + 1, 0)} tokens"
+            )
+
+    def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> None:
+        if request_id in self._sequences:
+            raise InputSpecError(f"request id {request_id!r} is already in use")
+        self.check_request(prompt_ids, params)
+        seq = Sequence(request_id, [int(t) for t in prompt_ids], params, Detokenizer(self.tokenizer, params.stop))
+        self._sequences[request_id] = seq
+        self.scheduler.waiting.append(seq)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        seq = self._sequences.get(request_id)
+        if seq is None or seq.finished:
+            return None
+        return self._finish(seq, FinishReason.ABORT)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # -- the step ------------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        self._stats.num_preemptions = len(plan.preempted)
+        self._stats.prefix_cache_queries, self._stats.prefix_cache_hits = plan.prefix_queries, plan.prefix_hits
+        outputs: list[RequestOutput] = []
+        for src, dst, length in self.scheduler.copies:
+            self.runner.copy(src, dst, length)
+        now = time.monotonic()
+        for seq, _ in plan.prefills:
+            if seq.scheduled_at is None:
+                seq.scheduled_at = now
+        for seq, n in plan.prefills:
+            outputs += self._run_prefill(seq, n)
+        if plan.decodes:
+            outputs += self._run_decode(plan)
+        self._finish_stats()
+        return outputs
+
+    def _run_prefill(self, seq: Sequence, n: int) -> list[RequestOutput]:
+        start = seq.num_computed
+        tokens = np.asarray(seq.all_ids[start : start + n], dtype=np.int64)
+        try:
+            if start == 0:
+                logits = self.runner.prefill(seq.slot, tokens)
+            else:
+                logits = self.runner.extend(seq.slot, tokens, start)
+        except Exception as e:  # one request's fault, not the server's
+            return [self._finish(seq, FinishReason.ERROR, f"the model runner failed: {describe(e, last=True)}")]
+        seq.num_computed += n
+        self.slots.record(seq.slot, seq.all_ids[: seq.num_computed])
+        self._stats.prompt_tokens += n
+        if seq.num_computed < seq.num_tokens:
+            return []  # more chunks to come
+        return [self._append(seq, logits)]
+
+    def _run_decode(self, plan: Plan) -> list[RequestOutput]:
+        rows = self.runner.decode_rows(max(s.slot for s in plan.decodes) + 1)
+        max_seq = self.max_model_len
+        ids = np.zeros(rows, dtype=np.int64)
+        positions = np.array([self.slots.safe_position(s, max_seq) for s in range(rows)], dtype=np.int64)
+        for seq in plan.decodes:
+            ids[seq.slot], positions[seq.slot] = seq.all_ids[-1], seq.num_computed
+        try:
+            logits = self.runner.decode(ids, positions)
+        except Exception as e:
+            why = f"the model runner failed: {describe(e, last=True)}"
+            return [self._finish(seq, FinishReason.ERROR, why) for seq in plan.decodes]
+        outputs = []
+        for seq in plan.decodes:
+            seq.num_computed += 1
+            self.slots.held[seq.slot].append(seq.all_ids[-1])
+            outputs.append(self._append(seq, logits[seq.slot]))
+        return outputs
+
+    def _append(self, seq: Sequence, logits: np.ndarray) -> RequestOutput:
+        token = int(seq.sampler(logits[None, :])[0])
+        now = time.monotonic()
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+            self._stats.time_to_first_tokens_s.append(now - seq.arrival)
+        elif seq.last_token_at is not None:
+            self._stats.inter_token_latencies_s.append(now - seq.last_token_at)
+        seq.last_token_at = now
+        seq.output_ids.append(token)
+        self._stats.generation_tokens += 1
+        p = seq.params
+        stop_token = token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)
+        if not stop_token:
+            seq.detokenizer.add(token)
+        if stop_token or seq.detokenizer.find_stop() >= 0:
+            return self._finish(seq, FinishReason.STOP, new=(token,))
+        if len(seq.output_ids) >= p.max_tokens:
+            return self._finish(seq, FinishReason.LENGTH, new=(token,))
+        return self._output(seq, (token,), seq.detokenizer.take(final=False))
+
+    def _finish(
+        self, seq: Sequence, reason: FinishReason, error: str | None = None, new: tuple[int, ...] = ()
+    ) -> RequestOutput:
+        was_running = seq.status is Status.RUNNING
+        self.scheduler.finish(seq)
+        seq.finish_reason, seq.error = reason, error
+        del self._sequences[seq.request_id]
+        now = time.monotonic()
+        start = seq.scheduled_at if seq.scheduled_at is not None else now
+        first = seq.first_token_at if seq.first_token_at is not None else now
+        self._stats.finished.append(
+            FinishedRequestStats(
+                finish_reason=reason,
+                prompt_tokens=len(seq.prompt_ids),
+                generation_tokens=len(seq.output_ids),
+                e2e_latency_s=now - seq.arrival,
+                queue_time_s=start - seq.arrival,
+                prefill_time_s=first - start if was_running or seq.first_token_at else 0.0,
+                decode_time_s=now - first,
+            )
+        )
+        return self._output(seq, new, seq.detokenizer.take(final=True))
+
+    def _output(self, seq: Sequence, new: tuple[int, ...], text: str) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            token_ids=new,
+            text=text,
+            finished=seq.finished,
+            finish_reason=seq.finish_reason,
+            prompt_tokens=len(seq.prompt_ids),
+            completion_tokens=len(seq.output_ids),
+            cached_tokens=seq.num_cached,
+            error=seq.error,
+        )
+
+    def _finish_stats(self) -> None:
+        s = self._stats
+        s.num_running, s.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+        s.kv_blocks_used, s.kv_blocks_total = self.blocks.num_used, self.blocks.num_blocks
+        s.kv_cache_usage = self.blocks.usage()
+        self.last_stats, self._stats = s, StepStats()

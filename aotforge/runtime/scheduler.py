@@ -1,0 +1,122 @@
+"""Which sequences run this step and how many tokens each computes (iteration-level, as vLLM's).
+
+Every step: the running sequences that decode take one token each; sequences still prefilling take a
+chunk of their prompt; then waiting requests are admitted first come, first served while slots, KV
+blocks and the step's token budget (``max_num_batched_tokens``) allow. When a running sequence needs a
+block the pool has not got, the most recently admitted one is preempted: its blocks and slot are freed
+and it waits at the head of the queue to be recomputed (nothing is lost).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from aotforge.runtime.kv_blocks import KVBlockManager
+from aotforge.runtime.params import EngineConfig
+from aotforge.runtime.sequence import Sequence, Status
+from aotforge.runtime.slots import SlotTable
+
+
+@dataclasses.dataclass
+class Plan:
+    """One step: prompt chunks to compute ``(sequence, tokens)``, then one decode over ``decodes``."""
+
+    prefills: list[tuple[Sequence, int]] = dataclasses.field(default_factory=list)
+    decodes: list[Sequence] = dataclasses.field(default_factory=list)
+    preempted: list[Sequence] = dataclasses.field(default_factory=list)
+    #: prompt tokens admitted this step that the prefix cache was asked for, and of those it held
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, blocks: KVBlockManager, slots: SlotTable, can_extend: bool) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.slots = slots
+        self.can_extend = can_extend
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []
+        #: (source slot, destination slot, length) copies the engine must make before this step's prefills
+        self.copies: list[tuple[int, int, int]] = []
+
+    def schedule(self) -> Plan:
+        plan = Plan()
+        self.copies = []
+        budget = self.config.max_num_batched_tokens
+        for seq in list(self.running):
+            if seq.status is not Status.RUNNING:
+                continue  # preempted by an earlier one of this loop
+            if not self._grow(seq, seq.num_tokens if not seq.prefilling else seq.num_computed + 1, plan):
+                continue
+            if seq.prefilling:
+                n = self._chunk(seq, budget, bool(plan.prefills))
+                if n and self.blocks.allocate(seq.request_id, seq.num_computed + n):
+                    plan.prefills.append((seq, n))
+                    budget -= n
+            else:
+                plan.decodes.append(seq)
+                budget -= 1
+        while self.waiting and len(self.running) < len(self.slots.busy) and budget > 0:
+            seq = self.waiting[0]
+            if not self._admit(seq, budget, plan):
+                break
+            self.waiting.popleft()
+            budget -= plan.prefills[-1][1]
+        return plan
+
+    def _chunk(self, seq: Sequence, budget: int, others: bool) -> int:
+        """Tokens of ``seq``'s prompt to compute now: a chunk within the budget, or (a runner without ``extend``)
+        all of it, once a step, even past the budget (else a long prompt would never start)."""
+        left = seq.num_tokens - seq.num_computed
+        if self.can_extend:
+            return min(left, budget)
+        return 0 if others else left
+
+    def _admit(self, seq: Sequence, budget: int, plan: Plan) -> bool:
+        ids = seq.all_ids
+        reuse = self.slots.take(ids, self.config.enable_prefix_caching and self.can_extend)
+        seq.num_computed = reuse.length
+        n = self._chunk(seq, budget, bool(plan.prefills))
+        if not n or not self.blocks.allocate(seq.request_id, seq.num_computed + n):
+            self.slots.release(reuse.slot, self.slots.held[reuse.slot] if reuse.source == reuse.slot else [])
+            seq.num_computed = 0
+            return False
+        if reuse.length and reuse.source != reuse.slot:
+            self.copies.append((reuse.source, reuse.slot, reuse.length))
+        self.slots.record(reuse.slot, ids[: reuse.length])
+        seq.slot, seq.status, seq.num_cached = reuse.slot, Status.RUNNING, reuse.length
+        plan.prefix_queries += len(ids) if self.config.enable_prefix_caching and self.can_extend else 0
+        plan.prefix_hits += reuse.length
+        self.running.append(seq)
+        plan.prefills.append((seq, n))
+        return True
+
+    def _grow(self, seq: Sequence, positions: int, plan: Plan) -> bool:
+        """Blocks for ``positions`` of ``seq``, preempting the newest other running sequences if the pool is short."""
+        while not self.blocks.allocate(seq.request_id, positions):
+            victim = self.running[-1]
+            self.preempt(victim)
+            plan.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq.request_id)
+        self.slots.release(seq.slot, [])
+        seq.status, seq.slot, seq.num_computed = Status.WAITING, -1, 0
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Take ``seq`` out (finished or aborted): its blocks back to the pool, its slot free but still holding
+        the KV of what it computed, for a later prompt with the same prefix."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.blocks.free(seq.request_id)
+            self.slots.release(seq.slot, seq.all_ids[: seq.num_computed])
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED

@@ -1,0 +1,64 @@
+"""One request as the engine tracks it: its tokens so far, where its KV lives, and its timings."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+
+from aotforge.runtime.detokenizer import Detokenizer
+from aotforge.runtime.outputs import FinishReason
+from aotforge.runtime.params import SamplingParams
+from aotforge.targets.generative.sampling import Sampler, SamplingOptions
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    detokenizer: Detokenizer
+    arrival: float = dataclasses.field(default_factory=time.monotonic)
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    #: the runner's cache slot while running
+    slot: int = -1
+    #: positions whose KV the cache holds (prompt tokens prefilled, then one per decoded token)
+    num_computed: int = 0
+    #: prompt tokens whose KV came from the prefix cache
+    num_cached: int = 0
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    sampler: Sampler = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        options = SamplingOptions(not p.greedy, p.temperature or 1.0, p.top_k, p.top_p, p.seed)
+        self.sampler = Sampler(options)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        """True until the prompt (after a preemption: the prompt and the output so far) has its KV; then each
+        step computes the one token sampled last."""
+        return self.num_tokens - self.num_computed > 1 or self.num_computed == 0
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
