@@ -148,7 +148,9 @@ class TvmModelRunner:
     One cache of the smallest batch bucket that holds ``num_slots``; a decode over the first ``rows`` slots
     calls the smallest bucket's function that holds them, over views of the cache's first slots (the slot is
     the outermost axis). A prompt runs through the smallest prompt bucket that holds it, its keys/values
-    copied into its slot. The verify functions take a fixed width, so prompts are not extended in chunks.
+    copied into its slot. ``extend`` (a prompt chunk, or the rest after a reused prefix) runs the batch-1 verify
+    function (artifacts built with ``--speculative-k``) over a view of the slot, ``verify_width`` tokens a call,
+    the last call padded (its padding writes positions past the sequence, which later tokens overwrite).
     """
 
     def __init__(self, engine: TvmStepEngine, num_slots: int) -> None:
@@ -156,7 +158,7 @@ class TvmModelRunner:
         self.engine = engine
         self.spec = spec = engine.spec
         self.num_slots = num_slots
-        self.can_extend = False
+        self.can_extend = engine.verify_width > 0 and "verify_1" in engine._functions
         top = next(b for b in engine.batch_buckets if b >= num_slots)
         shape = (top, spec.kv_heads, spec.max_seq_len, spec.head_dim)
         self.cache = [tvm.runtime.empty(shape, "float32") for _ in range(2 * spec.layers)]
@@ -195,7 +197,20 @@ class TvmModelRunner:
         return logits.numpy()[0]
 
     def extend(self, slot: int, token_ids: np.ndarray, start: int) -> np.ndarray:
-        raise NotImplementedError("tvm artifacts prefill whole prompts (can_extend is False)")
+        engine, tvm = self.engine, self.engine._tvm
+        width = engine.verify_width
+        # The kernels take no byte offset: the slot's rows as tensors of their own over the same memory (DLPack).
+        views = [tvm.runtime.from_dlpack(view[slot : slot + 1]) for view in self._views]
+        logits = np.empty(0, dtype=np.float32)
+        for at in range(0, len(token_ids), width):
+            piece = token_ids[at : at + width]
+            ids = np.zeros((1, width), dtype=np.int64)
+            ids[0, : len(piece)] = piece
+            positions = np.arange(start + at, start + at + width, dtype=np.int64)[None, :]
+            arguments = [tvm.runtime.tensor(a) for a in (ids, positions, positions[:, 0].copy())]
+            out = engine._functions["verify_1"](*arguments, *views, *engine._weights["verify_1"])
+            logits = np.from_dlpack(out[0]).reshape(width, -1)[len(piece) - 1].copy()
+        return logits
 
     def copy(self, src: int, dst: int, length: int) -> None:
         for view in self._views:
