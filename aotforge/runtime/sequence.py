@@ -57,7 +57,7 @@ class Sequence:
     def prefilling(self) -> bool:
         """True until the prompt (after a preemption: the prompt and the output so far) has its KV; then each
         step computes the one token sampled last."""
-        return self.num_tokens - self.num_computed > 1 or self.num_computed == 0
+        return self.num_computed < self.num_tokens - 1 or (not self.output_ids and self.num_computed < self.num_tokens)
 
     @property
     def finished(self) -> bool:
