@@ -99,3 +99,23 @@ def test_no_figure_is_typed_into_the_readme_or_the_docs_pages() -> None:
         text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # commands and code are not figures
         found = [m.group(0) for m in FIGURE.finditer(text)]
         assert not found, f"{page.relative_to(ROOT)} types figures {found}: they belong on docs/benchmarks.md"
+
+
+def test_supported_models_table_is_what_the_tests_build() -> None:
+    """Each row of the README's supported-models table is built by the tests, and each architecture they build is
+    a row (tests/hf_models.py for the encoders and vision models, tests/llm_models.py for text generation)."""
+    from tests.hf_models import ARCHITECTURES as ENCODERS
+    from tests.llm_models import ARCHITECTURES as DECODERS
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Supported models") :].split("\n## ", 1)[0]
+    rows = [
+        [c.strip(" `") for c in line.strip("|").split("|")] for line in section.splitlines() if line.startswith("| ")
+    ]
+    rows = [r for r in rows[1:] if not set(r[0]) <= {"-"}]  # the header and its rule
+    classes = {
+        c.strip(" `").split(" ")[0].strip("`") for r in rows if r[2] != "text-generation" for c in r[1].split(",")
+    }
+    assert classes == {m.model_class for m in ENCODERS.values()}
+    assert sorted(r[4] for r in rows) == ["yes"] * len(rows) and sorted(r[3] for r in rows) == ["yes"] * len(rows)
+    assert len([r for r in rows if r[2] == "text-generation"]) == len(DECODERS)
