@@ -11,7 +11,7 @@ ARGS ?=
 # With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
 _flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
-.PHONY: compile test test-slow lint bench bench-generation bench-speculative targets clean device-check neuron-env tvm-ops-table
+.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-page targets clean device-check neuron-env tvm-ops-table
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,7 @@ targets: $(BIN)/.installed
 	$(BIN)/aotforge targets
 
 # One pytest worker per core, a test file to one worker (its module fixtures build once): most of a test
-# is one Python thread waiting on a build, so a second core halves little else (README: figures).
+# is one Python thread waiting on a build, so a second core halves little else.
 test: $(BIN)/.installed
 	$(BIN)/pytest -q -n auto --dist loadfile
 
@@ -62,18 +62,32 @@ tvm-ops-table: $(BIN)/.installed
 	mkdir -p docs
 	$(BIN)/python tools/node_suite.py --target tvm --variant constants --table docs/tvm_onnx_ops.md
 
-# bench: the single-pass models, then the decoders side by side (bench-generation: aotforge onnxruntime and
-# tvm vs ONNX Runtime GenAI fp32 vs transformers eager on the SmolLM-135M shape, with the bandwidth floor).
+# The benches write docs/bench/<bench>.json (the run, the machine, the load, every figure with its spread over the
+# rounds); tools/bench_page.py renders them into docs/benchmarks.md. bench: every bench, then the page.
+# bench-models: the encoder and vision models, every runtime side by side (a subset: ARGS="--models mini_resnet").
+# bench-generation: aotforge onnxruntime and tvm vs ONNX Runtime GenAI vs transformers eager on the SmolLM-135M
+# shape, with the bandwidth floor. bench-speculative: target-only vs speculative decoding (k over --ks) on the
+# trained pair of tests/lm_pair.py. bench-page: only the page.
 bench: $(BIN)/.installed
 	$(BIN)/python tools/bench.py
 	$(BIN)/python tools/bench_generation.py
+	$(BIN)/python tools/bench_speculative.py --work /tmp/aotforge-spec-bench
+	$(BIN)/python tools/bench_page.py
+
+bench-models: $(BIN)/.installed
+	$(BIN)/python tools/bench.py $(ARGS)
+	$(BIN)/python tools/bench_page.py
 
 bench-generation: $(BIN)/.installed
 	$(BIN)/python tools/bench_generation.py $(ARGS)
+	$(BIN)/python tools/bench_page.py
 
-# bench-speculative: target-only vs speculative decoding (k chosen over --ks) on the trained pair of tests/lm_pair.py.
 bench-speculative: $(BIN)/.installed
 	$(BIN)/python tools/bench_speculative.py --work /tmp/aotforge-spec-bench $(ARGS)
+	$(BIN)/python tools/bench_page.py
+
+bench-page: $(BIN)/.installed
+	$(BIN)/python tools/bench_page.py
 
 # The Neuron SDK in an environment of its own: torch-neuronx 2.9 pins torch 2.9, aotforge pins 2.13.
 # The neuron target compiles through it (targets/neuron/worker.py): --target-opt python=.venv-neuron/bin/python.

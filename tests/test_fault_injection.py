@@ -1,6 +1,6 @@
 """The fault-injection suite: a generated malformed-model corpus on both CPU targets, kill -9 at
-random points of compile, push and pull, and concurrent pushes, asserting the figures the README
-states: 0 crashes, 0 tracebacks, every error one line starting ``error:``; 0 files left in --out or
+random points of compile, push and pull, and concurrent pushes, asserting what docs/robustness.md
+promises: 0 crashes, 0 tracebacks, every error one line starting ``error:``; 0 files left in --out or
 the registry by a killed run after the next run's sweep; 0 lost or duplicated versions.
 
 The default run takes a seeded sample of the corpus; ``-m slow`` runs all of it and more kills.

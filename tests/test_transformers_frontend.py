@@ -1,6 +1,6 @@
 """transformers model directories: ``aotforge compile DIR --task T`` on the supported-architectures table.
 
-Every row of README.md's "Supported architectures" table is a row here: a config with random
+Every encoder and vision row of README.md's "Supported models" table is a row here: a config with random
 weights, saved with ``save_pretrained`` (and a tokenizer stand-in), compiled through the CLI for
 each CPU target, then run on inputs made by the artifact's own copy of the tokenizer or image
 processor and compared with the transformers model on the same inputs.

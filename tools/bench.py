@@ -7,7 +7,8 @@ different runtimes spin and steal each other's cores), in ``--rounds`` alternati
 machine the load drifts between one runtime's run and the next: a ratio taken within each round and then
 the median over rounds holds where one run each does not). p50 (median over the rounds of each run's
 median of >= 30 calls after warm-up), p90, and the ratio to ORT fp32 go to ``results.md`` /
-``results.json`` with a chart, ``latency.png``.
+``results.json`` with a chart, ``latency.png``, and the run with every figure's spread over the rounds to
+``docs/bench/models.json`` (``--json``), which ``tools/bench_page.py`` renders into docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import time
 from pathlib import Path
 from statistics import median
 from typing import Any
+
+import bench_record  # tools/, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "ort fp32"
@@ -179,6 +182,7 @@ def run_model(name: str, model: Model, variants: list[str], out: Path, bench: ar
             row["build_s"] = row.get("setup_seconds")
         for key in ("p50_ms", "p90_ms", "peak_rss_mb"):
             row[key] = round(float(median([x[key] for x in ok])), 4)
+            row[f"{key}_rounds"] = [x[key] for x in ok]
         row["runs"], row["rounds"] = sum(x["runs"] for x in ok), len(ok)
         ratios = [
             x["p50_ms"] / b["p50_ms"]
@@ -212,6 +216,33 @@ def _row_md(r: dict, _base: float | None) -> str:
         f"| {r['runs']} "
         f"| {r.get('build_s', '')} | {r['peak_rss_mb']:.0f} |"
     )
+
+
+def page_tables(rows: list[dict]) -> list[dict]:
+    """docs/benchmarks.md's tables: one per model, each runtime's figures with their spread over the rounds."""
+    tables = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model]
+        cells = []
+        for r in mine:
+            if "error" in r:
+                cells.append([r["variant"], f"not timed: {r['error'][:160]}", None, None, None, None, None])
+                continue
+            cells.append(
+                [
+                    r["variant"],
+                    bench_record.figure(r["p50_ms_rounds"]),
+                    bench_record.figure(r["p90_ms_rounds"]),
+                    bench_record.figure(r["vs_ort_fp32_rounds"]) if "vs_ort_fp32_rounds" in r else None,
+                    bench_record.figure(r["peak_rss_mb_rounds"], 1),
+                    r["runs"],
+                    r.get("build_s"),
+                ]
+            )
+        dims = next((r["dims"] for r in mine if "dims" in r), "")
+        columns = ("runtime", "p50 ms", "p90 ms", "p50 / ORT fp32", "peak RSS MB", "calls", "build s")
+        tables.append(bench_record.table(f"{model}, timed at {dims}", columns, cells))
+    return tables
 
 
 def write_results(rows: list[dict], out: Path, header: str) -> None:
@@ -250,12 +281,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians over them")
     parser.add_argument("--tune-trials", type=int, default=0, help="MetaSchedule trials for 'tvm tuned'")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench")
+    parser.add_argument("--json", type=Path, default=bench_record.BENCH_DIR / "models.json", help="the page's file")
     args = parser.parse_args()
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS] + [m for m in args.models.split(",") if m not in MODELS]
     if unknown:
         sys.exit(f"unknown model or runtime {unknown}: choose from {list(MODELS)} and {list(VARIANTS)}")
     args.out.mkdir(parents=True, exist_ok=True)
+    run = bench_record.start({**vars(args), "threads": 2})
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     header = (
         f"2 threads, at the dims of each row's 'timed at' column; each runtime in a process of its own, "
@@ -268,6 +301,7 @@ def main() -> None:
     for name in args.models.split(","):
         rows += run_model(name, MODELS[name], variants, args.out / "artifacts", args)
         write_results(rows, args.out, header)
+    bench_record.write(args.json, "models", run, page_tables(rows), rows)
     print((args.out / "results.md").read_text())
     print(f"results: {args.out / 'results.md'}, {args.out / 'results.json'}, chart: {args.out / 'latency.png'}")
 

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import bench_record  # tools/, beside this script
 import numpy as np
 from bandwidth_floor import floor_ms, read_bandwidth_gbs  # tools/, beside this script
 from bench_children import PREFIX, median_of, run_child, text_generation_artifact
@@ -154,7 +155,7 @@ def main() -> None:
     )
     parser.add_argument("--no-transformers", action="store_true", help="leave transformers eager out")
     parser.add_argument("--genai-venv", type=Path, default=None)
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--json", type=Path, default=bench_record.BENCH_DIR / "generation.json", help="the page's file")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: run one runtime, print JSON
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -162,6 +163,7 @@ def main() -> None:
     if args.one:
         print(PREFIX + json.dumps(_child(args, model_dir)))
         return
+    run = bench_record.start({k: v for k, v in vars(args).items() if k != "one"} | {"threads": THREADS})
     venv = args.genai_venv or args.work / "genai-venv"
     precisions = [p for p in args.precisions.split(",") if p]
     runtimes: list[tuple[str, Path]] = [] if args.no_transformers else [("transformers", Path(sys.executable))]
@@ -188,8 +190,52 @@ def main() -> None:
     results["per_round_ratios"] = _per_round_ratios(rounds)
     print(json.dumps(results, indent=2))
     print(_table(results, args.max_batch))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    bench_record.write(
+        args.json, "generation", run, page_tables(results, rounds, args.max_batch), results | {"rounds": rounds}
+    )
+
+
+def page_tables(results: dict[str, Any], rounds: dict[str, list[dict[str, Any]]], batch: int) -> list[dict[str, Any]]:
+    """docs/benchmarks.md's tables: each runtime's figures over the rounds, its ratios to GenAI round by round, and
+    the bandwidth floor they are read against."""
+    floor = results["floor_itl_ms"]
+    fields = ("ttft_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "tokens_per_s", f"tokens_per_s_batch{batch}")
+    rows: list[list[bench_record.Cell]] = []
+    for label, runs in rounds.items():
+        ok = [r for r in runs if "error" not in r]
+        if not ok:
+            rows.append([label, f"failed: {' '.join(runs[-1]['error'])[:160]}"] + [None] * (len(fields) + 1))
+            continue
+        cells = [bench_record.figure([r[f] for r in ok]) for f in (*fields, "cpu_ms_per_token")]
+        rows.append([label, *cells, bench_record.figure([r["itl_p50_ms"] / floor for r in ok])])
+    head = (
+        "runtime",
+        "TTFT ms",
+        "ITL p50 ms",
+        "ITL p90 ms",
+        "ITL p99 ms",
+        "tokens/s batch 1",
+        f"tokens/s batch {batch}",
+    )
+    figures = bench_record.table("Each runtime", (*head, "CPU ms per token", "ITL p50 / floor"), rows)
+    ratio_rows = [
+        [label if " / " in label else f"{label} / genai", *(bench_record.figure(v) for v in fields_.values())]
+        for label, fields_ in results.get("per_round_ratios", {}).items()
+    ]
+    ratios = bench_record.table(
+        "Ratios to ONNX Runtime GenAI, taken within each round",
+        ("runtime / GenAI", *(f"{f} ratio" for f in RATIO_FIELDS)),
+        ratio_rows,
+        "Each ratio divides a runtime's figure by GenAI's in the same round; an int4 row is divided by GenAI int4.",
+    )
+    floor_row = [[results["weight_bytes"] / 1e6, results["read_bandwidth_gbs"], results["threads"], floor]]
+    floor_table = bench_record.table(
+        "The bandwidth floor",
+        ("weights MB", "read bandwidth GB/s", "threads", "floor ITL ms"),
+        floor_row,
+        "A fp32 decode step reads every weight once: no step is faster than the weights over the read bandwidth.",
+    )
+    return [figures, ratios, floor_table]
 
 
 def _child(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:

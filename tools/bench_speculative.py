@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import bench_record  # tools/, beside this script
 import numpy as np
 from bench_children import PREFIX, median_of, run_child, text_generation_artifact  # tools/, beside this script
 
@@ -62,8 +63,8 @@ def models(args: argparse.Namespace) -> tuple[Path, Path, list[list[int]]]:
 def build(model_dir: Path, work: Path, target: str, role: str, k: int, max_seq: int) -> str:
     """The target (verify graph of ``k`` + 1 tokens) or the draft (on tvm a verify graph of 2), built into ``work``.
 
-    An onnxruntime draft's verify call of 2 tokens took 122-145 us of CPU against 104-107 us for two decode calls
-    (its session's own copy of the weights is cold in cache): 1.48x -> 1.51x at k=4 without it (4 rounds, load 8)."""
+    An onnxruntime draft gets no verify graph: its verify call of 2 tokens cost more CPU than the two decode calls
+    it replaces (its session's own copy of the weights is cold in cache)."""
     spec_k = k if role == "target" else 1 if target == "tvm" else 0
     return text_generation_artifact(
         model_dir,
@@ -149,10 +150,11 @@ def bench_target(args: argparse.Namespace, target: str) -> dict[str, Any]:
         for key, field, inverse in RATIOS if pairs else ():
             ratios = [b[field] / x[field] if inverse else x[field] / b[field] for b, x in pairs]
             row[key] = round(float(np.median(ratios)), 3)
+            row[f"{key}_rounds"] = [round(x, 4) for x in ratios]
     spec = {label: r for label, r in table.items() if label.startswith("k=") and "speed_up" in r}
     best = max(spec, key=lambda label: spec[label]["speed_up"]) if spec else None
     same = {r.get("tokens_sha") for label, r in table.items() if label != "draft only"}
-    return {"runs": table, "best": best, "identical_tokens": len(same) == 1}
+    return {"runs": table, "best": best, "identical_tokens": len(same) == 1, "rounds": rounds}
 
 
 def spawn(args: argparse.Namespace, kind: str) -> dict[str, Any]:
@@ -198,13 +200,16 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--target-model", type=Path, help="a target model directory (default: the trained pair)")
     parser.add_argument("--draft-model", type=Path, help="its draft's model directory")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--json", type=Path, default=bench_record.BENCH_DIR / "speculative.json", help="the page's file"
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: one build or run, prints RESULT JSON
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     if args.one:
         print(PREFIX + json.dumps(child(args)))
         return
+    run = bench_record.start({k: v for k, v in vars(args).items() if k != "one"})
     models(args)  # the pair trains (or loads) once, before any child needs it
     results: dict[str, Any] = {"load_before": os.getloadavg(), "prompts": args.prompts, "new_tokens": args.new}
     for target in filter(None, args.targets.split(",")):
@@ -212,8 +217,35 @@ def main() -> None:
     results["load_after"] = os.getloadavg()
     print(json.dumps(results, indent=2))
     print(table(results))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    bench_record.write(args.json, "speculative", run, page_tables(results), results)
+
+
+def page_tables(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """docs/benchmarks.md's tables: per target, each run's figures and speed-ups with their spread over the rounds."""
+    tables = []
+    for target, r in results.items():
+        if not isinstance(r, dict) or "runs" not in r:
+            if isinstance(r, dict) and "error" in r:
+                tables.append(bench_record.table(target, ("run",), [[f"not built: {str(r['error'])[:200]}"]]))
+            continue
+        rows: list[list[bench_record.Cell]] = []
+        for label, row in r["runs"].items():
+            ok = [x for x in r["rounds"][label] if "error" not in x]
+            rows.append(
+                [
+                    label + (" (best)" if label == r["best"] else ""),
+                    bench_record.figure([x["tokens_per_s"] for x in ok]),
+                    bench_record.figure(row.get("speed_up_rounds", [])),
+                    bench_record.figure([x["cpu_ms_per_token"] for x in ok]),
+                    bench_record.figure(row.get("cpu_speed_up_rounds", [])),
+                    bench_record.figure(row.get("end_to_end_speed_up_rounds", [])),
+                    bench_record.figure([x["acceptance_rate"] for x in ok if x.get("acceptance_rate") is not None]),
+                ]
+            )
+        columns = ("run", "tokens/s (decode)", "speed-up", "CPU ms per token", "CPU speed-up", "end to end speed-up")
+        note = f"Output identical to target-only greedy decoding in every run: {r['identical_tokens']}."
+        tables.append(bench_record.table(f"{target}, batch 1", (*columns, "acceptance rate"), rows, note))
+    return tables
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The build-farm figures of the README (issue 17), each build in its own process.
+"""Build-farm timings (docs/farm.md; issue 17), each build in its own process.
 
 1. MiniLM (examples/minilm.py): ``compile --target tvm,onnxruntime`` against two separate
    ``compile`` runs, wall time of each, in alternating order; the IR sha256 of each artifact.

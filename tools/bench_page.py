@@ -1,0 +1,128 @@
+"""Render docs/benchmarks.md from the benches' result files, docs/bench/<bench>.json (``make bench-page``).
+
+Nothing on the page is typed by hand: every number comes from a file a bench wrote (``tools/bench_record.py``),
+with the run it came from. A bench that has not written its file yet gets a section that says so and how to run it.
+
+    python tools/bench_page.py [--bench-dir docs/bench] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+TOOLS = Path(__file__).resolve().parent
+ROOT = TOOLS.parent
+TEMPLATE = "bench_page.md.j2"
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    """A section of the page: the bench's result file (``<name>.json``), its title, how to run it, what it times."""
+
+    name: str
+    title: str
+    make: str
+    about: str
+
+
+#: The page's sections, in order.
+BENCHES = (
+    Bench(
+        "models",
+        "Encoder and vision models",
+        "make bench-models",
+        "tools/bench.py builds each model for every runtime (ONNX Runtime fp32 / int8, tvm with and without "
+        "aotforge's schedule rules, int8, bf16; torch eager and torch.compile as references), then times each "
+        "runtime in a process of its own, the runtimes alternating round by round, all on the inputs the ONNX "
+        "Runtime fp32 artifact validated with. A ratio is taken within each round, then its median over the rounds.",
+    ),
+    Bench(
+        "generation",
+        "Text generation",
+        "make bench-generation",
+        "tools/bench_generation.py builds a SmolLM-135M-shaped Llama (random weights) as aotforge onnxruntime and "
+        "tvm artifacts and times them beside transformers eager and ONNX Runtime GenAI, each in its own process, "
+        "alternating round by round: time to first token, inter-token latency, tokens/s at batch 1 and at the "
+        "largest batch, CPU time per token, and the bandwidth floor a decode step cannot beat.",
+    ),
+    Bench(
+        "speculative",
+        "Speculative decoding",
+        "make bench-speculative",
+        "tools/bench_speculative.py times target-only greedy decoding against speculative decoding with each "
+        "number of draft tokens k, on the trained byte-level target / draft pair of tests/lm_pair.py, batch 1, "
+        "each run in its own process, alternating: decode-phase tokens/s and CPU time per token, the speed-ups "
+        "(medians of each round's own ratio), end to end, and the acceptance rate.",
+    ),
+)
+
+
+def number(x: Any) -> str:
+    """A figure as the page prints it: about three significant digits, no trailing noise."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return str(x)
+    if isinstance(x, int):
+        return str(x)
+    size = abs(x)
+    if size >= 100:
+        return f"{x:.0f}"
+    if size >= 10:
+        return f"{x:.1f}"
+    if size >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
+def cell(value: Any) -> str:
+    """A table cell: a figure as ``median (min–max, N rounds)``, a number, text, or empty."""
+    if value is None:
+        return ""
+    if isinstance(value, dict):
+        if value.get("median") is None:
+            return "-"
+        n = len(value.get("rounds", []))
+        if n <= 1 or value["min"] == value["max"]:
+            return number(value["median"]) + (f" ({n} rounds)" if n > 1 else "")
+        return f"{number(value['median'])} ({number(value['min'])}–{number(value['max'])}, {n} rounds)"
+    return number(value).replace("|", "\\|").replace("\n", " ")
+
+
+def sections(bench_dir: Path) -> list[dict[str, Any]]:
+    """Each bench with its result file's contents, or None where it has not run."""
+    found = []
+    for bench in BENCHES:
+        path = bench_dir / f"{bench.name}.json"
+        record = json.loads(path.read_text()) if path.is_file() else None
+        found.append({"bench": bench, "record": record})
+    return found
+
+
+def render(bench_dir: Path = ROOT / "docs" / "bench") -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TOOLS),
+        keep_trailing_newline=True,
+        autoescape=False,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["cell"] = cell
+    env.filters["load"] = lambda x: f"{x:.1f}"
+    return env.get_template(TEMPLATE).render(sections=sections(bench_dir))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bench-dir", type=Path, default=ROOT / "docs" / "bench")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    args = parser.parse_args()
+    args.out.write_text(render(args.bench_dir))
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
