@@ -18,11 +18,18 @@ from tests.llm_models import VOCAB, save_tiny_causal_lm, tiny_causal_lm
 
 def test_cli_generate(llama_ort: Any) -> None:
     runner, path = CliRunner(), str(llama_ort.path)
-    ran = runner.invoke(main, ["generate", path, "--prompt-ids", "1,2,3", "--max-new-tokens", "12"])
+    args = ["generate", path, "--prompt-ids", "1,2,3", "--max-new-tokens", "12"]
+    ran = runner.invoke(main, [*args, "--ignore-eos"])
     assert ran.exit_code == 0, ran.output
     tokens = [int(t) for t in ran.output.split()]
     want = aotforge.load(path).generate(np.array([[1, 2, 3]]), 12)[0, 3:].tolist()
     assert tokens == want and all(0 <= t < VOCAB for t in tokens)
+    # By default it stops at the model's own end-of-sequence id (the tiny Llama's generation config: 2).
+    eos = json.loads((llama_ort.path / "generation_config.json").read_text())["eos_token_id"]
+    default = [int(t) for t in runner.invoke(main, args).output.split()]
+    assert default == (want[: want.index(eos) + 1] if eos in want else want)
+    stopped = runner.invoke(main, [*args, "--eos-token-id", str(want[3])])
+    assert [int(t) for t in stopped.output.split()] == want[: want.index(want[3]) + 1]
     too_long = runner.invoke(main, ["generate", path, "--prompt-ids", "1,2,3", "--max-new-tokens", "63"])
     assert too_long.exit_code != 0 and "max_seq_len=64" in too_long.output
     no_text = runner.invoke(main, ["generate", path, "--prompt", "hello"])

@@ -21,7 +21,13 @@ from aotforge.core.errors import InputSpecError
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--seed", type=int, help="Seed of the sampler (reproducible sampling).")
-@click.option("--eos-token-id", type=int, help="Stop when this token is generated.")
+@click.option(
+    "--eos-token-id",
+    type=int,
+    help="Stop when this token is generated (default: the model's own end-of-sequence ids, from its generation "
+    "config or tokenizer).",
+)
+@click.option("--ignore-eos", is_flag=True, help="Generate all --max-new-tokens, past the model's end-of-sequence.")
 @click.option(
     "--draft",
     type=click.Path(path_type=Path),
@@ -35,15 +41,23 @@ from aotforge.core.errors import InputSpecError
 )
 @click.option("--stats", is_flag=True, help="With --draft: print the draft's acceptance rate after the tokens.")
 @user_errors
-def generate(artifact: Path, prompt_ids: str | None, prompt: str | None, stats: bool, **kw: object) -> None:
-    """Generate tokens after a prompt with a text-generation ARTIFACT; prints the new token ids (and text)."""
+def generate(
+    artifact: Path, prompt_ids: str | None, prompt: str | None, stats: bool, ignore_eos: bool, **kw: object
+) -> None:
+    """Generate tokens after a prompt with a text-generation ARTIFACT; prints the new token ids (and text).
+
+    Stops at the model's own end-of-sequence ids unless --ignore-eos or --eos-token-id says otherwise."""
     import numpy as np
 
     from aotforge.artifacts.loader import load
+    from aotforge.runtime.async_engine import eos_token_ids, load_tokenizer
 
     if (prompt_ids is None) == (prompt is None):
         raise click.BadParameter("give exactly one of --prompt-ids and --prompt", param_hint="--prompt-ids")
     tokenizer = _tokenizer(artifact) if prompt is not None else None
+    stop: frozenset[int] = frozenset()
+    if kw["eos_token_id"] is None and not ignore_eos:
+        stop = frozenset(eos_token_ids(artifact, tokenizer if tokenizer is not None else load_tokenizer(artifact)))
     if tokenizer is not None and prompt is not None:
         ids = list(tokenizer(prompt)["input_ids"])
     else:
@@ -63,9 +77,11 @@ def generate(artifact: Path, prompt_ids: str | None, prompt: str | None, stats: 
         new.append(int(tokens[0]))
         click.echo(str(new[-1]), nl=False)
         click.echo(" ", nl=False)
+        if new[-1] in stop:
+            break
     click.echo()
     if tokenizer is not None:
-        click.echo(tokenizer.decode(new))
+        click.echo(tokenizer.decode([t for t in new if t not in stop]))
     if stats and "draft" in kw:
         s = loaded.speculative_stats
         click.echo(
