@@ -47,7 +47,9 @@ class AsyncEngine:
     # -- the asyncio side ----------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Warm the runner up (every decode width once), then start the step thread."""
         if self._thread is None:
+            self.engine.warmup()
             self._thread = threading.Thread(target=self._loop, name="aotforge-engine", daemon=True)
             self._thread.start()
 

@@ -61,6 +61,17 @@ class LLMEngine:
         self._stats = StepStats()
         self.last_stats = StepStats(kv_blocks_total=num_blocks)
 
+    def warmup(self) -> None:
+        """Run every decode width, a prompt and (if the runner has it) an extension once, before any request:
+        ONNX Runtime plans each new input shape on its first run, which would land on the first requests' latency.
+        The slots hold nothing reusable yet, so what this writes is never read."""
+        widths = sorted({self.runner.decode_rows(n) for n in range(1, self.runner.num_slots + 1)})
+        for rows in widths:
+            self.runner.decode(np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64))
+        self.runner.prefill(0, np.zeros(min(16, self.max_model_len), dtype=np.int64))
+        if self.runner.can_extend and self.max_model_len > 20:
+            self.runner.extend(0, np.zeros(4, dtype=np.int64), 16)
+
     # -- requests ------------------------------------------------------------------------------------------
 
     def check_request(self, prompt_ids: Seq[int], params: SamplingParams) -> None:
