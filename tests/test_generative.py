@@ -195,7 +195,8 @@ def test_weight_only_int8_on_both_graphs(tmp_path: Path) -> None:
     passes = result.manifest.passes
     assert [(p["name"], p["graph"]) for p in passes] == [("weight-only", "prefill"), ("weight-only", "decode")]
     assert all(p["stats"]["nodes_quantized"] > 0 for p in passes)
-    # int8 activations unless the user sets the level (ort_engine.PASS_DEFAULTS), recorded with the parameters
+    # int8 activations unless the user sets the level (targets.onnxruntime.decoder.PASS_DEFAULTS),
+    # recorded with the parameters
     assert {p["params"]["accuracy_level"] for p in passes} == {4}
     assert {a.i for n in decode.graph.node for a in n.attribute if a.name == "accuracy_level"} == {4}
     weights = result.manifest.target.info["weights"]

@@ -30,7 +30,7 @@ def test_text_generation_builds_default_to_a_short_spin() -> None:
     from aotforge.compiler.options import BuildOptions
     from aotforge.targets import get_target
     from aotforge.targets.generative import generative_backend
-    from aotforge.targets.generative.ort_engine import TARGET_DEFAULTS
+    from aotforge.targets.onnxruntime.decoder import TARGET_DEFAULTS
 
     backend, target = generative_backend("onnxruntime"), get_target("onnxruntime")
 
@@ -55,7 +55,7 @@ def test_spin_option_becomes_session_entries() -> None:
 
 def test_artifact_sessions_open_with_the_spin(llama_ort: Any) -> None:
     """The build records the spin (manifest, ``session.json``) and every session of the loaded engine has it."""
-    from aotforge.targets.generative.ort_engine import TARGET_DEFAULTS
+    from aotforge.targets.onnxruntime.decoder import TARGET_DEFAULTS
 
     spin = TARGET_DEFAULTS["intra_op_spin_us"]
     assert llama_ort.manifest.target.options["intra_op_spin_us"] == spin

@@ -85,9 +85,9 @@ def test_gpt2_tensorrt_bundle_passes_its_cpu_check(tmp_path: Path) -> None:
 
 def test_tensorrt_bundle_graphs_are_token_exact_under_onnxruntime(trt_bundle: Path) -> None:
     """The bundle's own ONNX graphs, batch of two left-padded prompts, against transformers' greedy generate."""
-    from aotforge.targets.generative.ort_engine import OrtStepEngine
     from aotforge.targets.generative.runner import GenerativeRunner
     from aotforge.targets.onnxruntime import OrtOptions, session_options
+    from aotforge.targets.onnxruntime.decoder import OrtStepEngine
 
     spec = DecoderSpec.from_dict(read_bundle(trt_bundle)["decoder"])
     engine = OrtStepEngine(trt_bundle, spec, session_options(OrtOptions()), ["CPUExecutionProvider"])
@@ -129,7 +129,7 @@ def _stand_in_tensorrt_sdk(monkeypatch: pytest.MonkeyPatch, *, corrupt: bool = F
     """The TensorRT SDK stood in: an "engine" is its ONNX file's name, the step engine ONNX Runtime over those
     files (its logits negated with ``corrupt``: validation must fail). Returns the engine builds as they come."""
     from aotforge.targets.base import ProbeResult
-    from aotforge.targets.generative.ort_engine import OrtStepEngine
+    from aotforge.targets.onnxruntime.decoder import OrtStepEngine
     from aotforge.targets.tensorrt import generative, sdk, target
     from aotforge.targets.tensorrt.sdk import EngineBuild
 

@@ -110,7 +110,7 @@ def _prepared(case: Any) -> tuple[onnx.ModelProto, dict[str, Any], dict[str, lis
 def _same_outputs(suite: Any, case: Any, proto: onnx.ModelProto) -> None:
     import onnxruntime as ort
 
-    from aotforge.targets.ort_io import run_session
+    from aotforge.targets.onnxruntime.session_io import run_session
 
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     names, outputs = [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]

@@ -5,7 +5,7 @@ Every node case of ``onnx.backend.test`` (onnx's generated ``model.onnx`` + ``te
 input_<i>.pb, output_<i>.pb``) is written to a work dir, then:
 
 - *ORT alone*: an ``onnxruntime.InferenceSession`` on the unmodified model, fed the case's inputs
-  (bfloat16 / float8 as OrtValues: ``targets.ort_io``), its outputs compared with the expected ones
+  (bfloat16 / float8 as OrtValues: ``targets.onnxruntime.session_io``), its outputs compared with the expected ones
   the way onnx's backend runner does (``Runner.assert_similar_outputs``, the case's rtol/atol);
 - *aotforge*: ``build(model.onnx, target=T, sample_inputs=<the case dir>, bench=False)`` (default
   passes, validated against the ORT reference on the case's inputs), then the loaded artifact's
@@ -99,7 +99,7 @@ def ort_alone(case: Case) -> str | None:
     """None when ONNX Runtime alone passes the case, else why not."""
     import onnxruntime as ort
 
-    from aotforge.targets.ort_io import run_session
+    from aotforge.targets.onnxruntime.session_io import run_session
 
     try:
         options = ort.SessionOptions()

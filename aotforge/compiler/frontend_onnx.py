@@ -81,7 +81,7 @@ def _name_unknown_dims(name: str, shape: tuple[int | str, ...]) -> tuple[int | s
 
 def _ort_reference(path: Path, deadline_s: float) -> Callable[[Arrays], Arrays]:
     from aotforge.targets.onnxruntime import reference_session
-    from aotforge.targets.ort_io import run_with_deadline
+    from aotforge.targets.onnxruntime.session_io import run_with_deadline
 
     try:
         session = reference_session(str(path))

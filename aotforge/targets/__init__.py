@@ -10,7 +10,7 @@ from aotforge.targets.base import BuildContext, CompileResult, ProbeResult, Runn
 #: Target name -> "module:Class". A table, not an import-time registry.
 TARGETS: dict[str, str] = {
     "tvm": "aotforge.targets.tvm.target:TvmTarget",
-    "onnxruntime": "aotforge.targets.onnxruntime:OrtTarget",
+    "onnxruntime": "aotforge.targets.onnxruntime.target:OrtTarget",
     "tensorrt": "aotforge.targets.tensorrt.target:TensorRTTarget",
     "neuron": "aotforge.targets.neuron.target:NeuronTarget",
 }

@@ -226,7 +226,7 @@ def _stored_weight_bytes(stage: Path) -> int:
 
 def _target_options(opts: BuildOptions, target: Any, backend: GenerativeBackend) -> Any:
     """The target's options with the backend's ``target_defaults`` under the user's (onnxruntime: a decode step's
-    thread hand-offs want a short spin, ``ort_engine.TARGET_DEFAULTS``)."""
+    thread hand-offs want a short spin, ``targets.onnxruntime.decoder.TARGET_DEFAULTS``)."""
     layered = {**backend.target_defaults, **opts.target_options}
     return options_from_dict(target.options_type, layered, what=opts.target)
 

@@ -18,10 +18,10 @@ import onnx_ir as ir
 from onnx import numpy_helper
 from onnx.external_data_helper import set_external_data
 
-from aotforge.compiler.generative import slot_attention
 from aotforge.compiler.generative.graphs import Decode, Prefill, Verify, kv_shape, num_layers
 from aotforge.core.decoder import WEIGHTS_FILE, DecoderSpec
 from aotforge.core.errors import UnsupportedModelError, describe
+from aotforge.targets.onnxruntime import slot_attention
 
 #: Initializers smaller than this stay inside each graph (shapes, scalars, small tables).
 _INLINE_BYTES = 1024

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from aotforge.compiler.generative import slot_attention
+from aotforge.targets.onnxruntime import slot_attention
 
 
 class _SlotLayer(CacheLayerMixin):

@@ -21,8 +21,8 @@ class OnnxGraphs:
         return weights, prefill.opset_imports.get("", 0)
 
     def cpu_engine(self, stage: Path, spec: DecoderSpec, model: Any, plan: Mapping[str, Any]) -> tuple[Any, str]:
-        from aotforge.targets.generative.ort_engine import OrtStepEngine
         from aotforge.targets.onnxruntime import OrtOptions, session_options
+        from aotforge.targets.onnxruntime.decoder import OrtStepEngine
 
         engine = OrtStepEngine(stage, spec, session_options(OrtOptions()), ["CPUExecutionProvider"])
         return engine, "onnxruntime CPU over the bundle's prefill.onnx / decode.onnx"

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 #: Target -> the module whose ``BACKEND`` (a ``backend.GenerativeBackend``) compiles and loads the graphs.
 #: A table read on use (no import-time registry); a target missing here has no generative path yet.
 GENERATIVE_BACKENDS = {
-    "onnxruntime": "aotforge.targets.generative.ort_engine",
+    "onnxruntime": "aotforge.targets.onnxruntime.decoder",
     "tvm": "aotforge.targets.generative.tvm_engine",
     # Planned here, compiled and run on the device host (--prepare-only + aotforge finish).
     "tensorrt": "aotforge.targets.tensorrt.generative",

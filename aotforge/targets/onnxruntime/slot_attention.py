@@ -1,8 +1,8 @@
 """Decode attention as one ``com.microsoft::GroupQueryAttention`` per layer (onnxruntime's decode graph).
 
-The plain decode graph (``graphs.Decode``) scatters the new token into the static cache and attends
-over all ``max_seq_len`` positions under a mask, with the KV heads repeated to the query heads: every
-step copies and reads the whole cache. ONNX Runtime's GroupQueryAttention does what ONNX Runtime
+The plain decode graph (``compiler.generative.graphs.Decode``) scatters the new token into the static
+cache and attends over all ``max_seq_len`` positions under a mask, with the KV heads repeated to the
+query heads: every step copies and reads the whole cache. ONNX Runtime's GroupQueryAttention does what ONNX Runtime
 GenAI's decoder does instead: with ``past_key`` and ``present_key`` bound to one buffer of
 ``max_seq_len`` positions ("past_present_share_buffer"), it writes each slot's new key/value at
 ``seqlens_k[b]`` and attends over the first ``seqlens_k[b] + 1`` positions only, sharing each KV head
@@ -19,8 +19,9 @@ model computes is kept as it is.
 The prefill graph runs the same op over the whole prompt with no past (``aotforge::prompt_gqa``, what
 ONNX Runtime GenAI's model builder emits for the prompt too): causal attention with each KV head shared
 by its query heads, ``present_*`` the prompt's keys/values ``[B, KV, S, D]``. Prompts are right-padded
-(``decoding.pack_prompts``), so a real token never attends to padding and ``seqlens_k`` is ``S - 1`` for
-every row: a padded row's tail computes values nobody reads, and decode overwrites its cache there.
+(``targets.generative.decoding.pack_prompts``), so a real token never attends to padding and
+``seqlens_k`` is ``S - 1`` for every row: a padded row's tail computes values nobody reads, and decode
+overwrites its cache there.
 """
 
 from __future__ import annotations

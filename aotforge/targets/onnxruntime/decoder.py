@@ -24,8 +24,8 @@ from aotforge.targets.base import CompileResult
 from aotforge.targets.generative.backend import GenerativeBackend
 from aotforge.targets.generative.runner import GenerativeRunner
 from aotforge.targets.huge_pages import huge_pages as advise_huge_pages
+from aotforge.targets.onnxruntime.target import SESSION_FILE, session_options, stored_options
 
-SESSION_FILE = "session.json"
 #: Pass defaults of text-generation builds, under the user's (``--pass-opt weight-only.accuracy_level=0`` still
 #: wins): MatMulNBits with int8 activations, as ONNX Runtime GenAI's builder sets for CPU. On a decode step (one
 #: row) ORT 1.32's default (0, fp32 compute) ran 8-bit weights 9x slower than fp32 and int4 at 1.38x GenAI int4's
@@ -45,18 +45,18 @@ TARGET_DEFAULTS = {"intra_op_spin_us": 20, "huge_pages": True}
 
 
 def prepare_graphs(graphs: dict[str, Any], spec: DecoderSpec) -> dict[str, dict[str, int]]:
-    """Before the build's passes (``ort_fusions.pack_for_ort``): q/k/v and gate/up MatMuls packed, standard ops.
+    """Before the build's passes (``decoder_fusions.pack_for_ort``): q/k/v and gate/up MatMuls packed, standard ops.
 
     Returns each graph's counts (``target.info.fusions``)."""
-    from aotforge.targets.generative.ort_fusions import pack_for_ort
+    from aotforge.targets.onnxruntime.decoder_fusions import pack_for_ort
 
     return {name.removesuffix(".onnx"): pack_for_ort(graph) for name, graph in graphs.items()}
 
 
 def rewrite_graphs(graphs: dict[str, Any], spec: DecoderSpec) -> dict[str, dict[str, int]]:
-    """After the passes, ONNX Runtime contrib ops in every graph (``ort_fusions.fuse_for_ort``): RMSNorm,
+    """After the passes, ONNX Runtime contrib ops in every graph (``decoder_fusions.fuse_for_ort``): RMSNorm,
     residual + RMSNorm, rotary embeddings, rotary and packed QKV into GroupQueryAttention."""
-    from aotforge.targets.generative.ort_fusions import fuse_for_ort
+    from aotforge.targets.onnxruntime.decoder_fusions import fuse_for_ort
 
     return {name.removesuffix(".onnx"): fuse_for_ort(graph, spec.max_seq_len) for name, graph in graphs.items()}
 
@@ -68,8 +68,6 @@ def compile_generative(
 
     Both graphs are opened here once, so an op ORT lacks fails the build, not the serving host."""
     import onnxruntime as ort
-
-    from aotforge.targets.onnxruntime import session_options
 
     settings = dataclasses.asdict(options)
     (workdir / SESSION_FILE).write_text(json.dumps(settings, sort_keys=True, indent=2) + "\n")
@@ -83,8 +81,6 @@ def compile_generative(
 
 
 def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:
-    from aotforge.targets.onnxruntime import session_options, stored_options
-
     options = stored_options(artifact_dir, record)
     spec = DecoderSpec.from_dict(record.info["decoder"])
     width = int(record.info.get("speculative", {}).get("verify_width", 0))

@@ -27,7 +27,7 @@ from aotforge.core.errors import (
 from aotforge.core.spec import IOSpec
 from aotforge.targets.base import Arrays, BuildContext, BuiltArtifact, CompileResult, ProbeResult, Target, TargetRecord
 from aotforge.targets.huge_pages import huge_pages
-from aotforge.targets.ort_io import run_session
+from aotforge.targets.onnxruntime.session_io import run_session
 
 OPTIMIZED_MODEL = "model.ort.onnx"
 SESSION_FILE = "session.json"
