@@ -12,7 +12,7 @@ import pytest
 import aotforge
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import InputSpecError, OptionsError
-from aotforge.targets.generative.tvm_buckets import batch_buckets, prompt_buckets
+from aotforge.targets.tvm.decoder.buckets import batch_buckets, prompt_buckets
 from tests.llm_models import (
     ARCHITECTURES,
     MAX_SEQ,

@@ -1,4 +1,4 @@
-"""The tvm text-generation artifact's one weight file (``targets/generative/tvm_weight_file``), without a build."""
+"""The tvm text-generation artifact's one weight file (``targets/tvm/decoder/weight_file``), without a build."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from aotforge.core.errors import CompileError
-from aotforge.targets.generative.tvm_graphs import WeightRef
-from aotforge.targets.generative.tvm_weight_file import TVM_WEIGHTS_FILE, read_weights, write_weights
 from aotforge.targets.huge_pages import HUGE_PAGE, HugePageReport, huge_bytes, unavailable
+from aotforge.targets.tvm.decoder.graphs import WeightRef
+from aotforge.targets.tvm.decoder.weight_file import TVM_WEIGHTS_FILE, read_weights, write_weights
 
 
 def _export(tmp_path: Path, arrays: dict[str, np.ndarray]) -> list[WeightRef]:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from aotforge.core.decoder import DecoderSpec
-from aotforge.targets.generative.tvm_step_engine import TvmStepEngine
+from aotforge.targets.tvm.decoder.step_engine import TvmStepEngine
 
 
 def step_times(engine: TvmStepEngine, batch: int, position: int, steps: int) -> tuple[float, float]:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 #: A table read on use (no import-time registry); a target missing here has no generative path yet.
 GENERATIVE_BACKENDS = {
     "onnxruntime": "aotforge.targets.onnxruntime.decoder",
-    "tvm": "aotforge.targets.generative.tvm_engine",
+    "tvm": "aotforge.targets.tvm.decoder.engine",
     # Planned here, compiled and run on the device host (--prepare-only + aotforge finish).
     "tensorrt": "aotforge.targets.tensorrt.generative",
     "neuron": "aotforge.targets.neuron.generative",

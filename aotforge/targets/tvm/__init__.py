@@ -3,5 +3,6 @@
 ``target`` (the Target, its options and runner), ``host`` (can this host run a lib.so),
 ``pipeline`` (the Relax passes, in order), ``rewrites/`` (Relax graph rewrites: bf16, int8 on
 VNNI, fast GELU), ``kernels/`` (hand-written tensorized TIR kernels), ``schedules/`` (the default
-search-free schedule rules), ``tuning/`` (MetaSchedule search and its record store).
+search-free schedule rules), ``tuning/`` (MetaSchedule search and its record store), ``decoder/``
+(text generation: prefill / decode functions of one ``lib.so``, their buckets and weight file).
 """

@@ -34,7 +34,7 @@ class TvmOptions:
     #: The most buckets a build compiles (each is a full compile of the model).
     max_buckets: int = 8
     #: Text generation: read the weights at load into memory on 2 MiB transparent huge pages
-    #: (``generative/tvm_weight_file.read_weights``); a batch-1 decode step streams every weight.
+    #: (``tvm/decoder/weight_file.read_weights``); a batch-1 decode step streams every weight.
     huge_pages: bool = True
 
     def __post_init__(self) -> None:

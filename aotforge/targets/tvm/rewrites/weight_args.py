@@ -1,6 +1,6 @@
 """What the rewrites that repack a generative build's weights share (``weight_only``, ``panel_weights``).
 
-The weights of a generative module are function arguments (``generative/tvm_graphs``), read from
+The weights of a generative module are function arguments (``tvm/decoder/graphs``), read from
 the artifact's weight file at load time. A rewrite that stores a weight in another layout finds each
 ``matmul(x, w)`` on such an argument (:func:`match`), groups those that multiply one input
 (:func:`siblings`: Q / K / V, gate / up, one kernel call for each group), and gives the function

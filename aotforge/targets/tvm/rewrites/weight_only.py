@@ -1,6 +1,6 @@
 """Weight-only int4 / int8 for a generative build: ``matmul(x, w)`` on a weight argument -> the packed kernel.
 
-The weights of a generative module are function arguments (``generative/tvm_graphs``), read from
+The weights of a generative module are function arguments (``tvm/decoder/graphs``), read from
 the artifact's weight file at load time. Here each matmul whose right operand is such an argument, ``[K, N]``
 as it is or ``permute_dims`` of an ``[N, K]`` one (a head tied to the embedding), is replaced by
 ``kernels/weight_only`` on the weight packed now (int4 with a scale per group, or int8 per

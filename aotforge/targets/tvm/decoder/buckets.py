@@ -3,7 +3,7 @@
 Prefill runs at batch 1, one function per prompt-length bucket; decode (and verify) one function per batch
 bucket, each over a static cache of ``max_seq_len``. ``--target-opt buckets=prompt=a/b/c,batch=a/b`` chooses
 them; by default they double from 16 (prompts) and 1 (batch), and ``max_seq_len`` / ``max_batch`` are always
-one. A call runs in the smallest bucket that holds it (``tvm_step_engine``).
+one. A call runs in the smallest bucket that holds it (``step_engine``).
 """
 
 from __future__ import annotations

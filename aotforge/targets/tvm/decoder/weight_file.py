@@ -1,7 +1,7 @@
 """The one weight file of a tvm text-generation artifact: every tensor its functions take, stored once.
 
 The export writes the float weights to ``weights.data`` (``compiler.generative.export``); the tvm build
-then packs the matmul weights into other layouts (``tvm_weight_only.pack_weights``), after which the
+then packs the matmul weights into other layouts (``weight_only.pack_weights``), after which the
 functions read the packed copies and only a few originals (an embedding's lookup table). Storing both
 files would put the weights on disk twice, so the build writes one ``tvm_weights.data`` holding what
 the functions take and removes ``weights.data``; the ONNX graphs stay in the artifact as the record of
@@ -26,8 +26,8 @@ import numpy as np
 
 from aotforge.core.decoder import WEIGHTS_FILE
 from aotforge.core.errors import CompileError
-from aotforge.targets.generative.tvm_graphs import WeightRef
 from aotforge.targets.huge_pages import HugePageReport, huge_page_region
+from aotforge.targets.tvm.decoder.graphs import WeightRef
 
 TVM_WEIGHTS_FILE = "tvm_weights.data"
 _ALIGN = 4096  # page-aligned offsets, like weights.data: a runtime may map the file

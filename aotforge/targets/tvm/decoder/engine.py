@@ -1,14 +1,14 @@
 """tvm text generation: prefill and decode (and verify) as Relax functions of one ``lib.so``, the weights read once.
 
-Compile: both graphs are imported with their weights as arguments (``tvm_graphs``), prefill once
+Compile: both graphs are imported with their weights as arguments (``graphs``), prefill once
 per prompt-length bucket at batch 1, decode once per batch bucket (a static cache of
 ``max_seq_len``); the decode graph's cache scatter becomes an in-place write into the cache
 argument (``rewrites/kv_inplace``); all functions go through the target's pipeline and schedule
-rules together, into one ``lib.so``; the matmul weights are packed (``tvm_weight_only``), and what the
-functions take is stored once in ``tvm_weights.data`` in place of ``weights.data`` (``tvm_weight_file``);
+rules together, into one ``lib.so``; the matmul weights are packed (``weight_only``), and what the
+functions take is stored once in ``tvm_weights.data`` in place of ``weights.data`` (``weight_file``);
 ``tvm_generative.json`` says which function takes which of its tensors.
 
-Run: ``tvm_step_engine``; the buckets: ``tvm_buckets``.
+Run: ``step_engine``; the buckets: ``buckets``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from aotforge.core.target_record import TargetRecord
 from aotforge.targets.base import CompileResult
 from aotforge.targets.generative.backend import GenerativeBackend
 from aotforge.targets.generative.runner import GenerativeRunner
-from aotforge.targets.generative.tvm_buckets import plan_generative
-from aotforge.targets.generative.tvm_graphs import Prepared, bind_shapes, input_dtypes, input_shapes, weights_as_inputs
-from aotforge.targets.generative.tvm_step_engine import INFO_FILE, LIBRARY, TvmStepEngine
-from aotforge.targets.generative.tvm_weight_file import TVM_WEIGHTS_FILE, write_weights
-from aotforge.targets.generative.tvm_weight_only import pack_weights, weight_only_format
+from aotforge.targets.tvm.decoder.buckets import plan_generative
+from aotforge.targets.tvm.decoder.graphs import Prepared, bind_shapes, input_dtypes, input_shapes, weights_as_inputs
+from aotforge.targets.tvm.decoder.step_engine import INFO_FILE, LIBRARY, TvmStepEngine
+from aotforge.targets.tvm.decoder.weight_file import TVM_WEIGHTS_FILE, write_weights
+from aotforge.targets.tvm.decoder.weight_only import pack_weights, weight_only_format
 
 
 def check_compile_passes(passes: dict[str, Any]) -> None:
@@ -168,11 +168,11 @@ BACKEND = GenerativeBackend(
     # A verify graph (``--speculative-k``): one function per batch bucket at ``verify_width`` tokens.
     speculative=True,
     plan=plan_generative,
-    # weight-only runs on the imported module (``tvm_weight_only``), not on the ONNX graphs; its kernel computes
+    # weight-only runs on the imported module (``weight_only``), not on the ONNX graphs; its kernel computes
     # with int8 activations: the manifest records the level it runs (the user's 0 is taken too).
     compile_passes=frozenset({"weight-only"}),
     check_compile_passes=check_compile_passes,
     pass_defaults={"weight-only": {"accuracy_level": 4}},
-    # The packed weights replace the export's weights.data (``tvm_weight_file``).
+    # The packed weights replace the export's weights.data (``weight_file``).
     weights_file=TVM_WEIGHTS_FILE,
 )

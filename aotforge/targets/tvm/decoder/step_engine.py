@@ -23,13 +23,13 @@ import numpy as np
 
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import CompileError, describe
-from aotforge.targets.generative.tvm_graphs import WeightRef
-from aotforge.targets.generative.tvm_weight_file import read_weights
 from aotforge.targets.huge_pages import HugePageReport
+from aotforge.targets.tvm.decoder.graphs import WeightRef
+from aotforge.targets.tvm.decoder.weight_file import read_weights
 from aotforge.targets.tvm.threads import fix_thread_count
 
 LIBRARY = "lib.so"
-#: Which function takes which weights, and the buckets (written by ``tvm_engine.compile_generative``).
+#: Which function takes which weights, and the buckets (written by ``engine.compile_generative``).
 INFO_FILE = "tvm_generative.json"
 
 
@@ -50,7 +50,7 @@ class TvmStepEngine:
         except Exception as e:
             raise CompileError(f"tvm cannot load {artifact_dir / LIBRARY}: {describe(e, last=True)}") from e
         refs = [WeightRef.from_dict(w) for w in info["weights"].values()]
-        #: What the kernel granted of the weights' huge pages (``tvm_weight_file.read_weights``).
+        #: What the kernel granted of the weights' huge pages (``weight_file.read_weights``).
         self.huge_pages = HugePageReport()
         weights = read_weights(artifact_dir, refs, bool(info.get("huge_pages", True)), self.huge_pages)
         self.vm = vm  # tools/tvm_decode_profile.py sets its instrument

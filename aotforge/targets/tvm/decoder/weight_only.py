@@ -5,7 +5,7 @@ prefill, decode and verify functions all read. The ``weight-only`` pass: ONNX Ru
 graphs into ``MatMulNBits``, which tvm cannot import; on tvm the same parameters (``bits``,
 ``block_size``) instead pick the packed format of ``targets/tvm/rewrites/weight_only``, applied to the
 imported module first (the panels take what it leaves). The functions take the packed tensors as
-weight arguments like any other; ``tvm_weight_file`` stores them with the originals still read.
+weight arguments like any other; ``weight_file`` stores them with the originals still read.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE
 from aotforge.core.errors import OptionsError
-from aotforge.targets.generative.tvm_graphs import WeightRef
+from aotforge.targets.tvm.decoder.graphs import WeightRef
 from aotforge.targets.tvm.rewrites.weight_only import WeightOnlyFormat
 
 

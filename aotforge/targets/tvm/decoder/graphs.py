@@ -33,7 +33,7 @@ class WeightRef:
     dtype: str
     shape: tuple[int, ...]
     #: the file holding it: the export's ``weights.data`` (what the graphs point at, and what artifacts built
-    #: before ``tvm_weight_file.TVM_WEIGHTS_FILE`` store and name by leaving ``file`` out), or the build's own
+    #: before ``weight_file.TVM_WEIGHTS_FILE`` store and name by leaving ``file`` out), or the build's own
     file: str = WEIGHTS_FILE
 
     def to_dict(self) -> dict[str, Any]:
