@@ -9,11 +9,12 @@ import pytest
 from aotforge.compiler.generative.build import GENERATIVE_PASSES
 from aotforge.compiler.generative.export import DECODE_ATTENTION
 from aotforge.core.errors import UnsupportedModelError
-from aotforge.targets.generative import GENERATIVE_BACKENDS, generative_backend
+from aotforge.targets import GENERATIVE
+from aotforge.targets.generative import generative_backend
 from aotforge.targets.generative.backend import GenerativeBackend
 
 
-@pytest.mark.parametrize("target", sorted(GENERATIVE_BACKENDS))
+@pytest.mark.parametrize("target", sorted(GENERATIVE))
 def test_each_backend_module_gives_a_consistent_record(target: str) -> None:
     """Importable without the target's SDK; what it says it does, its hooks take."""
     backend = generative_backend(target)
@@ -29,9 +30,9 @@ def test_each_backend_module_gives_a_consistent_record(target: str) -> None:
 
 
 def test_the_device_targets_are_built_through_bundles_the_cpu_ones_here() -> None:
-    bundled = {t for t in GENERATIVE_BACKENDS if generative_backend(t).bundle_plan is not None}
+    bundled = {t for t in GENERATIVE if generative_backend(t).bundle_plan is not None}
     assert bundled == {"tensorrt", "neuron"}
-    assert {t for t in GENERATIVE_BACKENDS if generative_backend(t).speculative} == {"onnxruntime", "tvm"}
+    assert {t for t in GENERATIVE if generative_backend(t).speculative} == {"onnxruntime", "tvm"}
 
 
 def test_a_target_without_a_backend_is_refused_naming_those_there_are() -> None:

@@ -64,12 +64,12 @@ def test_no_import_breaks_a_layer_rule(layer: str, forbidden: tuple[str, ...], w
 
 
 def test_the_lazy_name_tables_are_edges() -> None:
-    """What ``get_target``, ``make_pass`` and ``aotforge.<name>`` import by name is in the graph."""
+    """What ``get_target``, ``generative_backend``, ``make_pass`` and ``aotforge.<name>`` import by name are edges."""
     from aotforge.passes import PASSES
-    from aotforge.targets import TARGETS
+    from aotforge.targets import GENERATIVE, TARGETS
 
     tables = {
-        "aotforge.targets": TARGETS.values(),
+        "aotforge.targets": [*TARGETS.values(), *GENERATIVE.values()],
         "aotforge.passes": PASSES.values(),
         "aotforge": aotforge._API.values(),
     }

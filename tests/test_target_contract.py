@@ -22,8 +22,9 @@ from aotforge.core.errors import AotforgeError, OptionsError, UnsupportedModelEr
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets import TARGETS, get_target
+from aotforge.targets import GENERATIVE, TARGETS, generative_backend, get_target
 from aotforge.targets.base import BuildContext, ProbeResult, Target
+from aotforge.targets.generative.backend import GenerativeBackend
 
 ROWS = IOSpec(
     inputs=(TensorSpec("x", "float32", ("batch", 8)),),
@@ -73,6 +74,17 @@ def target(request: pytest.FixtureRequest) -> Target:
 def test_target_is_named_as_in_the_table_and_subclasses_the_contract(target: Target) -> None:
     assert isinstance(target, Target) and TARGETS[target.name].endswith(type(target).__name__)
     assert dataclasses.is_dataclass(target.options_type) and target.options_type.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def test_generative_backend_is_a_module_of_the_targets_folder(target: Target) -> None:
+    """A target is one folder: its text-generation backend, where it has one, lives beside its ``Target`` and
+    gives the typed record the build line reads; the registry names no target it does not have."""
+    assert set(GENERATIVE) <= set(TARGETS)
+    if target.name not in GENERATIVE:
+        pytest.skip(f"{target.name} has no text-generation path")
+    folder = type(target).__module__.rpartition(".")[0]
+    assert folder != "aotforge.targets" and GENERATIVE[target.name].startswith(folder + "."), GENERATIVE[target.name]
+    assert isinstance(generative_backend(target.name), GenerativeBackend)
 
 
 def test_probe_says_why_when_unavailable(target: Target) -> None:

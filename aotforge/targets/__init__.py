@@ -1,11 +1,19 @@
-"""Deployment targets, imported lazily by name so no vendor SDK is needed to import aotforge."""
+"""Deployment targets, imported lazily by name so no vendor SDK is needed to import aotforge.
+
+The registry: a target is one folder, ``targets/<name>/``, named here by its ``Target`` class and, where it
+builds text-generation artifacts, by the module of that folder whose ``BACKEND`` compiles and loads them.
+"""
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from aotforge.core.errors import OptionsError
+from aotforge.core.errors import OptionsError, UnsupportedModelError
 from aotforge.targets.base import BuildContext, CompileResult, ProbeResult, Runner, Target
+
+if TYPE_CHECKING:
+    from aotforge.targets.generative.backend import GenerativeBackend
 
 #: Target name -> "module:Class". A table, not an import-time registry.
 TARGETS: dict[str, str] = {
@@ -13,6 +21,16 @@ TARGETS: dict[str, str] = {
     "onnxruntime": "aotforge.targets.onnxruntime.target:OrtTarget",
     "tensorrt": "aotforge.targets.tensorrt.target:TensorRTTarget",
     "neuron": "aotforge.targets.neuron.target:NeuronTarget",
+}
+
+#: Target name -> the module of its folder whose ``BACKEND`` (a ``generative.backend.GenerativeBackend``)
+#: compiles and loads the prefill / decode graphs; a target missing here has no text-generation path yet.
+#: tensorrt and neuron are planned here, compiled and run on the device host (--prepare-only + aotforge finish).
+GENERATIVE: dict[str, str] = {
+    "onnxruntime": "aotforge.targets.onnxruntime.decoder",
+    "tvm": "aotforge.targets.tvm.decoder.engine",
+    "tensorrt": "aotforge.targets.tensorrt.generative",
+    "neuron": "aotforge.targets.neuron.generative",
 }
 
 
@@ -28,4 +46,25 @@ def get_target(name: str) -> Target:
     return target
 
 
-__all__ = ["TARGETS", "BuildContext", "CompileResult", "ProbeResult", "Runner", "Target", "get_target"]
+def generative_backend(name: str) -> GenerativeBackend:
+    """What compiles and loads target ``name``'s prefill + decode graphs, or a refusal naming those there are."""
+    dotted = GENERATIVE.get(name)
+    if dotted is None:
+        raise UnsupportedModelError(
+            f"text-generation artifacts for {name} are not implemented yet; use --target {' or '.join(GENERATIVE)}"
+        )
+    backend: GenerativeBackend = importlib.import_module(dotted).BACKEND
+    return backend
+
+
+__all__ = [
+    "GENERATIVE",
+    "TARGETS",
+    "BuildContext",
+    "CompileResult",
+    "ProbeResult",
+    "Runner",
+    "Target",
+    "generative_backend",
+    "get_target",
+]

@@ -1,9 +1,9 @@
 """What a target's text-generation path gives the build line: one typed record per backend module.
 
-Each module of ``GENERATIVE_BACKENDS`` ends with ``BACKEND = GenerativeBackend(...)``, so mypy checks its
-hooks against the signatures the build line calls, and the build reads fields instead of probing the
-module with ``getattr`` and a default. A hook a backend does not have is ``None``; a capability it
-lacks keeps the field's default.
+Each module the target registry names (``aotforge.targets.GENERATIVE``) ends with
+``BACKEND = GenerativeBackend(...)``, so mypy checks its hooks against the signatures the build line calls,
+and the build reads fields instead of probing the module with ``getattr`` and a default. A hook a backend
+does not have is ``None``; a capability it lacks keeps the field's default.
 """
 
 from __future__ import annotations
