@@ -50,9 +50,6 @@ from aotforge.passes import contrib_op_passes
 from aotforge.targets import get_target
 from aotforge.targets.base import Arrays, BuildContext, Target
 
-#: Targets whose compile needs only the ONNX IR; neuron compiles from the torch program instead.
-_NEEDS_TORCH_PROGRAM = ("neuron",)
-
 
 @dataclasses.dataclass(frozen=True)
 class BundleDraft:
@@ -78,7 +75,8 @@ class BundleDraft:
 
 def write_bundle(draft: BundleDraft, out: Path, toolchain: Mapping[str, str]) -> Path:
     """Write the bundle atomically (staged beside its final place, then renamed) and return its path."""
-    if draft.target in _NEEDS_TORCH_PROGRAM:
+    target = get_target(draft.target)
+    if target.compiles_torch_program:  # neuron: a bundle carries the ONNX IR only
         raise OptionsError(
             f"--prepare-only for {draft.target}: neuronx-cc compiles from the torch program, which a bundle cannot "
             "carry without pickling it; run the build on the Inf2/Trn host instead"
@@ -86,7 +84,6 @@ def write_bundle(draft: BundleDraft, out: Path, toolchain: Mapping[str, str]) ->
     final = bundle_path(out, draft.name, draft.target)
     if final.exists():
         raise UnknownReferenceError(f"{final} already exists: remove it or give another --name")
-    target = get_target(draft.target)
     with staging_dir(out) as stage:
         ir.save(draft.model, stage / "model.onnx")
         for rel, file in sorted(draft.files.items()):
