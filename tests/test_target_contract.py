@@ -139,6 +139,8 @@ def test_optional_hooks_have_working_defaults(target: Target, tmp_path: Path) ->
     if target.name != "tensorrt" or target.probe().available:  # tensorrt names its cache after the GPU it probes
         assert isinstance(target.with_cache_dir(options, tmp_path), target.options_type)
     assert all(isinstance(v, dict) for v in target.pass_defaults.values())
+    assert all(isinstance(p, str) and p for p in target.runtime_packages)
+    assert all(isinstance(v, float) and v > 0 for v in target.build_resources.values())
     if target.name != "tensorrt":  # tensorrt's plan checks Q/DQ placement: tests/test_tensorrt_target.py
         plan = target.bundle_plan(_linear_onnx(), options, _ctx(target.name))
         assert plan is None or json.loads(json.dumps(plan)) == plan

@@ -13,12 +13,10 @@ from typing import Any
 import numpy as np
 
 from aotforge.artifacts.manifest import Manifest
+from aotforge.targets import get_target
 
 #: The pyfunc ``loader_module``: its ``_load_pyfunc(data_path)`` returns the model MLflow wraps.
 LOADER_MODULE = "aotforge.artifacts.mlflow_flavor"
-
-#: Runtime packages a target's artifact needs beside aotforge (the model's pip requirements).
-_RUNTIME_PACKAGES = {"onnxruntime": ("onnxruntime",), "tvm": ("apache-tvm",)}
 
 
 def save_pyfunc(artifact_dir: Path, dest: Path, manifest: Manifest) -> Path:
@@ -46,7 +44,7 @@ def _save(pyfunc: Any, dest: Path, artifact_dir: Path, manifest: Manifest) -> No
 def _requirements(manifest: Manifest) -> list[str]:
     """aotforge and the target's runtime, at the versions the artifact was built with."""
     pins = [f"aotforge=={manifest.toolchain['aotforge']}"] if manifest.toolchain.get("aotforge") else ["aotforge"]
-    for package in _RUNTIME_PACKAGES.get(manifest.target.name, ()):
+    for package in get_target(manifest.target.name).runtime_packages:
         version = manifest.toolchain.get(package.removeprefix("apache-"))
         pins.append(f"{package}=={version}" if version else package)
     return pins

@@ -109,6 +109,10 @@ class Target:
     #: Modules the isolated compile worker imports ahead, while the build still loads and transforms
     #: the model (the vendor SDK, imported lazily by the target itself).
     worker_preload: ClassVar[tuple[str, ...]] = ()
+    #: Packages a host needs beside aotforge to run this target's artifacts (an MLflow model's pip requirements).
+    runtime_packages: ClassVar[tuple[str, ...]] = ()
+    #: What a build for this target asks a Ray cluster for beyond one CPU (``compiler/farm``).
+    build_resources: ClassVar[Mapping[str, float]] = {}
 
     def probe(self) -> ProbeResult:
         """Whether this host can compile / run for the target, and if not exactly why."""

@@ -30,15 +30,11 @@ from typing import Any
 from aotforge.compiler.farm.spec import parse_targets
 from aotforge.compiler.recipe import recipe_options
 from aotforge.core.errors import OptionsError
+from aotforge.targets import get_target
 
 _PLAN_KEYS = ("out", "push", "resources", "build", "cache_dir", "bench", "jobs")
 #: Keys of a [[build]] table beyond the recipe's.
 _ENTRY_KEYS = ("model", "targets", "target_options", "bench", "resources")
-#: What each target's build asks a Ray cluster for; a target not named asks for one CPU.
-DEFAULT_RESOURCES: dict[str, dict[str, float]] = {
-    "tensorrt": {"GPU": 1.0, "CPU": 1.0},
-    "neuron": {"neuron_cores": 1.0, "CPU": 1.0},
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +47,8 @@ class Entry:
     resources: Mapping[str, Mapping[str, float]]
 
     def resources_for(self, target: str) -> dict[str, float]:
-        return {"CPU": 1.0, **DEFAULT_RESOURCES.get(target, {}), **self.resources.get(target, {})}
+        """One CPU, what the target's build asks for (``Target.build_resources``), then the plan's own."""
+        return {"CPU": 1.0, **get_target(target).build_resources, **self.resources.get(target, {})}
 
     def key(self, target: str, toolchain: Mapping[str, Any]) -> str:
         """What decides this entry's artifact for ``target``: the model's bytes, the options, the toolchain."""

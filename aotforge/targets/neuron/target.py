@@ -149,6 +149,7 @@ class NeuronTarget(Target):
     name = "neuron"
     options_type = NeuronOptions
     compiles_torch_program = True
+    build_resources = {"neuron_cores": 1.0}
 
     def probe(self) -> ProbeResult:
         return sdk.probe()

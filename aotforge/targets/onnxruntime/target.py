@@ -63,6 +63,7 @@ class OrtTarget(Target):
     name = "onnxruntime"
     options_type = OrtOptions
     worker_preload = ("onnxruntime",)
+    runtime_packages = ("onnxruntime",)
 
     def probe(self) -> ProbeResult:
         try:

@@ -200,6 +200,7 @@ class TensorRTTarget(Target):
     name = "tensorrt"
     options_type = TensorRTOptions
     pass_defaults = PASS_DEFAULTS
+    build_resources = {"GPU": 1.0}
 
     def probe(self) -> ProbeResult:
         return probe_host()

@@ -53,6 +53,7 @@ class TvmTarget(Target):
     name = "tvm"
     options_type = TvmOptions
     worker_preload = ("tvm", "tvm.relax.frontend.onnx", "aotforge.targets.tvm.pipeline")
+    runtime_packages = ("apache-tvm",)
 
     def probe(self) -> ProbeResult:
         try:
