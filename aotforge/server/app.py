@@ -79,15 +79,20 @@ def _api(engine: Any, name: str, api_key: str | None) -> APIRouter:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise ApiError(401, "missing API key: send `Authorization: Bearer KEY`", "authentication_error",
-                           code="invalid_api_key")  # fmt: skip
+            raise ApiError(
+                401, "missing API key: send `Authorization: Bearer KEY`", "authentication_error", code="invalid_api_key"
+            )
         if not secrets.compare_digest(token.strip().encode(), api_key.encode()):
             raise ApiError(401, "wrong API key", "authentication_error", code="invalid_api_key")
 
     def served(model: str) -> None:
         if model != name:
-            raise ApiError(404, f"model {model!r} is not served here; this server serves {name!r} (GET /v1/models)",
-                           param="model", code="model_not_found")  # fmt: skip
+            raise ApiError(
+                404,
+                f"model {model!r} is not served here; this server serves {name!r} (GET /v1/models)",
+                param="model",
+                code="model_not_found",
+            )
 
     router = APIRouter(prefix="/v1", dependencies=[Depends(authorized)])
 
@@ -131,15 +136,20 @@ def _encode(engine: Any, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, list):
         return prompt
     if engine.tokenizer is None:
-        raise ApiError(400, f"{engine.model_name} carries no tokenizer: send the prompt as a list of token ids",
-                       param="prompt")  # fmt: skip
+        raise ApiError(
+            400, f"{engine.model_name} carries no tokenizer: send the prompt as a list of token ids", param="prompt"
+        )
     return list(engine.tokenizer(prompt)["input_ids"])
 
 
 def _chat_prompt(engine: Any, name: str, body: ChatCompletionRequest) -> list[int]:
     if engine.tokenizer is None or not engine.chat_template:
-        raise ApiError(400, f"{name} has no chat template (its model directory carried none): use /v1/completions",
-                       param="messages", code="no_chat_template")  # fmt: skip
+        raise ApiError(
+            400,
+            f"{name} has no chat template (its model directory carried none): use /v1/completions",
+            param="messages",
+            code="no_chat_template",
+        )
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     try:
         text = engine.tokenizer.apply_chat_template(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from aotforge.compiler.cli import artifact, bench, build, bundle, farm, generate, integrity, registry
+from aotforge.compiler.cli import artifact, bench, build, bundle, farm, generate, integrity, registry, serve
 from aotforge.compiler.cli.progress import quiet_libraries
 from aotforge.core.errors import EXIT_CODES
 
@@ -22,6 +22,7 @@ COMMANDS = (
     artifact.inspect,
     artifact.run,
     bench.bench,
+    serve.serve,
     generate.generate,
     generate.perplexity,
     integrity.keygen,

@@ -1,4 +1,5 @@
-"""``aotforge bench``: time an artifact in a process of its own, like ``trtexec --loadEngine``."""
+"""``aotforge bench``: time an artifact in a process of its own, like ``trtexec --loadEngine``; ``aotforge bench
+serve ...`` measures a server instead (``compiler/cli/serve.py``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,23 @@ from typing import Any
 import click
 
 from aotforge.compiler.cli.common import user_errors
+from aotforge.compiler.cli.serve import bench_serve
 
 
-@click.command()
+class BenchCommand(click.Command):
+    """``aotforge bench ARTIFACT [OPTIONS]``, and ``aotforge bench serve [OPTIONS]`` routed to :func:`bench_serve`
+    by its first word. A group would move the artifact command's options under a subcommand name and break every
+    ``aotforge bench ART --threads ...`` already written; an artifact directory named ``serve`` is ``./serve``."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        if args and args[0] == "serve":
+            return bench_serve.make_context(f"{info_name} serve", args[1:], parent=parent, **extra)
+        return super().make_context(info_name, args, parent=parent, **extra)
+
+
+@click.command(cls=BenchCommand)
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option(
     "--inputs",
@@ -38,7 +53,9 @@ def bench(
     as_json: bool,
 ) -> None:
     """Benchmark ARTIFACT: warm-up, then timed calls in a fresh process per thread count (this process's
-    libraries are not in its figures); p50/p90/p99/mean/std, throughput and the runner's peak memory."""
+    libraries are not in its figures); p50/p90/p99/mean/std, throughput and the runner's peak memory.
+
+    `aotforge bench serve --base-url URL ...` loads a running OpenAI-compatible server instead (its --help)."""
     from aotforge.artifacts.signing import verified_manifest
     from aotforge.compiler.bench import bench_artifact, bench_inputs
     from aotforge.compiler.benchmark import BenchOptions
