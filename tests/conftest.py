@@ -19,6 +19,7 @@ from aotforge.compiler.isolation import keep_spare_workers
 from aotforge.targets import get_target
 from tests.llm_models import SPECULATIVE_K, TVM_BUCKETS, build_text_generation, save_tiny_causal_lm, tiny_llama
 from tests.lm_pair import LmPair, trained_pair
+from tests.serving import API_KEY, Served, build_chat_llama, serving
 
 warnings.filterwarnings("ignore")
 # A session builds hundreds of artifacts: each build's isolated worker (tvm: ~3.5 s of imports) is
@@ -97,6 +98,22 @@ def llama_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
     model = tiny_llama(123, **config, num_key_value_heads=1)
     return Path(build_text_generation(model, tmp_path_factory.mktemp("bad"), name="bad").path)
+
+
+@pytest.fixture(scope="session")
+def chat_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with the byte tokenizer and a chat template, for onnxruntime (``tests/serving.py``)."""
+    return build_chat_llama(tmp_path_factory.mktemp("chat-llama"))
+
+
+@pytest.fixture(scope="session")
+def chat_server(chat_artifact: Path) -> Generator[Served]:
+    """``aotforge serve``'s app over ``chat_artifact`` on a free port, asking for ``API_KEY``; shared by the server
+    and ``bench serve`` tests (a test that changes the engine's state waits until it is idle again)."""
+    from aotforge.runtime.params import EngineConfig
+
+    with serving(chat_artifact, EngineConfig(max_num_seqs=4), api_key=API_KEY) as served:
+        yield served
 
 
 @pytest.fixture(params=CPU_TARGETS)

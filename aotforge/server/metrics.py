@@ -55,7 +55,9 @@ class ServerMetrics:
         self.itl = histogram("aotforge:inter_token_latency_seconds", "Time between two tokens.", ITL_BUCKETS)
         self.e2e = histogram("aotforge:e2e_request_latency_seconds", "Arrival to last token.", REQUEST_BUCKETS)
         self.queue = histogram("aotforge:request_queue_time_seconds", "Time waiting to be scheduled.", REQUEST_BUCKETS)
-        self.http = Counter("aotforge:http_requests_total", "HTTP responses by status code.", ["status"], registry=r)
+        self.http = Counter(
+            "aotforge:http_requests_total", "HTTP responses by route and status code.", ["path", "status"], registry=r
+        )
 
     def observe(self, stats: StepStats) -> None:
         """One engine step's statistics (called on the engine's thread; prometheus_client is thread-safe)."""
@@ -81,7 +83,8 @@ class ServerMetrics:
 
 
 class CountResponses:
-    """ASGI middleware: every HTTP response counted by its status code (streams count once, at their start)."""
+    """ASGI middleware: every HTTP response counted by its route (``unmatched`` for a path no route has: a scan
+    of made-up paths must not grow the label set) and status code; a stream counts once, at its start."""
 
     def __init__(self, app: Any, metrics: ServerMetrics) -> None:
         self.app, self.metrics = app, metrics
@@ -93,7 +96,8 @@ class CountResponses:
 
         async def counting_send(message: Any) -> None:
             if message["type"] == "http.response.start":
-                self.metrics.http.labels(str(message["status"])).inc()
+                path = getattr(scope.get("route"), "path", "unmatched")
+                self.metrics.http.labels(path, str(message["status"])).inc()
             await send(message)
 
         await self.app(scope, receive, counting_send)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -80,6 +81,9 @@ def serve(
 
     engine_ = AsyncEngine.from_artifact(artifact, EngineConfig(**engine))
     app = build_app(engine_, api_key=api_key, served_model_name=served_model_name, drain_timeout_s=drain_timeout)
+    # The CLI silences library logging for its one-line messages; a server's log (start-up, each request, the
+    # drain) is its output, so uvicorn's loggers speak again once the artifact is loaded.
+    logging.disable(logging.NOTSET)
     # uvicorn handles SIGTERM / SIGINT: it stops accepting, waits up to the drain deadline for open requests
     # (then cancels them, which aborts theirs in the engine), and the app's lifespan shuts the engine down.
     config = uvicorn.Config(

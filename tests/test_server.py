@@ -1,0 +1,287 @@
+"""``aotforge serve`` as a user meets it: a real uvicorn server over the real engine and a real artifact, driven with
+the ``openai`` client (and raw HTTP where the client would hide a status, a header or an SSE line)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.conftest import ROOT
+from tests.llm_models import MAX_SEQ, build_text_generation
+from tests.lm_bytes import encode
+from tests.serving import API_KEY, CHAT_TEMPLATE, DEADLINE_S, Served, free_port, metric, serving, wait_for
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+NAME = "llama-chat"
+
+
+def client(served: Served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served.v1, api_key=API_KEY, max_retries=0)
+
+
+def idle(served: Served) -> bool:
+    stats = served.engine.stats()
+    return stats.num_running == 0 and stats.num_waiting == 0 and stats.kv_cache_usage == 0
+
+
+def test_models_list(chat_server: Served) -> None:
+    models = client(chat_server).models.list().data
+    assert [m.id for m in models] == [NAME] and models[0].model_extra["max_model_len"] == MAX_SEQ
+
+
+def test_completion_text_and_usage(chat_server: Served) -> None:
+    done = client(chat_server).completions.create(
+        model=NAME, prompt="Hello", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert done.object == "text_completion" and done.choices[0].finish_reason == "length"
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens, done.usage.total_tokens) == (5, 6, 11)
+
+
+def test_chat_completion_applies_the_template(chat_server: Served) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    done = client(chat_server).chat.completions.create(
+        model=NAME, messages=messages, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
+    prompt = "<system>Be brief.\n<user>Hi\n<assistant>"  # CHAT_TEMPLATE with add_generation_prompt
+    assert CHAT_TEMPLATE.startswith("{% for m in messages %}<{{ m['role'] }}>")
+    assert done.choices[0].message.role == "assistant" and done.choices[0].finish_reason == "length"
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (len(encode(prompt)), 4)
+
+
+def test_stream_ends_in_done_with_usage_and_equals_the_whole_answer(chat_server: Served) -> None:
+    kw: dict[str, Any] = {"model": NAME, "prompt": "The cat", "max_tokens": 12, "temperature": 0}
+    kw["extra_body"] = {"ignore_eos": True, "return_token_ids": True}
+    whole = client(chat_server).completions.create(**kw)
+    chunks = list(client(chat_server).completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    streamed_ids = [t for c in chunks[:-1] for t in c.choices[0].model_extra["token_ids"]]
+    assert streamed_ids == whole.choices[0].model_extra["token_ids"]
+    assert "".join(c.choices[0].text for c in chunks[:-1]) == whole.choices[0].text
+    body = {**{k: v for k, v in kw.items() if k != "extra_body"}, "stream": True}
+    with httpx.stream("POST", chat_server.v1 + "/completions", json=body, headers=AUTH) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert r.headers["content-type"].startswith("text/event-stream") and lines[-1] == "data: [DONE]"
+    assert all(line.startswith("data: ") for line in lines)
+
+
+def test_chat_stream(chat_server: Served) -> None:
+    stream = client(chat_server).chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 5
+
+
+def test_greedy_equals_generate_among_eight_concurrent_requests(chat_server: Served, chat_artifact: Path) -> None:
+    """Each answer is the artifact's own greedy ``generate`` of its prompt, whatever else shares the batch."""
+    import aotforge
+
+    rng = np.random.default_rng(7)
+    lengths = [3, 40, 9, 17, 1, 28, 12, 33]
+    prompts = [[int(t) for t in rng.integers(0, 256, n)] for n in lengths]
+    new = [min(20, MAX_SEQ - n + 1) for n in lengths]
+    loaded = aotforge.load(chat_artifact)
+    want = [loaded.generate(np.array([p]), n)[0, len(p) :].tolist() for p, n in zip(prompts, new, strict=True)]
+
+    async def ask(prompt: list[int], max_tokens: int) -> list[int]:
+        async with openai.AsyncOpenAI(base_url=chat_server.v1, api_key=API_KEY, max_retries=0) as c:
+            extra = {"ignore_eos": True, "return_token_ids": True}
+            done = await c.completions.create(
+                model=NAME, prompt=prompt, max_tokens=max_tokens, temperature=0, extra_body=extra
+            )
+            return list(done.choices[0].model_extra["token_ids"])
+
+    async def ask_all() -> list[list[int]]:
+        return list(await asyncio.gather(*(ask(p, n) for p, n in zip(prompts, new, strict=True))))
+
+    assert asyncio.run(ask_all()) == want
+
+
+ERRORS = [
+    # (body or raw bytes, headers, status, type, param, message pattern)
+    ({"model": NAME, "prompt": [1] * 60, "max_tokens": 10}, AUTH, 400, "invalid_request_error", None,
+     ["10", "64"]),
+    (b'{"model": "llama-chat", "prompt": ', AUTH | {"content-type": "application/json"}, 400, "invalid_request_error",
+     None, ["not valid JSON"]),
+    ({"model": NAME, "prompt": "Hi", "max_tokens": "many"}, AUTH, 400, "invalid_request_error", "max_tokens",
+     ["max_tokens", "integer"]),
+    ({"model": NAME, "prompt": "Hi", "temperature": "hot"}, AUTH, 400, "invalid_request_error", "temperature",
+     ["temperature"]),
+    ({"model": NAME, "prompt": ["a", "b"]}, AUTH, 400, "invalid_request_error", "prompt", ["prompt", "one prompt"]),
+    ({"model": NAME, "prompt": "Hi", "n": 3}, AUTH, 400, "invalid_request_error", "n", ["n must be 1"]),
+    ({"model": NAME, "prompt": "Hi", "logprobs": 2}, AUTH, 400, "invalid_request_error", None, ["logprobs"]),
+    ({"model": "gpt-4o", "prompt": "Hi"}, AUTH, 404, "invalid_request_error", "model", ["gpt-4o", NAME]),
+    ({"model": NAME, "prompt": "Hi"}, {}, 401, "authentication_error", None, ["missing API key"]),
+    ({"model": NAME, "prompt": "Hi"}, {"Authorization": "Bearer nope"}, 401, "authentication_error", None,
+     ["wrong API key"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "kind", "param", "says"),
+    ERRORS,
+    ids=["past-context", "malformed-json", "wrong-type", "wrong-float", "batch-prompt", "n", "unsupported",
+         "unknown-model", "no-key", "wrong-key"],
+)  # fmt: skip
+def test_errors_in_openai_shape(
+    chat_server: Served, body: Any, headers: dict[str, str], status: int, kind: str, param: str | None, says: list[str]
+) -> None:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"content-type": "application/json"} | headers
+    r = httpx.post(chat_server.v1 + "/completions", content=content, headers=headers)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and (error["type"], error["param"]) == (kind, param)
+    assert all(s in error["message"] for s in says), error["message"]
+
+
+def test_the_openai_client_raises_the_statuses(chat_server: Served) -> None:
+    c = client(chat_server)
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        c.completions.create(model="other", prompt="Hi")
+    with pytest.raises(openai.BadRequestError, match="64"):
+        c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x" * 70}], max_tokens=5)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=chat_server.v1, api_key="wrong", max_retries=0).models.list()
+
+
+def test_disconnect_mid_stream_aborts_and_frees_the_blocks(chat_server: Served) -> None:
+    before = httpx.get(chat_server.url + "/metrics").text
+    body = {"model": NAME, "prompt": [5] * 8, "max_tokens": 56, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", chat_server.v1 + "/completions", json=body, headers=AUTH) as r:
+        first = next(line for line in r.iter_lines() if line)
+        assert first.startswith("data: {")
+    # the connection is closed here, before the 56 tokens
+    wait_for(lambda: idle(chat_server), "the aborted request's blocks to be freed")
+    after = httpx.get(chat_server.url + "/metrics").text
+    aborted = [metric(t, "aotforge:request_success_total", finished_reason="abort") for t in (before, after)]
+    assert aborted[1] == aborted[0] + 1
+    assert chat_server.engine.stats().kv_cache_usage == 0
+    assert client(chat_server).completions.create(model=NAME, prompt="ok", max_tokens=2).usage.completion_tokens > 0
+
+
+COUNTED = {
+    "prompt_tokens": ("aotforge:prompt_tokens_total", {}),
+    "generation_tokens": ("aotforge:generation_tokens_total", {}),
+    "length": ("aotforge:request_success_total", {"finished_reason": "length"}),
+    "ttft": ("aotforge:time_to_first_token_seconds_count", {}),
+    "e2e": ("aotforge:e2e_request_latency_seconds_count", {}),
+    "queue": ("aotforge:request_queue_time_seconds_count", {}),
+    "http_200": ("aotforge:http_requests_total", {"path": "/v1/completions", "status": "200"}),
+    "http_404": ("aotforge:http_requests_total", {"path": "/v1/completions", "status": "404"}),
+    "http_400": ("aotforge:http_requests_total", {"path": "/v1/completions", "status": "400"}),
+}
+
+
+def test_metrics_agree_with_what_the_client_sent(chat_server: Served) -> None:
+    wait_for(lambda: idle(chat_server), "the engine to be idle")
+
+    def read() -> dict[str, float]:
+        text = httpx.get(chat_server.url + "/metrics").text
+        return {key: metric(text, name, **labels) for key, (name, labels) in COUNTED.items()} | {"text": text}  # type: ignore[dict-item]
+
+    before = read()
+    rng = np.random.default_rng(3)
+    sent = [(int(n), int(m)) for n, m in zip(rng.integers(2, 30, 6), rng.integers(1, 12, 6), strict=True)]
+    for n, m in sent:  # distinct token ids in each prompt: no prefix-cache hits to argue about
+        prompt = [int(t) for t in rng.permutation(256)[:n]]
+        done = client(chat_server).completions.create(
+            model=NAME, prompt=prompt, max_tokens=m, temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert done.usage.completion_tokens == m
+    with pytest.raises(openai.NotFoundError):
+        client(chat_server).completions.create(model="nope", prompt="x")
+    with pytest.raises(openai.BadRequestError):
+        client(chat_server).completions.create(model=NAME, prompt="x", max_tokens=-1)
+    # The listener runs after the step that answered the last request: wait for it, then compare them all.
+    wait_for(lambda: read()["e2e"] - before["e2e"] >= len(sent), "the last step's statistics")
+    after = read()
+    want = {"prompt_tokens": sum(n for n, _ in sent), "generation_tokens": sum(m for _, m in sent)}
+    want |= dict.fromkeys(("length", "ttft", "e2e", "queue", "http_200"), len(sent)) | {"http_404": 1, "http_400": 1}
+    assert {k: after[k] - before[k] for k in want} == want, after["text"]
+    text = str(after["text"])
+    assert metric(text, "aotforge:kv_cache_usage_perc") == 0 and metric(text, "aotforge:num_requests_running") == 0
+    for name in ("num_requests_waiting", "num_preemptions_total", "prefix_cache_hits_total",
+                 "prefix_cache_queries_total", "inter_token_latency_seconds_count"):  # fmt: skip
+        assert f"aotforge:{name}" in text
+
+
+def test_health(chat_server: Served) -> None:
+    r = httpx.get(chat_server.url + "/health")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+
+
+@pytest.fixture(scope="module")
+def plain_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama without tokenizer files (so without a chat template)."""
+    from tests.llm_models import save_tiny_causal_lm
+
+    root = tmp_path_factory.mktemp("plain-llama")
+    return Path(build_text_generation(save_tiny_causal_lm("llama", root / "plain"), root / "out").path)
+
+
+def test_an_artifact_without_tokenizer_or_chat_template(plain_artifact: Path) -> None:
+    with serving(plain_artifact, served_model_name="plain") as served:
+        c = openai.OpenAI(base_url=served.v1, api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="no chat template"):
+            c.chat.completions.create(model="plain", messages=[{"role": "user", "content": "Hi"}])
+        with pytest.raises(openai.BadRequestError, match="no tokenizer: send the prompt as a list of token ids"):
+            c.completions.create(model="plain", prompt="Hi")
+        done = c.completions.create(model="plain", prompt=[1, 2, 3], max_tokens=3, extra_body={"ignore_eos": True})
+        assert done.usage.completion_tokens == 3 and [m.id for m in c.models.list().data] == ["plain"]
+
+
+def test_sigterm_drains_the_running_stream(chat_artifact: Path) -> None:
+    """``aotforge serve`` in its own process: SIGTERM while a stream runs -> the stream still ends with its last
+    token and ``[DONE]``, then the app shuts the engine down and the process ends."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [
+        sys.executable,
+        "-m",
+        "aotforge",
+        "serve",
+        str(chat_artifact),
+        "--port",
+        str(port),
+        "--drain-timeout",
+        "20",
+    ]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: _healthy(port) or proc.poll() is not None, "aotforge serve to start")
+        assert proc.poll() is None, proc.communicate()[0]
+        body = {"model": NAME, "prompt": [7] * 4, "max_tokens": 60, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=DEADLINE_S) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: {")
+            proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]" and json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
+        # uvicorn re-raises the signal once it has shut down: the exit status says SIGTERM, as a server's should
+        assert proc.wait(DEADLINE_S) == -signal.SIGTERM
+        assert "Application shutdown complete" in proc.communicate()[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+    except httpx.HTTPError:
+        return False
