@@ -4,6 +4,7 @@ the ``openai`` client (and raw HTTP where the client would hide a status, a head
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -16,7 +17,9 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from click.testing import CliRunner
 
+from aotforge.compiler.cli import main
 from tests.conftest import ROOT
 from tests.llm_models import MAX_SEQ, build_text_generation
 from tests.lm_bytes import encode
@@ -217,6 +220,19 @@ def test_metrics_agree_with_what_the_client_sent(chat_server: Served) -> None:
     for name in ("num_requests_waiting", "num_preemptions_total", "prefix_cache_hits_total",
                  "prefix_cache_queries_total", "inter_token_latency_seconds_count"):  # fmt: skip
         assert f"aotforge:{name}" in text
+
+
+def test_serve_flags_are_engine_config_fields() -> None:
+    from aotforge.compiler.cli.serve import serve
+    from aotforge.runtime.params import EngineConfig
+
+    params = {p.name: p for p in serve.params}
+    assert {f.name: f.default for f in dataclasses.fields(EngineConfig)} == {
+        f.name: params[f.name].default for f in dataclasses.fields(EngineConfig)
+    }
+    assert params["enable_prefix_caching"].secondary_opts == ["--no-prefix-caching"]
+    refused = CliRunner().invoke(main, ["serve", "any-artifact", "--max-num-seqs", "0"])
+    assert refused.exit_code == 2 and "max_num_seqs must be >= 1" in refused.output
 
 
 def test_health(chat_server: Served) -> None:

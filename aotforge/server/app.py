@@ -19,7 +19,16 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from aotforge.runtime.outputs import FinishReason, RequestOutput
-from aotforge.server.generation import DONE, ApiError, EventStream, Generation, runner_fault, sse, sse_error
+from aotforge.server.generation import (
+    DONE,
+    ApiError,
+    EventStream,
+    Generation,
+    internal_error,
+    runner_fault,
+    sse,
+    sse_error,
+)
 from aotforge.server.metrics import CountResponses, ServerMetrics
 from aotforge.server.protocol import (
     AssistantMessage,
@@ -228,7 +237,8 @@ def _usage(last: RequestOutput) -> Usage:
 
 
 def _handle_errors(app: FastAPI) -> None:
-    """Every error in OpenAI's shape: ours, FastAPI's body validation (400 naming the field), Starlette's 404/405."""
+    """Every error in OpenAI's shape: ours, FastAPI's body validation (400 naming the field), Starlette's 404/405,
+    and a bug (500; Starlette still logs its traceback)."""
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError) -> JSONResponse:
@@ -237,6 +247,10 @@ def _handle_errors(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, e: RequestValidationError) -> JSONResponse:
         return await api_error(request, _validation_error(e))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, e: Exception) -> JSONResponse:
+        return await api_error(request, internal_error(e))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:

@@ -4,6 +4,7 @@ is sent), read to the end or streamed as server-sent events, and aborted when th
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -11,10 +12,12 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from aotforge.core.errors import AotforgeError, EngineBusyError
+from aotforge.core.errors import AotforgeError, EngineBusyError, describe
 from aotforge.runtime.outputs import FinishReason, RequestOutput
 from aotforge.runtime.params import SamplingParams
 from aotforge.server.protocol import ErrorInfo, ErrorResponse
+
+logger = logging.getLogger("aotforge.server")
 
 #: What a 429 tells the client to wait before retrying, in seconds.
 RETRY_AFTER_S = 1
@@ -91,7 +94,7 @@ class EventStream(StreamingResponse):
     disconnected (Starlette cancels the sending task), or the server shutting down past its drain deadline."""
 
     def __init__(self, generation: Generation, events: AsyncIterator[str]) -> None:
-        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        super().__init__(guarded(events), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self.generation = generation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -111,3 +114,18 @@ def sse_error(error: ApiError) -> str:
 
 
 DONE = sse("[DONE]")
+
+
+def internal_error(e: BaseException) -> ApiError:
+    return ApiError(500, f"internal error: {type(e).__name__}: {describe(e)}", "server_error", code="internal_error")
+
+
+async def guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A stream whose engine fails after the 200 went out still ends as a stream: the error event, ``[DONE]``."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as e:  # a bug below us; the client gets its one clear answer, the log the traceback
+        logger.exception("the stream failed")
+        yield sse_error(internal_error(e))
+        yield DONE
