@@ -19,7 +19,7 @@ from aotforge.compiler.isolation import keep_spare_workers
 from aotforge.targets import get_target
 from tests.llm_models import SPECULATIVE_K, TVM_BUCKETS, build_text_generation, save_tiny_causal_lm, tiny_llama
 from tests.lm_pair import LmPair, trained_pair
-from tests.serving import API_KEY, Served, build_chat_llama, serving
+from tests.serving import API_KEY, MAX_BATCH, Served, build_chat_llama, serving
 
 warnings.filterwarnings("ignore")
 # A session builds hundreds of artifacts: each build's isolated worker (tvm: ~3.5 s of imports) is
@@ -112,7 +112,7 @@ def chat_server(chat_artifact: Path) -> Generator[Served]:
     and ``bench serve`` tests (a test that changes the engine's state waits until it is idle again)."""
     from aotforge.runtime.params import EngineConfig
 
-    with serving(chat_artifact, EngineConfig(max_num_seqs=4), api_key=API_KEY) as served:
+    with serving(chat_artifact, EngineConfig(max_num_seqs=MAX_BATCH), api_key=API_KEY) as served:
         yield served
 
 

@@ -37,8 +37,13 @@ def chat_llama_dir(directory: Path, chat_template: str | None = CHAT_TEMPLATE) -
     return directory
 
 
+#: The chat artifact's batch: the engine runs at most this many sequences at once (``--max-num-seqs``).
+MAX_BATCH = 4
+
+
 def build_chat_llama(root: Path, **kw: Any) -> Path:
-    """The chat Llama's onnxruntime artifact (``max_seq_len`` 64)."""
+    """The chat Llama's onnxruntime artifact (``max_seq_len`` 64, batch :data:`MAX_BATCH`)."""
+    kw = {"max_batch": MAX_BATCH, **kw}
     return Path(build_text_generation(chat_llama_dir(root / "llama-chat"), root / "out", **kw).path)
 
 

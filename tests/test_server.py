@@ -23,7 +23,17 @@ from aotforge.compiler.cli import main
 from tests.conftest import ROOT
 from tests.llm_models import MAX_SEQ, build_text_generation
 from tests.lm_bytes import encode
-from tests.serving import API_KEY, CHAT_TEMPLATE, DEADLINE_S, Served, free_port, metric, serving, wait_for
+from tests.serving import (
+    API_KEY,
+    CHAT_TEMPLATE,
+    DEADLINE_S,
+    MAX_BATCH,
+    Served,
+    free_port,
+    metric,
+    serving,
+    wait_for,
+)
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 NAME = "llama-chat"
@@ -250,7 +260,9 @@ def plain_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_an_artifact_without_tokenizer_or_chat_template(plain_artifact: Path) -> None:
-    with serving(plain_artifact, served_model_name="plain") as served:
+    from aotforge.runtime.params import EngineConfig
+
+    with serving(plain_artifact, EngineConfig(max_num_seqs=2), served_model_name="plain") as served:
         c = openai.OpenAI(base_url=served.v1, api_key="unused", max_retries=0)
         with pytest.raises(openai.BadRequestError, match="no chat template"):
             c.chat.completions.create(model="plain", messages=[{"role": "user", "content": "Hi"}])
@@ -275,6 +287,8 @@ def test_sigterm_drains_the_running_stream(chat_artifact: Path) -> None:
         str(port),
         "--drain-timeout",
         "20",
+        "--max-num-seqs",
+        str(MAX_BATCH),
     ]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -195,7 +195,7 @@ async def _completion_events(
         if out.finish_reason == FinishReason.ERROR:
             yield sse_error(runner_fault(out.error))
             break
-        if out.text or out.finished or (return_ids and out.token_ids):
+        if out.token_ids or out.finished:  # a token without text yet (half a character) is still a chunk
             ids = list(out.token_ids) if return_ids else None
             choice = CompletionChoice(text=out.text, finish_reason=_reason(out), token_ids=ids)
             yield sse(CompletionResponse(id=rid, model=model, choices=[choice]).model_dump_json())
@@ -219,8 +219,8 @@ async def _chat_events(generation: Generation, model: str, include_usage: bool) 
         if out.finish_reason == FinishReason.ERROR:
             yield sse_error(runner_fault(out.error))
             break
-        if out.text or out.finished:
-            yield chunk(Delta(content=out.text or None), _reason(out))
+        if out.token_ids or out.finished:
+            yield chunk(Delta(content=out.text), _reason(out))
     else:
         if include_usage:
             usage = ChatCompletionChunk(id=rid, model=model, choices=[], usage=_usage(generation.last))
