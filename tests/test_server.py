@@ -272,6 +272,68 @@ def test_an_artifact_without_tokenizer_or_chat_template(plain_artifact: Path) ->
         assert done.usage.completion_tokens == 3 and [m.id for m in c.models.list().data] == ["plain"]
 
 
+def test_a_full_queue_is_429_with_retry_after(chat_artifact: Path) -> None:
+    from aotforge.runtime.params import EngineConfig
+
+    with serving(chat_artifact, EngineConfig(max_num_seqs=1, max_waiting=0)) as served:  # every request waits first
+        r = httpx.post(served.v1 + "/completions", json={"model": NAME, "prompt": "Hi"})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["type"] == "rate_limit_error" and "--max-waiting 0" in r.json()["error"]["message"]
+        with pytest.raises(openai.RateLimitError, match="retry later"):
+            openai.OpenAI(base_url=served.v1, api_key="-", max_retries=0).completions.create(model=NAME, prompt="x")
+
+
+class FailingRunner:
+    """The artifact's real model runner, failing where a test asks: the prefill of a prompt that starts with
+    :data:`POISON`, and the next ``fail_decodes`` decode steps."""
+
+    POISON = [499, 498, 497]
+
+    def __init__(self, runner: Any) -> None:
+        self._runner, self.fail_decodes = runner, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+    def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
+        if token_ids[:3].tolist() == self.POISON:
+            raise RuntimeError("injected prefill fault")
+        return self._runner.prefill(slot, token_ids)
+
+    def decode(self, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        if self.fail_decodes:
+            self.fail_decodes -= 1
+            raise RuntimeError("injected decode fault")
+        return self._runner.decode(token_ids, positions)
+
+
+def test_a_runner_fault_fails_its_request_with_500_and_the_server_keeps_serving(chat_artifact: Path) -> None:
+    from aotforge.runtime.params import EngineConfig
+
+    with serving(chat_artifact, EngineConfig(max_num_seqs=2)) as served:
+        runner = served.engine.engine.runner = FailingRunner(served.engine.engine.runner)
+        url = served.v1 + "/completions"
+        for stream in (False, True):  # the fault on the first step: an HTTP 500 either way, before any event
+            r = httpx.post(url, json={"model": NAME, "prompt": [*FailingRunner.POISON, 5], "stream": stream})
+            assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+            assert "injected prefill fault" in r.json()["error"]["message"]
+        runner.fail_decodes = 1  # a fault after the first token: the stream's error event, then [DONE]
+        body = {"model": NAME, "prompt": [9, 8, 7], "max_tokens": 10, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", url, json=body) as r:
+            events = [line.removeprefix("data: ") for line in r.iter_lines() if line]
+        assert r.status_code == 200 and json.loads(events[0])["choices"][0]["text"] is not None
+        assert "injected decode fault" in json.loads(events[-2])["error"]["message"] and events[-1] == "[DONE]"
+        done = openai.OpenAI(base_url=served.v1, api_key="-", max_retries=0).completions.create(
+            model=NAME, prompt=[9, 8, 7], max_tokens=10, extra_body={"ignore_eos": True}
+        )
+        assert done.usage.completion_tokens == 10
+        wait_for(lambda: idle(served), "the engine to be idle")
+        errors = metric(
+            httpx.get(served.url + "/metrics").text, "aotforge:request_success_total", finished_reason="error"
+        )
+        assert errors == 3
+
+
 def test_sigterm_drains_the_running_stream(chat_artifact: Path) -> None:
     """``aotforge serve`` in its own process: SIGTERM while a stream runs -> the stream still ends with its last
     token and ``[DONE]``, then the app shuts the engine down and the process ends."""

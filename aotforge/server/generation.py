@@ -42,7 +42,8 @@ class ApiError(Exception):
 
 
 def runner_fault(message: str | None) -> ApiError:
-    return ApiError(500, f"the model runner failed on this request: {message}", "server_error", code="runner_error")
+    """The engine's message of a runner fault on this request's step (it names the runner's error)."""
+    return ApiError(500, message or "the model runner failed on this request", "server_error", code="runner_error")
 
 
 class Generation:
