@@ -41,6 +41,8 @@ def _aotforge_commands(pages: list[Path] = PAGES) -> list[tuple[str, list[str]]]
         words = command.split()
         if words[0] in ("aotforge", ".venv/bin/aotforge"):
             args = [w for w in words[1:] if w not in ("--debug", "--verbose", "-v")]
+            if args[1:] and args[1] in getattr(main.commands.get(args[0]), "subcommands", {}):
+                args = [f"{args[0]} {args[1]}", *args[2:]]  # `aotforge bench serve ...`
             found.append((args[0], _FLAG.findall(" ".join(args[1:]))))
     return found
 
@@ -50,13 +52,21 @@ def test_readme_aotforge_commands_and_flags_exist() -> None:
     assert len(found) >= 15, found  # docs/cli.md alone lists more
     assert len(_aotforge_commands([ROOT / "README.md"])) >= 10  # one CLI example per task in the README itself
     for name, flags in found:
-        names = [name] if name in main.commands else [n for n in name.split("|") if n in main.commands]
+        names = [name] if _command(name) else [n for n in name.split("|") if n in main.commands]
         assert names, f"README or docs/ use `aotforge {name}`, which is not a command"
         for command_name in names:
-            command: click.Command = main.commands[command_name]
+            command = _command(command_name)
+            assert command is not None
             known = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)} | {"--help"}
             missing = [f for f in flags if f not in known]
             assert not missing, f"README or docs/: `aotforge {command_name}` has no {missing}"
+
+
+def _command(name: str) -> click.Command | None:
+    """``bench`` or ``bench serve`` (a word its command routes to a subcommand) -> the click command."""
+    first, _, sub = name.partition(" ")
+    command = main.commands.get(first)
+    return getattr(command, "subcommands", {}).get(sub) if sub else command
 
 
 def test_readme_make_targets_and_test_files_exist() -> None:

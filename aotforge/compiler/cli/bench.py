@@ -18,11 +18,15 @@ class BenchCommand(click.Command):
     by its first word. A group would move the artifact command's options under a subcommand name and break every
     ``aotforge bench ART --threads ...`` already written; an artifact directory named ``serve`` is ``./serve``."""
 
+    #: first word -> the command it routes to
+    subcommands: dict[str, click.Command] = {"serve": bench_serve}
+
     def make_context(
         self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
     ) -> click.Context:
-        if args and args[0] == "serve":
-            return bench_serve.make_context(f"{info_name} serve", args[1:], parent=parent, **extra)
+        if args and args[0] in self.subcommands:
+            command = self.subcommands[args[0]]
+            return command.make_context(f"{info_name} {args[0]}", args[1:], parent=parent, **extra)
         return super().make_context(info_name, args, parent=parent, **extra)
 
 
