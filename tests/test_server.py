@@ -4,6 +4,7 @@ the ``openai`` client (and raw HTTP where the client would hide a status, a head
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -230,6 +231,61 @@ def test_metrics_agree_with_what_the_client_sent(chat_server: Served) -> None:
     for name in ("num_requests_waiting", "num_preemptions_total", "prefix_cache_hits_total",
                  "prefix_cache_queries_total", "inter_token_latency_seconds_count"):  # fmt: skip
         assert f"aotforge:{name}" in text
+
+
+def test_soak_with_disconnects_and_bad_requests_leaks_no_block(chat_server: Served) -> None:
+    """150 requests, 12 at a time: whole answers, streams read to the end, streams dropped after a few chunks,
+    answers given up on, and bad requests. Each bad one gets its status; each good one ends as ``length`` or
+    ``abort`` in the metrics; afterwards nothing runs, nothing waits and no KV block is held."""
+    rng = np.random.default_rng(11)
+    kinds = rng.choice(["whole", "stream", "drop", "give_up", "bad_model", "too_long"], 150)
+    before = httpx.get(chat_server.url + "/metrics").text
+
+    async def one(c: httpx.AsyncClient, kind: str, i: int) -> int | None:
+        n = int(rng.integers(1, 30))
+        body = {"model": NAME, "prompt": [int(t) for t in rng.integers(0, 256, n)], "max_tokens": 24,
+                "ignore_eos": True, "stream": kind in ("stream", "drop")}  # fmt: skip
+        if kind == "bad_model":
+            body["model"] = "nope"
+        if kind == "too_long":
+            body["max_tokens"] = MAX_SEQ + 1
+        if kind == "give_up":  # the client stops waiting for the whole answer (almost always before it is done)
+            with contextlib.suppress(httpx.ReadTimeout):
+                await c.post("/v1/completions", json=body, timeout=httpx.Timeout(5, read=0.001))
+            return None
+        async with c.stream("POST", "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if kind == "drop" and line.startswith("data: {"):
+                    break  # the connection closes on leaving the block
+        return r.status_code
+
+    async def run() -> list[int | None]:
+        gate = asyncio.Semaphore(12)
+        async with httpx.AsyncClient(base_url=chat_server.url, headers=AUTH, timeout=DEADLINE_S) as c:
+
+            async def gated(kind: str, i: int) -> int | None:
+                async with gate:
+                    return await one(c, kind, i)
+
+            return list(await asyncio.gather(*(gated(str(k), i) for i, k in enumerate(kinds))))
+
+    statuses = asyncio.run(run())
+    want = {"whole": 200, "stream": 200, "drop": 200, "give_up": None, "bad_model": 404, "too_long": 400}
+    assert statuses == [want[str(k)] for k in kinds]
+    wait_for(lambda: idle(chat_server), "every request to end and free its blocks")
+    good = sum(k in ("whole", "stream", "drop", "give_up") for k in kinds)
+    wait_for(lambda: _ended(chat_server, before) == good, "the metrics of every request")
+    stats = chat_server.engine.stats()
+    assert (stats.num_running, stats.num_waiting, stats.kv_cache_usage, stats.kv_blocks_used) == (0, 0, 0, 0)
+
+
+def _ended(served: Served, before: str) -> float:
+    after = httpx.get(served.url + "/metrics").text
+    return sum(
+        metric(after, "aotforge:request_success_total", finished_reason=reason)
+        - metric(before, "aotforge:request_success_total", finished_reason=reason)
+        for reason in ("length", "abort", "stop", "error")
+    )
 
 
 def test_serve_flags_are_engine_config_fields() -> None:
