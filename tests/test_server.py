@@ -226,6 +226,12 @@ def test_metrics_agree_with_what_the_client_sent(chat_server: Served) -> None:
     want = {"prompt_tokens": sum(n for n, _ in sent), "generation_tokens": sum(m for _, m in sent)}
     want |= dict.fromkeys(("length", "ttft", "e2e", "queue", "http_200"), len(sent)) | {"http_404": 1, "http_400": 1}
     assert {k: after[k] - before[k] for k in want} == want, after["text"]
+    # A turn of the engine that runs no step (an abort of a request that is not there) counts nothing again.
+    turns: list[Any] = []
+    chat_server.engine.add_listener(turns.append)
+    chat_server.engine.abort("no-such-request")
+    wait_for(lambda: len(turns) > 0, "the engine's turn")
+    assert {k: v for k, v in read().items() if k in want} == {k: after[k] for k in want}
     text = str(after["text"])
     assert metric(text, "aotforge:kv_cache_usage_perc") == 0 and metric(text, "aotforge:num_requests_running") == 0
     for name in ("num_requests_waiting", "num_preemptions_total", "prefix_cache_hits_total",

@@ -81,13 +81,14 @@ class Generation:
             yield self.last
 
     async def close(self) -> None:
-        """Abort the request if it has not finished (the client went away), and close the engine's iterator."""
-        if not self.last.finished:
-            self.engine.abort(self.request_id)
+        """Close the engine's iterator, which aborts the request if it has not finished (the client went away)."""
         aclose: Callable[[], Any] | None = getattr(self._it, "aclose", None)
-        if aclose is not None:
-            with anyio.CancelScope(shield=True):  # this runs while a disconnect cancels the response
-                await aclose()
+        if aclose is None:
+            if not self.last.finished:
+                self.engine.abort(self.request_id)
+            return
+        with anyio.CancelScope(shield=True):  # this runs while a disconnect cancels the response
+            await aclose()
 
 
 class EventStream(StreamingResponse):

@@ -55,12 +55,19 @@ class ServerMetrics:
         self.itl = histogram("aotforge:inter_token_latency_seconds", "Time between two tokens.", ITL_BUCKETS)
         self.e2e = histogram("aotforge:e2e_request_latency_seconds", "Arrival to last token.", REQUEST_BUCKETS)
         self.queue = histogram("aotforge:request_queue_time_seconds", "Time waiting to be scheduled.", REQUEST_BUCKETS)
+        self._last: StepStats | None = None
         self.http = Counter(
             "aotforge:http_requests_total", "HTTP responses by route and status code.", ["path", "status"], registry=r
         )
 
     def observe(self, stats: StepStats) -> None:
-        """One engine step's statistics (called on the engine's thread; prometheus_client is thread-safe)."""
+        """One engine step's statistics (called on the engine's thread; prometheus_client is thread-safe).
+
+        The same object twice is one step, counted once: the engine hands its listeners its latest statistics
+        also after a turn that ran no step (an abort of a request that had already finished)."""
+        if stats is self._last:
+            return
+        self._last = stats
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
