@@ -307,6 +307,11 @@ def test_serve_flags_are_engine_config_fields() -> None:
     assert refused.exit_code == 2 and "max_num_seqs must be >= 1" in refused.output
 
 
+def test_serve_refuses_more_sequences_than_the_artifact_batch(chat_artifact: Path) -> None:
+    refused = CliRunner().invoke(main, ["serve", str(chat_artifact), "--max-num-seqs", str(MAX_BATCH + 1)])
+    assert refused.exit_code == 2 and f"is more than the artifact's max_batch {MAX_BATCH}" in refused.output
+
+
 def test_health(chat_server: Served) -> None:
     r = httpx.get(chat_server.url + "/health")
     assert r.status_code == 200 and r.json() == {"status": "ok"}

@@ -199,7 +199,7 @@ def summarize(
         "completed": len(ok),
         "failed": len(results) - len(ok),
         "errors": sorted({r.error for r in results if r.error})[:5],
-        "duration_s": duration_s,
+        "duration": duration_s,  # seconds, under vLLM's key
         "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens,
         "request_throughput": len(ok) / duration_s,

@@ -9,7 +9,7 @@ from typing import Any
 ROWS = (
     ("Successful requests", "completed", "{:d}"),
     ("Failed requests", "failed", "{:d}"),
-    ("Duration (s)", "duration_s", "{:.2f}"),
+    ("Duration (s)", "duration", "{:.2f}"),
     ("Total input tokens", "total_input_tokens", "{:d}"),
     ("Total output tokens", "total_output_tokens", "{:d}"),
     ("Request throughput (req/s)", "request_throughput", "{:.2f}"),
