@@ -46,7 +46,7 @@ def artifact(model_dir: Path, target: str, precision: str, work: Path) -> Path:
     found = sorted(out.glob(f"smollm2-{precision}/*/{target}/manifest.json"))
     if found:
         return found[-1].parent
-    args = [sys.executable, "-m", "aotforge.compiler.cli", "compile", str(model_dir), "--task", "text-generation"]
+    args = [sys.executable, "-m", "aotforge", "compile", str(model_dir), "--task", "text-generation"]
     args += ["--target", target, "--max-seq-len", str(CONTEXT), "--max-batch", str(SLOTS), "--speculative-k", "15"]
     args += ["--no-bench", "--name", f"smollm2-{precision}", "--out", str(out), *PRECISIONS[precision][0]]
     print(f"building {target} {precision}: {' '.join(args[3:])}", flush=True)
@@ -57,7 +57,7 @@ def artifact(model_dir: Path, target: str, precision: str, work: Path) -> Path:
 @contextlib.contextmanager
 def aotforge_server(path: Path, log: Path, extra: list[str] | None = None) -> Iterator[str]:
     port = llama_cpp.free_port()
-    args = [sys.executable, "-m", "aotforge.compiler.cli", "serve", str(path), "--port", str(port)]
+    args = [sys.executable, "-m", "aotforge", "serve", str(path), "--port", str(port)]
     args += ["--max-num-seqs", str(SLOTS), *(extra or [])]
     with open(log, "w") as sink:
         proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT)
@@ -207,10 +207,10 @@ def tables(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, 
                 c,
                 figure([r["output_throughput"] for r in mine], 1),
                 figure(ratio, 2) if server != "llama.cpp" else None,
-                figure([r["ttft_ms"]["median"] for r in mine], 1),
-                figure([r["ttft_ms"]["p99"] for r in mine], 1),
-                figure([r["itl_ms"]["median"] for r in mine], 2),
-                figure([r["itl_ms"]["p99"] for r in mine], 2),
+                figure([r["median_ttft_ms"] for r in mine], 1),
+                figure([r["p99_ttft_ms"] for r in mine], 1),
+                figure([r["median_itl_ms"] for r in mine], 2),
+                figure([r["p99_itl_ms"] for r in mine], 2),
                 sum(r["failed"] for r in mine),
             ]
         )
