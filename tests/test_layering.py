@@ -33,6 +33,7 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "targets never import passes, the CLI or the build driver",
     ),
     ("aotforge.artifacts", ("aotforge.passes", "aotforge.compiler"), "artifacts never import passes or the builder"),
+    ("aotforge.runtime", ("aotforge.compiler",), "the runtime runs artifacts, it never imports the builder or CLI"),
     *(
         (layer, ("aotforge.server",), "the server is a top layer beside the CLI: nothing below it imports it")
         for layer in ("aotforge.core", "aotforge.passes", "aotforge.targets", "aotforge.artifacts", "aotforge.runtime")

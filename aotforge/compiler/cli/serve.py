@@ -73,7 +73,8 @@ def serve(
     **engine: Any,
 ) -> None:
     """Serve ARTIFACT (text generation) as an OpenAI-compatible API: /v1/models, /v1/completions,
-    /v1/chat/completions, /health and Prometheus /metrics, with continuous batching over a paged KV cache."""
+    /v1/chat/completions, /health and Prometheus /metrics, over the runtime's engine (requests join and leave
+    the running batch at every step)."""
     import uvicorn
 
     from aotforge.runtime.async_engine import AsyncEngine
