@@ -89,6 +89,15 @@ def test_stream_ends_in_done_with_usage_and_equals_the_whole_answer(chat_server:
     assert all(line.startswith("data: ") for line in lines)
 
 
+def test_stop_string_ends_the_answer_before_it(chat_server: Served) -> None:
+    kw: dict[str, Any] = {"model": NAME, "prompt": [40, 41, 42], "max_tokens": 30, "temperature": 0}
+    kw["extra_body"] = {"ignore_eos": True}
+    text = client(chat_server).completions.create(**kw).choices[0].text
+    stop = next(ch for ch in text[1:] if ch.isascii() and ch.isprintable())  # greedy: the same text again
+    done = client(chat_server).completions.create(**kw, stop=[stop, "never-there"])
+    assert done.choices[0].text == text[: text.index(stop)] and done.choices[0].finish_reason == "stop"
+
+
 def test_chat_stream(chat_server: Served) -> None:
     stream = client(chat_server).chat.completions.create(
         model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0, stream=True,
