@@ -133,6 +133,31 @@ def test_greedy_equals_generate_among_eight_concurrent_requests(chat_server: Ser
     assert asyncio.run(ask_all()) == want
 
 
+def test_greedy_through_the_server_on_each_cpu_target(cpu_target: str, request: pytest.FixtureRequest) -> None:
+    """Both CPU targets serve: the session's tiny Llama (no tokenizer) of each target answers token ids equal to
+    its own ``generate``, two requests at once."""
+    import aotforge
+    from aotforge.runtime.params import EngineConfig
+
+    path = Path(request.getfixturevalue("llama_ort" if cpu_target == "onnxruntime" else "llama_tvm").path)
+    prompts = ([5, 17, 42, 99, 3, 250, 7], [8, 1, 300])
+    want = [aotforge.load(path).generate(np.array([p]), 12)[0, len(p) :].tolist() for p in prompts]
+    with serving(path, EngineConfig(max_num_seqs=2)) as served:
+
+        async def ask(prompt: tuple[int, ...] | list[int]) -> list[int]:
+            async with openai.AsyncOpenAI(base_url=served.v1, api_key="-", max_retries=0) as c:
+                extra = {"ignore_eos": True, "return_token_ids": True}
+                done = await c.completions.create(
+                    model=served.engine.model_name, prompt=list(prompt), max_tokens=12, temperature=0, extra_body=extra
+                )
+                return list(done.choices[0].model_extra["token_ids"])
+
+        async def both() -> list[list[int]]:
+            return list(await asyncio.gather(*(ask(p) for p in prompts)))
+
+        assert asyncio.run(both()) == want
+
+
 ERRORS = [
     # (body or raw bytes, headers, status, type, param, message pattern)
     ({"model": NAME, "prompt": [1] * 60, "max_tokens": 10}, AUTH, 400, "invalid_request_error", None,
