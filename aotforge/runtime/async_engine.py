@@ -120,13 +120,15 @@ class AsyncEngine:
                 inbox, self._inbox = self._inbox, []
                 stopping = self._stopping
             outputs = [o for item in inbox if (o := self._take(item)) is not None]
+            stepped = bool(outputs) or self.engine.has_unfinished()
             if self.engine.has_unfinished():
                 outputs += self.engine.step()
             elif outputs:
                 self.engine._finish_stats()  # aborts alone still change the gauges
             self._deliver(outputs)
-            for listener in self._listeners:
-                listener(self.engine.last_stats)
+            if stepped:  # each step's statistics reach the listeners once
+                for listener in self._listeners:
+                    listener(self.engine.last_stats)
             if stopping and not self.engine.has_unfinished():
                 return
 
