@@ -11,7 +11,7 @@ ARGS ?=
 # With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
 _flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
-.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-page targets clean device-check neuron-env tvm-ops-table
+.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-serve bench-page targets clean device-check neuron-env tvm-ops-table
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,13 @@ bench-models: $(BIN)/.installed
 
 bench-generation: $(BIN)/.installed
 	$(BIN)/python tools/bench_generation.py $(ARGS)
+	$(BIN)/python tools/bench_page.py
+
+# bench-serve: aotforge serve (onnxruntime, tvm; fp32, int4) vs llama.cpp's llama-server (F32, Q4_0) on SmolLM2-135M,
+# the same bench serve client, each server alone; builds llama.cpp from the llama-cpp-python sdist once (~10 min).
+bench-serve: $(BIN)/.installed
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python tools/bench_serve.py $(ARGS)
 	$(BIN)/python tools/bench_page.py
 
 bench-speculative: $(BIN)/.installed

@@ -60,6 +60,17 @@ BENCHES = (
         "each run in its own process, alternating: decode-phase tokens/s and CPU time per token, the speed-ups "
         "(medians of each round's own ratio), end to end, and the acceptance rate.",
     ),
+    Bench(
+        "serve",
+        "Serving",
+        "make bench-serve",
+        "tools/bench_serve.py serves SmolLM2-135M-Instruct (the real model, tools/real_model.py) with aotforge serve "
+        "(onnxruntime and tvm artifacts, fp32 and int4) and with llama.cpp's llama-server (F32 and Q4_0 of the same "
+        "weights), each server alone on the machine, alternating round by round, and loads each with the same "
+        "aotforge bench serve client (streaming /v1/completions, real English prompts, ignore_eos) at each "
+        "concurrency; then, on aotforge's servers, a prompt sharing a 256-token prefix with an earlier one and a "
+        "2,000-token prompt arriving among 7 running streams.",
+    ),
 )
 
 
