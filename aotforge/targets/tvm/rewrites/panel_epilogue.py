@@ -37,6 +37,24 @@ def residuals_into_panels(mod: Any, few: kernel.FewRows = kernel.FewRows.SPLIT) 
     return mutator.builder_.get(), mutator.taken
 
 
+def panel_dims(call: Any) -> tuple[int, int, int] | None:
+    """``(rows, k, n)`` of a call of the plain panel kernel (``panel_matmul_<rows>x<k>x<n>(x, w)``, ``x``
+    ``[rows, k]``, out ``[rows, n]``); ``None`` for any other expression, whatever its arity or ranks (an
+    embedding lookup from a tied head's panels, ``panel_rows``, is a ``call_tir`` of two arguments too, over
+    rank-1 ids)."""
+    if op_name(call) != "relax.call_tir" or not isinstance(call.args[0], relax.GlobalVar):
+        return None
+    if not call.args[0].name_hint.startswith(_PREFIX) or len(call.args[1].fields) != 2:
+        return None
+    x_shape, out_shape = static_shape(call.args[1].fields[0]), static_shape(call)
+    if x_shape is None or out_shape is None or len(x_shape) != 2 or len(out_shape) != 2:
+        return None
+    (rows, k), n = x_shape, out_shape[1]
+    if call.args[0].name_hint != f"{_PREFIX}{rows}x{k}x{n}" or out_shape[0] != rows:
+        return None
+    return rows, k, n
+
+
 @relax.expr_functor.mutator
 class _Residuals(relax.PyExprMutator):  # type: ignore[misc]
     def __init__(self, mod: Any, few: kernel.FewRows) -> None:
@@ -66,17 +84,13 @@ class _Residuals(relax.PyExprMutator):  # type: ignore[misc]
         inner = self.single_use_value(product)
         if op_name(inner) == "relax.reshape":
             inner = self.single_use_value(inner.args[0])
-        if op_name(inner) != "relax.call_tir" or not isinstance(inner.args[0], relax.GlobalVar):
+        dims = panel_dims(inner)
+        if dims is None:
             return None
-        x, w = inner.args[1].fields if len(inner.args[1].fields) == 2 else (None, None)
-        x_shape, out_shape = static_shape(x) if x is not None else None, static_shape(inner)
-        if x_shape is None or out_shape is None or w is None:
+        rows, k, n = dims
+        if int(np.prod(shape)) != rows * n:
             return None
-        (rows, k), n = x_shape, out_shape[1]
-        if inner.args[0].name_hint != f"{_PREFIX}{rows}x{k}x{n}":
-            return None
-        if out_shape != [rows, n] or int(np.prod(shape)) != rows * n:
-            return None
+        x, w = inner.args[1].fields
         name = f"{_PREFIX}add_{rows}x{k}x{n}"
         if name not in self.kernels:
             func = kernel.panel_matmul(rows, k, n, few=self.few, add=True).with_attr("global_symbol", name)

@@ -23,6 +23,7 @@ from tvm import relax
 
 from aotforge.targets.tvm.kernels import panel_matmul as kernel
 from aotforge.targets.tvm.relax_util import op_name, relax_functions, static_shape, var_uses
+from aotforge.targets.tvm.rewrites.panel_epilogue import panel_dims
 from aotforge.targets.tvm.rewrites.weight_args import with_arguments
 
 _PREFIX = "panel_matmul_"
@@ -77,14 +78,14 @@ class _Gates(relax.PyExprMutator):  # type: ignore[misc]
         if gate_half is None or up_half is None or not gate_half[0].same_as(up_half[0]):
             return None
         (call, g_at, rows), u_at = gate_half, up_half[1]
-        x, w = call.args[1].fields
-        x_shape, out_shape = static_shape(x), static_shape(call)
-        if x_shape is None or out_shape is None:
+        dims = panel_dims(call)
+        if dims is None:
             return None
-        (padded, k), n = x_shape, out_shape[1]
+        padded, k, n = dims
         f = n // 2
-        if call.args[0].name_hint != f"{_PREFIX}{padded}x{k}x{n}" or {g_at, u_at} != {0, f}:
+        if {g_at, u_at} != {0, f}:
             return None
+        x, w = call.args[1].fields
         if int(np.prod(shape)) != rows * f:
             return None
         name = f"{_PREFIX}gate_{padded}x{k}x{n}"
@@ -113,13 +114,11 @@ class _Gates(relax.PyExprMutator):  # type: ignore[misc]
         if op_name(value) != "relax.strided_slice" or len(value.args) != 4:
             return None
         source = self.value(value.args[0], 2)
-        if op_name(source) != "relax.call_tir" or not isinstance(source.args[0], relax.GlobalVar):
-            return None
-        if len(source.args[1].fields) != 2 or static_shape(source) is None:
+        dims = panel_dims(source)
+        if dims is None:
             return None
         axes, begin, end = ([int(v) for v in a] for a in value.args[1:])
-        width = static_shape(source)[1] // 2  # type: ignore[index]
-        if axes != [0, 1] or begin[0] != 0 or end[1] - begin[1] != width:
+        if axes != [0, 1] or len(begin) != 2 or len(end) != 2 or begin[0] != 0 or end[1] - begin[1] != dims[2] // 2:
             return None
         return source, begin[1], end[0]
 
