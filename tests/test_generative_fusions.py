@@ -87,6 +87,7 @@ def test_onnxruntime_graphs_run_fused_contrib_ops(llama_ort: Any) -> None:
             "rms_normalization": 2 * layers + 1,
             "skip_rms_normalization": 2 * layers,
             "rotary_in_attention": layers,
+            "rotary_in_attention_declined": 0,
             "packed_qkv_attention": layers,
             "identity_reshapes": layers,
         }

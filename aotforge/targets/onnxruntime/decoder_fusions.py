@@ -49,7 +49,7 @@ def fuse_for_ort(model: ir.Model, max_positions: int) -> dict[str, int]:
     counts = {"rotary_embedding": _rotary_rules(max_positions).apply_to_model(model)}
     counts["rms_normalization"] = fuse_rms_normalization(model)
     counts["skip_rms_normalization"] = fuse_skip_rms_normalization(model)
-    counts["rotary_in_attention"] = _rotary_into_attention(model)
+    counts["rotary_in_attention"], counts["rotary_in_attention_declined"] = _rotary_into_attention(model)
     counts["packed_qkv_attention"] = _packed_attention(model)
     counts["identity_reshapes"] = _identity_reshapes(model)
     common_passes.RemoveUnusedNodesPass()(model)
@@ -123,14 +123,17 @@ def _packed_attention(model: ir.Model) -> int:
     return done
 
 
-def _rotary_into_attention(model: ir.Model) -> int:
+def _rotary_into_attention(model: ir.Model) -> tuple[int, int]:
     """GroupQueryAttention takes the projections as the MatMuls make them and rotates q / k itself.
 
     The exported graph reshapes each projection to heads, transposes, rotates
     (``RotaryEmbedding`` after the rule above), transposes back and flattens again for the attention:
     10 nodes per layer that move no data of use. GQA with ``do_rotary=1`` and the same cos / sin tables
-    and ``position_ids`` (its optional input 9) computes the same rotation inside the op."""
-    done = 0
+    and ``position_ids`` (its optional input 9) computes the same rotation inside the op.
+
+    Returns ``(moved, declined)``: a rotation ORT's CPU kernel cannot take (``_cpu_rotary_fits``) stays a
+    ``RotaryEmbedding`` of its own before the attention."""
+    done = declined = 0
     for node in list(model.graph):
         if node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft" or len(node.inputs) != 7:
             continue
@@ -141,6 +144,9 @@ def _rotary_into_attention(model: ir.Model) -> int:
         (q, q_rot), (k, k_rot) = query, key
         if q_rot.inputs[1:] != k_rot.inputs[1:] or q_rot.attributes.get("interleaved", ir.AttrInt64("i", 0)).value:
             continue
+        if not _cpu_rotary_fits(node, q, q_rot.inputs[2]):
+            declined += 1
+            continue
         node.resize_inputs(10)
         for index, new in ((0, q), (1, k), (2, value), (7, q_rot.inputs[2]), (8, q_rot.inputs[3])):
             node.replace_input_with(index, new)
@@ -148,7 +154,22 @@ def _rotary_into_attention(model: ir.Model) -> int:
         node.attributes["do_rotary"] = ir.AttrInt64("do_rotary", 1)
         node.attributes["rotary_interleaved"] = ir.AttrInt64("rotary_interleaved", 0)
         done += 1
-    return done
+    return done, declined
+
+
+def _cpu_rotary_fits(node: ir.Node, query: ir.Value, cos: ir.Value | None) -> bool:
+    """Whether ORT's GroupQueryAttention accepts these cos / sin tables at run time (its ``CheckRotaryCaches``,
+    1.32): a head_dim that is a multiple of 16, a table of ``head_dim / 2`` or fewer columns, a multiple of 8.
+    Anything else is refused when the session runs (Phi-3 or Granite at head_dim 24, Gemma at 40), not when it
+    opens, so it is checked here, from the query's width and the op's ``num_heads``."""
+    heads = node.attributes.get("num_heads")
+    width = query.shape[2] if query.shape is not None and query.shape.rank() == 3 else None
+    table = cos.const_value if cos is not None else None
+    if heads is None or not isinstance(width, int) or table is None or len(table.shape) != 2:
+        return False
+    head_dim, columns = divmod(width, int(heads.value))
+    rotary = int(table.shape[1])
+    return columns == 0 and head_dim % 16 == 0 and rotary % 8 == 0 and rotary <= head_dim // 16 * 8
 
 
 def _identity_reshapes(model: ir.Model) -> int:
