@@ -97,7 +97,28 @@ def num_layers(model: Any) -> int:
 
 
 def _head(model: Any, hidden: torch.Tensor) -> torch.Tensor:
-    return model.get_output_embeddings()(hidden)
+    """The logits as the causal LM's own ``forward`` makes them: its head, then what some families do to the
+    head's output there rather than in a module (Granite divides by ``logits_scaling``, Cohere multiplies by
+    ``logit_scale``, Gemma 2 / 3 soft-cap by ``final_logit_softcapping``); ``head_scaling`` reads which."""
+    logits = model.get_output_embeddings()(hidden)
+    divide, multiply, cap = head_scaling(model.config)
+    if divide != 1.0:
+        logits = logits / divide
+    if multiply != 1.0:
+        logits = logits * multiply
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def head_scaling(config: Any) -> tuple[float, float, float]:
+    """``(divide by, multiply by, soft-cap)`` of the logits after the head in the ``forward`` of the family
+    ``config`` is of (``1.0, 1.0, 0.0``: none). Keyed by family, not by attribute name alone: HyperCLOVA X
+    multiplies by the ``logits_scaling`` that Granite divides by."""
+    family = str(getattr(config, "model_type", ""))
+    divide = float(getattr(config, "logits_scaling", 1.0) or 1.0) if family.startswith("granite") else 1.0
+    multiply = float(getattr(config, "logit_scale", 1.0) or 1.0) if family.startswith("cohere") else 1.0
+    return divide, multiply, float(getattr(config, "final_logit_softcapping", None) or 0.0)
 
 
 class Prefill(torch.nn.Module):
