@@ -165,10 +165,10 @@ def _cpu_rotary_fits(node: ir.Node, query: ir.Value, cos: ir.Value | None) -> bo
     heads = node.attributes.get("num_heads")
     width = query.shape[2] if query.shape is not None and query.shape.rank() == 3 else None
     table = cos.const_value if cos is not None else None
-    if heads is None or not isinstance(width, int) or table is None or len(table.shape) != 2:
+    rotary = table.shape[1] if table is not None and len(table.shape) == 2 else None
+    if heads is None or not isinstance(width, int) or not isinstance(rotary, int):
         return False
     head_dim, columns = divmod(width, int(heads.value))
-    rotary = int(table.shape[1])
     return columns == 0 and head_dim % 16 == 0 and rotary % 8 == 0 and rotary <= head_dim // 16 * 8
 
 
