@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from aotforge.compiler.generative.graphs import kv_shape
 from tests.llm_models import TVM_BUCKETS, VOCAB, assert_build_token_exact, build_text_generation
 
 TARGETS = ("onnxruntime", "tvm")
@@ -37,9 +38,9 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         "gemma",
         {"hidden_size": 96, "num_attention_heads": 4, "head_dim": 40, "num_key_value_heads": 1},
     ),
-    "gemma-80x2-d32-kv2": (
+    "gemma-80x2-d48-mha": (
         "gemma",
-        {"hidden_size": 80, "num_attention_heads": 2, "head_dim": 32, "num_key_value_heads": 2},
+        {"hidden_size": 80, "num_attention_heads": 2, "head_dim": 48, "num_key_value_heads": 2},
     ),
     "gemma-112x4-d24-kv2": (
         "gemma",
@@ -54,9 +55,16 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     # Granite: its four multipliers, logits_scaling among them.
     "granite-96x4-kv2": ("granite", {"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2}),
+    # head_dim 20: ORT's GroupQueryAttention refuses it, so the onnxruntime build's attention is the plain one.
     "granite-120x6-kv3-tied": (
         "granite",
-        {"hidden_size": 120, "num_attention_heads": 6, "num_key_value_heads": 3, "tie_word_embeddings": True},
+        {
+            "hidden_size": 120,
+            "num_attention_heads": 6,
+            "num_key_value_heads": 3,
+            "tie_word_embeddings": True,
+            "embedding_multiplier": 1.0,
+        },
     ),
     "granite-64x4-mha-bias": (
         "granite",
@@ -72,7 +80,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "opt-96x4": ("opt", {"hidden_size": 96, "num_attention_heads": 4}),
     "opt-80x5-untied": ("opt", {"hidden_size": 80, "num_attention_heads": 5, "tie_word_embeddings": False}),
     "opt-96x4-proj64": ("opt", {"hidden_size": 96, "num_attention_heads": 4, "word_embed_proj_dim": 64}),
-    "opt-96x4-postnorm": ("opt", {"hidden_size": 96, "num_attention_heads": 4, "do_layer_norm_before": False}),
+    "opt-112x4-postnorm": ("opt", {"hidden_size": 112, "num_attention_heads": 4, "do_layer_norm_before": False}),
 }
 #: One configuration per family in the default run: each failed on one of the targets before.
 DEFAULT = ("gpt2-120x5", "gemma-96x4-d40-kv1", "phi3-96x4-kv2", "granite-96x4-kv2", "opt-96x4")
@@ -89,12 +97,12 @@ def decoder(name: str) -> Any:
         config = tf.GPT2Config(**_COMMON, n_layer=2, n_positions=128, bos_token_id=0, eos_token_id=0, **values)
         return tf.GPT2LMHeadModel(config).eval()
     if family == "opt":
-        width = values.get("word_embed_proj_dim", values["hidden_size"])
         values = {"ffn_dim": 160, "num_hidden_layers": 2, "max_position_embeddings": 128, **values}
-        return tf.OPTForCausalLM(tf.OPTConfig(**_COMMON, word_embed_proj_dim=width, **values)).eval()
+        values.setdefault("word_embed_proj_dim", values["hidden_size"])
+        return tf.OPTForCausalLM(tf.OPTConfig(**_COMMON, **values)).eval()
     if family == "granite":
         multipliers = {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0625}
-        config = tf.GraniteConfig(**_COMMON, **_LLAMA_LIKE, **multipliers, logits_scaling=8.0, **values)
+        config = tf.GraniteConfig(**_COMMON, **_LLAMA_LIKE, **{**multipliers, "logits_scaling": 8.0, **values})
         return tf.GraniteForCausalLM(config).eval()
     if family == "phi3":
         return tf.Phi3ForCausalLM(tf.Phi3Config(**_COMMON, **_LLAMA_LIKE, pad_token_id=0, **values)).eval()
@@ -115,6 +123,21 @@ def test_family_is_token_exact_against_transformers(name: str, target: str, tmp_
     options = {"target_options": TVM_BUCKETS} if target == "tvm" else {}
     result = build_text_generation(model, tmp_path, target=target, name=name, **options)
     assert_build_token_exact(result, model)
+    if target == "onnxruntime":  # GroupQueryAttention where ORT's kernel takes the head_dim, else the plain one
+        _, head_dim = kv_shape(model)
+        assert result.manifest.target.info["decode_attention"] == ("masked" if head_dim % 8 else "gqa")
+
+
+def test_ort_attention_is_plain_where_group_query_attention_refuses_the_model() -> None:
+    """ORT's GroupQueryAttention fails at run time on a head_dim off a multiple of 8, and the fused op has no
+    soft-capping of the scores: such a model's onnxruntime build exports the plain attention, saying why."""
+    import transformers as tf
+
+    from aotforge.targets.onnxruntime.decoder import gqa_refusal
+
+    assert gqa_refusal(tf.LlamaConfig(), 24) == "" and gqa_refusal(tf.LlamaConfig(), 48) == ""
+    assert "head_dim 20 is not a multiple of 8" in gqa_refusal(tf.GraniteConfig(), 20)
+    assert "soft-capped" in gqa_refusal(tf.Gemma2Config(attn_logit_softcapping=50.0), 32)
 
 
 def _tied_lookup_plus_positions(rows: int, k: int, vocab: int) -> Any:
@@ -167,7 +190,7 @@ def test_ort_rotary_stays_out_of_attention_the_cpu_kernel_refuses(head_dim: int,
     ``head_dim / 2`` or fewer columns and a multiple of 8; otherwise it fails at run time. The fusion checks it."""
     import onnx_ir as ir
 
-    from aotforge.targets.generative.ort_fusions import _cpu_rotary_fits
+    from aotforge.targets.onnxruntime.decoder_fusions import _cpu_rotary_fits
 
     heads = 4
     query = ir.Value(name="q", shape=ir.Shape([1, "seq", heads * head_dim]), type=ir.TensorType(ir.DataType.FLOAT))

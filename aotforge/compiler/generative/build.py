@@ -62,7 +62,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.plots)
     with staging_dir(opts.out) as stage:
         say("exporting the prefill and decode graphs")
-        attention = backend.decode_attention
+        attention, plain_why = _decode_attention(backend, source.model, spec)
         prefill, decode = export_graphs(source.model, spec, place.name, decode_attention=attention)
         graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
         verify_width = opts.speculative_k + 1 if opts.speculative_k else 0
@@ -94,6 +94,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
             "task": TEXT_GENERATION,
             "decoder": spec.to_dict(),
             "decode_attention": attention,
+            **({"decode_attention_plain_because": plain_why} if plain_why else {}),
             **({"fusions": rewrites} if rewrites else {}),
             "weights": _stored_weights(stage, weights, backend.weights_file),
             **(
@@ -136,6 +137,14 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
             manifest_plots(stage, manifest.validation, manifest.benchmark, manifest.passes)
         manifest = store_artifact(stage, manifest, place)
     return BuildResult(place.path_of(manifest), manifest)
+
+
+def _decode_attention(backend: GenerativeBackend, model: Any, spec: Any) -> tuple[str, str]:
+    """The decode attention the export writes, and why it is the plain (masked) one where the backend's fused
+    attention cannot run this model ('' otherwise)."""
+    refusal = backend.decode_attention_refusal
+    why = refusal(model, spec) if refusal is not None and backend.decode_attention != "masked" else ""
+    return ("masked", why) if why else (backend.decode_attention, "")
 
 
 def _backend(opts: BuildOptions) -> GenerativeBackend:

@@ -32,6 +32,9 @@ class GenerativeBackend:
     load: Callable[[Path, TargetRecord], Any]
     #: the decode graph's attention the export writes (``compiler.generative.export.DECODE_ATTENTION``)
     decode_attention: str = "masked"
+    #: ``(causal LM, spec) -> why`` its ``decode_attention`` cannot run this model ('' when it can): the build
+    #: then exports ``"masked"`` attention (standard ops) and records the reason
+    decode_attention_refusal: Callable[[Any, DecoderSpec], str] | None = None
     #: compiles a verify graph (``--speculative-k``): ``compile(..., verify_width=)``
     speculative: bool = False
     #: refuses, before the export, target options this path cannot honour

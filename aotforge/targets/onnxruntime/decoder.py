@@ -90,12 +90,24 @@ def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunne
     return GenerativeRunner(engine)
 
 
+def gqa_refusal(config: Any, head_dim: int) -> str:
+    """Why ORT's CPU GroupQueryAttention cannot be this model's attention ('' when it can): the kernel refuses a
+    head_dim off a multiple of 8 when it runs, not when the session opens (Granite 120 wide over 6 heads), and
+    the fused op (``slot_attention``) drops a soft-capping of the scores (Gemma 2's ``attn_logit_softcapping``)."""
+    if head_dim % 8:
+        return f"head_dim {head_dim} is not a multiple of 8 (ONNX Runtime's GroupQueryAttention needs one)"
+    if getattr(config, "attn_logit_softcapping", None):
+        return "the attention scores are soft-capped (attn_logit_softcapping)"
+    return ""
+
+
 BACKEND = GenerativeBackend(
     compile=compile_generative,
     load=load_generative,
     # ORT's GroupQueryAttention writes each slot's new key/value into the bound cache and attends over the
     # slot's filled length only.
     decode_attention="gqa",
+    decode_attention_refusal=lambda model, spec: gqa_refusal(model.config, spec.head_dim),
     speculative=True,
     prepare_graphs=prepare_graphs,
     rewrite_graphs=rewrite_graphs,
