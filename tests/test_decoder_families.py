@@ -76,6 +76,21 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
             "mlp_bias": True,
         },
     ),
+    # The families issue 32 found exact, kept so: QK norms (Qwen3), parallel residual and partial rotary
+    # (GPT-NeoX, StableLM), a sliding window no shorter than the cache (Mistral).
+    "mistral-96x4-kv2": ("mistral", {"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2}),
+    "qwen3-80x4-d32-kv2": (
+        "qwen3",
+        {"hidden_size": 80, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},
+    ),
+    "gpt_neox-96x3-rot25": (
+        "gpt_neox",
+        {"hidden_size": 96, "num_attention_heads": 3, "rotary_pct": 0.25, "tie_word_embeddings": False},
+    ),
+    "stablelm-96x4-qkv-bias": (
+        "stablelm",
+        {"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "use_qkv_bias": True},
+    ),
     # OPT: learned positions (offset 2), ReLU, biases everywhere, tied head.
     "opt-96x4": ("opt", {"hidden_size": 96, "num_attention_heads": 4}),
     "opt-80x5-untied": ("opt", {"hidden_size": 80, "num_attention_heads": 5, "tie_word_embeddings": False}),
@@ -106,9 +121,15 @@ def decoder(name: str) -> Any:
         return tf.GraniteForCausalLM(config).eval()
     if family == "phi3":
         return tf.Phi3ForCausalLM(tf.Phi3Config(**_COMMON, **_LLAMA_LIKE, pad_token_id=0, **values)).eval()
-    if family == "gemma":
-        return tf.GemmaForCausalLM(tf.GemmaConfig(**_COMMON, **_LLAMA_LIKE, **values)).eval()
-    raise ValueError(family)
+    classes = {
+        "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM),
+        "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+        "gpt_neox": (tf.GPTNeoXConfig, tf.GPTNeoXForCausalLM),
+        "stablelm": (tf.StableLmConfig, tf.StableLmForCausalLM),
+    }
+    config_type, model_type = classes[family]
+    return model_type(config_type(**_COMMON, **_LLAMA_LIKE, **values)).eval()
 
 
 def _configs() -> list[Any]:
@@ -138,6 +159,24 @@ def test_ort_attention_is_plain_where_group_query_attention_refuses_the_model() 
     assert gqa_refusal(tf.LlamaConfig(), 24) == "" and gqa_refusal(tf.LlamaConfig(), 48) == ""
     assert "head_dim 20 is not a multiple of 8" in gqa_refusal(tf.GraniteConfig(), 20)
     assert "soft-capped" in gqa_refusal(tf.Gemma2Config(attn_logit_softcapping=50.0), 32)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_sliding_window_shorter_than_the_cache_is_refused_before_the_export(target: str, tmp_path: Path) -> None:
+    """The graphs' mask is ours: a window shorter than ``max_seq_len`` would go unapplied, so the build refuses
+    it in one line naming the model's family and the target, before any export (a second at most)."""
+    import torch
+    import transformers as tf
+
+    from aotforge.core.errors import UnsupportedModelError
+
+    torch.manual_seed(0)
+    config = tf.MistralConfig(**_COMMON, **_LLAMA_LIKE, hidden_size=64, num_attention_heads=4, sliding_window=16)
+    with pytest.raises(
+        UnsupportedModelError, match=rf"\(mistral\) cannot be built for {target}: .*sliding window of 16"
+    ):
+        build_text_generation(tf.MistralForCausalLM(config).eval(), tmp_path, target=target)
+    assert not any(tmp_path.rglob("*.onnx"))
 
 
 def _tied_lookup_plus_positions(rows: int, k: int, vocab: int) -> Any:

@@ -22,12 +22,13 @@ from aotforge.compiler.build_tail import build_record, key_toolchain, place_arti
 from aotforge.compiler.builder import target_passes
 from aotforge.compiler.generative.benchmark import benchmark_generation
 from aotforge.compiler.generative.export import decoder_spec, export_graphs, export_verify, save_shared
+from aotforge.compiler.generative.graphs import unsupported
 from aotforge.compiler.generative.source import load_causal_lm
 from aotforge.compiler.generative.validation import validate_generation
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
 from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, VERIFY_FILE, WEIGHTS_FILE, prefill_io
-from aotforge.core.errors import OptionsError, TargetUnavailableError
+from aotforge.core.errors import OptionsError, TargetUnavailableError, UnsupportedModelError
 from aotforge.core.options import options_from_dict
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET, contrib_op_passes
@@ -54,6 +55,10 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
     spec = decoder_spec(source.model, opts.max_seq_len, opts.max_batch)
+    why = unsupported(source.model.config, spec.max_seq_len)
+    if why:  # refused before the export: a wrong artifact would only fail validation minutes later
+        family = getattr(source.model.config, "model_type", type(source.model).__name__)
+        raise UnsupportedModelError(f"{source.name} ({family}) cannot be built for {opts.target}: {why}")
     if backend.plan is not None:  # options the target cannot honour are refused before the export
         backend.plan(spec, target_opts)
     if opts.speculative_k and not backend.speculative:

@@ -233,6 +233,20 @@ class Verify(torch.nn.Module):
         return (logits, *kv)
 
 
+def unsupported(config: Any, max_seq_len: int) -> str:
+    """Why these graphs would not compute what the model's own attention does ('' when they would): the mask is
+    ours, so a sliding window shorter than the cache (Mistral's ``sliding_window``, on the layers
+    ``layer_types`` names ``sliding_attention``) would go unapplied past its first ``window`` positions."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not window or int(window) >= max_seq_len or (types is not None and "sliding_attention" not in types):
+        return ""
+    return (
+        f"its sliding window of {window} positions is shorter than --max-seq-len {max_seq_len}, and the "
+        f"exported graphs attend over the whole cache on every CPU target: build with --max-seq-len {window}"
+    )
+
+
 def kv_shape(model: Any) -> tuple[int, int]:
     """``(kv_heads, head_dim)`` of the model's attention, read from its config."""
     config = model.config
