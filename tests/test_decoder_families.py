@@ -89,7 +89,14 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "stablelm-96x4-qkv-bias": (
         "stablelm",
-        {"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "use_qkv_bias": True},
+        # no end token: StableLM's default (0) is a token transformers' min_new_tokens would keep it from choosing
+        {
+            "hidden_size": 96,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "use_qkv_bias": True,
+            "eos_token_id": None,
+        },
     ),
     # OPT: learned positions (offset 2), ReLU, biases everywhere, tied head.
     "opt-96x4": ("opt", {"hidden_size": 96, "num_attention_heads": 4}),
