@@ -4,12 +4,14 @@ Each configuration is a transformers causal LM built from its config with random
 0.2, tests/llm_models.py), at sizes chosen to vary what the families vary: hidden sizes off the powers of two,
 head_dim != hidden / heads, one KV head up to multi-head, tied and untied heads, biases, learned positions and
 post-norm (OPT), the embedding / residual / attention / logit multipliers (Granite). The default run builds one
-configuration per family and target (those of issue 32's table: each failed before); the wider sweep is slow.
+configuration per family and target (those of issue 32's table: each failed before); the wider sweep (and
+Mistral, Qwen3, GPT-NeoX, StableLM) is slow.
 
-Beside the builds, the three checks that failed, each on a graph of its own (no export, a few seconds):
-the tvm residual-into-panel rewrite declines an embedding lookup's ``panel_rows`` call, ORT's GroupQueryAttention
-keeps rotary out where its CPU kernel refuses the tables, and the logits are scaled as the family's ``forward``
-scales them.
+Beside the builds, each check that failed, on a graph or config of its own (no export, a few seconds): the tvm
+residual-into-panel rewrite declines an embedding lookup's ``panel_rows`` call, ORT's GroupQueryAttention keeps
+rotary out where its CPU kernel refuses the tables and is not the attention at all where it refuses the head_dim,
+the logits are scaled as the family's ``forward`` scales them; and a sliding window shorter than the cache is
+refused before the export.
 """
 
 from __future__ import annotations
