@@ -113,9 +113,12 @@ def test_no_figure_is_typed_into_the_readme_or_the_docs_pages() -> None:
 
 def test_supported_models_table_is_what_the_tests_build() -> None:
     """Each row of the README's supported-models table is built by the tests, and each architecture they build is
-    a row (tests/hf_models.py for the encoders and vision models, tests/llm_models.py for text generation)."""
+    a row (tests/hf_models.py for the encoders and vision models, tests/llm_models.py and
+    tests/test_decoder_families.py for text generation)."""
     from tests.hf_models import ARCHITECTURES as ENCODERS
     from tests.llm_models import ARCHITECTURES as DECODERS
+    from tests.llm_models import tiny_causal_lm
+    from tests.test_decoder_families import CONFIGS, decoder
 
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Supported models") :].split("\n## ", 1)[0]
@@ -128,4 +131,6 @@ def test_supported_models_table_is_what_the_tests_build() -> None:
     }
     assert classes == {m.model_class for m in ENCODERS.values()}
     assert sorted(r[4] for r in rows) == ["yes"] * len(rows) and sorted(r[3] for r in rows) == ["yes"] * len(rows)
-    assert len([r for r in rows if r[2] == "text-generation"]) == len(DECODERS)
+    generative = [r[1].split(" ")[0] for r in rows if r[2] == "text-generation"]
+    built = {type(tiny_causal_lm(a)).__name__ for a in DECODERS} | {type(decoder(n)).__name__ for n in CONFIGS}
+    assert sorted(generative) == sorted(built)
