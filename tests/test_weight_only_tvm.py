@@ -107,8 +107,7 @@ def test_tiny_llama_int4_through_tvm(tmp_path: Path) -> None:
         max_batch=1,
         passes=["weight-only"],
         pass_params={"weight-only": {"bits": 4, "block_size": 32}},
-        tolerance=1.0,
-        min_token_agreement=0.0,
+        max_perplexity_increase=10.0,  # a random model: the quality is recorded, not judged
         target_options={"buckets": ("prompt=64",)},
     )
     report = result.manifest.target.info["generative"]["weight_only"]
