@@ -78,7 +78,8 @@ def manifest_summary(m: dict[str, Any]) -> str:
     if "token_agreement" in v:
         lines.append(
             f"  validation: {'passed' if v.get('passed') else 'failed'} (greedy tokens vs transformers"
-            f"{', reported' if v.get('gated') is False else ''}: {v['token_agreement']:.1%} agree, worst logits rel L2 {v['max_logits_rel_l2']:.3g})"
+            f"{', reported' if v.get('gated') is False else ''}: {v['token_agreement']:.1%} agree, "
+            f"worst logits rel L2 {v['max_logits_rel_l2']:.3g})"
         )
     if "quality" in v:
         q = v["quality"]
