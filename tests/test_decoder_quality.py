@@ -73,7 +73,8 @@ def test_precision_int4_builds_a_decoder_gated_on_quality(target: str, llama_dir
         llama_dir, tmp_path, target=target, precision="int4", max_perplexity_increase=GENEROUS, plots=False
     )
     assert [p["name"] for p in result.manifest.passes][0] == "weight-only"
-    assert all(p["params"]["bits"] == 4 for p in result.manifest.passes)
+    assert all(p["params"]["bits"] == 4 and p["params"]["head_bits"] == 8 for p in result.manifest.passes)
+    assert all(p["stats"]["head_bits"] == 8 for p in result.manifest.passes)  # the head at 8 bits by default
     quality = _quality(result)
     assert quality["perplexity"] > 1 and quality["reference_perplexity"] > 1 and quality["mean_kl"] > 0
     want = quality["perplexity"] / quality["reference_perplexity"] - 1

@@ -36,8 +36,8 @@ EVAL_TOKENS = 2048
 MAX_WINDOW = 513
 #: What a user can turn when a build is over budget, each giving up some speed or size for quality.
 KNOBS = (
-    "a smaller weight-only block (--pass-opt weight-only.block_size=16), the LM head kept at 8 bits "
-    "(--pass-opt weight-only.head_bits=8), 8-bit weights throughout (--precision int8)"
+    "8-bit weights (--precision int8), a smaller quantization block (--pass-opt weight-only.block_size=16 on "
+    "onnxruntime), the LM head at 8 bits (--pass-opt weight-only.head_bits=8, the text-generation default)"
 )
 BYTE_RULE = "UTF-8 bytes, each byte's value modulo the vocabulary size"
 

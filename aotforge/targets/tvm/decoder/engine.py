@@ -174,7 +174,7 @@ BACKEND = GenerativeBackend(
     # with int8 activations: the manifest records the level it runs (the user's 0 is taken too).
     compile_passes=frozenset({"weight-only"}),
     check_compile_passes=check_compile_passes,
-    pass_defaults={"weight-only": {"accuracy_level": 4}},
+    pass_defaults={"weight-only": {"accuracy_level": 4, "head_bits": 8}},  # the head at 8 bits as onnxruntime's
     # The packed weights replace the export's weights.data (``weight_file``).
     weights_file=TVM_WEIGHTS_FILE,
 )
