@@ -36,7 +36,7 @@ def build_trained_target(pair: LmPair, out: Path, target: str, params: Mapping[s
     passes: dict[str, Any] = {}
     if params is not None:  # the gates judge these builds, not the build's token-exact validation
         passes = {"passes": ["weight-only"], "pass_params": {"weight-only": dict(params)}}
-        passes |= {"min_token_agreement": 0.0, "tolerance": 1.0}
+        passes |= {"max_perplexity_increase": 1.0}
     return aotforge.build(
         str(pair.target_dir),
         target=target,

@@ -181,15 +181,13 @@ def test_device_targets_refuse_with_the_probe_reason(target: str, tmp_path: Path
 @pytest.mark.slow  # three builds of the tiny Llama (about a minute on a quiet 2-core machine)
 def test_weight_only_int8_on_both_graphs(tmp_path: Path) -> None:
     """The weight-only pass runs on prefill and decode; the quantized weights are still stored once, the
-    manifest records each graph's pass and the token agreement; a tolerance the numerics miss fails."""
+    manifest records each graph's pass, its quality and the token agreement (reported, not gated)."""
     import onnx
-
-    from aotforge.core.errors import ValidationFailedError
 
     model = tiny_causal_lm("llama")
     quant = {"passes": ["weight-only"], "pass_params": {"weight-only": {"bits": 8}}}
     # int8 activations (the text-generation default) put this random model's worst step at rel L2 0.105
-    result = _build(model, tmp_path / "ok", tolerance=0.2, min_token_agreement=0.5, **quant)
+    result = _build(model, tmp_path / "ok", **quant)
     decode = onnx.load(result.path / "decode.onnx", load_external_data=False)
     assert any(n.op_type == "MatMulNBits" for n in decode.graph.node)
     passes = result.manifest.passes
@@ -204,7 +202,7 @@ def test_weight_only_int8_on_both_graphs(tmp_path: Path) -> None:
     assert result.manifest.validation["token_agreement"] >= 0.5
     ids = np.array([PROMPTS[0]])
     assert aotforge.load(result.path).generate(ids, 5).shape == (1, len(PROMPTS[0]) + 5)
-    with pytest.raises(ValidationFailedError, match="agrees with transformers"):
-        _build(model, tmp_path / "strict", tolerance=1e-9, **quant)
+    # Gated on quality (held-out perplexity vs fp32), the token agreement and logits only reported.
+    assert result.manifest.validation["gated"] is False and "mean_kl" in result.manifest.validation["quality"]
     with pytest.raises(OptionsError, match="text-generation builds"):
         _build(model, tmp_path / "int8", passes=["int8-dynamic"])

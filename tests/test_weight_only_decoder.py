@@ -152,3 +152,28 @@ def test_quality_gates_on_the_trained_target(lm_pair: LmPair, tmp_path: Path) ->
     tokens = encode(lm_pair.heldout_text)[:GATE_TOKENS]
     assert report["fp32"]["perplexity"] == pytest.approx(torch_perplexity(model, tokens), rel=1e-3)
     assert_within_gates(report)
+
+
+def test_head_bits_keeps_the_head_at_8_bits_and_the_rest_at_4(decoder_graphs: tuple[str, ir.Model, ir.Model]) -> None:
+    """``head_bits=8``: the LM head (the MatMul producing ``logits``) at 8 bits, every other projection at 4."""
+    arch, _, decode = decoder_graphs
+    graph = ir.from_proto(ir.to_proto(decode))
+    (record,) = run_passes(graph, [make_pass("weight-only", {"head_bits": "8"})])
+    head = _producer(graph, "logits")
+    assert head.op_type == "MatMulNBits" and head.attributes.get_int("bits") == 8, arch
+    bits = [n.attributes.get_int("bits") for n in graph.graph if n.op_type == "MatMulNBits" and n is not head]
+    assert bits == [4] * (2 * 7), arch
+    assert record.stats["nodes_quantized"] == 2 * 7 + 1 and record.stats["head_bits"] == 8
+    assert record.stats["head"] == [_source(head)]
+
+
+def test_head_bits_equal_to_bits_changes_nothing() -> None:
+    model, plain = tied_lm(), tied_lm()
+    (record,) = run_passes(model, [make_pass("weight-only", {"bits": "8", "head_bits": "8"})])
+    run_passes(plain, [make_pass("weight-only", {"bits": "8"})])
+    assert "head" not in record.stats
+    assert ir.to_proto(model).graph == ir.to_proto(plain).graph
+
+
+def _source(node: ir.Node) -> str:
+    return str(node.name).removesuffix("_Q8")

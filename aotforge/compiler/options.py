@@ -64,8 +64,14 @@ class BuildOptions:
     #: text-generation: KV-cache positions per sequence (prompt + new tokens) and sequences per call.
     max_seq_len: int = 256
     max_batch: int = 4
-    #: text-generation: the least share of greedy tokens that must match the source model.
+    #: text-generation: the least share of greedy tokens that must match the source model (builds whose passes
+    #: keep numerics; one that changes them is gated on quality below, its token agreement reported).
     min_token_agreement: float = 1.0
+    #: text-generation, passes that change numerics: the quality budget, the most the artifact's held-out
+    #: perplexity may exceed the fp32 model's (relative: 0.05 is +5%).
+    max_perplexity_increase: float = 0.05
+    #: text-generation: the held-out UTF-8 text of that gate; None: stdlib docstrings (``generative.quality``).
+    eval_text: Path | None = None
     #: text-generation: compile a verify graph taking up to this many draft tokens (+1) for speculative
     #: decoding (``generate(draft=...)``); 0 compiles none.
     speculative_k: int = 0
@@ -89,7 +95,7 @@ class BuildOptions:
             values["dynamic"] = tuple(_dim_range(d) for d in values["dynamic"])
         if values.get("task") is not None:
             values["task"] = parse_task(values["task"])
-        for key in ("out", "dump_ir", "cache_dir"):
+        for key in ("out", "dump_ir", "cache_dir", "eval_text"):
             if values.get(key) is not None:
                 values[key] = Path(values[key])
         if "bench_options" in values and isinstance(values["bench_options"], Mapping):
@@ -107,6 +113,11 @@ class BuildOptions:
             raise OptionsError(
                 f"speculative_k must be in 0..{options.max_seq_len - 2} (below max_seq_len - 1), "
                 f"got {options.speculative_k}"
+            )
+        if not options.max_perplexity_increase >= 0:
+            raise OptionsError(
+                "max_perplexity_increase is a relative increase >= 0 (0.05: +5%), "
+                f"got {options.max_perplexity_increase}"
             )
         if not 0 <= options.min_token_agreement <= 1:
             raise OptionsError(f"min_token_agreement is a share in [0, 1], got {options.min_token_agreement}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -32,10 +33,15 @@ class QuantizeWeightOnlyParams:
     #: MatMulNBits' compute type: 0 (unset: fp32), 1 fp32, 2 fp16, 3 bf16, 4 int8 activations.
     accuracy_level: int = 0
     nodes_to_exclude: tuple[str, ...] = ()
+    #: The LM head's bits (a MatMul / Gemm whose output is a graph output, tied or not) when it differs from
+    #: ``bits``: a decoder's most sensitive matmul (llama.cpp keeps it at 6 bits); 0: ``bits``.
+    head_bits: int = 0
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8):
             raise OptionsError(f"pass weight-only: bits is 4 or 8, got {self.bits}")
+        if self.head_bits not in (0, 4, 8):
+            raise OptionsError(f"pass weight-only: head_bits is 4 or 8 (0: bits), got {self.head_bits}")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise OptionsError(f"pass weight-only: block_size is a power of two >= 16, got {self.block_size}")
         if not 0 <= self.accuracy_level <= 4:
@@ -86,6 +92,19 @@ def survey(model: ir.Model, exclude: tuple[str, ...]) -> tuple[list[str], dict[s
     return taken, not_taken
 
 
+def head_nodes(model: ir.Model, names: list[str]) -> list[str]:
+    """The named MatMuls whose output, or its bias ``Add``'s, is a graph output: a decoder's LM head."""
+    heads = []
+    for node in model.graph:
+        if node.op_type != "MatMul" or str(node.name) not in names:
+            continue
+        out = node.outputs[0]
+        biased = [u.node.outputs[0] for u in out.uses() if u.node.op_type == "Add"]
+        if out.is_graph_output() or any(v.is_graph_output() for v in biased):
+            heads.append(str(node.name))
+    return heads
+
+
 def gemms_as_matmuls(model: ir.Model, names: list[str]) -> None:
     """Rewrite the named Gemms as ``MatMul(A, B or B^T)`` (+ ``Add(C)``), the MatMul keeping the Gemm's name."""
     graph = model.graph
@@ -131,6 +150,7 @@ class QuantizeWeightOnlyPass(GraphPass):
             return onnx_ir.passes.PassResult(model, modified=False)
         float_bytes = sum(_weight_bytes(model, n) for n in candidates)
         gemms_as_matmuls(model, candidates)
+        heads = head_nodes(model, candidates) if p.head_bits not in (0, p.bits) else []
 
         def quantize(src: Path, dst: Path) -> None:
             import logging
@@ -139,17 +159,25 @@ class QuantizeWeightOnlyPass(GraphPass):
 
             # It logs one INFO line per node it skips (hundreds for a transformer).
             logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
-            quantizer = MatMulNBitsQuantizer(
-                str(src),
-                bits=p.bits,
-                block_size=p.block_size,
-                is_symmetric=p.symmetric,
-                accuracy_level=p.accuracy_level or None,
-                nodes_to_exclude=list(p.nodes_to_exclude),
-                op_types_to_quantize=("MatMul",),
-            )
-            quantizer.process()
-            quantizer.model.save_model_to_file(str(dst))
+
+            def run(model: Any, bits: int, exclude: list[str], include: list[str] | None = None) -> Any:
+                quantizer = MatMulNBitsQuantizer(
+                    model,
+                    bits=bits,
+                    block_size=p.block_size,
+                    is_symmetric=p.symmetric,
+                    accuracy_level=p.accuracy_level or None,
+                    nodes_to_exclude=exclude,
+                    nodes_to_include=include,
+                    op_types_to_quantize=("MatMul",),
+                )
+                quantizer.process()
+                return quantizer.model
+
+            done = run(str(src), p.bits, [*p.nodes_to_exclude, *heads])
+            if heads:  # the head in a second run, at its own bits
+                done = run(done.model, p.head_bits, list(p.nodes_to_exclude), heads)
+            done.save_model_to_file(str(dst))
 
         quantize_through_files(model, quantize)
         packed = [n for n in model.graph if n.op_type == "MatMulNBits"]
@@ -163,6 +191,7 @@ class QuantizeWeightOnlyPass(GraphPass):
             "block_size": p.block_size,
             "weight_mb_before": round(float_bytes / 2**20, 3),
             "weight_mb_after": round(packed_bytes / 2**20, 3),
+            **({"head_bits": p.head_bits, "head": heads} if heads else {}),
             "excluded": list(p.nodes_to_exclude),
             "taken": taken,
             "not_taken": dict(sorted(not_taken.items())),

@@ -16,6 +16,13 @@ from aotforge.compiler.frontend_transformers import Task
 from aotforge.core.spec import parse_value_range
 
 
+def _field_default(name: str) -> Any:
+    """A ``BuildOptions`` field's default, which its flag shows and passes on (written once, in the dataclass)."""
+    from aotforge.compiler.options import BuildOptions
+
+    return BuildOptions.__dataclass_fields__[name].default
+
+
 @click.command()
 @click.argument("model")
 @click.option(
@@ -77,7 +84,21 @@ from aotforge.core.spec import parse_value_range
     type=click.FloatRange(0.0, 1.0),
     default=1.0,
     show_default=True,
-    help="text-generation: the share of greedy tokens that must match transformers (below it the build fails).",
+    help="text-generation: the share of greedy tokens that must match transformers (below it the build fails); "
+    "a build whose passes change numerics reports it and is gated by --max-perplexity-increase instead.",
+)
+@click.option(
+    "--max-perplexity-increase",
+    type=click.FloatRange(min=0),
+    default=_field_default("max_perplexity_increase"),
+    show_default=True,
+    help="text-generation with passes that change numerics (--precision int4/int8): the quality budget, the most "
+    "held-out perplexity may rise over the fp32 model's (relative: 0.05 is +5%); above it the build fails.",
+)
+@click.option(
+    "--eval-text",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="text-generation: UTF-8 text that quality budget is measured on (default: stdlib docstrings).",
 )
 @click.option(
     "--speculative-k",
@@ -160,6 +181,8 @@ def compile(model: str, **kw: Any) -> None:
             "max_seq_len": kw["max_seq_len"],
             "max_batch": kw["max_batch"],
             "min_token_agreement": kw["min_token_agreement"],
+            "max_perplexity_increase": kw["max_perplexity_increase"],
+            "eval_text": kw["eval_text"],
             "speculative_k": kw["speculative_k"],
         }
     )

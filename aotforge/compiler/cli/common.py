@@ -77,8 +77,15 @@ def manifest_summary(m: dict[str, Any]) -> str:
     v = m["validation"]
     if "token_agreement" in v:
         lines.append(
-            f"  validation: {'passed' if v.get('passed') else 'failed'} (greedy tokens vs transformers: "
-            f"{v['token_agreement']:.1%} agree, worst logits rel L2 {v['max_logits_rel_l2']:.3g})"
+            f"  validation: {'passed' if v.get('passed') else 'failed'} (greedy tokens vs transformers"
+            f"{', reported' if v.get('gated') is False else ''}: {v['token_agreement']:.1%} agree, "
+            f"worst logits rel L2 {v['max_logits_rel_l2']:.3g})"
+        )
+    if "quality" in v:
+        q = v["quality"]
+        lines.append(
+            f"  quality: perplexity {q['perplexity']:.4f} vs fp32 {q['reference_perplexity']:.4f} "
+            f"({q['perplexity_increase']:+.2%}, budget {q['max_perplexity_increase']:g}), mean KL {q['mean_kl']:.4g}"
         )
     b = m["benchmark"]
     if "token_agreement" in v and b and "generation" in b:

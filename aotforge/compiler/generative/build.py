@@ -23,7 +23,9 @@ from aotforge.compiler.builder import target_passes
 from aotforge.compiler.generative.benchmark import benchmark_generation
 from aotforge.compiler.generative.export import decoder_spec, export_graphs, export_verify, save_shared
 from aotforge.compiler.generative.graphs import unsupported
-from aotforge.compiler.generative.source import load_causal_lm
+from aotforge.compiler.generative.pass_list import decoder_pass_options
+from aotforge.compiler.generative.quality import validate_quality
+from aotforge.compiler.generative.source import CausalLM, load_causal_lm
 from aotforge.compiler.generative.validation import validate_generation
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
@@ -49,6 +51,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
 
         return build_bundled(model, opts, say)
     started = time.perf_counter()
+    opts = decoder_pass_options(opts)
     backend = _backend(opts)
     target = get_target(opts.target)
     target_opts = _target_options(opts, target, backend)
@@ -110,6 +113,8 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
         }
         record = TargetRecord(target.name, dataclasses.asdict(target_opts), info)
         runner = backend.load(stage, record)
+        # A build that changes numerics is gated on quality (held-out perplexity), an fp32 one on exact tokens.
+        quantized = any(e.get("changes_numerics") for e in pass_entries)
         say("validating greedy generation against transformers")
         validation = validate_generation(
             source.model,
@@ -119,7 +124,11 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
             tolerance=opts.tolerance,
             min_agreement=opts.min_token_agreement,
             name=place.name,
+            gate=not quantized,
         )
+        if quantized:
+            say("validating quality: held-out perplexity and KL against the fp32 model")
+            validation = _quality_validation(source, runner, spec, opts, place.name, validation)
         bench = None
         if opts.bench:
             say("benchmarking generation")
@@ -150,6 +159,28 @@ def _decode_attention(backend: GenerativeBackend, model: Any, spec: Any) -> tupl
     refusal = backend.decode_attention_refusal
     why = refusal(model, spec) if refusal is not None and backend.decode_attention != "masked" else ""
     return ("masked", why) if why else (backend.decode_attention, "")
+
+
+def _quality_validation(
+    source: CausalLM, runner: Any, spec: Any, opts: BuildOptions, name: str, tokens: dict[str, Any]
+) -> dict[str, Any]:
+    """The validation record of a build whose passes change numerics: quality gated, greedy tokens reported."""
+    quality = validate_quality(
+        source.model,
+        runner,
+        spec,
+        text_file=opts.eval_text,
+        tokenizer_dir=source.tokenizer_dir,
+        max_increase=opts.max_perplexity_increase,
+        name=name,
+    )
+    return {
+        **tokens,
+        "reference": "the fp32 source model (torch) on held-out text; greedy tokens vs transformers reported",
+        "metric": "perplexity increase over fp32 and mean KL(fp32 || artifact) per token (quality)",
+        "quality": quality,
+        "passed": True,
+    }
 
 
 def _backend(opts: BuildOptions) -> GenerativeBackend:
@@ -194,8 +225,8 @@ def _compile_pass_entries(passes: dict[str, Any], target_info: Mapping[str, Any]
 def _graph_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -> Callable[[], list[Any]] | None:
     """A factory of fresh pass instances (each graph records its own stats), or None without passes.
 
-    Weight-only quantization is what a memory-bound decoder wants, and it needs no calibration;
-    the build's token-agreement validation is what gates its numerics (``--min-token-agreement``)."""
+    Weight-only quantization is what a memory-bound decoder wants, and it needs no calibration; the build's
+    quality validation (``quality``: held-out perplexity, ``--max-perplexity-increase``) gates its numerics."""
     if tuple(opts.passes) in ((DEFAULT_PRESET,), ()):
         return None
     names, _ = _target_passes(opts, target, backend)
@@ -205,7 +236,7 @@ def _graph_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -
     if refused:
         raise OptionsError(
             f"passes {', '.join(refused)} do not apply to text-generation builds: they take "
-            f"{', '.join(sorted(GENERATIVE_PASSES))} (e.g. --passes weight-only --pass-opt weight-only.bits=8)"
+            f"{', '.join(sorted(GENERATIVE_PASSES))} (--precision int4 or int8, or --passes weight-only)"
         )
     contrib = contrib_op_passes(names)
     if contrib and opts.target != "onnxruntime":

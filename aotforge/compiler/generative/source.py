@@ -22,6 +22,12 @@ class CausalLM:
     #: Files to copy into the artifact, by their name there.
     files: dict[str, Path] = dataclasses.field(default_factory=dict)
 
+    @property
+    def tokenizer_dir(self) -> Path | None:
+        """The directory the model's tokenizer loads from; None when it came without one."""
+        found = [p for n, p in self.files.items() if n in ("tokenizer.json", "tokenizer_config.json")]
+        return found[0].parent if found else None
+
 
 def load_causal_lm(model: Any, name: str | None = None) -> CausalLM:
     """``model``: a transformers causal-LM directory, a ``.py`` file whose ``get_model()`` returns one,

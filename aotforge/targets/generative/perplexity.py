@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -50,34 +51,44 @@ def perplexity(engine: StepEngine, ids: np.ndarray, window: int | None = None) -
         raise InputSpecError(f"perplexity needs at least 2 tokens, got {len(tokens)}")
     if tokens.min() < 0 or tokens.max() >= spec.vocab:
         raise InputSpecError(f"token ids must lie in [0, {spec.vocab}), got {tokens.min()}..{tokens.max()}")
+    total, scored, windows = 0.0, 0, 0
+    for batch in window_batches(tokens, window, spec.max_batch):
+        total += sum(_nll(logits, batch[:, pos]) for pos, logits in window_logits(engine, batch))
+        scored, windows = scored + batch.size - len(batch), windows + len(batch)
+    nll = total / scored
+    return Perplexity(math.exp(nll), nll, scored, window, windows, time.perf_counter() - started)
+
+
+def window_batches(tokens: np.ndarray, window: int, max_batch: int) -> Iterator[np.ndarray]:
+    """Non-overlapping windows of ``window`` tokens (the last may be shorter; one of a single token is dropped),
+    stacked ``[rows, length]`` by equal length, at most ``max_batch`` rows each."""
     chunks = [tokens[s : s + window] for s in range(0, len(tokens), window)]
     chunks = [c for c in chunks if len(c) >= 2]
-    total = 0.0
     for length in sorted({len(c) for c in chunks}):
         same = [c for c in chunks if len(c) == length]
-        for start in range(0, len(same), spec.max_batch):
-            total += _window_nll(engine, np.stack(same[start : start + spec.max_batch]))
-    scored = sum(len(c) - 1 for c in chunks)
-    nll = total / scored
-    return Perplexity(math.exp(nll), nll, scored, window, len(chunks), time.perf_counter() - started)
+        for start in range(0, len(same), max_batch):
+            yield np.stack(same[start : start + max_batch])
 
 
-def _window_nll(engine: StepEngine, batch: np.ndarray) -> float:
-    """Summed NLL of tokens 1.. of each row ``[rows, length]``, each row its own slot from position 0."""
+def window_logits(engine: StepEngine, batch: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """``(pos, logits [rows, vocab])`` predicting ``batch[:, pos]`` for pos 1.., each row its own slot from
+    position 0: the first token prefilled, the rest decoded one by one."""
     rows, length = batch.shape
     engine.start(rows, 1)
     first = batch[:, :1]
     logits = engine.prefill(first, np.ones_like(first), np.zeros_like(first))
-    total = 0.0
     for pos in range(1, length):
-        total += _nll(logits, batch[:, pos])
+        yield pos, logits
         if pos < length - 1:
             logits = engine.decode(batch[:, pos : pos + 1], np.full(rows, pos, dtype=np.int64))
-    return total
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Log-probabilities over the last axis, in float64."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
 def _nll(logits: np.ndarray, targets: np.ndarray) -> float:
-    z = np.asarray(logits, dtype=np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    log_probs = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-    return float(-log_probs[np.arange(len(targets)), targets].sum())
+    return float(-log_softmax(logits)[np.arange(len(targets)), targets].sum())

@@ -13,6 +13,7 @@ Run: ``step_engine``; the buckets: ``buckets``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 from pathlib import Path
@@ -84,6 +85,7 @@ def compile_generative(
     target = tvm.target.Target(target_dict(options))
     refs = {w.name: w for g in (prefill, decode, verify) if g is not None for w in g.weights}
     fmt = weight_only_format(passes["weight-only"]) if passes and "weight-only" in passes else None
+    fmt = dataclasses.replace(fmt, head_n=spec.vocab) if fmt is not None else None  # the head: vocab outputs
     say("packing the matmul weights" + (" (weight-only)" if fmt is not None else " (fp32 panels)"))
     mod, packed, packing = pack_weights(mod, workdir, WEIGHTS_FILE, refs, fmt, target, options.fast_math)
     mod = tvm.relax.transform.DeadCodeElimination()(mod)  # the transposes the panels made unused
@@ -172,7 +174,7 @@ BACKEND = GenerativeBackend(
     # with int8 activations: the manifest records the level it runs (the user's 0 is taken too).
     compile_passes=frozenset({"weight-only"}),
     check_compile_passes=check_compile_passes,
-    pass_defaults={"weight-only": {"accuracy_level": 4}},
+    pass_defaults={"weight-only": {"accuracy_level": 4, "head_bits": 8}},  # the head at 8 bits as onnxruntime's
     # The packed weights replace the export's weights.data (``weight_file``).
     weights_file=TVM_WEIGHTS_FILE,
 )

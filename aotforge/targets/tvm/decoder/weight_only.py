@@ -32,7 +32,7 @@ def weight_only_format(params: Any) -> WeightOnlyFormat:
             "tvm weight-only computes with int8 activations (accuracy_level 4); "
             f"accuracy_level {params.accuracy_level} asks for float compute: leave it out or set 4"
         )
-    return WeightOnlyFormat(params.bits, params.block_size)
+    return WeightOnlyFormat(params.bits, params.block_size, params.head_bits)
 
 
 def pack_weights(

@@ -34,9 +34,21 @@ class WeightOnlyFormat:
 
     bits: int = 4
     group: int = 32
+    #: The LM head's bits (``head_bits``; 0: ``bits``), and its width: the matmul of ``head_n`` outputs (the
+    #: vocabulary: no other matmul of a decoder is that wide) is the head.
+    head_bits: int = 0
+    head_n: int = 0
 
     def __post_init__(self) -> None:
         kernel.check_format(self.bits, self.group)
+        if self.head_bits:
+            kernel.check_format(self.head_bits, self.group)
+
+    def of(self, m: WeightMatmul) -> WeightOnlyFormat:
+        """The format ``m`` is packed in: the head's bits for the head."""
+        if self.head_bits and self.head_bits != self.bits and m.n == self.head_n:
+            return dataclasses.replace(self, bits=self.head_bits, head_bits=0)
+        return self
 
     @property
     def tag(self) -> str:
@@ -74,14 +86,15 @@ class _WeightOnly(PackedWeightMutator):
         self.padded_k: dict[str, str] = {}
 
     def why_not(self, m: WeightMatmul) -> str:
-        return _unsupported(m, self.fmt) or ("" if self.vnni else f"target {self.cpu} has no avx512vnni")
+        return _unsupported(m, self.fmt.of(m)) or ("" if self.vnni else f"target {self.cpu} has no avx512vnni")
 
     def rewrite(self, m: WeightMatmul) -> Any:
-        self.taken[m.weight.name] = f"[{m.k}, {m.n}]{' (read transposed)' if m.transposed else ''}"
+        bits = "" if self.fmt.of(m) is self.fmt else f" at {self.fmt.head_bits} bits (the head)"
+        self.taken[m.weight.name] = f"[{m.k}, {m.n}]{' (read transposed)' if m.transposed else ''}{bits}"
         return super().rewrite(m)
 
     def emit(self, m: WeightMatmul, names: list[str]) -> dict[str, Any]:
-        fmt = self.fmt
+        fmt = self.fmt.of(m)
         base = f"{'_'.join(names)}{'.t' if m.transposed else ''}.{fmt.tag}"
         widths = [self.widths.get(n, m.n) for n in names]
         width = sum(widths)
@@ -126,6 +139,7 @@ def _report(
     """Which weights were packed (``[K, N]``) and the calls they serve, and why each other matmul was not."""
     return {
         "bits": fmt.bits,
+        **({"head_bits": fmt.head_bits} if fmt.head_bits and fmt.head_bits != fmt.bits else {}),
         "block_size": fmt.group,
         "scales": "per group of block_size along K" if fmt.bits == 4 else "per output channel",
         "activations": "int8, a scale per block_size along K, quantized per call",
