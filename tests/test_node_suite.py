@@ -118,7 +118,6 @@ def cases(suite: ModuleType) -> dict[str, Any]:
     return {c.name: c for c in suite.collect("|".join(f"^{n}$" for n in SUBSET))}
 
 
-@pytest.mark.skipif("tvm" not in CPU_TARGETS, reason="tvm not installed")
 @pytest.mark.parametrize("name", CONSTANTS_SUBSET)
 def test_constants_variant_through_tvm(suite: ModuleType, tmp_path: Path, name: str) -> None:
     (case,) = suite.collect(f"^{name}$")
@@ -127,7 +126,6 @@ def test_constants_variant_through_tvm(suite: ModuleType, tmp_path: Path, name: 
     assert suite.through_aotforge(files, "tvm", tmp_path / "out", ISOLATE) is None
 
 
-@pytest.mark.skipif("tvm" not in CPU_TARGETS, reason="tvm not installed")
 @pytest.mark.parametrize(("name", "says"), TVM_REFUSED.items())
 def test_tvm_refuses_at_planning_naming_the_nodes(suite: ModuleType, tmp_path: Path, name: str, says: str) -> None:
     (case,) = suite.collect(f"^{name}$")

@@ -9,15 +9,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
 
-tvm = pytest.importorskip("tvm")
-
-from tvm import relax  # noqa: E402
-
-from aotforge.targets.tvm.options import TvmOptions, target_dict  # noqa: E402
-from aotforge.targets.tvm.rewrites.bf16 import rewrite_bf16  # noqa: E402
-from tests.conftest import quick_build  # noqa: E402
+from aotforge.targets.tvm.options import TvmOptions, target_dict
+from aotforge.targets.tvm.rewrites.bf16 import rewrite_bf16
+from tests.conftest import quick_build
 
 HIDDEN, HEADS, FFN, VOCAB = 32, 2, 64, 16
 

@@ -6,13 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 import torch
 
-pytest.importorskip("tvm")
-
-from aotforge.artifacts.loader import load  # noqa: E402
-from aotforge.compiler.api import build  # noqa: E402
+from aotforge.artifacts.loader import load
+from aotforge.compiler.api import build
 
 MODEL = """
 import torch
