@@ -157,7 +157,8 @@ def test_trained_pair_speeds_up_greedy_decoding(tmp_path: Path) -> None:
     k of 2..4 decodes held-out text faster than the target alone (target-only and speculative alternate)."""
     import time
 
-    lm_pair = pytest.importorskip("tests.lm_pair")
+    from tests import lm_pair
+
     pair = lm_pair.trained_pair()
     kw: dict[str, Any] = {
         "target": "onnxruntime",
