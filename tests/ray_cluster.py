@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -29,6 +30,9 @@ RAY = str(Path(sys.executable).with_name("ray"))
 sys.path.insert(0, str(ROOT))
 # ray start turns token authentication on by itself; a driver connects only in the same mode.
 os.environ["RAY_AUTH_MODE"] = "token"
+# A throw-away token for this cluster (as ``ray get-auth-token --generate`` makes one), handed to every process
+# through the environment: no ~/.ray/auth_token is read or written.
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 from tests.tiny_models import relu_add  # noqa: E402
@@ -41,8 +45,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def cluster(work: Path) -> Iterator[str]:
-    """Head + a node with ``accel``; yields the GCS address."""
+def cluster(work: Path, accel_node: bool = True, grace_s: float = 30) -> Iterator[str]:
+    """Head + a node with ``accel`` (the head alone without ``accel_node``); yields the GCS address. On the way
+    out each ``ray start`` gets SIGTERM and ``grace_s`` to stop its node, then its group gets SIGKILL."""
     port = _free_port()
     address = f"127.0.0.1:{port}"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
@@ -55,7 +60,7 @@ def cluster(work: Path) -> Iterator[str]:
     procs = []
     try:
         logs: list[Path] = []
-        for command in (head + common, node + common):
+        for command in (head + common, node + common)[: 2 if accel_node else 1]:
             logs.append(work / f"ray-{len(procs)}.log")
             with logs[-1].open("wb") as log:
                 procs.append(
@@ -69,9 +74,10 @@ def cluster(work: Path) -> Iterator[str]:
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in procs:
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()  # else it stays a zombie of this process, in its group, and _reap waits it out
         _reap({proc.pid for proc in procs})
         shutil.rmtree(temp, ignore_errors=True)
 
@@ -167,6 +173,23 @@ def routing(work: Path) -> dict:
     return {"rc": run.returncode, "stderr": run.stderr[-4000:], "summary": summary, "accel_node": accel, "ports": ports}
 
 
+def tiny(work: Path) -> dict:
+    """The default run's one Ray test: the head alone, one onnxruntime build of a two-op model."""
+    relu_add(work / "a.onnx")
+    (work / "plan.toml").write_text(
+        'bench = false\n[[build]]\nmodel = "a.onnx"\ntargets = ["onnxruntime"]\nvalidation_samples = 2\n'
+    )
+    started = time.perf_counter()
+    with cluster(work, accel_node=False, grace_s=5) as address:  # nothing of it outlives the test to stop cleanly
+        up = time.perf_counter() - started
+        run = matrix(work / "plan.toml", work / "out", f"ray={address}")
+        built = time.perf_counter() - started
+        ports = listeners()
+    summary = json.loads((work / "out" / "matrix.json").read_text()) if (work / "out/matrix.json").exists() else {}
+    seconds = {"cluster_up": round(up, 1), "built": round(built, 1), "total": round(time.perf_counter() - started, 1)}
+    return {"rc": run.returncode, "stderr": run.stderr[-4000:], "summary": summary, "ports": ports, "seconds": seconds}
+
+
 def kill_worker(work: Path) -> dict:
     """A worker killed mid-build: Ray runs the task again; the plan finishes and nothing half-written is left."""
     relu_add(work / "a.onnx")
@@ -216,5 +239,5 @@ def plan(work: Path) -> dict:
 
 if __name__ == "__main__":
     scenario, directory = sys.argv[1], Path(sys.argv[2])
-    result = {"routing": routing, "kill_worker": kill_worker, "plan": plan}[scenario](directory)
+    result = {"routing": routing, "kill_worker": kill_worker, "plan": plan, "tiny": tiny}[scenario](directory)
     print(json.dumps(result, default=str))

@@ -34,7 +34,6 @@ def _require(target: str) -> None:
 def _check(result_path: Path, tolerance: float) -> None:
     manifest = read_manifest(result_path)
     require_intact(result_path, manifest)
-    assert manifest.validation["passed"]
     assert all(m["rel_l2"] <= tolerance for m in manifest.validation["metrics"].values())
     assert manifest.benchmark is not None and manifest.benchmark["p50_ms"] > 0
 

@@ -199,7 +199,7 @@ def test_weight_only_int8_on_both_graphs(tmp_path: Path) -> None:
     assert {a.i for n in decode.graph.node for a in n.attribute if a.name == "accuracy_level"} == {4}
     weights = result.manifest.target.info["weights"]
     assert weights["weights_file_bytes"] < 0.6 * weights["unshared_bytes"]
-    assert result.manifest.validation["token_agreement"] >= 0.5
+    assert "token_agreement" in result.manifest.validation
     ids = np.array([PROMPTS[0]])
     assert aotforge.load(result.path).generate(ids, 5).shape == (1, len(PROMPTS[0]) + 5)
     # Gated on quality (held-out perplexity vs fp32), the token agreement and logits only reported.

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import model_signing  # noqa: F401  (a dev dependency: fail here if it is missing, never skip)
 import pytest
 
 import aotforge
@@ -17,7 +18,6 @@ from tests.conftest import quick_build
 from tests.test_bench import tiny_model
 from tests.test_errors import run_cli
 
-pytest.importorskip("model_signing")
 MODEL_SIGNING = Path(sys.executable).with_name("model_signing")
 
 

@@ -45,24 +45,22 @@ def _every_file(path: Path) -> list[str]:
     return sorted(p.name for p in path.iterdir() if p.is_file())
 
 
-@pytest.mark.parametrize("index", range(8))
-def test_one_flipped_byte_in_any_file_is_refused(
-    signed: Path, keys: tuple[Path, Path], tmp_path: Path, index: int
-) -> None:
+def test_one_flipped_byte_in_any_file_is_refused(signed: Path, keys: tuple[Path, Path], tmp_path: Path) -> None:
+    """Every file of the signed artifact, each flipped in a copy of its own: the loader and ``verify`` refuse."""
     names = _every_file(signed)
-    if index >= len(names):
-        pytest.skip(f"this artifact has {len(names)} files")
-    name = names[index]
-    copy = tmp_path / "a"
-    shutil.copytree(signed, copy)
-    data = bytearray((copy / name).read_bytes())
-    data[len(data) // 2] ^= 0x01
-    (copy / name).write_bytes(bytes(data))
-    shown = MANIFEST if name == SIGNATURE else name  # a bad signature is reported against the manifest it covers
-    with pytest.raises(ArtifactError, match=rf"{SIGNATURE}|{shown}"):
-        aotforge.load(copy, public_key=keys[1])
-    proc = run_cli("verify", str(copy), "--public-key", str(keys[1]))
-    assert proc.returncode != 0 and name.split(".")[0] in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert SIGNATURE in names and MANIFEST in names and len(names) >= 4, names
+    for name in names:
+        copy = tmp_path / name
+        shutil.copytree(signed, copy)
+        data = bytearray((copy / name).read_bytes())
+        data[len(data) // 2] ^= 0x01
+        (copy / name).write_bytes(bytes(data))
+        shown = MANIFEST if name == SIGNATURE else name  # a bad signature is reported against the manifest it covers
+        with pytest.raises(ArtifactError, match=rf"{SIGNATURE}|{shown}"):
+            aotforge.load(copy, public_key=keys[1])
+        proc = run_cli("verify", str(copy), "--public-key", str(keys[1]))
+        assert proc.returncode != 0 and name.split(".")[0] in proc.stderr, (name, proc.stderr)
+        assert len(proc.stderr.splitlines()) == 1, (name, proc.stderr)
 
 
 def test_rehashed_tamper_is_caught_by_the_signature(signed: Path, keys: tuple[Path, Path], tmp_path: Path) -> None:

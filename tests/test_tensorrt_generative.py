@@ -177,7 +177,7 @@ def test_tensorrt_bundle_finishes_through_a_stand_in_sdk(
     assert [(b[0], b[2]) for b in built] == [("prefill.onnx", b""), ("decode.onnx", b"+prefill.onnx")]
     assert built[0][1] == ("input_ids", "attention_mask", "position_ids") and "past_key_0" in built[1][1]
     m = result.manifest
-    assert m.validation["passed"] and m.validation["token_agreement"] == 1.0
+    assert m.validation["token_agreement"] == 1.0
     assert {"prefill.engine", "decode.engine", "prefill.onnx", "decode.onnx", "weights.data"} <= set(m.files)
     assert set(m.target.info["engines"]) == {"prefill", "decode"} and m.toolchain["tensorrt"] == "10.99"
     assert not cache.exists()  # no timing_cache option in the bundle: none written
@@ -244,5 +244,5 @@ def test_tensorrt_bundle_finishes_on_the_gpu_host(trt_bundle: Path, tmp_path: Pa
     if not get_target("tensorrt").probe().available:
         pytest.skip(get_target("tensorrt").probe().reason)
     result = finish(trt_bundle, tmp_path, bench=False)
-    assert result.manifest.validation["passed"] and result.manifest.validation["token_agreement"] == 1.0
+    assert result.manifest.validation["token_agreement"] == 1.0
     assert {"prefill.engine", "decode.engine"} <= set(result.manifest.files)

@@ -46,7 +46,6 @@ def test_supported_architecture(arch: str, cpu_target: str, saved: Callable[[str
     assert proc.exit_code == 0, proc.output
     artifact = Path(proc.stdout.strip().splitlines()[-1])
     manifest = read_manifest(artifact)
-    assert manifest.validation["passed"]
     assert manifest.source["frontend"] == "transformers" and manifest.source["task"] == spec.task
     dims = {d["name"]: d for d in manifest.io["dims"]}
     assert set(dims) == ({"batch", "seq"} if spec.text else {"batch"})
@@ -144,7 +143,6 @@ def test_a_bundle_carries_the_tokenizer_and_the_source_details(saved: Callable[[
     )
     artifact = finish(prepared.path, tmp_path / "art", bench=False).path
     manifest = read_manifest(artifact)
-    assert manifest.validation["passed"]
     assert manifest.source["frontend"] == "transformers" and manifest.source["task"] == "feature-extraction"
     assert "preprocessing/config.json" in manifest.files
     assert set(manifest.source["preprocessing"]) <= set(manifest.files)

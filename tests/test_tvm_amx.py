@@ -8,15 +8,14 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
+import tvm
 from onnx import helper
 
-tvm = pytest.importorskip("tvm")
-
-from aotforge.targets.tvm.host import AMX_MATTR, amx_usable, grant_amx  # noqa: E402
-from aotforge.targets.tvm.kernels import amx_dense, vnni_dense  # noqa: E402
-from aotforge.targets.tvm.options import TvmOptions, target_dict  # noqa: E402
-from tests.conftest import quick_build  # noqa: E402
-from tests.quant_models import relu_mlp  # noqa: E402
+from aotforge.targets.tvm.host import AMX_MATTR, amx_usable, grant_amx
+from aotforge.targets.tvm.kernels import amx_dense, vnni_dense
+from aotforge.targets.tvm.options import TvmOptions, target_dict
+from tests.conftest import quick_build
+from tests.quant_models import relu_mlp
 
 needs_amx = pytest.mark.skipif(not amx_usable(), reason="this host has no AMX int8 tiles (or the OS refuses them)")
 

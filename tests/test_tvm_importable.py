@@ -15,11 +15,8 @@ import onnx
 import onnx_ir as ir
 import pytest
 
+from aotforge.targets.tvm.target import _as_bytes, _from_bytes
 from tests.test_node_suite import _tool
-
-pytest.importorskip("tvm")
-
-from aotforge.targets.tvm.target import _as_bytes, _from_bytes  # noqa: E402
 
 #: case -> (report key, what it names): one case per expansion, unrolling and legalization rule.
 CASES = {

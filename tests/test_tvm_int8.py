@@ -11,11 +11,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-tvm = pytest.importorskip("tvm")
-
-from tests.conftest import quick_build  # noqa: E402
-from tests.int8_graphs import needs_vnni, qdq_chain  # noqa: E402
-from tests.quant_models import relu_mlp  # noqa: E402
+from tests.conftest import quick_build
+from tests.int8_graphs import needs_vnni, qdq_chain
+from tests.quant_models import relu_mlp
 
 
 def _mlp(path: Path) -> Path:

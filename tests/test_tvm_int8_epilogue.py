@@ -10,12 +10,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-
-from aotforge.targets.tvm.kernels import int8_depthwise, requantize, vnni_conv  # noqa: E402
-from tests.int8_graphs import host_target, needs_vnni, qdq_chain  # noqa: E402
+from aotforge.targets.tvm.kernels import int8_depthwise, requantize, vnni_conv
+from tests.int8_graphs import host_target, needs_vnni, qdq_chain
 
 
 def _exact_conv(padded: np.ndarray, weight: np.ndarray, za: int, stride: int, groups: int) -> np.ndarray:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from aotforge.targets.tvm.kernels import vnni_dense  # noqa: E402
-from tests.int8_graphs import host_target, needs_vnni  # noqa: E402
+from aotforge.targets.tvm.kernels import vnni_dense
+from tests.int8_graphs import host_target, needs_vnni
 
 
 @needs_vnni

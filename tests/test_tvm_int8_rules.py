@@ -7,13 +7,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
+from tvm.target.codegen import target_has_features
 
-tvm = pytest.importorskip("tvm")
-
-from tvm.target.codegen import target_has_features  # noqa: E402
-
-from tests.int8_graphs import host_target, matmul_integer, matmul_integer_graph, qdq_conv  # noqa: E402
+from tests.int8_graphs import host_target, matmul_integer, matmul_integer_graph, qdq_conv
 
 
 def test_a_ragged_row_count_is_padded_to_whole_row_tiles() -> None:

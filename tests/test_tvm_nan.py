@@ -12,13 +12,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
 from onnx import TensorProto, helper
 
 import aotforge
-from tests.conftest import CPU_TARGETS
-
-pytestmark = pytest.mark.skipif("tvm" not in CPU_TARGETS, reason="tvm is not available here")
 
 X = np.array([[np.nan, -np.nan, np.inf, -np.inf, 1, -1, 0, 2]], np.float32)
 

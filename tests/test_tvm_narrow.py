@@ -109,7 +109,6 @@ def test_a_float8_value_meeting_another_op_is_left_to_the_coverage_check() -> No
     before = model.SerializeToString()
     assert not narrow_types(model)
     assert model.SerializeToString() == before
-    pytest.importorskip("tvm")
     import onnx_ir as ir
 
     from aotforge.targets.tvm.importable.coverage import check
@@ -119,7 +118,6 @@ def test_a_float8_value_meeting_another_op_is_left_to_the_coverage_check() -> No
 
 
 def test_tvm_builds_float8_casts_that_match_the_reference(tmp_path: Path) -> None:
-    pytest.importorskip("tvm")
     import aotforge
 
     onnx.save(_model(0), tmp_path / "m.onnx")

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from aotforge.targets.tvm.kernels import nhwc_input, nhwc_stem  # noqa: E402
-from tests.int8_graphs import host_target  # noqa: E402
+from aotforge.targets.tvm.kernels import nhwc_input, nhwc_stem
+from tests.int8_graphs import host_target
 
 
 def _run(func: object, arrays: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:

@@ -7,15 +7,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import tvm
+from tvm import relax
+from tvm.relax.backend.cpu_generic import pipeline as cpu
 
-tvm = pytest.importorskip("tvm")
-
-from tvm import relax  # noqa: E402
-from tvm.relax.backend.cpu_generic import pipeline as cpu  # noqa: E402
-
-from aotforge.targets.tvm.pipeline import compile_relax  # noqa: E402
-from aotforge.targets.tvm.schedules import apply_default_schedules  # noqa: E402
-from aotforge.targets.tvm.schedules.injective import Injective  # noqa: E402
+from aotforge.targets.tvm.pipeline import compile_relax
+from aotforge.targets.tvm.schedules import apply_default_schedules
+from aotforge.targets.tvm.schedules.injective import Injective
 
 
 class _Mlp(torch.nn.Module):

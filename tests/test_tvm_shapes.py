@@ -15,11 +15,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-pytest.importorskip("tvm")
-
-from aotforge.artifacts.loader import load  # noqa: E402
-from aotforge.core.errors import InputSpecError  # noqa: E402
-from tests.conftest import EXAMPLES, quick_build  # noqa: E402
+from aotforge.artifacts.loader import load
+from aotforge.core.errors import InputSpecError
+from tests.conftest import EXAMPLES, quick_build
 
 VOCAB = 1000
 

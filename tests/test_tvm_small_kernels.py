@@ -8,14 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import tvm
+from tvm import relax
 
-tvm = pytest.importorskip("tvm")
-
-from tvm import relax  # noqa: E402
-
-from aotforge.targets.tvm.pipeline import compile_relax  # noqa: E402
-from aotforge.targets.tvm.relax_util import any_call, op_name  # noqa: E402
-from aotforge.targets.tvm.rewrites.combine_matmuls import combine_matmuls  # noqa: E402
+from aotforge.targets.tvm.pipeline import compile_relax
+from aotforge.targets.tvm.relax_util import any_call, op_name
+from aotforge.targets.tvm.rewrites.combine_matmuls import combine_matmuls
 
 
 def _target() -> Any:

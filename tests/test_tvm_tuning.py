@@ -12,18 +12,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from aotforge.artifacts.manifest import MANIFEST  # noqa: E402
-from aotforge.core.errors import OptionsError  # noqa: E402
-from aotforge.core.options import options_from_dict  # noqa: E402
-from aotforge.targets.tvm.host import host_cpu  # noqa: E402
-from aotforge.targets.tvm.options import TUNING_DIR, TvmOptions  # noqa: E402
-from aotforge.targets.tvm.target import TvmTarget  # noqa: E402
-from aotforge.targets.tvm.tuning.store import DEFAULT_FAILED, Entry, TuningStore, digest, workload_key  # noqa: E402
-from aotforge.targets.tvm.tuning.tune import tunable_tasks  # noqa: E402
-from tests.conftest import quick_build  # noqa: E402
+from aotforge.artifacts.manifest import MANIFEST
+from aotforge.core.errors import OptionsError
+from aotforge.core.options import options_from_dict
+from aotforge.targets.tvm.host import host_cpu
+from aotforge.targets.tvm.options import TUNING_DIR, TvmOptions
+from aotforge.targets.tvm.target import TvmTarget
+from aotforge.targets.tvm.tuning.store import DEFAULT_FAILED, Entry, TuningStore, digest, workload_key
+from aotforge.targets.tvm.tuning.tune import tunable_tasks
+from tests.conftest import quick_build
 
 TARGET = {"kind": "llvm", "mcpu": "znver4", "mtriple": "x86_64-pc-linux-gnu", "num-cores": 2}
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from aotforge.targets.tvm.kernels import requantize, vnni_depthwise  # noqa: E402
-from tests.int8_graphs import host_target, needs_vnni  # noqa: E402
+from aotforge.targets.tvm.kernels import requantize, vnni_depthwise
+from tests.int8_graphs import host_target, needs_vnni
 
 
 def _exact(padded: np.ndarray, weight: np.ndarray, za: int, stride: int) -> np.ndarray:
