@@ -337,8 +337,8 @@ def test_serve_flags_are_engine_config_fields() -> None:
         f.name: params[f.name].default for f in dataclasses.fields(EngineConfig)
     }
     assert params["enable_prefix_caching"].secondary_opts == ["--no-prefix-caching"]
-    refused = CliRunner().invoke(main, ["serve", "any-artifact", "--max-num-seqs", "0"])
-    assert refused.exit_code == 2 and "max_num_seqs must be >= 1" in refused.output
+    refused = CliRunner().invoke(main, ["serve", "any-artifact", "--block-size", "0"])
+    assert refused.exit_code == 2 and "block_size must be >= 1" in refused.output
 
 
 def test_serve_refuses_more_sequences_than_the_artifact_batch(chat_artifact: Path) -> None:

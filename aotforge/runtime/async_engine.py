@@ -8,6 +8,7 @@ event loop's ``call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -164,6 +165,8 @@ def load_engine(path: str | Path, config: EngineConfig) -> tuple[LLMEngine, str,
     loaded = load(path)
     engine = loaded._generative().engine
     spec = engine.spec
+    if not config.max_num_seqs:
+        config = dataclasses.replace(config, max_num_seqs=spec.max_batch)
     if config.max_num_seqs > spec.max_batch:
         raise InputSpecError(
             f"--max-num-seqs {config.max_num_seqs} is more than the artifact's max_batch {spec.max_batch}: ask for at "

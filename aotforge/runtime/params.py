@@ -45,10 +45,11 @@ class SamplingParams:
 class EngineConfig:
     """How many sequences run at once, how many tokens a step takes, and the KV cache's blocks.
 
-    ``num_blocks`` 0 sizes the cache from ``kv_cache_bytes``, and that 0 from ``max_num_seqs`` full-length
-    sequences. ``max_waiting`` bounds the queue: a request past it is refused (the server's 429)."""
+    ``max_num_seqs`` 0 runs as many sequences as the artifact's ``max_batch``. ``num_blocks`` 0 sizes the cache
+    from ``kv_cache_bytes``, and that 0 from ``max_num_seqs`` full-length sequences. ``max_waiting`` bounds the
+    queue: a request past it is refused (the server's 429)."""
 
-    max_num_seqs: int = 8
+    max_num_seqs: int = 0
     max_num_batched_tokens: int = 512
     block_size: int = 16
     num_blocks: int = 0
@@ -57,9 +58,9 @@ class EngineConfig:
     max_waiting: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise InputSpecError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_blocks", "kv_cache_bytes", "max_waiting"):
+        for name in ("max_num_seqs", "num_blocks", "kv_cache_bytes", "max_waiting"):
             if getattr(self, name) < 0:
                 raise InputSpecError(f"{name} must be >= 0, got {getattr(self, name)}")

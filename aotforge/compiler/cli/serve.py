@@ -19,7 +19,7 @@ from aotforge.runtime.params import EngineConfig
 
 #: Each EngineConfig field's help; its flag, type and default come from the field itself.
 ENGINE_HELP = {
-    "max_num_seqs": "Most sequences in the running batch.",
+    "max_num_seqs": "Most sequences in the running batch (0: the artifact's max_batch).",
     "max_num_batched_tokens": "Most tokens one engine step takes (decode tokens + prefill chunks).",
     "block_size": "Tokens per KV-cache block.",
     "num_blocks": "KV-cache blocks (0: from --kv-cache-bytes).",
