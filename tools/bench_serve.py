@@ -155,7 +155,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--input-len", type=int, default=150)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=64, help="aotforge's step budget")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="aotforge's step budget under load")
+    parser.add_argument(
+        "--scenario-batched-tokens", type=int, default=16, help="aotforge's step budget in the scenarios (chunk size)"
+    )
     parser.add_argument("--no-scenarios", action="store_true")
     parser.add_argument("--json", type=Path, default=bench_record.BENCH_DIR / "serve.json")
     args = parser.parse_args(argv)
@@ -185,7 +188,9 @@ def main(argv: list[str] | None = None) -> None:
             with server as url:
                 for c, summary in load_runs(url, args, tokenizer).items():
                     results["runs"].append({"server": name, "precision": precision, "concurrency": c, **summary})
-                if name != "llama.cpp" and not args.no_scenarios and round_ == 0:
+            if name != "llama.cpp" and not args.no_scenarios and round_ == 0:
+                chunked = ["--max-num-batched-tokens", str(args.scenario_batched_tokens)]
+                with aotforge_server(path, log, chunked) as url:
                     results["scenarios"][f"{name} {precision}"] = scenarios(url, tokenizer)
     bench_record.write(args.json, "serve", run, tables(results, args), results)
 
@@ -234,7 +239,10 @@ def tables(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, 
     ]
     if scen:
         cols = ["server", "TTFT shared 256-token prefix / first", "ITL p50 ms", "ITL p99 ms", "ITL p99 / p50"]
-        note = "ITL: 7 running streams while one 2,000-token prompt is prefilled in chunks."
+        note = (
+            "ITL: 7 running streams while one 2,000-token prompt is prefilled in chunks "
+            f"(--max-num-batched-tokens {args.scenario_batched_tokens})."
+        )
         out.append(bench_record.table("Serving scenarios: prefix reuse and chunked prefill", cols, scen, note))
     return out
 

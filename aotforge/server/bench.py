@@ -160,7 +160,9 @@ async def send(client: httpx.AsyncClient, spec: LoadSpec, model: str, prompt: Pr
 async def run_load(spec: LoadSpec, prompts: list[Prompt]) -> tuple[list[RequestResult], float]:
     """Send every prompt (arrivals and concurrency as the spec says); the results and the wall time taken."""
     headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
-    limits = httpx.Limits(max_connections=spec.max_concurrency or len(prompts), max_keepalive_connections=None)
+    # A connection per request, as vLLM's bench opens a session per request: a server that closes an idle
+    # keep-alive connection (llama-server does) would otherwise fail the next request sent on it.
+    limits = httpx.Limits(max_connections=spec.max_concurrency or len(prompts), max_keepalive_connections=0)
     timeout = httpx.Timeout(spec.timeout_s)
     async with httpx.AsyncClient(base_url=spec.base_url, headers=headers, limits=limits, timeout=timeout) as client:
         model = spec.model or await served_model(client)
