@@ -20,8 +20,6 @@ import math
 import statistics
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,7 +60,7 @@ def aotforge_server(path: Path, log: Path, extra: list[str] | None = None) -> It
     with open(log, "w") as sink:
         proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT)
         try:
-            _wait(proc, f"http://127.0.0.1:{port}", log)
+            llama_cpp.wait_healthy(proc, f"http://127.0.0.1:{port}", 300.0, log)
             yield f"http://127.0.0.1:{port}"
         finally:
             proc.terminate()
@@ -71,19 +69,6 @@ def aotforge_server(path: Path, log: Path, extra: list[str] | None = None) -> It
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-def _wait(proc: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode} before it was healthy (log: {log})")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} was not healthy within {timeout_s:.0f} s (log: {log})")
 
 
 def load_runs(url: str, args: argparse.Namespace, tokenizer: Any) -> dict[int, dict[str, Any]]:

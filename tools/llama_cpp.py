@@ -191,7 +191,7 @@ def llama_server(
     with open(log or os.devnull, "w") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
         try:
-            _wait_healthy(proc, url, timeout_s, log)
+            wait_healthy(proc, url, timeout_s, log)
             yield url
         finally:
             proc.terminate()
@@ -202,12 +202,12 @@ def llama_server(
                 proc.wait()
 
 
-def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float, log: Path | None) -> None:
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float, log: Path | None) -> None:
     """``/health`` answers 503 while the model loads and 200 once the server takes requests."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise LlamaCppError(f"llama-server exited with {proc.returncode} before it was healthy (log: {log})")
+            raise LlamaCppError(f"{proc.args[0]} exited with {proc.returncode} before it was healthy (log: {log})")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
                 if r.status == 200:
@@ -215,7 +215,7 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float, log
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(0.2)
-    raise LlamaCppError(f"llama-server at {url} was not healthy within {timeout_s:.0f} s (log: {log})")
+    raise LlamaCppError(f"{url} was not healthy within {timeout_s:.0f} s (log: {log})")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -51,9 +51,6 @@ class SlotTable:
         best.slot = slot
         return best
 
-    def lowest_free(self) -> int:
-        return self.busy.index(False)
-
     def record(self, slot: int, tokens: list[int]) -> None:
         """``slot`` now holds the KV of exactly ``tokens``."""
         self.held[slot] = tokens

@@ -16,6 +16,10 @@ import click
 from aotforge.compiler.cli.common import user_errors
 from aotforge.core.errors import InputSpecError
 from aotforge.runtime.params import EngineConfig
+from aotforge.server.bench import LoadSpec
+
+#: ``bench serve``'s defaults are LoadSpec's, written once there.
+_LOAD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LoadSpec)}
 
 #: Each EngineConfig field's help; its flag, type and default come from the field itself.
 ENGINE_HELP = {
@@ -116,10 +120,10 @@ class RateList(click.ParamType):
 @click.option(
     "--endpoint",
     type=click.Choice(["/v1/completions", "/v1/chat/completions"]),
-    default="/v1/completions",
+    default=_LOAD_DEFAULTS["endpoint"],
     show_default=True,
 )
-@click.option("--num-prompts", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--num-prompts", type=click.IntRange(min=1), default=_LOAD_DEFAULTS["num_prompts"], show_default=True)
 @click.option(
     "--request-rate",
     "request_rates",
@@ -132,21 +136,29 @@ class RateList(click.ParamType):
 @click.option(
     "--input-len",
     type=click.IntRange(min=1),
-    default=128,
+    default=_LOAD_DEFAULTS["input_len"],
     show_default=True,
     help="Prompt length (tokens with --tokenizer, else words).",
 )
-@click.option("--output-len", type=click.IntRange(min=1), default=64, show_default=True, help="max_tokens of each.")
+@click.option(
+    "--output-len",
+    type=click.IntRange(min=1),
+    default=_LOAD_DEFAULTS["output_len"],
+    show_default=True,
+    help="max_tokens of each.",
+)
 @click.option(
     "--range-ratio",
     type=click.FloatRange(0, 1, max_open=True),
-    default=0.0,
+    default=_LOAD_DEFAULTS["range_ratio"],
     show_default=True,
     help="Lengths uniform in [len * (1 - X), len * (1 + X)].",
 )
 @click.option("--ignore-eos", is_flag=True, help="Ask the server to keep going past end-of-sequence tokens.")
 @click.option("--goodput", multiple=True, help="SLOs for goodput, e.g. ttft_ms=500,tpot_ms=50 (also e2el_ms).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the prompts and the arrival times.")
+@click.option(
+    "--seed", type=int, default=_LOAD_DEFAULTS["seed"], show_default=True, help="Seeds the prompts and arrival times."
+)
 @click.option(
     "--tokenizer",
     type=click.Path(path_type=Path, file_okay=False),
@@ -156,7 +168,7 @@ class RateList(click.ParamType):
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=600.0,
+    default=_LOAD_DEFAULTS["timeout_s"],
     show_default=True,
     help="Seconds one request may take.",
 )
@@ -181,7 +193,7 @@ def bench_serve(
     end-to-end latency (mean / median / p99), throughput, goodput and failed requests, like `vllm bench serve`."""
     from rich.console import Console
 
-    from aotforge.server.bench import LoadSpec, bench_serve, parse_goodput
+    from aotforge.server.bench import bench_serve, parse_goodput
     from aotforge.server.bench_report import plot, table
 
     rates = [r for group in request_rates for r in group] or [math.inf]

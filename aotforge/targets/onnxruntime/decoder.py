@@ -27,22 +27,16 @@ from aotforge.targets.huge_pages import huge_pages as advise_huge_pages
 from aotforge.targets.onnxruntime.target import SESSION_FILE, session_options, stored_options
 
 #: Pass defaults of text-generation builds, under the user's (``--pass-opt weight-only.accuracy_level=0`` still
-#: wins): MatMulNBits with int8 activations, as ONNX Runtime GenAI's builder sets for CPU. On a decode step (one
-#: row) ORT 1.32's default (0, fp32 compute) ran 8-bit weights 9x slower than fp32 and int4 at 1.38x GenAI int4's
-#: ITL; at 4, 0.39x fp32 and 1.02x. Not the pass's own default: on an encoder's 128-row batch (MiniLM) 4 is ~10%
-#: slower than 0 for int4 and doubles int8's error for a 30% gain.
-#: The LM head at 8 bits (``head_bits``; llama.cpp keeps it at 6): on SmolLM2-135M int4 g32 raised held-out
-#: perplexity +24% over fp32 instead of +33% (mean KL 0.28 vs 0.35 nats) for 7% more weight bytes.
+#: wins): MatMulNBits with int8 activations, as ONNX Runtime GenAI's builder sets for CPU, because a decode step's
+#: one row is far slower with fp32 compute (an encoder's batch is not, so the pass's own default stays 0); the LM
+#: head at 8 bits, as llama.cpp keeps its output layer above the rest, because int4 there costs the most quality.
+#: Figures: docs/benchmarks.md (make bench-generation) and the build's own validation.quality.
 PASS_DEFAULTS = {"weight-only": {"accuracy_level": 4, "head_bits": 8}}
 #: Target-option defaults of text-generation builds, under the user's (``--target-opt intra_op_spin_us=-1`` gives
-#: back ORT's own): an idle intra-op thread spins 20 us for new work, then sleeps. A decode step is ~300 small
-#: kernels, each a hand-off between the threads; ORT's own spinning (far longer) holds the core the other thread
-#: needs when the host's cores are shared. SmolLM-135M shape, int4, 2 threads, 2 shared cores at load average
-#: 11-28: a bare decode step at 0.5-0.7x the wall and CPU time of ORT's default, ITL 0.59x GenAI int4's (0.88x
-#: without). 20 us covers the gaps between a step's kernels (a few us), so threads with cores to themselves spin on.
-#: And the sessions' weights on transparent huge pages (``targets/huge_pages.py``): the step streams all 538 MB of
-#: SmolLM-135M's fp32 weights, on 4 KiB pages a TLB miss per page. Same shape, 2 threads, Zen 4, 3 alternating
-#: rounds at load 3-4: a bare decode step's minimum 5-9% lower, the 121 weight GEMVs alone 9-12%.
+#: back ORT's own): an idle intra-op thread spins 20 us, which covers the gaps between a decode step's ~300 small
+#: kernels without holding a shared core the other thread needs; and the sessions' weights on transparent huge
+#: pages (``targets/huge_pages.py``), because a step streams every weight and 4 KiB pages cost a TLB miss each.
+#: Figures: docs/benchmarks.md (make bench-generation).
 TARGET_DEFAULTS = {"intra_op_spin_us": 20, "huge_pages": True}
 
 

@@ -134,19 +134,13 @@ def panel_matmul(
     (``rewrites/panel_gate``): each panel holds the same ``tj / 2`` columns of ``G`` and of ``U``, so one task
     has both halves in its registers and writes the gated product once, at half the bytes of the pair.
 
-    ``FewRows.SPLIT`` (measured on Intel): a few rows (a decode step) read each panel as up to 4 runs of K
-    side by side, their partial sums added at the end: one sequential run per thread left the memory system
-    idle between misses; and 4 rows go as two tiles of 2 (the second reads the panel from L2), which leaves
-    room for 4 runs. A 576 x 1536 weight, 160 of them in turn, 2 threads, alternating rounds at load 10: 4
-    rows in one tile with 2 runs 228 us a call (p50), two tiles of 2 with 4 runs 186; 1 row with 4 runs 163.
-    Also slower at 4 rows (576 x 3072 and 576 x 960, 60 weights in turn, priority runs): the row tiles outer,
-    each thread streaming the whole weight for its tile, 1.65x; one 4-row tile over the panel's 16-lane
-    columns one after another (16 accumulators, 4 runs), 1.4x.
+    ``FewRows.SPLIT``: a few rows (a decode step) read each panel as up to 4 runs of K side by side, their
+    partial sums added at the end, because one sequential run per thread leaves the memory system idle between
+    misses (measured faster on Intel); 4 rows go as two tiles of 2, the second reading the panel from L2.
 
-    ``FewRows.WHOLE`` (measured on AMD Zen 4, 2 threads, a step's 121 weight calls in turn (538 MB), 3-4
-    alternating rounds at load 10-13, p50 against 1 row as 4 runs): 4 rows as SPLIT 1.30x, one tile with 2
-    runs 1.02x, with one run 0.86-0.99x; 2 rows in one tile with 4 runs 1.18x, 2 runs 1.00x, one run 0.95x;
-    1 row as one run 0.89-1.15x over four runs, no clear gain (so one row keeps its 4 runs)."""
+    ``FewRows.WHOLE``: the rows in one tile with fewer runs, which measured faster on AMD Zen 4, where SPLIT's
+    second pass over the panel costs more than the runs gain; one row keeps its 4 runs.
+    Figures: docs/benchmarks.md (make bench-generation)."""
     from tvm import s_tir, te
 
     tj = panel_width(n)

@@ -142,8 +142,8 @@ def dense_u8s8(m: int, k: int, n: int) -> Any:
 #: A kernel under this many multiply-adds runs on the calling thread, as the fp32 rule's
 #: (``schedules.matmul.PARALLEL_MIN_MACS``) at VNNI's 4x the multiply-adds per instruction: TVM
 #: splits a parallel loop statically, so each launch waits for its slowest thread, and on a loaded
-#: machine for a descheduled worker's time slice (MobileNet-style int8, 2 threads, load 17: ~40
-#: launches per call, p50 408 ms for a 0.25 ms model).
+#: machine for a descheduled worker's time slice: many tiny parallel launches then cost more than the
+#: kernels themselves. Figures: docs/benchmarks.md (make bench-models).
 VNNI_PARALLEL_MIN_MACS = 4 * PARALLEL_MIN_MACS
 
 
