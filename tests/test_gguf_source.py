@@ -29,6 +29,7 @@ def test_fp32_gguf_builds_token_exact_against_the_model_it_was_written_from(targ
     )
     source = result.manifest.source
     assert (source["format"], source["sha256"]) == ("gguf", gguf_sha256(gguf))
+    assert source["gguf"] == {"architecture": "llama", "file_type": None, "tensor_types": {"F32": 21}}
     assert result.manifest.name == "tiny-llama"
     assert_generates_like_transformers(aotforge.load(result.path), model)
 

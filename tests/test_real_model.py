@@ -60,6 +60,7 @@ def test_the_shipped_gguf_compiles_directly_and_answers_as_transformers(tmp_path
         str(smollm2_gguf()), target="onnxruntime", out=tmp_path, bench=False, max_seq_len=256, max_batch=1
     )
     assert result.manifest.source["format"] == "gguf"
+    assert result.manifest.source["gguf"]["file_type"] == "MOSTLY_Q4_1"
     tokenizer = AutoTokenizer.from_pretrained(result.path)
     messages = [{"role": "user", "content": FRANCE}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]

@@ -25,6 +25,21 @@ def gguf_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def gguf_details(path: Path) -> dict[str, Any]:
+    """What the manifest's source records of a GGUF: its architecture, file type and tensor types (counts)."""
+    from collections import Counter
+
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    file_type = reader.fields.get("general.file_type")
+    return {
+        "architecture": str(reader.fields["general.architecture"].contents()),
+        "file_type": gguf.LlamaFileType(file_type.contents()).name if file_type is not None else None,
+        "tensor_types": dict(sorted(Counter(t.tensor_type.name for t in reader.tensors).items())),
+    }
+
+
 def gguf_to_directory(gguf: Path, out: Path) -> None:
     """Dequantize ``gguf`` into an fp32 transformers causal-LM directory ``out`` (weights, config, tokenizer)."""
     try:  # transformers' GGUF reader, and the loader it runs only with accelerate

@@ -21,6 +21,8 @@ class CausalLM:
     sha256: str
     #: Files to copy into the artifact, by their name there.
     files: dict[str, Path] = dataclasses.field(default_factory=dict)
+    #: More about the source for the manifest's ``source`` record (a GGUF's architecture and quantization).
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: What holds a converted source's files (a GGUF's directory) on disk until the build has copied them.
     scratch: Any = None
 
@@ -74,11 +76,12 @@ def _from_dir(path: Path, name: str | None) -> CausalLM:
 
 def _from_gguf(path: Path, name: str | None) -> CausalLM:
     """The GGUF dequantized to fp32 into a directory of its own, loaded as a directory is; hashed as the file."""
-    from aotforge.compiler.generative.gguf_source import converted_directory, gguf_sha256
+    from aotforge.compiler.generative.gguf_source import converted_directory, gguf_details, gguf_sha256
 
     scratch = converted_directory(path)
     loaded = _from_dir(Path(scratch.name) / "model", name or path.name.split(".")[0])
-    return dataclasses.replace(loaded, format="gguf", sha256=gguf_sha256(path), scratch=scratch)
+    details = {"gguf": gguf_details(path)}
+    return dataclasses.replace(loaded, format="gguf", sha256=gguf_sha256(path), details=details, scratch=scratch)
 
 
 def _from_file(path: Path, name: str | None) -> CausalLM:
