@@ -1,4 +1,4 @@
-"""INT8 dynamic and static (QDQ) quantization: rewrites within tolerance and skips (idempotence: test_passes_idempotent).
+"""INT8 dynamic and static (QDQ) quantization: rewrites within tolerance, skips (idempotence: test_passes_idempotent).
 
 The accuracy budget: ``test_quantization_budget``; int8-dynamic's options: ``test_quantize_dynamic_options``,
 its QAttention: ``test_quantize_dynamic_attention``; static activations: ``test_quantize_static_activations``.
