@@ -138,7 +138,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
             version=place.version,
             target=record,
             toolchain={**toolchain_versions(), **compiled.toolchain},
-            source={"format": source.format, "sha256": source.sha256, "task": TEXT_GENERATION},
+            source={"format": source.format, "sha256": source.sha256, "task": TEXT_GENERATION, **source.details},
             ir={"sha256": _graphs_sha(stage), "opset": prefill.opset_imports.get("", 0)},
             passes=pass_entries,
             io=prefill_io(spec).to_dict(),
