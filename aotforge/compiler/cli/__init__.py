@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from aotforge.compiler.cli import artifact, bench, build, bundle, farm, generate, integrity, registry, serve
+from aotforge.compiler.cli import artifact, bench, build, bundle, farm, generate, integrity, registry, serve, train
 from aotforge.compiler.cli.progress import quiet_libraries
 from aotforge.core.errors import EXIT_CODES
 
@@ -25,6 +25,7 @@ COMMANDS = (
     serve.serve,
     generate.generate,
     generate.perplexity,
+    train.distill,
     integrity.keygen,
     integrity.sign,
     integrity.verify,

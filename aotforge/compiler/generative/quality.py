@@ -42,10 +42,10 @@ KNOBS = (
 BYTE_RULE = "UTF-8 bytes, each byte's value modulo the vocabulary size"
 
 
-def default_corpus() -> str:
-    """The docstrings of :data:`CORPUS_MODULES`: each module's, then its classes', functions' and methods'."""
+def default_corpus(modules: tuple[str, ...] = CORPUS_MODULES) -> str:
+    """The docstrings of ``modules``: each module's, then its classes', functions' and methods'."""
     docs: list[str] = []
-    for name in CORPUS_MODULES:
+    for name in modules:
         module = importlib.import_module(name)
         docs.append(inspect.getdoc(module) or "")
         for _, obj in sorted(vars(module).items()):

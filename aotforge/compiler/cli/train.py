@@ -1,0 +1,95 @@
+"""``aotforge distill``: a smaller student of a causal LM (a draft for speculative decoding), trained on the
+teacher's outputs on CPU for a bounded time, written as a transformers directory that ``aotforge compile`` takes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from aotforge.compiler.cli.common import user_errors
+from aotforge.compiler.training.options import DistillOptions
+
+_DEFAULTS = DistillOptions()
+_HELP = {
+    "max_minutes": "Wall-clock budget of the training loop.",
+    "max_steps": "At most this many optimizer steps.",
+    "seq_len": "Tokens per training sequence.",
+    "batch": "Sequences per step.",
+    "lr": "AdamW's peak learning rate.",
+    "warmup_steps": "Linear warm-up steps.",
+    "temperature": "Softmax temperature of the response-based (logit) loss.",
+    "feature_weight": "Weight of the feature-based loss (hidden states through a learned projection); 0: off.",
+    "seed": "Seed of the batches and the projections.",
+    "held_out_tokens": "Tokens the report scores teacher and student on (never trained on).",
+}
+
+
+def _option_flags(command: Any) -> Any:
+    """A click option per :class:`DistillOptions` field, its default the field's (written once, there)."""
+    for field in reversed(dataclasses.fields(DistillOptions)):
+        default = getattr(_DEFAULTS, field.name)
+        command = click.option(
+            f"--{field.name.replace('_', '-')}",
+            type=type(default),
+            default=default,
+            show_default=True,
+            help=_HELP[field.name],
+        )(command)
+    return command
+
+
+@click.command()
+@click.argument("teacher", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="A new directory for the student.")
+@click.option(
+    "--student",
+    type=click.Path(path_type=Path),
+    help="The student: a saved causal-LM directory, or a config.json (random weights); the teacher's vocabulary.",
+)
+@click.option(
+    "--student-layers", type=click.IntRange(min=1), help="The student: the teacher cut to N evenly spaced layers."
+)
+@click.option(
+    "--text",
+    "text",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    help="Training text (repeat for more files; the last tokens are held out); default: stdlib docstrings.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_option_flags
+@user_errors
+def distill(
+    teacher: Path,
+    out: Path,
+    student: Path | None,
+    student_layers: int | None,
+    text: tuple[Path, ...],
+    as_json: bool,
+    **kw: Any,
+) -> None:
+    """Distill TEACHER (a causal-LM directory, GGUF or .py file) into a smaller student written to --out.
+
+    Response-based (KL on temperature-scaled logits) and, with --feature-weight, feature-based (hidden states).
+    Compile the student as usual; as a draft: `aotforge generate ART --draft STUDENT_ART`."""
+    from aotforge.compiler.training.job import distill_model
+
+    options = DistillOptions(**kw)
+    report = distill_model(
+        teacher, out, student=student, student_layers=student_layers, text=text, options=options, progress=click.echo
+    )
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    before, after = report["before"], report["after"]
+    click.echo(
+        f"{report['steps']} steps in {report['train_seconds']:.0f} s ({report['tokens_seen']} tokens); held-out "
+        f"perplexity teacher {after['teacher_perplexity']:.2f}, student {before['student_perplexity']:.2f} -> "
+        f"{after['student_perplexity']:.2f}; greedy agreement {before['greedy_agreement']:.1%} -> "
+        f"{after['greedy_agreement']:.1%}"
+    )
+    click.echo(str(out))

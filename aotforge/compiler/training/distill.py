@@ -1,0 +1,169 @@
+"""Knowledge distillation of a causal LM into a student, on CPU, for a bounded time.
+
+Response-based: the temperature-scaled KL divergence from the teacher's next-token distribution to the student's
+(Hinton et al.; ``T**2`` keeps its gradient's scale as ``T`` changes). Feature-based, when ``feature_weight`` > 0:
+each student layer's hidden state, through a learned linear projection, regressed on the hidden state of the
+teacher layer it maps to (:func:`~aotforge.compiler.training.students.layer_map`), scaled by the teacher's
+variance there (FitNets). The teacher runs once per batch without gradients; both run in bfloat16 autocast where
+the CPU has bfloat16 matmuls (AVX512-BF16 / AMX), else in fp32.
+
+The report scores teacher and student on held-out tokens no step trained on: perplexity, and how often the
+student's greedy next token is the teacher's (what a draft's acceptance follows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from aotforge.compiler.training.options import DistillOptions
+from aotforge.compiler.training.students import decoder_layers, layer_map
+from aotforge.compiler.training.text import TokenStreams
+
+Progress = Callable[[str], None]
+
+
+def distill(
+    teacher: Any, student: Any, streams: TokenStreams, options: DistillOptions, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Train ``student`` (in place) on ``teacher``'s outputs over ``streams.train``; the run's report."""
+    import torch
+
+    say = progress or (lambda _m: None)
+    torch.manual_seed(options.seed)
+    rng = np.random.default_rng(options.seed)
+    teacher.eval()
+    student.train()
+    autocast = _autocast_dtype()
+    data = torch.from_numpy(streams.train)
+    if len(data) <= options.seq_len + 1:
+        from aotforge.core.errors import InputSpecError
+
+        raise InputSpecError(
+            f"the training text has {len(data)} tokens, not more than --seq-len {options.seq_len}: give more text"
+        )
+    projections = _projections(teacher, student) if options.feature_weight > 0 else None
+    params = list(student.parameters()) + (list(projections.parameters()) if projections is not None else [])
+    optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0)
+    warmup = max(1, options.warmup_steps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    before = score(teacher, student, streams.held_out, options)
+    say(f"before: student perplexity {before['student_perplexity']:.2f}, teacher {before['teacher_perplexity']:.2f}")
+    started, step, losses = time.perf_counter(), 0, []
+    while step < options.max_steps and time.perf_counter() - started < options.max_minutes * 60:
+        starts = rng.integers(0, len(data) - options.seq_len, size=options.batch)
+        ids = torch.stack([data[s : s + options.seq_len] for s in starts])
+        with torch.no_grad(), torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+            taught = teacher(input_ids=ids, output_hidden_states=projections is not None)
+        with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+            learnt = student(input_ids=ids, output_hidden_states=projections is not None)
+        loss = response_loss(learnt.logits.float(), taught.logits.float(), options.temperature)
+        if projections is not None:
+            loss = loss + options.feature_weight * _feature_loss(
+                learnt.hidden_states, taught.hidden_states, projections
+            )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(float(loss))
+        step += 1
+        if step % 20 == 0:
+            say(f"step {step}: loss {np.mean(losses[-20:]):.4f} ({time.perf_counter() - started:.0f} s)")
+    seconds = time.perf_counter() - started
+    student.eval()
+    after = score(teacher, student, streams.held_out, options)
+    return {
+        "options": dataclasses.asdict(options),
+        "text": streams.about,
+        "steps": step,
+        "train_seconds": round(seconds, 1),
+        "tokens_seen": step * options.batch * options.seq_len,
+        "autocast": str(autocast).replace("torch.", "") if autocast is not None else "float32",
+        "loss_first": losses[0] if losses else None,
+        "loss_last": float(np.mean(losses[-20:])) if losses else None,
+        "before": before,
+        "after": after,
+        "teacher_parameters": sum(p.numel() for p in teacher.parameters()),
+        "student_parameters": sum(p.numel() for p in student.parameters()),
+    }
+
+
+def response_loss(student_logits: Any, teacher_logits: Any, temperature: float) -> Any:
+    """``T**2 * KL(softmax(teacher / T) || softmax(student / T))``, the mean over every token."""
+    import torch
+
+    t = torch.log_softmax(teacher_logits / temperature, -1).flatten(0, -2)
+    s = torch.log_softmax(student_logits / temperature, -1).flatten(0, -2)
+    kl = torch.nn.functional.kl_div(s, t, log_target=True, reduction="batchmean")
+    return kl * temperature**2
+
+
+def score(teacher: Any, student: Any, tokens: np.ndarray, options: DistillOptions) -> dict[str, float]:
+    """Perplexity of each model on ``tokens`` (windows of ``seq_len``, each scored after its first token), the mean
+    KL(teacher || student) per token, and the fraction of positions where the student's greedy next token is the
+    teacher's."""
+    import torch
+
+    window = min(len(tokens), max(options.seq_len, 2))
+    nll = {"teacher": 0.0, "student": 0.0}
+    agree, count, kl = 0, 0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(tokens) - 1, window):
+            ids = torch.from_numpy(tokens[start : start + window]).unsqueeze(0)
+            if ids.shape[1] < 2:
+                break
+            target = ids[0, 1:]
+            logits = {}
+            for name, model in (("teacher", teacher), ("student", student)):
+                logits[name] = model(input_ids=ids).logits[0, :-1].float()
+                nll[name] += float(torch.nn.functional.cross_entropy(logits[name], target, reduction="sum"))
+            agree += int((logits["teacher"].argmax(-1) == logits["student"].argmax(-1)).sum())
+            kl += float(response_loss(logits["student"], logits["teacher"], 1.0)) * int(target.numel())
+            count += int(target.numel())
+    return {
+        "teacher_perplexity": math.exp(nll["teacher"] / count),
+        "student_perplexity": math.exp(nll["student"] / count),
+        "greedy_agreement": agree / count,
+        "kl_teacher_student": kl / count,
+        "tokens": count,
+    }
+
+
+def _autocast_dtype() -> Any:
+    """bfloat16 where the CPU computes it natively (AVX512-BF16 / AMX: several times fp32's matmul rate), else None."""
+    import torch
+
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
+
+
+def _projections(teacher: Any, student: Any) -> Any:
+    """One linear map per student layer from its width to the teacher's (the identity where they are equal)."""
+    import torch
+
+    width_s, width_t = int(student.config.hidden_size), int(teacher.config.hidden_size)
+    layers = decoder_layers(student)[1]
+    linears = [torch.nn.Linear(width_s, width_t, bias=False) for _ in range(layers)]
+    if width_s == width_t:
+        for linear in linears:
+            torch.nn.init.eye_(linear.weight)
+    maps = torch.nn.ModuleList(linears)
+    maps.pairs = list(zip(range(layers), layer_map(layers, decoder_layers(teacher)[1]), strict=True))  # type: ignore[assignment]
+    return maps
+
+
+def _feature_loss(student_hidden: Any, teacher_hidden: Any, projections: Any) -> Any:
+    """Mean over the mapped layer pairs of the projected student state's MSE to the teacher's, over its variance.
+    ``hidden_states[0]`` is the embedding output, so layer ``i``'s output is ``hidden_states[i + 1]``."""
+    total = 0.0
+    for (s, t), projection in zip(projections.pairs, projections, strict=True):
+        want = teacher_hidden[t + 1].float()
+        got = projection(student_hidden[s + 1].float())
+        total = total + ((got - want) ** 2).mean() / want.var().clamp(min=1e-6)
+    return total / len(projections)

@@ -1,0 +1,64 @@
+"""``aotforge distill`` as a function: load the teacher, make the student, distill, and write the student as a
+transformers directory (weights, config, the teacher's tokenizer, chat template and generation config, and
+``distill_report.json``) in one rename, so a run that fails or is interrupted leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from aotforge.compiler.generative.source import load_causal_lm
+from aotforge.compiler.training.distill import Progress, distill
+from aotforge.compiler.training.options import DistillOptions
+from aotforge.compiler.training.students import student_from_layers, student_from_path
+from aotforge.compiler.training.text import token_streams
+from aotforge.core.errors import InputSpecError, OptionsError
+
+REPORT_FILE = "distill_report.json"
+
+
+def distill_model(
+    teacher: Any,
+    out: Path,
+    *,
+    student: Path | None = None,
+    student_layers: int | None = None,
+    text: tuple[Path, ...] = (),
+    options: DistillOptions = DistillOptions(),
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Distill ``teacher`` (a causal-LM directory, GGUF or ``.py`` file) into ``out``; the report."""
+    from transformers import AutoTokenizer
+
+    if (student is None) == (student_layers is None):
+        raise OptionsError("give exactly one of --student (a directory or config.json) and --student-layers N")
+    if out.exists() and any(out.iterdir()):
+        raise InputSpecError(f"--out {out} exists and is not empty: give a new directory")
+    source = load_causal_lm(teacher)
+    if source.tokenizer_dir is None:
+        raise InputSpecError(f"{teacher} has no tokenizer files: the training text cannot be tokenized")
+    tokenizer = AutoTokenizer.from_pretrained(source.tokenizer_dir, local_files_only=True)
+    model = source.model
+    if student is not None:
+        made = student_from_path(student, model)
+    else:
+        assert student_layers is not None  # exactly one of the two, checked above
+        made = student_from_layers(model, student_layers)
+    streams = token_streams(text, tokenizer, options.held_out_tokens)
+    report = {"teacher": str(teacher), "student": str(student) if student else f"{student_layers} teacher layers"}
+    report |= distill(model, made, streams, options, progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as tmp:
+        staged = Path(tmp) / "student"
+        made.save_pretrained(staged)
+        for name, file in source.files.items():
+            if name != "config.json":
+                shutil.copyfile(file, staged / name)
+        (staged / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        if out.exists():
+            out.rmdir()  # empty (checked above): the rename takes its place
+        staged.rename(out)
+    return report

@@ -1,0 +1,88 @@
+"""``aotforge distill``: a student trained on a teacher's outputs comes closer to it on text it never trained on,
+is written as a transformers directory with the teacher's tokenizer, and compiles into a draft that speculative
+decoding uses token-exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import aotforge
+from aotforge.compiler.cli import main
+from aotforge.compiler.training.students import layer_map, student_from_layers
+from tests.llm_models import SPECULATIVE_K, build_text_generation, tiny_causal_lm
+from tests.serving import chat_llama_dir
+
+FAST = ["--max-steps", "40", "--seq-len", "64", "--batch", "4", "--held-out-tokens", "256", "--lr", "3e-3"]
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama of ``llama_ort`` (same seed and config) with the byte tokenizer."""
+    return chat_llama_dir(tmp_path_factory.mktemp("teacher") / "llama")
+
+
+@pytest.mark.parametrize("feature_weight", ["0", "1"])
+def test_distilled_student_comes_closer_to_the_teacher_on_held_out_text(
+    teacher: Path, tmp_path: Path, feature_weight: str
+) -> None:
+    out = tmp_path / "student"
+    ran = CliRunner().invoke(
+        main,
+        ["distill", str(teacher), "--student-layers", "1", "--out", str(out), "--feature-weight", feature_weight]
+        + FAST
+        + ["--json"],
+    )
+    assert ran.exit_code == 0, ran.output
+    report = json.loads(ran.output[ran.output.index("{") :])
+    assert report["steps"] == 40 and report["text"]["held_out_tokens"] == 256
+    assert report["after"]["kl_teacher_student"] < report["before"]["kl_teacher_student"]
+    assert json.loads((out / "distill_report.json").read_text()) == report
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    student = AutoModelForCausalLM.from_pretrained(out)
+    assert student.config.num_hidden_layers == 1 and student.config.vocab_size == 500
+    assert (
+        AutoTokenizer.from_pretrained(out)("ab")["input_ids"]
+        == AutoTokenizer.from_pretrained(teacher)("ab")["input_ids"]
+    )
+
+
+def test_a_layer_cut_student_starts_from_the_teachers_weights() -> None:
+    teacher = tiny_causal_lm("llama")
+    student = student_from_layers(teacher, 1)
+    assert layer_map(1, 2) == [1] and layer_map(3, 30) == [0, 14, 29]
+    t, s = teacher.state_dict(), student.state_dict()
+    assert all(np.array_equal(s[k].numpy(), t[k].numpy()) for k in s if ".layers." not in k)
+    assert np.array_equal(s["model.layers.0.mlp.up_proj.weight"], t["model.layers.1.mlp.up_proj.weight"])
+
+
+def test_refusals_name_the_fix(teacher: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    both = runner.invoke(main, ["distill", str(teacher), "--out", str(tmp_path / "a")])
+    assert both.exit_code == 2 and "--student-layers" in both.output
+    too_many = runner.invoke(main, ["distill", str(teacher), "--student-layers", "2", "--out", str(tmp_path / "b")])
+    assert too_many.exit_code == 2 and "give 1 to 1" in too_many.output
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "x").write_text("x")
+    taken = runner.invoke(main, ["distill", str(teacher), "--student-layers", "1", "--out", str(tmp_path / "c")])
+    assert taken.exit_code == 2 and "not empty" in taken.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_student_compiles_into_a_draft_speculative_decoding_uses(teacher: Path, tmp_path: Path) -> None:
+    """Greedy speculative decoding with the distilled draft is token-identical to the target's plain greedy."""
+    out = tmp_path / "student"
+    ran = CliRunner().invoke(main, ["distill", str(teacher), "--student-layers", "1", "--out", str(out), *FAST])
+    assert ran.exit_code == 0, ran.output
+    draft = build_text_generation(out, tmp_path / "art", name="draft")
+    built = build_text_generation(teacher, tmp_path / "art", name="target", speculative_k=SPECULATIVE_K)
+    target = aotforge.load(built.path)
+    ids = np.array([[5, 17, 42, 99, 3]])
+    plain = target.generate(ids, 16)
+    assert np.array_equal(target.generate(ids, 16, draft=aotforge.load(draft.path)), plain)
+    assert target.speculative_stats["proposed"] > 0
