@@ -230,6 +230,10 @@ README_CLAIMS = {
     ],
     "--max-runs": ["test_readme_claims.py::test_bench_max_runs_caps_the_timed_calls"],
     "Speculative decoding": ["test_speculative.py::test_greedy_speculative_is_the_targets_greedy"],
+    "`aotforge distill` trains a draft": [
+        "test_distill.py::test_the_student_compiles_into_a_draft_speculative_decoding_uses"
+    ],
+    "a GGUF file": ["test_gguf_source.py::test_fp32_gguf_builds_token_exact_against_the_model_it_was_written_from"],
 }
 
 
