@@ -15,7 +15,12 @@ from collections import Counter
 from collections.abc import Callable
 
 import onnx
+import onnx_ir as ir
+import onnx_ir.passes
 from onnx.backend.test.case.node import function_expand_helper
+
+from aotforge.targets.tvm.importable.base import ImportStep, infer_types, opset
+from aotforge.targets.tvm.importable.splice import Names, splice
 
 #: How many times a body may itself be expanded (nested function ops).
 MAX_ROUNDS = 4
@@ -45,32 +50,44 @@ def function_body(node: onnx.NodeProto, opset: int, types: dict[str, onnx.TypePr
     return body if body.node else None
 
 
-def expand_functions(model: onnx.ModelProto, wanted: Callable[[onnx.NodeProto], bool]) -> Counter[str]:
-    """Expand, in place, every main-graph node ``wanted`` selects that has a function body; counts by op."""
-    expanded: Counter[str] = Counter()
-    for round_ in range(MAX_ROUNDS):
-        if not any(wanted(node) for node in model.graph.node):  # shape inference costs a copy of the model
-            break
-        opset = _opset(model)
-        types = _types(model)
-        nodes: list[onnx.NodeProto] = []
-        changed = False
-        for k, node in enumerate(model.graph.node):
-            body = function_body(node, opset, types) if wanted(node) else None
-            if body is None:
-                nodes.append(node)
-                continue
-            with_defaults = _with_defaults(node, opset)
-            prefix = f"{node.name or node.op_type}_{round_}_{k}__"
-            nodes.extend(function_expand_helper(with_defaults, body, prefix))
-            _import_opsets(model, body)
-            expanded[node.op_type] += 1
-            changed = True
-        if not changed:
-            break
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-    return expanded
+class ExpandFunctionsPass(ImportStep):
+    """Expand every main-graph node ``wanted`` selects that has a function body; counts by op."""
+
+    name = "expanded"
+
+    def __init__(self, wanted: Callable[[ir.Node], bool]) -> None:
+        super().__init__()
+        self.wanted = wanted
+
+    def call(self, model: ir.Model) -> onnx_ir.passes.PassResult:
+        expanded: Counter[str] = Counter()
+        graph = model.graph
+        for round_ in range(MAX_ROUNDS):
+            if not any(self.wanted(node) for node in graph):  # shape inference costs a copy of the model
+                break
+            version = opset(model)
+            infer_types(model)
+            names = Names(graph)
+            changed = False
+            for k, node in enumerate(list(graph)):
+                if not self.wanted(node):
+                    continue
+                proto = ir.serde.serialize_node(node)
+                types = {v.name: ir.serde.serialize_value(v).type for v in node.inputs if v is not None and v.type}
+                body = function_body(proto, version, types)
+                if body is None:
+                    continue
+                prefix = f"{node.name or node.op_type}_{round_}_{k}__"
+                splice(graph, node, function_expand_helper(_with_defaults(proto, version), body, prefix), names)
+                for entry in body.opset_import:
+                    if entry.domain not in model.opset_imports and entry.domain not in ("", "ai.onnx"):
+                        model.opset_imports[entry.domain] = entry.version
+                expanded[node.op_type] += 1
+                changed = True
+            if not changed:
+                break
+        self.stats = dict(expanded)
+        return onnx_ir.passes.PassResult(model, modified=bool(expanded))
 
 
 def _with_defaults(node: onnx.NodeProto, opset: int) -> onnx.NodeProto:
@@ -82,27 +99,3 @@ def _with_defaults(node: onnx.NodeProto, opset: int) -> onnx.NodeProto:
         if name not in given and attribute.default_value.name:
             copy.attribute.append(attribute.default_value)
     return copy
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-
-
-def _import_opsets(model: onnx.ModelProto, body: onnx.FunctionProto) -> None:
-    have = {o.domain for o in model.opset_import}
-    for entry in body.opset_import:
-        if entry.domain not in have and entry.domain not in ("", "ai.onnx"):
-            model.opset_import.append(entry)
-
-
-def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Every value's type shape inference knows (context-dependent bodies are chosen by them)."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:  # an un-inferable model still expands, with what it declares
-        inferred = model
-    graph = inferred.graph
-    types = {v.name: v.type for v in [*graph.input, *graph.value_info, *graph.output]}
-    for tensor in graph.initializer:
-        types.setdefault(tensor.name, onnx.helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims)))
-    return types

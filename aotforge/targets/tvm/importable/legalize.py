@@ -8,11 +8,14 @@ once, in order, after the shapes are bound and folded, so shape-like inputs are 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+import onnx_ir as ir
+import onnx_ir.passes
+from onnx import helper
 
+from aotforge.targets.tvm.importable.base import ImportStep, infer_types, opset, static_shape
 from aotforge.targets.tvm.importable.rules import (
     bitcast,
     conv,
@@ -26,6 +29,7 @@ from aotforge.targets.tvm.importable.rules import (
     text,
 )
 from aotforge.targets.tvm.importable.rules.base import Graph, Rule
+from aotforge.targets.tvm.importable.splice import Names, constants, splice
 
 #: In the order they run.
 RULES: tuple[Rule, ...] = (
@@ -94,66 +98,75 @@ PARTLY = {
 }
 
 
-def tensor_constants(model: onnx.ModelProto) -> int:
+class ConstantsAsTensorsPass(ImportStep):
     """Constant nodes given as value_int(s) / value_float(s) rewritten with a tensor (the importer reads only that)."""
-    count = 0
-    for node in model.graph.node:
-        if node.op_type != "Constant" or not node.attribute or node.attribute[0].name in ("value", "sparse_value"):
-            continue
-        value = np.asarray(helper.get_attribute_value(node.attribute[0]))
-        if node.attribute[0].name in ("value_float", "value_floats"):
-            value = value.astype(np.float32)
-        elif node.attribute[0].name in ("value_int", "value_ints"):
-            value = value.astype(np.int64)
-        else:
-            continue
-        del node.attribute[:]
-        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(value, node.output[0])))
-        count += 1
-    return count
+
+    name = "constants_as_tensors"
+    folds = False
+    may_fail = False
+
+    def call(self, model: ir.Model) -> onnx_ir.passes.PassResult:
+        count = 0
+        for node in model.graph:
+            first = next(iter(node.attributes.values()), None)
+            if node.op_type != "Constant" or first is None or first.name not in _LISTS:
+                continue
+            value = np.asarray(first.value, _LISTS[first.name])
+            node.attributes.pop(first.name)
+            name = node.outputs[0].name
+            node.attributes["value"] = ir.AttrTensor("value", ir.tensor(value, name=name))
+            count += 1
+        self.stats = {"count": count}
+        return onnx_ir.passes.PassResult(model, modified=bool(count))
+
+    def report(self) -> Any:
+        return self.stats["count"]
 
 
-def legalize(model: onnx.ModelProto, rules: tuple[Rule, ...] = RULES) -> Counter[str]:
-    """Rewrite the main graph in place; counts by rule."""
-    if not any(n.op_type in RULE_OPS for n in model.graph.node):  # shape inference costs a copy of the model
-        return Counter()
-    g = _graph(model)
-    counts: Counter[str] = Counter()
-    nodes: list[onnx.NodeProto] = []
-    for node in model.graph.node:
-        for rule in rules if node.domain in ("", "ai.onnx") else ():
-            replaced = rule(node, g)
-            if replaced is not None:
-                nodes.extend(replaced)
-                counts[rule.__name__] += 1
-                break
-        else:
-            nodes.append(node)
-    if counts:
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-    return counts
+_LISTS = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64}
 
 
-def _graph(model: onnx.ModelProto) -> Graph:
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
-    except Exception:  # rules that need a shape then leave their nodes alone
-        inferred = model.graph
+class LegalizePass(ImportStep):
+    """Rewrite the main graph's nodes some rule takes (each once, the first rule in order); counts by rule."""
+
+    name = "legalized"
+
+    def __init__(self, rules: tuple[Rule, ...] = RULES) -> None:
+        super().__init__()
+        self.rules = rules
+
+    def call(self, model: ir.Model) -> onnx_ir.passes.PassResult:
+        graph = model.graph
+        if not any(n.op_type in RULE_OPS for n in graph):  # shape inference costs a copy of the model
+            return onnx_ir.passes.PassResult(model, modified=False)
+        infer_types(model)
+        names = Names(graph)
+        g = _graph(model, names)
+        counts: Counter[str] = Counter()
+        for node in list(graph):
+            if node.domain not in ("", "ai.onnx") or node.op_type not in RULE_OPS:
+                continue
+            proto = ir.serde.serialize_node(node)
+            for rule in self.rules:
+                replaced = rule(proto, g)
+                if replaced is not None:
+                    splice(graph, node, replaced, names)
+                    counts[rule.__name__] += 1
+                    break
+        self.stats = dict(counts)
+        return onnx_ir.passes.PassResult(model, modified=bool(counts))
+
+
+def _graph(model: ir.Model, names: Names) -> Graph:
     shapes, dtypes = {}, {}
-    for v in [*inferred.input, *inferred.value_info, *inferred.output]:
-        t = v.type.tensor_type
-        if v.type.HasField("tensor_type"):
-            dtypes[v.name] = t.elem_type
-            if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
-                shapes[v.name] = tuple(d.dim_value for d in t.shape.dim)
-    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    for name, value in constants.items():
+    for name, value in names.values.items():
+        if value.dtype is not None:
+            dtypes[name] = int(value.dtype)
+        shape = static_shape(value)
+        if shape is not None:
+            shapes[name] = shape
+    found = constants(model.graph)
+    for name, value in found.items():
         shapes.setdefault(name, value.shape)
         dtypes.setdefault(name, helper.np_dtype_to_tensor_dtype(value.dtype))
-    names = {n for node in model.graph.node for n in [*node.input, *node.output]} | set(constants)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    return Graph(constants, shapes, dtypes, names | {v.name for v in model.graph.input}, opset)
+    return Graph(found, shapes, dtypes, names.taken, opset(model))

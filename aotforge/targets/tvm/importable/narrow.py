@@ -24,9 +24,13 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
+import onnx_ir.passes
 from onnx import helper, numpy_helper
 
+from aotforge.targets.tvm.importable.base import ImportStep, infer_types
 from aotforge.targets.tvm.importable.narrow_encoding import encoding, numpy_dtype
+from aotforge.targets.tvm.importable.splice import Names, splice
 
 T = onnx.TensorProto
 #: Element types numpy holds one per byte through ml_dtypes and TVM cannot compute with as ONNX does.
@@ -55,61 +59,73 @@ _DECODE_TO = frozenset(
 )
 
 
-def narrow_types(model: onnx.ModelProto) -> Counter[str]:
-    """Rewrite ``model`` in place when every narrow value is a cast's; counts of what was rewritten."""
-    graph = model.graph
-    types = _types(model)
-    narrow = {name for name, t in types.items() if t in NARROW}
-    if not narrow:
-        return Counter()
+class NarrowTypesPass(ImportStep):
+    """Narrow values as their bytes when every one is a cast's (see the module's docstring); counts of what was
+    rewritten. Before the first fold: onnxscript's CastLike rule drops saturate=0, which matters for float8 only."""
+
+    name = "narrow_types"
+    folds = False
+    may_fail = False
+
+    def call(self, model: ir.Model) -> onnx_ir.passes.PassResult:
+        graph = model.graph
+        types = _types(model)
+        narrow = {name for name, t in types.items() if t in NARROW}
+        plan = _plan(graph, types, narrow) if narrow else None
+        if not plan:
+            return onnx_ir.passes.PassResult(model, modified=False)
+        names = Names(graph)
+        counts: Counter[str] = Counter()
+        for node, (how, source, target) in plan.items():
+            proto = ir.serde.serialize_node(node)
+            if how == "decode":
+                replaced = _decode(proto, source, target, names.taken)
+            else:
+                saturate = bool(_attr(proto, "saturate", 1))
+                round_mode = _attr(proto, "round_mode", b"up").decode()
+                replaced = _encode(proto, source, target, saturate, round_mode, names.taken)
+            splice(graph, node, replaced, names)
+            counts[f"{how}_{T.DataType.Name(target if how == 'encode' else source).lower()}"] += 1
+        for name in narrow:  # the values (their types copied from the casts they replaced) hold bytes now
+            value = names.values[name]
+            value.dtype = ir.DataType.UINT8
+            if value.const_value is not None:
+                raw = np.ascontiguousarray(value.const_value.numpy()).view(np.uint8)
+                value.const_value = ir.tensor(raw, name=value.const_value.name)
+        self.stats = dict(counts)
+        return onnx_ir.passes.PassResult(model, modified=True)
+
+
+def _plan(graph: ir.Graph, types: dict[str, int], narrow: set[str]) -> dict[ir.Node, tuple[str, int, int]] | None:
+    """Each cast touching a narrow value: how it is rewritten, from and to which type; None where any other op
+    touches one, or one is made by anything but a graph input, an initializer or a cast to it."""
     produced_by_cast: set[str] = set()
-    plan: list[tuple[int, str, int, int]] = []  # node index, "decode" / "encode", source type, target type
-    for k, node in enumerate(graph.node):
-        touches = [n for n in [*node.input, *node.output] if n in narrow]
+    plan = {}
+    for node in graph:
+        touches = [v.name for v in [*node.inputs, *node.outputs] if v is not None and v.name in narrow]
         if not touches:
             continue
         if node.domain not in ("", "ai.onnx") or node.op_type not in ("Cast", "CastLike"):
-            return Counter()
-        source = types.get(node.input[0])
-        target = _attr(node, "to") if node.op_type == "Cast" else types.get(node.input[1])
+            return None
+        source = types.get(str(node.inputs[0].name)) if node.inputs[0] is not None else None
+        if node.op_type == "Cast":
+            to = node.attributes.get("to")
+            target = to.value if to is not None else None
+        else:
+            target = types.get(str(node.inputs[1].name)) if node.inputs[1] is not None else None
         if source is None or target is None:
-            return Counter()
+            return None
         if source in NARROW and target not in NARROW and target in _DECODE_TO:
-            plan.append((k, "decode", source, target))
+            plan[node] = ("decode", source, int(target))
         elif target in _FLOAT8 and source in _ENCODABLE:
-            plan.append((k, "encode", source, target))
-            produced_by_cast.add(node.output[0])
+            plan[node] = ("encode", source, int(target))
+            produced_by_cast.add(str(node.outputs[0].name))
         else:
-            return Counter()
-    inputs = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+            return None
+    inputs = {v.name for v in graph.inputs} | set(graph.initializers)
     if any(n not in inputs and n not in produced_by_cast for n in narrow):
-        return Counter()  # produced by something else (a subgraph, an op not listed): left to the coverage check
-    counts: Counter[str] = Counter()
-    nodes: list[onnx.NodeProto] = []
-    names = {n for node in graph.node for n in [*node.input, *node.output]} | inputs
-    done = {k: (how, source, target) for k, how, source, target in plan}
-    for k, node in enumerate(graph.node):
-        if k not in done:
-            nodes.append(node)
-            continue
-        how, source, target = done[k]
-        if how == "decode":
-            nodes.extend(_decode(node, source, target, names))
-        else:
-            saturate = bool(_attr(node, "saturate", 1))
-            round_mode = _attr(node, "round_mode", b"up").decode()
-            nodes.extend(_encode(node, source, target, saturate, round_mode, names))
-        counts[f"{how}_{T.DataType.Name(target if how == 'encode' else source).lower()}"] += 1
-    for value in [*graph.input, *graph.output, *graph.value_info]:
-        if value.type.tensor_type.elem_type in NARROW:
-            value.type.tensor_type.elem_type = T.UINT8
-    for k, tensor in enumerate(graph.initializer):
-        if tensor.data_type in NARROW:
-            raw = np.ascontiguousarray(numpy_helper.to_array(tensor)).view(np.uint8)
-            graph.initializer[k].CopyFrom(numpy_helper.from_array(raw, tensor.name))
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return counts
+        return None  # produced by something else (a subgraph, an op not listed): left to the coverage check
+    return plan
 
 
 def storage_dtype(dtype: str) -> str:
@@ -221,17 +237,16 @@ def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name))
 
 
-def _types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element types of the main graph's values (inferred where the graph does not declare them)."""
-    try:
-        graph = onnx.shape_inference.infer_shapes(model).graph
-    except Exception:
-        graph = model.graph
-    types = {t.name: t.data_type for t in graph.initializer}
-    for value in [*graph.input, *graph.value_info, *graph.output]:
-        if value.type.HasField("tensor_type"):
-            types.setdefault(value.name, value.type.tensor_type.elem_type)
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            types.setdefault(node.output[0], node.attribute[0].t.data_type)
+def _types(model: ir.Model) -> dict[str, int]:
+    """Element types of the main graph's values (inferred, on a copy, where the graph does not declare them)."""
+    copy = model.clone()
+    infer_types(copy)
+    types = {}
+    for value in [*copy.graph.inputs, *copy.graph.initializers.values(), *copy.graph.outputs]:
+        if value.name and value.dtype is not None:
+            types[value.name] = int(value.dtype)
+    for node in copy.graph:
+        for value in node.outputs:
+            if value.name and value.dtype is not None:
+                types.setdefault(value.name, int(value.dtype))
     return types

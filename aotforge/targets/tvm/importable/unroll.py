@@ -14,37 +14,45 @@ from collections import Counter
 
 import numpy as np
 import onnx
+import onnx_ir as ir
+import onnx_ir.passes
 from onnx import helper, numpy_helper
+
+from aotforge.targets.tvm.importable.base import ImportStep, infer_types, opset, static_shape
+from aotforge.targets.tvm.importable.splice import Names, constants, splice
 
 #: More steps than this stay a Scan (and the importer refuses it): an unrolled graph grows per step.
 MAX_STEPS = 1024
 
 
-def unroll_scans(model: onnx.ModelProto) -> Counter[str]:
-    """Unroll, in place, every main-graph Scan with static scan lengths and Loop with a static trip count;
-    counts by op."""
-    if not any(n.op_type in ("Scan", "Loop") for n in model.graph.node) or _opset(model) < 9:
-        return Counter()
-    shapes = _shapes(model)
-    constants = _constants(model)
-    nodes: list[onnx.NodeProto] = []
-    counts: Counter[str] = Counter()
-    for k, node in enumerate(model.graph.node):
-        prefix = f"{node.name or 'scan'}_{k}"
-        unrolled = None
-        if node.op_type == "Scan":
-            unrolled = _unroll(node, shapes, prefix, _opset(model))
-        elif node.op_type == "Loop":
-            unrolled = _unroll_loop(node, constants, prefix, _opset(model))
-        if unrolled is None:
-            nodes.append(node)
-        else:
-            nodes.extend(unrolled)
-            counts[node.op_type] += 1
-    if counts:
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-    return counts
+class UnrollLoopsPass(ImportStep):
+    """Unroll every main-graph Scan with static scan lengths and Loop with a static trip count; counts by op."""
+
+    name = "unrolled"
+
+    def call(self, model: ir.Model) -> onnx_ir.passes.PassResult:
+        graph, version = model.graph, opset(model)
+        if not any(n.op_type in ("Scan", "Loop") for n in graph) or version < 9:
+            return onnx_ir.passes.PassResult(model, modified=False)
+        infer_types(model)
+        names = Names(graph)
+        shapes = {name: s for name, v in names.values.items() if (s := static_shape(v)) is not None}
+        found = constants(graph)
+        counts: Counter[str] = Counter()
+        for k, node in enumerate(list(graph)):
+            if node.op_type not in ("Scan", "Loop"):
+                continue
+            prefix = f"{node.name or 'scan'}_{k}"
+            proto = ir.serde.serialize_node(node)
+            if node.op_type == "Scan":
+                unrolled = _unroll(proto, shapes, prefix, version)
+            else:
+                unrolled = _unroll_loop(proto, found, prefix, version)
+            if unrolled is not None:
+                splice(graph, node, unrolled, names)
+                counts[node.op_type] += 1
+        self.stats = dict(counts)
+        return onnx_ir.passes.PassResult(model, modified=bool(counts))
 
 
 def _unroll(
@@ -172,32 +180,5 @@ def _stack(values: list[str], final: str, axis: int, prefix: str, opset: int) ->
     return nodes
 
 
-def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    return constants
-
-
 def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name))
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-
-
-def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    try:
-        graph = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
-    except Exception:  # no shapes: nothing unrolls
-        return {}
-    shapes = {}
-    for v in [*graph.input, *graph.value_info, *graph.output]:
-        t = v.type.tensor_type
-        if v.type.HasField("tensor_type") and t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
-            shapes[v.name] = tuple(d.dim_value for d in t.shape.dim)
-    for tensor in graph.initializer:
-        shapes[tensor.name] = tuple(tensor.dims)
-    return shapes
