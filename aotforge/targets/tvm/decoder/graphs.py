@@ -116,17 +116,20 @@ def bind_shapes(prepared: Prepared, sizes: Mapping[str, int]) -> Any:
     """The graph with every named input dim set from ``sizes`` and the shape arithmetic folded away.
 
     The Relax ONNX importer mishandles ``Shape -> Gather -> Reshape`` chains; with static inputs
-    onnxscript's optimizer turns them into constants (as the plain tvm target does).
+    onnxscript's optimizer turns them into constants: the bind step of the import steps
+    (``importable/bind.py``), as the plain tvm target runs it.
     """
     import onnx_ir as ir
-    from onnxscript.optimizer import optimize_ir
+
+    from aotforge.targets.tvm.importable.bind import bind_and_fold
 
     model = ir.serde.deserialize_model(prepared.proto)
-    for value in model.graph.inputs:
-        if value.shape is not None:
-            value.shape = ir.Shape([sizes[str(d.value)] if isinstance(d, ir.SymbolicDim) else d for d in value.shape])
-    optimize_ir(model, onnx_shape_inference=True)
-    return ir.serde.serialize_model(model)
+    shapes = {
+        str(v.name): [sizes[str(d.value)] if isinstance(d, ir.SymbolicDim) else d for d in v.shape]
+        for v in model.graph.inputs
+        if v.shape is not None
+    }
+    return bind_and_fold(model, shapes)
 
 
 def input_shapes(proto: Any) -> dict[str, list[int]]:
