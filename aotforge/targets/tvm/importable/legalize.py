@@ -1,21 +1,20 @@
 """Rewrites, on the ONNX graph, of ops TVM's importer lacks or computes wrongly into ops it imports right.
 
-The rules live in ``rules/``, one module per family of ops; this module runs them: each rule takes
-one main-graph node and returns the nodes that replace it, or None to leave it alone. Rules run
-once, in order, after the shapes are bound and folded, so shape-like inputs are constants here.
+The rules live in ``rules/``, one module per family of ops, each an onnxscript rewrite rule about one op
+(``rules/base.py``); this module runs them through onnxscript's rewriter, once per node, in order, after
+the shapes are bound and folded, so shape-like inputs are constants here.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes
-from onnx import helper
+from onnxscript.rewriter import pattern
 
-from aotforge.targets.tvm.importable.base import ImportStep, infer_types, opset, static_shape
+from aotforge.targets.tvm.importable.base import ImportStep, infer_types, opset
 from aotforge.targets.tvm.importable.rules import (
     bitcast,
     conv,
@@ -28,36 +27,35 @@ from aotforge.targets.tvm.importable.rules import (
     shapes,
     text,
 )
-from aotforge.targets.tvm.importable.rules.base import Graph, Rule
-from aotforge.targets.tvm.importable.splice import Names, constants, splice
+from aotforge.targets.tvm.importable.rules.base import NodeRule, RuleRun
 
-#: In the order they run.
-RULES: tuple[Rule, ...] = (
-    shapes.expand_against_ones,
-    elementwise.isinf_one_sign,
-    conv.conv_transpose_output_shape,
-    elementwise.pow_mixed_types,
-    elementwise.sinh_by_exp,
-    reduce.lp_normalization,
-    reduce.cum_prod,
-    shapes.one_hot,
-    reduce.reduce_bool,
-    reduce.reduce_empty_set,
-    reduce.reduce_extreme_infinity,
-    resize.resize_full_rank,
-    resize.resize_by_taps,
-    elementwise.elu_in_float32,
-    shapes.eye_like_dtype,
-    elementwise.shift_left_out_of_range,
-    quantized.qlinear_matmul,
-    conv.col2im,
-    shapes.split_empty_parts,
-    bitcast.bitcast,
-    recurrent.recurrent,
-    text.tfidf_vectorizer,
-    normalization.batch_norm_training,
-    shapes.reverse_sequence,
-    resize.upsample_nearest,
+#: In the order they run (the first that takes a node rewrites it).
+RULES: tuple[type[NodeRule], ...] = (
+    shapes.ExpandAgainstOnes,
+    elementwise.IsInfOneSign,
+    conv.ConvTransposeOutputShape,
+    elementwise.PowMixedTypes,
+    elementwise.SinhByExp,
+    reduce.LpNormalization,
+    reduce.CumProd,
+    shapes.OneHot,
+    reduce.ReduceBool,
+    reduce.ReduceEmptySet,
+    reduce.ReduceExtremeInfinity,
+    resize.ResizeFullRank,
+    resize.ResizeByTaps,
+    elementwise.EluInFloat32,
+    shapes.EyeLikeDtype,
+    elementwise.ShiftLeftOutOfRange,
+    quantized.QLinearMatMul,
+    conv.Col2Im,
+    shapes.SplitEmptyParts,
+    bitcast.BitCast,
+    recurrent.Recurrent,
+    text.TfIdfVectorizer,
+    normalization.BatchNormTraining,
+    shapes.ReverseSequence,
+    resize.UpsampleNearest,
 )
 
 #: The ops some rule may rewrite.
@@ -127,11 +125,12 @@ _LISTS = {"value_float": np.float32, "value_floats": np.float32, "value_int": np
 
 
 class LegalizePass(ImportStep):
-    """Rewrite the main graph's nodes some rule takes (each once, the first rule in order); counts by rule."""
+    """Rewrite the main graph's nodes some rule takes (each once, the first rule in order; onnxscript's
+    rewriter); counts by rule."""
 
     name = "legalized"
 
-    def __init__(self, rules: tuple[Rule, ...] = RULES) -> None:
+    def __init__(self, rules: tuple[type[NodeRule], ...] = RULES) -> None:
         super().__init__()
         self.rules = rules
 
@@ -140,33 +139,7 @@ class LegalizePass(ImportStep):
         if not any(n.op_type in RULE_OPS for n in graph):  # shape inference costs a copy of the model
             return onnx_ir.passes.PassResult(model, modified=False)
         infer_types(model)
-        names = Names(graph)
-        g = _graph(model, names)
-        counts: Counter[str] = Counter()
-        for node in list(graph):
-            if node.domain not in ("", "ai.onnx") or node.op_type not in RULE_OPS:
-                continue
-            proto = ir.serde.serialize_node(node)
-            for rule in self.rules:
-                replaced = rule(proto, g)
-                if replaced is not None:
-                    splice(graph, node, replaced, names)
-                    counts[rule.__name__] += 1
-                    break
-        self.stats = dict(counts)
-        return onnx_ir.passes.PassResult(model, modified=bool(counts))
-
-
-def _graph(model: ir.Model, names: Names) -> Graph:
-    shapes, dtypes = {}, {}
-    for name, value in names.values.items():
-        if value.dtype is not None:
-            dtypes[name] = int(value.dtype)
-        shape = static_shape(value)
-        if shape is not None:
-            shapes[name] = shape
-    found = constants(model.graph)
-    for name, value in found.items():
-        shapes.setdefault(name, value.shape)
-        dtypes.setdefault(name, helper.np_dtype_to_tensor_dtype(value.dtype))
-    return Graph(found, shapes, dtypes, names.taken, opset(model))
+        run = RuleRun({n for n in graph if n.op_type in RULE_OPS}, graph, opset(model))
+        pattern.RewriteRuleSet([r for rule in self.rules for r in rule.rules(run)]).apply_to_model(model)
+        self.stats = dict(run.counts)
+        return onnx_ir.passes.PassResult(model, modified=bool(run.counts))

@@ -2,98 +2,101 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-import onnx
-from onnx import helper
+import onnx_ir as ir
 
-from aotforge.targets.tvm.importable.rules.base import Graph, attr, make
+from aotforge.targets.tvm.importable.rules.base import (
+    MatchResult,
+    NodeRule,
+    attr,
+    attributes,
+    const,
+    constant,
+    dtype,
+    np_dtype,
+    shape,
+)
 
 
-def conv_transpose_output_shape(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+class ConvTransposeOutputShape(NodeRule):
     """ConvTranspose's ``output_shape`` as the pads (and output_padding) it implies (TVM ignores it)."""
-    if node.op_type != "ConvTranspose":
-        return None
-    output_shape = attr(node, "output_shape")
-    x, w = g.shapes.get(node.input[0]), g.shapes.get(node.input[1])
-    if not output_shape or x is None or w is None:
-        return None
-    spatial = len(x) - 2
-    out = list(output_shape)[-spatial:]
-    strides = list(attr(node, "strides", [1] * spatial))
-    dilations = list(attr(node, "dilations", [1] * spatial))
-    kernel = list(attr(node, "kernel_shape", list(w[2:])))
-    extra = list(attr(node, "output_padding", [0] * spatial))
-    upper = attr(node, "auto_pad", b"NOTSET") != b"SAME_LOWER"
-    begin, end, padding = [], [], []
-    for i in range(spatial):
-        total = strides[i] * (x[2 + i] - 1) + extra[i] + ((kernel[i] - 1) * dilations[i] + 1) - out[i]
-        short = max(0, -total)  # an output larger than the kernel reaches: the rest is output_padding
-        total = max(0, total)
-        first = total // 2 if upper else total - total // 2
-        begin.append(first)
-        end.append(total - first)
-        padding.append(extra[i] + short)
-    keep = [a for a in node.attribute if a.name not in ("output_shape", "pads", "auto_pad", "output_padding")]
-    new = helper.make_node("ConvTranspose", list(node.input), list(node.output), name=node.name)
-    new.attribute.extend(keep)
-    new.attribute.extend([helper.make_attribute("pads", begin + end), helper.make_attribute("output_padding", padding)])
-    return [new]
+
+    report_name, ops = "conv_transpose_output_shape", ("ConvTranspose",)
+
+    def check_node(self, node: ir.Node) -> MatchResult:
+        if not attr(node, "output_shape") or shape(node.inputs[0]) is None or shape(node.inputs[1]) is None:
+            return MatchResult().fail("no output_shape, or input / weight shapes unknown")
+        return MatchResult()
+
+    def rewrite_node(self, op: Any, node: ir.Node) -> Any:
+        x, w = shape(node.inputs[0]), shape(node.inputs[1])
+        assert x is not None and w is not None  # checked
+        spatial = len(x) - 2
+        out = list(attr(node, "output_shape"))[-spatial:]
+        strides = list(attr(node, "strides", [1] * spatial))
+        dilations = list(attr(node, "dilations", [1] * spatial))
+        kernel = list(attr(node, "kernel_shape", list(w[2:])))
+        extra = list(attr(node, "output_padding", [0] * spatial))
+        upper = attr(node, "auto_pad", "NOTSET") != "SAME_LOWER"
+        begin, end, padding = [], [], []
+        for i in range(spatial):
+            total = strides[i] * (x[2 + i] - 1) + extra[i] + ((kernel[i] - 1) * dilations[i] + 1) - out[i]
+            short = max(0, -total)  # an output larger than the kernel reaches: the rest is output_padding
+            total = max(0, total)
+            first = total // 2 if upper else total - total // 2
+            begin.append(first)
+            end.append(total - first)
+            padding.append(extra[i] + short)
+        keep = attributes(node, "output_shape", "pads", "auto_pad", "output_padding")
+        return op.ConvTranspose(*node.inputs, **keep, pads=begin + end, output_padding=padding)
 
 
-def col2im(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+class Col2Im(NodeRule):
     """Col2Im with static shapes as a sum of Gathers: each image element adds the columns that land on it.
 
     A column (kernel offset k, block b) lands at ``b * stride - pad_begin + k * dilation`` per spatial
     dim, if that is inside the image. Every image element gathers at most ``T`` columns (the most
     that overlap anywhere); the missing ones read an appended zero column, so no 0 * inf appears.
     """
-    if node.op_type != "Col2Im":
-        return None
-    x, image, block = g.shapes.get(node.input[0]), g.constants.get(node.input[1]), g.constants.get(node.input[2])
-    if x is None or image is None or block is None or len(x) != 3 or node.input[0] not in g.dtypes:
-        return None
-    sources = _col2im_sources(node, [int(d) for d in image], [int(d) for d in block], x[2])
-    if sources is None:
-        return None
-    n, cb, length = x
-    channels = cb // int(np.prod(block))
-    columns = cb // channels * length
-    taps = max(len(s) for s in sources)
-    index = np.full((taps, len(sources)), columns, np.int64)
-    for p, found in enumerate(sources):
-        index[: len(found), p] = found
-    out = node.output[0]
-    flat, padded, flat_shape, zeros, out_shape = (
-        g.fresh(f"{out}_{k}") for k in ("flat", "padded", "flat_shape", "zeros", "shape")
-    )
-    shape_name, shape_node = g.constant(flat_shape, np.array([n, channels, columns], np.int64))
-    zero_name, zero_node = g.constant(zeros, np.zeros((n, channels, 1), g.np_dtype(node.input[0])))
-    image_name, image_node = g.constant(out_shape, np.array([n, channels, *image], np.int64))
-    nodes = [
-        shape_node, zero_node, image_node,
-        make("Reshape", [node.input[0], shape_name], [flat]),
-        make("Concat", [flat, zero_name], [padded], axis=2),
-    ]  # fmt: skip
-    summed = ""
-    for t in range(taps):
-        idx, idx_node = g.constant(f"{out}_taps{t}", index[t])
-        picked = g.fresh(f"{out}_picked{t}")
-        nodes += [idx_node, make("Gather", [padded, idx], [picked], axis=2)]
-        if summed:
-            total = g.fresh(f"{out}_sum{t}")
-            nodes.append(make("Add", [summed, picked], [total]))
-            summed = total
-        else:
-            summed = picked
-    nodes.append(make("Reshape", [summed, image_name], [out]))
-    return nodes
+
+    report_name, ops = "col2im", ("Col2Im",)
+
+    def check_node(self, node: ir.Node) -> MatchResult:
+        x, image, block = shape(node.inputs[0]), const(node.inputs[1]), const(node.inputs[2])
+        if x is None or image is None or block is None or len(x) != 3 or dtype(node.inputs[0]) is None:
+            return MatchResult().fail("shapes unknown or image / block shapes not constant")
+        self.sources = _col2im_sources(node, [int(d) for d in image], [int(d) for d in block], x[2])
+        if self.sources is None:
+            return MatchResult().fail(f"blocks do not add up, or more than {MAX_COL2IM} columns")
+        return MatchResult()
+
+    def rewrite_node(self, op: Any, node: ir.Node) -> Any:
+        x, image, block = shape(node.inputs[0]), const(node.inputs[1]), const(node.inputs[2])
+        assert x is not None and image is not None and block is not None and self.sources is not None  # checked
+        n, cb, length = x
+        channels = cb // int(np.prod(block))
+        columns = cb // channels * length
+        taps = max(len(s) for s in self.sources)
+        index = np.full((taps, len(self.sources)), columns, np.int64)
+        for p, found in enumerate(self.sources):
+            index[: len(found), p] = found
+        flat = op.Reshape(node.inputs[0], constant(op, np.array([n, channels, columns], np.int64)))
+        zeros = constant(op, np.zeros((n, channels, 1), np_dtype(node.inputs[0])))
+        padded = op.Concat(flat, zeros, axis=2)
+        summed = None
+        for t in range(taps):
+            picked = op.Gather(padded, constant(op, index[t]), axis=2)
+            summed = picked if summed is None else op.Add(summed, picked)
+        return op.Reshape(summed, constant(op, np.array([n, channels, *image], np.int64)))
 
 
 #: More columns than this stay a Col2Im (refused at planning): the index tables are built column by column.
 MAX_COL2IM = 1 << 16
 
 
-def _col2im_sources(node: onnx.NodeProto, image: list[int], block: list[int], length: int) -> list[list[int]] | None:
+def _col2im_sources(node: ir.Node, image: list[int], block: list[int], length: int) -> list[list[int]] | None:
     """For each image element (row-major), the flat column indices (kernel offset * L + block) adding to it."""
     dims = len(image)
     dilations = list(attr(node, "dilations", [1] * dims))

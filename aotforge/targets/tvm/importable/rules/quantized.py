@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
+import onnx_ir as ir
 
-from aotforge.targets.tvm.importable.rules.base import Graph, make
+from aotforge.targets.tvm.importable.rules.base import MatchResult, NodeRule, constant, dtype, np_dtype, shape
 
 
-def qlinear_matmul(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+class QLinearMatMul(NodeRule):
     """QLinearMatMul as int32 MatMul of the zero-point-shifted inputs, requantized in float64.
 
     As onnx's reference (and ONNX Runtime, which passes its cases) computes it: the scale
@@ -16,40 +19,25 @@ def qlinear_matmul(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | Non
     zero point in float64, rounded half to even, clipped to the output type. Per-tensor scales and
     zero points only (a per-row or per-column one is left alone, and refused at planning).
     """
-    if node.op_type != "QLinearMatMul" or len(node.input) != 8 or not all(node.input):
-        return None
-    a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero = node.input
-    if any(g.shapes.get(v) is None or int(np.prod(g.shapes[v])) != 1 for v in (*node.input[1:3], *node.input[4:])):
-        return None
-    if y_zero not in g.dtypes:
-        return None
-    out = node.output[0]
-    info = np.iinfo(g.np_dtype(y_zero))
-    low, low_node = g.constant("qmatmul_min", np.array(info.min, np.float64))
-    high, high_node = g.constant("qmatmul_max", np.array(info.max, np.float64))
-    int32, double = onnx.TensorProto.INT32, onnx.TensorProto.DOUBLE
-    a32, az32, b32, bz32, a0, b0, c, c64, scale_ab, scale, scale64, y0, y0_64, d, dz, r, clipped = (
-        g.fresh(f"{out}_{k}")
-        for k in ("a32", "az32", "b32", "bz32", "a0", "b0", "c", "c64", "sab", "s", "s64", "y0", "y064", "d", "dz")
-        + ("r", "clip")
-    )
-    return [
-        low_node, high_node,
-        make("Cast", [a], [a32], to=int32),
-        make("Cast", [a_zero], [az32], to=int32),
-        make("Sub", [a32, az32], [a0]),
-        make("Cast", [b], [b32], to=int32),
-        make("Cast", [b_zero], [bz32], to=int32),
-        make("Sub", [b32, bz32], [b0]),
-        make("MatMul", [a0, b0], [c]),
-        make("Cast", [c], [c64], to=double),
-        make("Mul", [a_scale, b_scale], [scale_ab]),
-        make("Div", [scale_ab, y_scale], [scale]),
-        make("Cast", [scale], [scale64], to=double),
-        make("Mul", [c64, scale64], [d]),
-        make("Cast", [y_zero], [y0_64], to=double),
-        make("Add", [d, y0_64], [dz]),
-        make("Round", [dz], [r]),
-        make("Clip", [r, low, high], [clipped]),
-        make("Cast", [clipped], [out], to=g.dtypes[y_zero]),
-    ]  # fmt: skip
+
+    report_name, ops = "qlinear_matmul", ("QLinearMatMul",)
+
+    def check_node(self, node: ir.Node) -> MatchResult:
+        if len(node.inputs) != 8 or any(v is None for v in node.inputs):
+            return MatchResult().fail("an input left out")
+        scales = [*node.inputs[1:3], *node.inputs[4:]]
+        if any((s := shape(v)) is None or int(np.prod(s)) != 1 for v in scales):
+            return MatchResult().fail("a scale or zero point not per tensor")
+        return MatchResult() if dtype(node.inputs[7]) is not None else MatchResult().fail("output type unknown")
+
+    def rewrite_node(self, op: Any, node: ir.Node) -> Any:
+        a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero = node.inputs
+        info = np.iinfo(np_dtype(y_zero))  # type: ignore[arg-type]
+        int32, double = onnx.TensorProto.INT32, onnx.TensorProto.DOUBLE
+        a0 = op.Sub(op.Cast(a, to=int32), op.Cast(a_zero, to=int32))
+        b0 = op.Sub(op.Cast(b, to=int32), op.Cast(b_zero, to=int32))
+        c = op.Cast(op.MatMul(a0, b0), to=double)
+        scale = op.Cast(op.Div(op.Mul(a_scale, b_scale), y_scale), to=double)
+        r = op.Round(op.Add(op.Mul(c, scale), op.Cast(y_zero, to=double)))
+        low, high = constant(op, np.array(info.min, np.float64)), constant(op, np.array(info.max, np.float64))
+        return op.Cast(op.Clip(r, low, high), to=dtype(y_zero))

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
+import onnx_ir as ir
 
-from aotforge.targets.tvm.importable.rules.base import Graph, attr, make
+from aotforge.targets.tvm.importable.rules.base import MatchResult, NodeRule, attr, constant, dtype, np_dtype, shape
 
 
-def tfidf_vectorizer(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+class TfIdfVectorizer(NodeRule):
     """TfIdfVectorizer with ``pool_int64s`` over [C] or [B, C] integers (onnx's reference's counting).
 
     An n-gram at skip distance s starting at p is ``x[p], x[p + s], ..., x[p + (n - 1) s]``; n-grams of
@@ -16,58 +19,49 @@ def tfidf_vectorizer(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | N
     Gather of every window [B, L, n], Equal against the pool's n-grams [G, n], all-of over n, summed
     over the L windows; a 0/1 MatMul puts each pool n-gram's count at its ``ngram_indexes`` slot.
     """
-    shape = g.shapes.get(node.input[0])
-    if node.op_type != "TfIdfVectorizer" or shape is None or len(shape) not in (1, 2) or not attr(node, "pool_int64s"):
-        return None
-    if node.input[0] not in g.dtypes or g.np_dtype(node.input[0]).kind not in "iu":
-        return None
-    grams = _pool(node)
-    width = int(max(attr(node, "ngram_indexes"))) + 1
-    out, dtype = node.output[0], g.np_dtype(node.input[0])
-    columns = shape[-1]
-    nodes: list[onnx.NodeProto] = []
-    x = node.input[0]
-    if len(shape) == 1:
-        x = g.fresh(f"{out}_rows")
-        nodes += g.axes_op("Unsqueeze", [node.input[0]], [x], [0])
-    total = ""
-    for n, (pool, slots) in grams.items():
-        mapping = np.zeros((len(pool), width), np.float32)
-        mapping[np.arange(len(pool)), slots] = 1
-        for s in range(1, int(attr(node, "max_skip_count", 0)) + 2) if n > 1 else [1]:
-            length = columns - (n - 1) * s
-            if length <= 0:
-                continue
-            index = np.arange(length)[:, None] + s * np.arange(n)[None, :]
-            idx, idx_node = g.constant("tfidf_index", index.astype(np.int64))
-            pool_name, pool_node = g.constant("tfidf_pool", pool.astype(dtype))
-            map_name, map_node = g.constant("tfidf_map", mapping)
-            win, win4, hit, hit8, every, counts, counts_f, placed = (
-                g.fresh(f"{out}_n{n}s{s}_{k}") for k in ("win", "win4", "eq", "u8", "all", "count", "f", "placed")
-            )
-            nodes += [
-                idx_node, pool_node, map_node,
-                make("Gather", [x, idx], [win], axis=1),  # [B, L, n]
-                *g.axes_op("Unsqueeze", [win], [win4], [2]),  # [B, L, 1, n] (no negative axes before opset 11)
-                make("Equal", [win4, pool_name], [hit]),  # [B, L, G, n]
-                make("Cast", [hit], [hit8], to=onnx.TensorProto.INT32),
-                *g.axes_op("ReduceMin", [hit8], [every], [3], keepdims=0),  # [B, L, G]
-                *g.axes_op("ReduceSum", [every], [counts], [1], keepdims=0),  # [B, G]
-                make("Cast", [counts], [counts_f], to=onnx.TensorProto.FLOAT),
-                make("MatMul", [counts_f, map_name], [placed]),  # [B, width]
-            ]  # fmt: skip
-            if total:
-                summed = g.fresh(f"{out}_sum")
-                nodes.append(make("Add", [total, placed], [summed]))
-                total = summed
-            else:
-                total = placed
-    if not total:
-        return None
-    return nodes + _weighted(node, g, total, len(shape) == 1, width)
+
+    report_name, ops = "tfidf_vectorizer", ("TfIdfVectorizer",)
+
+    def check_node(self, node: ir.Node) -> MatchResult:
+        given = shape(node.inputs[0])
+        if given is None or len(given) not in (1, 2) or not attr(node, "pool_int64s"):
+            return MatchResult().fail("not integer tokens (pool_int64s) in [C] or [B, C] of static size")
+        if dtype(node.inputs[0]) is None or np.dtype(np_dtype(node.inputs[0])).kind not in "iu":
+            return MatchResult().fail("not integer tokens")
+        columns, skips = given[-1], int(attr(node, "max_skip_count", 0)) + 1
+        if not any(columns - (n - 1) * s > 0 for n in _pool(node) for s in (range(1, skips + 1) if n > 1 else [1])):
+            return MatchResult().fail("no n-gram fits the row")
+        return MatchResult()
+
+    def rewrite_node(self, op: Any, node: ir.Node) -> Any:
+        given = shape(node.inputs[0])
+        assert given is not None  # checked
+        grams = _pool(node)
+        width = int(max(attr(node, "ngram_indexes"))) + 1
+        kind, columns = np_dtype(node.inputs[0]), given[-1]
+        x = node.inputs[0]
+        if len(given) == 1:
+            x = self.axes_op(op, "Unsqueeze", [x], [0])
+        total = None
+        for n, (pool, slots) in grams.items():
+            mapping = np.zeros((len(pool), width), np.float32)
+            mapping[np.arange(len(pool)), slots] = 1
+            for s in range(1, int(attr(node, "max_skip_count", 0)) + 2) if n > 1 else [1]:
+                length = columns - (n - 1) * s
+                if length <= 0:
+                    continue
+                index = np.arange(length)[:, None] + s * np.arange(n)[None, :]
+                win = op.Gather(x, constant(op, index.astype(np.int64)), axis=1)  # [B, L, n]
+                win4 = self.axes_op(op, "Unsqueeze", [win], [2])  # [B, L, 1, n] (no negative axes before opset 11)
+                hit = op.Cast(op.Equal(win4, constant(op, pool.astype(kind))), to=onnx.TensorProto.INT32)
+                every = self.axes_op(op, "ReduceMin", [hit], [3], keepdims=0)  # [B, L, G]
+                counts = self.axes_op(op, "ReduceSum", [every], [1], keepdims=0)  # [B, G]
+                placed = op.MatMul(op.Cast(counts, to=onnx.TensorProto.FLOAT), constant(op, mapping))  # [B, width]
+                total = placed if total is None else op.Add(total, placed)
+        return _weighted(op, node, total, len(given) == 1, width)
 
 
-def _pool(node: onnx.NodeProto) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def _pool(node: ir.Node) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """n -> (the pool's n-grams [G, n], their output slots [G]) for n in [min_gram_length, max_gram_length]."""
     pool, starts = list(attr(node, "pool_int64s")), list(attr(node, "ngram_counts"))
     indexes = list(attr(node, "ngram_indexes"))
@@ -84,22 +78,18 @@ def _pool(node: onnx.NodeProto) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     return grams
 
 
-def _weighted(node: onnx.NodeProto, g: Graph, counts: str, one_row: bool, width: int) -> list[onnx.NodeProto]:
+def _weighted(op: Any, node: ir.Node, counts: Any, one_row: bool, width: int) -> Any:
     """TF: the counts; IDF: the weight (or 1) where a count is above 0; TFIDF: count times weight (or 1)."""
-    mode, out = attr(node, "mode", b"TF"), node.output[0]
+    mode = attr(node, "mode", "TF")
     weights = np.array(attr(node, "weights", []) or np.ones(width), np.float32)
-    nodes, y = [], counts
-    if mode != b"TF":
-        w, w_node = g.constant("tfidf_weights", weights)
-        nodes.append(w_node)
-        if mode == b"IDF":
-            zero, zero_node = g.constant("tfidf_zero", np.array(0, np.float32))
-            seen, y = g.fresh(f"{out}_seen"), g.fresh(f"{out}_idf")
-            nodes += [zero_node, make("Greater", [counts, zero], [seen]), make("Where", [seen, w, zero], [y])]
+    y = counts
+    if mode != "TF":
+        w = constant(op, weights)
+        if mode == "IDF":
+            zero = constant(op, np.array(0, np.float32))
+            y = op.Where(op.Greater(counts, zero), w, zero)
         else:
-            y = g.fresh(f"{out}_tfidf")
-            nodes.append(make("Mul", [counts, w], [y]))
+            y = op.Mul(counts, w)
     if one_row:
-        shape, shape_node = g.constant("tfidf_shape", np.array([width], np.int64))
-        return [*nodes, shape_node, make("Reshape", [y, shape], [out])]
-    return [*nodes, make("Identity", [y], [out])]
+        return op.Reshape(y, constant(op, np.array([width], np.int64)))
+    return op.Identity(y)
