@@ -4,7 +4,8 @@ Ops such as SoftmaxCrossEntropyLoss, RMSNormalization, RotaryEmbedding or Attent
 by ONNX as functions of simpler ops (``OpSchema.get_function_with_opset_version`` and, where the
 body depends on types or attributes, ``get_context_dependent_function_with_opset_version``). A
 target that lacks one can take the body instead: this is what onnx's own ``*_expanded`` test
-models are (``onnx.backend.test.case.node.function_expand_helper``, which does the renaming here).
+models are. Here the node calls its body as a model-local function, which onnx-ir's ``InlinePass``
+inlines (attribute references bound, names made unique).
 The body picked is the newest one at or below the model's opset, so its ops mean what they say in
 the model. Only the main graph is expanded (subgraph nodes stay as they are).
 """
@@ -17,10 +18,9 @@ from collections.abc import Callable
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes
-from onnx.backend.test.case.node import function_expand_helper
+import onnx_ir.passes.common
 
 from aotforge.targets.tvm.importable.base import ImportStep, infer_types, opset
-from aotforge.targets.tvm.importable.splice import Names, splice
 
 #: How many times a body may itself be expanded (nested function ops).
 MAX_ROUNDS = 4
@@ -50,8 +50,16 @@ def function_body(node: onnx.NodeProto, opset: int, types: dict[str, onnx.TypePr
     return body if body.node else None
 
 
+#: The domain a node to expand is moved to while onnx-ir's InlinePass replaces it by its body.
+_EXPANDING = "aotforge.expanding"
+
+
 class ExpandFunctionsPass(ImportStep):
-    """Expand every main-graph node ``wanted`` selects that has a function body; counts by op."""
+    """Expand every main-graph node ``wanted`` selects that has a function body; counts by op.
+
+    Each such node calls its body as a model-local function of its own, which onnx-ir's ``InlinePass``
+    then inlines (attributes bound, names made unique); the functions leave the model with it.
+    """
 
     name = "expanded"
 
@@ -61,33 +69,43 @@ class ExpandFunctionsPass(ImportStep):
 
     def call(self, model: ir.Model) -> onnx_ir.passes.PassResult:
         expanded: Counter[str] = Counter()
-        graph = model.graph
         for round_ in range(MAX_ROUNDS):
-            if not any(self.wanted(node) for node in graph):  # shape inference costs a copy of the model
+            if not any(self.wanted(node) for node in model.graph):  # shape inference costs a copy of the model
                 break
-            version = opset(model)
             infer_types(model)
-            names = Names(graph)
-            changed = False
-            for k, node in enumerate(list(graph)):
-                if not self.wanted(node):
-                    continue
-                proto = ir.serde.serialize_node(node)
-                types = {v.name: ir.serde.serialize_value(v).type for v in node.inputs if v is not None and v.type}
-                body = function_body(proto, version, types)
-                if body is None:
-                    continue
-                prefix = f"{node.name or node.op_type}_{round_}_{k}__"
-                splice(graph, node, function_expand_helper(_with_defaults(proto, version), body, prefix), names)
-                for entry in body.opset_import:
-                    if entry.domain not in model.opset_imports and entry.domain not in ("", "ai.onnx"):
-                        model.opset_imports[entry.domain] = entry.version
-                expanded[node.op_type] += 1
-                changed = True
-            if not changed:
+            calls = [
+                _call_body(model, node, f"{round_}_{k}") for k, node in enumerate(model.graph) if self.wanted(node)
+            ]
+            if not any(calls):
                 break
+            expanded.update(op for op in calls if op)
+            onnx_ir.passes.common.InlinePass(lambda f: f.domain == _EXPANDING)(model)
+            model.opset_imports.pop(_EXPANDING, None)
         self.stats = dict(expanded)
         return onnx_ir.passes.PassResult(model, modified=bool(expanded))
+
+
+def _call_body(model: ir.Model, node: ir.Node, overload: str) -> str | None:
+    """``node`` made a call of its function body, added to the model's functions; its op, or None if it has none."""
+    version = opset(model)
+    proto = ir.serde.serialize_node(node)
+    types = {str(v.name): ir.serde.serialize_value(v).type for v in node.inputs if v is not None and v.type}
+    body = function_body(proto, version, types)
+    if body is None:
+        return None
+    op_type = node.op_type
+    del body.output[len(node.outputs) :]  # a body may name outputs it computes only for calls that take them
+    body.domain, body.name, body.overload = _EXPANDING, op_type, overload
+    del body.opset_import[:]  # the body picked is the newest at or below the model's opset: its ops mean the same
+    body.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in model.opset_imports.items())
+    function = ir.serde.deserialize_function(body)
+    model.functions[function.identifier()] = function
+    for attribute in _with_defaults(proto, version).attribute:
+        if attribute.name not in node.attributes:
+            node.attributes[attribute.name] = ir.serde.deserialize_attribute(attribute)
+    node.domain, node.overload = _EXPANDING, overload
+    model.opset_imports.setdefault(_EXPANDING, 1)
+    return op_type
 
 
 def _with_defaults(node: onnx.NodeProto, opset: int) -> onnx.NodeProto:
