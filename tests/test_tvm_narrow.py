@@ -142,3 +142,17 @@ def test_tvm_builds_float8_casts_that_match_the_reference(tmp_path: Path) -> Non
     np.testing.assert_array_equal(got["f8"].view(np.uint8), np.asarray(expected[0]).view(np.uint8))  # -0, NaN
     np.testing.assert_array_equal(got["back"], expected[1])
     np.testing.assert_array_equal(got["b_float"], expected[2])
+
+
+def test_prepare_leaves_the_source_ir_unchanged() -> None:
+    """The import steps change a copy: the float8 values of the IR they were given stay float8 (a second
+    bucket's prepare narrows them again)."""
+    import onnx_ir as ir
+
+    from aotforge.targets.tvm.importable import prepare
+
+    model = ir.serde.deserialize_model(_model(0))
+    before = ir.serde.serialize_model(model).SerializeToString()
+    reports = [prepare(model, {"x": [16], "b": [16]})[1] for _ in range(2)]
+    assert reports[0]["narrow_types"] == reports[1]["narrow_types"] != {}
+    assert ir.serde.serialize_model(model).SerializeToString() == before

@@ -7,15 +7,20 @@ One straight line of ONNX-level steps (:func:`import_steps`), each an onnx-ir pa
    the casts table look-ups matching ONNX's reference (``narrow.py``);
 1. bind: every input dim to the bucket's size, then fold (onnxscript's optimizer: Shape, Size,
    Range, ConstantOfShape and shape arithmetic become constants; ``axes`` / ``pads`` computed in
-   the graph too), since the importer takes many of them only as constants;
+   the graph too), since the importer takes many of them only as constants (``bind.py``);
 2. expand: ops the importer lacks (or gets wrong) that ONNX defines as functions become their
-   bodies (``expand.py``);
+   bodies, inlined by onnx-ir's InlinePass (``expand.py``);
 3. unroll: Scans with static lengths and Loops with constant trip counts (some function bodies are
    Scans or Loops) become straight-line graphs
    (``unroll.py``), then fold again, since bodies compute shapes from shapes;
-4. legalize: rewrites of ops the importer lacks or computes wrongly into ops it imports right
-   (``legalize.py``: none of their ops has a function body), then fold;
-5. constants: folded Constant nodes written as ``value=`` tensors (the only form the importer reads).
+4. legalize: rewrites of ops the importer lacks or computes wrongly into ops it imports right, one
+   onnxscript rewrite rule per module in ``rules/`` (``legalize.py``: none of their ops has a
+   function body), then fold;
+5. constants: folded Constant nodes written as ``value=`` tensors, the only form the importer reads
+   (``constants.py``).
+
+Each fold runs on the IR; a step that breaks leaves the graph as it was before it, and the report
+says why under ``<step>_failed``.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from aotforge.targets.tvm.importable.base import ImportStep, fold
+from aotforge.targets.tvm.importable.base import ImportStep, copy_of, fold
 from aotforge.targets.tvm.importable.bind import BindShapesPass
+from aotforge.targets.tvm.importable.constants import ConstantsAsTensorsPass
 from aotforge.targets.tvm.importable.expand import ExpandFunctionsPass
-from aotforge.targets.tvm.importable.legalize import ConstantsAsTensorsPass, LegalizePass
+from aotforge.targets.tvm.importable.legalize import LegalizePass
 from aotforge.targets.tvm.importable.narrow import NarrowTypesPass
 from aotforge.targets.tvm.importable.support import wants_expansion
 from aotforge.targets.tvm.importable.unroll import UnrollLoopsPass
@@ -49,10 +55,10 @@ def import_steps(shapes: Mapping[str, list[Any]]) -> list[ImportStep]:
 
 def prepare(model: ir.Model, shapes: Mapping[str, list[Any]]) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """A copy of the IR with ``shapes`` bound, folded, legalized and expanded, as a proto; what each step did."""
-    model = model.clone()
+    model = copy_of(model)
     report: dict[str, Any] = {}
     for step in import_steps(shapes):
-        before = model.clone() if step.may_fail else None
+        before = copy_of(model) if step.may_fail else None
         try:
             result = step(model)
         except Exception as e:  # the importer has the last word on what that step would have rewritten

@@ -22,6 +22,19 @@ class ImportStep(GraphPass):
         return dict(self.stats)
 
 
+def copy_of(model: ir.Model) -> ir.Model:
+    """A copy of ``model`` the steps may change without changing ``model`` (tensors still shared, read only).
+
+    ``Model.clone`` shares each value's type object, and setting a value's ``dtype`` changes that object
+    in place: every value of the copy gets a type of its own."""
+    copy = model.clone()
+    graph = copy.graph
+    for value in [*graph.inputs, *graph.initializers.values(), *(v for n in graph.all_nodes() for v in n.outputs)]:
+        if isinstance(value.type, ir.TensorType):
+            value.type = ir.TensorType(value.type.dtype)
+    return copy
+
+
 def fold(model: ir.Model) -> None:
     """Constant folding and shape inference on the IR (onnxscript's optimizer)."""
     from onnxscript.optimizer import optimize_ir

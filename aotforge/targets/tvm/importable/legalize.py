@@ -1,81 +1,77 @@
 """Rewrites, on the ONNX graph, of ops TVM's importer lacks or computes wrongly into ops it imports right.
 
-The rules live in ``rules/``, one module per family of ops, each an onnxscript rewrite rule about one op
+The rules live in ``rules/``, one module per rule, each an onnxscript rewrite rule about one op
 (``rules/base.py``); this module runs them through onnxscript's rewriter, once per node, in order, after
 the shapes are bound and folded, so shape-like inputs are constants here.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes
 from onnxscript.rewriter import pattern
 
 from aotforge.targets.tvm.importable.base import ImportStep, infer_types, opset
 from aotforge.targets.tvm.importable.rules import (
+    batch_norm_training,
     bitcast,
-    conv,
-    elementwise,
-    normalization,
-    quantized,
+    col2im,
+    conv_transpose_output_shape,
+    cum_prod,
+    elu_in_float32,
+    expand_against_ones,
+    eye_like_dtype,
+    isinf_one_sign,
+    lp_normalization,
+    one_hot,
+    pow_mixed_types,
+    qlinear_matmul,
     recurrent,
-    reduce,
-    resize,
-    shapes,
-    text,
+    reduce_bool,
+    reduce_empty_set,
+    reduce_extreme_infinity,
+    resize_by_taps,
+    resize_full_rank,
+    reverse_sequence,
+    shift_left_out_of_range,
+    sinh_by_exp,
+    split_empty_parts,
+    tfidf_vectorizer,
+    upsample_nearest,
 )
 from aotforge.targets.tvm.importable.rules.base import NodeRule, RuleRun
 
 #: In the order they run (the first that takes a node rewrites it).
 RULES: tuple[type[NodeRule], ...] = (
-    shapes.ExpandAgainstOnes,
-    elementwise.IsInfOneSign,
-    conv.ConvTransposeOutputShape,
-    elementwise.PowMixedTypes,
-    elementwise.SinhByExp,
-    reduce.LpNormalization,
-    reduce.CumProd,
-    shapes.OneHot,
-    reduce.ReduceBool,
-    reduce.ReduceEmptySet,
-    reduce.ReduceExtremeInfinity,
-    resize.ResizeFullRank,
-    resize.ResizeByTaps,
-    elementwise.EluInFloat32,
-    shapes.EyeLikeDtype,
-    elementwise.ShiftLeftOutOfRange,
-    quantized.QLinearMatMul,
-    conv.Col2Im,
-    shapes.SplitEmptyParts,
+    expand_against_ones.ExpandAgainstOnes,
+    isinf_one_sign.IsInfOneSign,
+    conv_transpose_output_shape.ConvTransposeOutputShape,
+    pow_mixed_types.PowMixedTypes,
+    sinh_by_exp.SinhByExp,
+    lp_normalization.LpNormalization,
+    cum_prod.CumProd,
+    one_hot.OneHot,
+    reduce_bool.ReduceBool,
+    reduce_empty_set.ReduceEmptySet,
+    reduce_extreme_infinity.ReduceExtremeInfinity,
+    resize_full_rank.ResizeFullRank,
+    resize_by_taps.ResizeByTaps,
+    elu_in_float32.EluInFloat32,
+    eye_like_dtype.EyeLikeDtype,
+    shift_left_out_of_range.ShiftLeftOutOfRange,
+    qlinear_matmul.QLinearMatMul,
+    col2im.Col2Im,
+    split_empty_parts.SplitEmptyParts,
     bitcast.BitCast,
     recurrent.Recurrent,
-    text.TfIdfVectorizer,
-    normalization.BatchNormTraining,
-    shapes.ReverseSequence,
-    resize.UpsampleNearest,
+    tfidf_vectorizer.TfIdfVectorizer,
+    batch_norm_training.BatchNormTraining,
+    reverse_sequence.ReverseSequence,
+    upsample_nearest.UpsampleNearest,
 )
 
 #: The ops some rule may rewrite.
-RULE_OPS = frozenset(
-    ("Expand", "IsInf", "ConvTranspose", "Pow", "Sinh", "Cosh", "LpNormalization", "CumProd", "OneHot")
-    + ("ReduceMax", "ReduceMin", "BitShift", "Resize", "Elu", "Celu", "EyeLike")
-    + (
-        "QLinearMatMul",
-        "Col2Im",
-        "Split",
-        "BitCast",
-        "RNN",
-        "GRU",
-        "LSTM",
-        "TfIdfVectorizer",
-        "BatchNormalization",
-        "ReverseSequence",
-        "Upsample",
-    )
-)
+RULE_OPS = frozenset(op for rule in RULES for op in rule.ops)
 
 _RECURRENT = (
     "unrolled only with constant weights (W, R, B), activations without alpha / beta, a static sequence of at most "
@@ -84,7 +80,7 @@ _RECURRENT = (
 #: Ops the importer lacks that a rule rewrites only in some forms: why one left alone is refused.
 PARTLY = {
     "QLinearMatMul": "rewritten only with per-tensor (one-element) scales and zero points",
-    "Col2Im": f"rewritten only with static shapes, constant image / block shapes, at most {conv.MAX_COL2IM} columns",
+    "Col2Im": f"rewritten only with static shapes, constant image / block shapes, at most {col2im.MAX_COL2IM} columns",
     "BitCast": (
         "rewritten only between integer types of one width, float32 and 32-bit integers, and float64 to 64-bit "
         "integers (64-bit integers to float64 compile to wrong values through TVM)"
@@ -94,34 +90,6 @@ PARTLY = {
     "GRU": _RECURRENT,
     "LSTM": _RECURRENT,
 }
-
-
-class ConstantsAsTensorsPass(ImportStep):
-    """Constant nodes given as value_int(s) / value_float(s) rewritten with a tensor (the importer reads only that)."""
-
-    name = "constants_as_tensors"
-    folds = False
-    may_fail = False
-
-    def call(self, model: ir.Model) -> onnx_ir.passes.PassResult:
-        count = 0
-        for node in model.graph:
-            first = next(iter(node.attributes.values()), None)
-            if node.op_type != "Constant" or first is None or first.name not in _LISTS:
-                continue
-            value = np.asarray(first.value, _LISTS[first.name])
-            node.attributes.pop(first.name)
-            name = node.outputs[0].name
-            node.attributes["value"] = ir.AttrTensor("value", ir.tensor(value, name=name))
-            count += 1
-        self.stats = {"count": count}
-        return onnx_ir.passes.PassResult(model, modified=bool(count))
-
-    def report(self) -> Any:
-        return self.stats["count"]
-
-
-_LISTS = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64}
 
 
 class LegalizePass(ImportStep):

@@ -27,7 +27,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes
 
-from aotforge.targets.tvm.importable.base import ImportStep, infer_types
+from aotforge.targets.tvm.importable.base import ImportStep, copy_of, infer_types
 from aotforge.targets.tvm.importable.narrow_encoding import encoding, numpy_dtype
 from aotforge.targets.tvm.importable.nodes import Nodes
 
@@ -177,7 +177,7 @@ def _attr(node: ir.Node, name: str, default: Any = None) -> Any:
 
 def _types(model: ir.Model) -> dict[str, int]:
     """Element types of the main graph's values (inferred, on a copy, where the graph does not declare them)."""
-    copy = model.clone()
+    copy = copy_of(model)
     infer_types(copy)
     types = {}
     for value in [*copy.graph.inputs, *copy.graph.initializers.values(), *copy.graph.outputs]:

@@ -1,4 +1,4 @@
-"""Rewrites of quantized ops the importer lacks into integer and float primitives it imports."""
+"""QLinearMatMul as int32 MatMul of the zero-point-shifted inputs, requantized in float64."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""BatchNormalization in training mode (batch statistics and running-statistics outputs) as primitives.
-
-TVM's importer reads training_mode=1 but returns the given running mean / var unchanged.
-"""
+"""BatchNormalization-14/15 with training_mode=1, as onnx's reference computes it: the batch mean and"""
 
 from __future__ import annotations
 

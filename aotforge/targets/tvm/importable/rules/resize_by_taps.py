@@ -1,4 +1,4 @@
-"""Rewrites of Resize forms TVM's resize does not read."""
+"""Float Resize forms TVM's resize computes wrongly, as per-axis Gathers weighted by constant taps."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from aotforge.targets.tvm.importable.rules.base import (
     MatchResult,
     NodeRule,
     attr,
-    attributes,
     const,
     constant,
     dtype,
@@ -21,68 +20,8 @@ from aotforge.targets.tvm.importable.rules.base import (
     shape,
 )
 
-
-class ResizeFullRank(NodeRule):
-    """Resize with ``axes`` or a keep_aspect_ratio_policy, as a Resize of every axis (TVM reads neither).
-
-    scales / sizes / roi over ``axes`` become full-rank constants (1, the input's size, the whole
-    range elsewhere); not_larger / not_smaller become the sizes they pick, where those sizes have
-    the ratio the policy's one scale gives (else the coordinates would differ: left alone).
-    """
-
-    report_name, ops = "resize_full_rank", ("Resize",)
-
-    def check_node(self, node: ir.Node) -> MatchResult:
-        axes_attr, policy = attr(node, "axes"), attr(node, "keep_aspect_ratio_policy", "stretch")
-        if len(node.inputs) < 3 or (axes_attr is None and policy == "stretch"):
-            return MatchResult().fail("neither axes nor a keep_aspect_ratio_policy")
-        given = shape(node.inputs[0])
-        if given is None:
-            return MatchResult().fail("input shape unknown")
-        rank = len(given)
-        axes = [int(a) % rank for a in (axes_attr if axes_attr is not None else range(rank))]
-        named = [input_(node, k) for k in (1, 2, 3)]
-        roi, scales, sizes = (const(v) for v in named)
-        if any(v is not None and c is None for v, c in zip(named, (roi, scales, sizes), strict=True)):
-            return MatchResult().fail("roi / scales / sizes not constant")
-        scales = None if scales is not None and scales.size == 0 else scales
-        sizes = None if sizes is not None and sizes.size == 0 else sizes
-        if (scales is None) == (sizes is None):
-            return MatchResult().fail("neither or both of scales and sizes")
-        self.roi = None
-        if roi is not None and roi.size:
-            self.roi = np.concatenate([np.zeros(rank), np.ones(rank)]).astype(roi.dtype)
-            for i, d in enumerate(axes):
-                self.roi[d], self.roi[rank + d] = roi[i], roi[len(axes) + i]
-        self.scales = self.sizes = None
-        if scales is not None:
-            if policy != "stretch":
-                return MatchResult().fail("a policy with scales")
-            self.scales = np.ones(rank, scales.dtype)
-            self.scales[axes] = scales.reshape(-1)
-            return MatchResult()
-        full_sizes = np.array(given, np.int64)
-        full_sizes[axes] = sizes.reshape(-1)  # type: ignore[union-attr]
-        if policy != "stretch":
-            ratios = [full_sizes[d] / given[d] for d in axes]
-            scale = min(ratios) if policy == "not_larger" else max(ratios)
-            full_sizes = np.array([int(scale * given[d] + 0.5) if d in axes else given[d] for d in range(rank)])
-            if any(full_sizes[d] / given[d] != scale for d in axes):
-                return MatchResult().fail("the policy's sizes lose its ratio")
-        self.sizes = full_sizes.astype(np.int64)
-        return MatchResult()
-
-    def rewrite_node(self, op: Any, node: ir.Node) -> Any:
-        inputs: list[Any] = [node.inputs[0], None, None, None]
-        if self.roi is not None:
-            inputs[1] = constant(op, self.roi)
-        if self.scales is not None:
-            inputs[2] = constant(op, self.scales)
-        else:
-            inputs[3] = constant(op, self.sizes)
-        while inputs and inputs[-1] is None:
-            inputs.pop()
-        return op.Resize(*inputs, **attributes(node, "axes", "keep_aspect_ratio_policy"))
+#: Resized axes longer than this stay TVM's resize: the taps come from a dense output x input matrix.
+MAX_RESIZE = 4096
 
 
 class ResizeByTaps(NodeRule):
@@ -118,10 +57,6 @@ class ResizeByTaps(NodeRule):
             for term in terms[1:]:
                 x = op.Add(x, term)
         return op.Identity(x)
-
-
-#: Resized axes longer than this stay TVM's resize: the taps come from a dense output x input matrix.
-MAX_RESIZE = 4096
 
 
 def _resize_plan(node: ir.Node) -> list[tuple[int, tuple[np.ndarray, np.ndarray]]] | None:
@@ -204,31 +139,3 @@ def _taps(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         (found,) = np.nonzero(row)
         weights[o, : len(found)], index[o, : len(found)] = row[found], found
     return weights, index
-
-
-class UpsampleNearest(NodeRule):
-    """Upsample (opset 7-9, before Resize existed) nearest by whole constant scales as one Gather per
-    scaled axis (each element repeated ``scale`` times, as onnx's reference does)."""
-
-    report_name, ops = "upsample_nearest", ("Upsample",)
-
-    def check_node(self, node: ir.Node) -> MatchResult:
-        given = shape(node.inputs[0])
-        if attr(node, "mode", "nearest") != "nearest" or given is None:
-            return MatchResult().fail("not nearest, or input shape unknown")
-        self.scales = const(input_(node, 1)) if len(node.inputs) > 1 else np.array(attr(node, "scales") or [])
-        if self.scales is None or len(self.scales) != len(given) or (self.scales != np.round(self.scales)).any():
-            return MatchResult().fail("scales not whole constants, one per axis")
-        return MatchResult()
-
-    def rewrite_node(self, op: Any, node: ir.Node) -> Any:
-        x, given = node.inputs[0], shape(node.inputs[0])
-        assert given is not None and self.scales is not None  # checked
-        for axis, scale in enumerate(int(s) for s in self.scales):
-            if scale != 1:
-                index = np.repeat(np.arange(given[axis], dtype=np.int64), scale)
-                x = op.Gather(x, constant(op, index), axis=axis)
-        return op.Identity(x)
-
-
-RULES = (ResizeFullRank, ResizeByTaps, UpsampleNearest)

@@ -1,4 +1,4 @@
-"""TfIdfVectorizer over integer tokens with a static row length, as window comparisons and sums."""
+"""TfIdfVectorizer with ``pool_int64s`` over [C] or [B, C] integers (onnx's reference's counting)."""
 
 from __future__ import annotations
 
