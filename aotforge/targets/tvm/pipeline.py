@@ -4,6 +4,10 @@ To see what runs for a CPU build, read :func:`build` and the phase lists it is m
 step's why is in ``steps.py``). ``compile_relax`` returns the executable and a report of what the
 pipeline did (recorded in the manifest as ``pipeline``, the steps' reports under ``schedules``).
 
+Before them, on the ONNX graph: the import steps (``importable.import_steps``: onnx-ir passes, the
+model serialized once for TVM's importer); a text-generation build's graphs take their weights as
+inputs (``decoder/graphs.py``) and run the bind step of those.
+
 Phases (all inside ``with target:``):
 
 0. decoder (text-generation builds only, once, on the module of every bucket's prefill / decode /

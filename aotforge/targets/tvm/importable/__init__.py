@@ -61,6 +61,8 @@ def prepare(model: ir.Model, shapes: Mapping[str, list[Any]]) -> tuple[onnx.Mode
         before = copy_of(model) if step.may_fail else None
         try:
             result = step(model)
+            if result.modified and step.folds:
+                fold(result.model)
         except Exception as e:  # the importer has the last word on what that step would have rewritten
             if before is None:
                 raise
@@ -70,7 +72,5 @@ def prepare(model: ir.Model, shapes: Mapping[str, list[Any]]) -> tuple[onnx.Mode
             model = before
             continue
         model = result.model
-        if result.modified and step.folds:
-            fold(model)
         report[step.name] = step.report()
     return ir.serde.serialize_model(model), {k: v for k, v in report.items() if v}
