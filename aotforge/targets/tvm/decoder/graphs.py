@@ -80,7 +80,7 @@ def weights_as_inputs(path: Path) -> Prepared:
             raise ValueError(f"graph output {name} is a weight")
         arg = f"w{tensor.offset or 0}"
         if arg not in arguments:
-            shape = tuple(int(d) for d in tensor.shape)
+            shape = tuple(int(d) for d in tensor.shape.numpy())
             weights[arg] = WeightRef(
                 arg, tensor.offset or 0, int(tensor.length or tensor.nbytes), tensor.dtype.numpy().name, shape
             )

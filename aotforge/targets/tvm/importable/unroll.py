@@ -44,8 +44,9 @@ class UnrollLoopsPass(ImportStep):
             outputs = unroll(tape, node, prefix, version)
             if outputs is None:
                 continue
-            old = [v for v in node.outputs if v.name]
-            new = [tape.op("Identity", [outputs[v.index()]]) for v in old]  # a value of its own per output
+            taken = [k for k, v in enumerate(node.outputs) if v.name]
+            old = [node.outputs[k] for k in taken]
+            new = [tape.op("Identity", [outputs[k]]) for k in taken]  # a value of its own per output
             ir.convenience.replace_nodes_and_values(graph, node, [node], tape.nodes, old, new)
             counts[node.op_type] += 1
         self.stats = dict(counts)

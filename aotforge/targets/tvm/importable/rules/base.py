@@ -55,8 +55,8 @@ class NodeRule(pattern.RewriteRuleClassBase):
     def pattern(self, op: Any, x: Any) -> Any:
         return getattr(op, self.op_type)(x, _allow_other_inputs=True, _outputs=self.num_outputs)
 
-    def check(self, context: Any, x: Any, **_: Any) -> MatchResult:
-        node = context.root
+    def check(self, op: Any, *args: Any, **kwargs: Any) -> MatchResult:
+        node = op.root  # ``op`` is the match context here (onnxscript's name for the argument)
         if node not in self.run.nodes or node.graph is not self.run.graph:
             return MatchResult().fail("made by a rule, or in a subgraph")
         if node.domain not in ("", "ai.onnx") or len(node.outputs) != self.num_outputs:
@@ -64,7 +64,7 @@ class NodeRule(pattern.RewriteRuleClassBase):
         self.node = node
         return self.check_node(node)
 
-    def rewrite(self, op: Any, x: Any, **_: Any) -> Any:
+    def rewrite(self, op: Any, *args: Any, **kwargs: Any) -> Any:
         assert self.node is not None  # check ran first
         outputs = self.rewrite_node(op, self.node)
         self.run.counts[self.report_name] += 1
@@ -117,7 +117,7 @@ def dtype(value: ir.Value | None) -> int | None:
     return None if value.const_value is None else int(value.const_value.dtype)
 
 
-def np_dtype(value: ir.Value) -> Any:
+def np_dtype(value: ir.Value | None) -> Any:
     return onnx.helper.tensor_dtype_to_np_dtype(dtype(value))  # type: ignore[arg-type]
 
 
