@@ -4,8 +4,18 @@ To see what runs for a CPU build, read :func:`build` and the phase lists it is m
 step's why is in ``steps.py``). ``compile_relax`` returns the executable and a report of what the
 pipeline did (recorded in the manifest as ``pipeline``, the steps' reports under ``schedules``).
 
+Before them, on the ONNX graph: the import steps (``importable.import_steps``: onnx-ir passes, the
+model serialized once for TVM's importer); a text-generation build's graphs take their weights as
+inputs (``decoder/graphs.py``) and run the bind step of those.
+
 Phases (all inside ``with target:``):
 
+0. decoder (text-generation builds only, once, on the module of every bucket's prefill / decode /
+   verify function): KV-cache scatters -> in-place writes (``kv_cache``, a build where one is
+   left a copy is refused), decode attention over the filled cache only (``decode_attention``),
+   RMSNorm squares into the mean's kernel (``norm_squares_fused``), the matmul weights packed
+   (``weight_packing``: panels, or ``weight-only``'s format), what they left unused removed, and
+   each function's weight arguments read (``weight_arguments``);
 1. rewrites: bf16 graphs' NaN / Inf tests, matmul sums and transcendentals on fp32
    (``rewrites/bf16``); fast math (optional); projections of one input merged into one matmul
    (Q/K/V, ``rewrites/combine_matmuls``); integer matmuls (``int8-dynamic``) and QDQ
@@ -24,6 +34,7 @@ Phases (all inside ``with target:``):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from aotforge.targets.tvm import steps
@@ -31,10 +42,23 @@ from aotforge.targets.tvm.relax_util import any_call, op_name
 from aotforge.targets.tvm.steps import Step
 
 if TYPE_CHECKING:
+    from aotforge.targets.tvm.decoder.weight_only import WeightPacking
     from aotforge.targets.tvm.tuning.tune import TuneSettings
 
 #: Step reports filed next to the default schedules' report, in this order.
 _EXTRA_REPORTS = ("prepack_weights", "combine_matmuls", "int8_vnni", "bf16", "clip", "ieee_nan", "tuning")
+
+
+def decoder_phase(*, kv_updates: int, packing: WeightPacking) -> list[Step]:
+    return [
+        steps.kv_cache_in_place(kv_updates),  # first: the attention step finds K / V as views of the in-place cache
+        steps.DECODE_ATTENTION,
+        steps.NORM_SQUARES,
+        # after the graph rewrites, on the matmuls they leave; before every CPU phase, which reads the packed layout
+        steps.pack_weights(packing),
+        steps.DEAD_CODE,  # the transposes the panels made unused
+        steps.WEIGHT_ARGUMENTS,  # last: the signatures the runtime calls, once packing changed them
+    ]
 
 
 def rewrite_phase(*, fast_math: bool, conv_nhwc: bool) -> list[Step]:
@@ -79,16 +103,26 @@ def build(mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool, tuning: Tu
 
 
 def compile_relax(
-    mod: Any, target: Any, *, fast_math: bool, conv_nhwc: bool = True, tuning: TuneSettings | None = None
+    mod: Any,
+    target: Any,
+    *,
+    fast_math: bool,
+    conv_nhwc: bool = True,
+    tuning: TuneSettings | None = None,
+    decoder: Sequence[Step] = (),
 ) -> tuple[Any, dict[str, Any]]:
     """Lower, schedule and build a Relax module for ``target``.
 
+    ``decoder`` (:func:`decoder_phase`) runs first, once; its reports are under ``decoder``.
     NHWC is tried first for convolution models; Relax's ConvertLayout does not handle every
     graph (channel-shuffle reshapes, some concat / tuple patterns), so a failure there
     rebuilds in the source layout and the report says why.
     """
     stages = "cpu_generic+tuned+default_schedules" if tuning is not None else "cpu_generic+default_schedules"
     report: dict[str, Any] = {"pipeline": stages, "fast_math": fast_math}
+    if decoder:
+        with target:
+            mod, report["decoder"] = steps.run_steps(mod, target, list(decoder))
     if conv_nhwc and _has_conv2d(mod):
         try:
             executable, schedules = build(mod, target, fast_math=fast_math, conv_nhwc=True, tuning=tuning)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from aotforge.targets.tvm.decoder.weight_only import WeightPacking
     from aotforge.targets.tvm.tuning.tune import TuneSettings
 
 Report = dict[str, Any] | None
@@ -160,6 +161,56 @@ def _prepack_weights(mod: Any, _target: Any) -> tuple[Any, Report]:
     return mod, {"packed_weights": len(packing) - len(left), "not_folded": left}
 
 
+def _kv_cache_in_place(mod: Any, _target: Any, updates: int) -> tuple[Any, Report]:
+    """The decode graphs' KV-cache scatters -> in-place writes into the cache argument
+    (``rewrites/kv_inplace.py``); a build where one stays a copy is refused: it would copy the cache every token."""
+    from aotforge.core.errors import CompileError
+    from aotforge.targets.tvm.rewrites.kv_inplace import kv_cache_in_place
+
+    mod, report = kv_cache_in_place(mod)
+    if report["in_place"] != updates:
+        raise CompileError(
+            f"tvm: {report['in_place']} of the decode graphs' {updates} KV-cache updates "
+            f"could be made in place ({report['skipped']}): the cache would be copied every token"
+        )
+    return mod, report
+
+
+def _decode_attention(mod: Any, _target: Any) -> tuple[Any, Report]:
+    """Decode / verify attention over the in-place cache -> a kernel reading only its filled rows
+    (``rewrites/decode_attention.py``): after the KV step, which makes K / V views of that cache."""
+    from aotforge.targets.tvm.rewrites.decode_attention import attention_over_filled_cache
+
+    return attention_over_filled_cache(mod)
+
+
+def _norm_squares(mod: Any, _target: Any) -> tuple[Any, Report]:
+    """An RMSNorm's square joins its mean's kernel (``rewrites/mean_of_square.py``)."""
+    from aotforge.targets.tvm.rewrites.mean_of_square import norm_squares_fused
+
+    mod, count = norm_squares_fused(mod)
+    return mod, {"fused": count}
+
+
+def _dead_code(mod: Any, _target: Any) -> tuple[Any, Report]:
+    """What earlier steps left unused (the transposes the weight panels replaced)."""
+    from tvm import relax
+
+    return relax.transform.DeadCodeElimination()(mod), None
+
+
+def _weight_arguments(mod: Any, _target: Any) -> tuple[Any, Report]:
+    """Which weight arguments each function takes, in order (after its ``num_input`` runtime inputs): what the
+    runtime hands it, read once the steps that change signatures (packing) have run."""
+    from tvm import relax
+
+    return mod, {
+        gv.name_hint: [str(p.name) for p in func.params[int(func.attrs["num_input"]) :]]
+        for gv, func in mod.functions_items()
+        if isinstance(func, relax.Function) and func.attrs is not None and "num_input" in func.attrs
+    }
+
+
 #: The suffix ``SplitLayoutRewritePreproc`` gives the functions that pack a weight.
 _PREPACK = "_weight_prepack"
 
@@ -176,5 +227,21 @@ DEFAULT_SCHEDULES = Step("default_schedules", _default_schedules)
 PREPACK_WEIGHTS = Step("prepack_weights", _prepack_weights)
 
 
+DECODE_ATTENTION = Step("decode_attention", _decode_attention)
+NORM_SQUARES = Step("norm_squares_fused", _norm_squares)
+DEAD_CODE = Step("dead_code", _dead_code)
+WEIGHT_ARGUMENTS = Step("weight_arguments", _weight_arguments)
+
+
 def tuned(settings: TuneSettings) -> Step:
     return Step("tuning", functools.partial(_tuned, settings=settings))
+
+
+def kv_cache_in_place(updates: int) -> Step:
+    """The KV step, refusing the build unless all ``updates`` cache scatters became in-place writes."""
+    return Step("kv_cache", functools.partial(_kv_cache_in_place, updates=updates))
+
+
+def pack_weights(packing: WeightPacking) -> Step:
+    """A text-generation build's matmul weights packed (``decoder/weight_only.py``); ``packing`` keeps the arrays."""
+    return Step("weight_packing", packing.run)

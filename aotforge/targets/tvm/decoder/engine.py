@@ -29,7 +29,7 @@ from aotforge.targets.tvm.decoder.buckets import plan_generative
 from aotforge.targets.tvm.decoder.graphs import Prepared, bind_shapes, input_dtypes, input_shapes, weights_as_inputs
 from aotforge.targets.tvm.decoder.step_engine import INFO_FILE, LIBRARY, TvmStepEngine
 from aotforge.targets.tvm.decoder.weight_file import TVM_WEIGHTS_FILE, write_weights
-from aotforge.targets.tvm.decoder.weight_only import pack_weights, weight_only_format
+from aotforge.targets.tvm.decoder.weight_only import WeightPacking, weight_only_format
 
 
 def check_compile_passes(passes: dict[str, Any]) -> None:
@@ -51,10 +51,7 @@ def compile_generative(
     from aotforge.targets.tvm.bucket_module import merge_buckets
     from aotforge.targets.tvm.host import isa_features
     from aotforge.targets.tvm.options import target_dict
-    from aotforge.targets.tvm.pipeline import compile_relax
-    from aotforge.targets.tvm.rewrites.decode_attention import attention_over_filled_cache
-    from aotforge.targets.tvm.rewrites.kv_inplace import kv_cache_in_place
-    from aotforge.targets.tvm.rewrites.mean_of_square import norm_squares_fused
+    from aotforge.targets.tvm.pipeline import compile_relax, decoder_phase
 
     prompts, batches = plan_generative(spec, options)
     prefill, decode = weights_as_inputs(workdir / PREFILL_FILE), weights_as_inputs(workdir / DECODE_FILE)
@@ -65,15 +62,29 @@ def compile_generative(
     if verify is not None:
         say(f"importing verify ({verify_width} tokens, batch buckets {_sizes(batches)})")
         imports += [(f"verify_{b}", _import(verify, {"batch": b, "steps": verify_width})) for b in batches]
-    mod, kv_report = kv_cache_in_place(merge_buckets(imports))
+    target = tvm.target.Target(target_dict(options))
+    refs = {w.name: w for g in (prefill, decode, verify) if g is not None for w in g.weights}
+    fmt = weight_only_format(passes["weight-only"]) if passes and "weight-only" in passes else None
+    fmt = dataclasses.replace(fmt, head_n=spec.vocab) if fmt is not None else None  # the head: vocab outputs
+    packing = WeightPacking(workdir, WEIGHTS_FILE, refs, fmt, options.fast_math)
+    # The cache's updates: one K and one V a layer, in every decode (and verify) function.
     updates = 2 * spec.layers * len(batches) * (2 if verify is not None else 1)
-    if kv_report["in_place"] != updates:
+    decoder = decoder_phase(kv_updates=updates, packing=packing)
+    say(
+        "compiling (the decoder phase packs the matmul weights"
+        + (" weight-only)" if fmt is not None else " as fp32 panels)")
+    )
+    try:
+        executable, report = compile_relax(merge_buckets(imports), target, fast_math=options.fast_math, decoder=decoder)
+        executable.export_library(str(workdir / LIBRARY), **({"cc": options.cc} if options.cc else {}))
+    except AotforgeError:
+        raise
+    except Exception as e:
         raise CompileError(
-            f"tvm: {kv_report['in_place']} of the decode graphs' {updates} KV-cache updates "
-            f"could be made in place ({kv_report['skipped']}): the cache would be copied every token"
-        )
-    mod, attention_report = attention_over_filled_cache(mod)
-    mod, norm_squares = norm_squares_fused(mod)
+            f"tvm failed to compile the decoder for {target_dict(options)}: {describe(e, last=True)}"
+        ) from e
+    reports = report.pop("decoder")
+    kv_report, attention_report = reports["kv_cache"], reports["decode_attention"]
     verify_attention = attention_report.pop("verify_rewritten")
     if attention_report["rewritten"] != spec.layers * len(batches):
         say(f"tvm: decode attention stays over all of max_seq_len in some layers: {attention_report}")
@@ -82,26 +93,10 @@ def compile_generative(
             f"tvm: verify attention stays over all of max_seq_len in some layers ({verify_attention} of "
             f"{spec.layers * len(batches)} rewritten): {attention_report['skipped']}"
         )
-    target = tvm.target.Target(target_dict(options))
-    refs = {w.name: w for g in (prefill, decode, verify) if g is not None for w in g.weights}
-    fmt = weight_only_format(passes["weight-only"]) if passes and "weight-only" in passes else None
-    fmt = dataclasses.replace(fmt, head_n=spec.vocab) if fmt is not None else None  # the head: vocab outputs
-    say("packing the matmul weights" + (" (weight-only)" if fmt is not None else " (fp32 panels)"))
-    mod, packed, packing = pack_weights(mod, workdir, WEIGHTS_FILE, refs, fmt, target, options.fast_math)
-    mod = tvm.relax.transform.DeadCodeElimination()(mod)  # the transposes the panels made unused
-    try:
-        executable, report = compile_relax(mod, target, fast_math=options.fast_math)
-        executable.export_library(str(workdir / LIBRARY), **({"cc": options.cc} if options.cc else {}))
-    except AotforgeError:
-        raise
-    except Exception as e:
-        raise CompileError(
-            f"tvm failed to compile the decoder for {target_dict(options)}: {describe(e, last=True)}"
-        ) from e
-    functions = {name: _weight_arguments(mod[name]) for name, _ in imports}
+    functions = {name: reports["weight_arguments"][name] for name, _ in imports}
     used = {w for names in functions.values() for w in names}
-    originals = [ref for name, ref in refs.items() if name in used and name not in packed]
-    stored = write_weights(workdir, originals, {name: a for name, a in packed.items() if name in used})
+    originals = [ref for name, ref in refs.items() if name in used and name not in packing.packed]
+    stored = write_weights(workdir, originals, {name: a for name, a in packing.packed.items() if name in used})
     info = {
         "prompt_buckets": list(prompts),
         "batch_buckets": list(batches),
@@ -123,9 +118,9 @@ def compile_generative(
             "decode_attention": attention_report,
             "verify_attention": {"rewritten": verify_attention},
             # RMSNorms whose square joined the norm's kernel (rewrites/mean_of_square)
-            "norm_squares_fused": norm_squares,
+            "norm_squares_fused": reports["norm_squares_fused"]["fused"],
             "huge_pages": options.huge_pages,
-            **packing,
+            **reports["weight_packing"],
             "weights_file": {"file": TVM_WEIGHTS_FILE, "bytes": (workdir / TVM_WEIGHTS_FILE).stat().st_size},
         },
         "pipeline": report,
@@ -135,11 +130,6 @@ def compile_generative(
     return CompileResult(
         files=(LIBRARY, INFO_FILE, TVM_WEIGHTS_FILE), target_info=target_info, toolchain={"tvm": tvm.__version__}
     )
-
-
-def _weight_arguments(func: Any) -> list[str]:
-    """The weight arguments a function takes, in order (after its ``num_input`` runtime inputs)."""
-    return [str(p.name) for p in func.params[int(func.attrs["num_input"]) :]]
 
 
 def _sizes(sizes: tuple[int, ...]) -> str:

@@ -15,12 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
+import onnx_ir as ir
 
 from aotforge.core.decoder import WEIGHTS_FILE
+from aotforge.targets.tvm.importable.base import copy_of
+from aotforge.targets.tvm.importable.bind import bind_and_fold
 
-_FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,78 +57,54 @@ class WeightRef:
 class Prepared:
     """A graph with its weights as trailing inputs (``weights``, in order) and its runtime inputs first."""
 
-    proto: Any
+    model: ir.Model
     inputs: tuple[str, ...]
     weights: tuple[WeightRef, ...]
 
 
-def _location(tensor: Any) -> tuple[str, int, int]:
-    entries = {e.key: e.value for e in tensor.external_data}
-    return entries["location"], int(entries.get("offset", 0)), int(entries["length"])
-
-
 def weights_as_inputs(path: Path) -> Prepared:
     """The graph at ``path`` with its external float initializers turned into inputs ``w<offset>``."""
-    proto = onnx.load(str(path), load_external_data=False)
-    graph = proto.graph
-    inputs = tuple(i.name for i in graph.input)
-    rename: dict[str, str] = {}
+    model = ir.load(str(path))  # external tensors stay on disk until read
+    graph = model.graph
+    inputs = tuple(str(v.name) for v in graph.inputs)
     weights: dict[str, WeightRef] = {}
-    keep = []
-    for tensor in graph.initializer:
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            keep.append(tensor)
+    arguments: dict[str, ir.Value] = {}
+    for name, value in list(graph.initializers.items()):
+        tensor = value.const_value
+        if not isinstance(tensor, ir.ExternalTensor):
             continue
-        location, offset, length = _location(tensor)
-        if tensor.data_type not in _FLOATS:
-            keep.append(_inline(tensor, path.parent / location, offset, length))
+        if tensor.dtype not in _FLOATS:
+            value.const_value = ir.tensor(tensor.numpy(), name=name)
             continue
-        name = f"w{offset}"
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).name
-        weights.setdefault(name, WeightRef(name, offset, length, dtype, tuple(int(d) for d in tensor.dims)))
-        rename[tensor.name] = name
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
-    for node in graph.node:
-        for k, name in enumerate(node.input):
-            if name in rename:
-                node.input[k] = rename[name]
-    for output in graph.output:
-        if output.name in rename:  # a weight returned as it is: keep it a value of the graph
-            raise ValueError(f"graph output {output.name} is a weight")
-    for ref in weights.values():
-        elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(ref.dtype))
-        graph.input.append(onnx.helper.make_tensor_value_info(ref.name, elem, list(ref.shape)))
-    return Prepared(proto, inputs, tuple(weights.values()))
-
-
-def _inline(tensor: Any, file: Path, offset: int, length: int) -> Any:
-    with file.open("rb") as f:
-        f.seek(offset)
-        raw = f.read(length)
-    out = onnx.TensorProto()
-    out.CopyFrom(tensor)
-    del out.external_data[:]
-    out.data_location = onnx.TensorProto.DEFAULT
-    out.raw_data = raw
-    return out
+        if value.is_graph_output():  # a weight returned as it is: keep it a value of the graph
+            raise ValueError(f"graph output {name} is a weight")
+        arg = f"w{tensor.offset or 0}"
+        if arg not in arguments:
+            shape = tuple(int(d) for d in tensor.shape.numpy())
+            weights[arg] = WeightRef(
+                arg, tensor.offset or 0, int(tensor.length or tensor.nbytes), tensor.dtype.numpy().name, shape
+            )
+            arguments[arg] = ir.Value(name=arg, type=ir.TensorType(tensor.dtype), shape=ir.Shape(shape))
+        graph.initializers.pop(name)
+        ir.convenience.replace_all_uses_with(value, arguments[arg])
+    graph.inputs.extend(arguments.values())
+    return Prepared(model, inputs, tuple(weights.values()))
 
 
 def bind_shapes(prepared: Prepared, sizes: Mapping[str, int]) -> Any:
     """The graph with every named input dim set from ``sizes`` and the shape arithmetic folded away.
 
     The Relax ONNX importer mishandles ``Shape -> Gather -> Reshape`` chains; with static inputs
-    onnxscript's optimizer turns them into constants (as the plain tvm target does).
+    onnxscript's optimizer turns them into constants: the bind step of the import steps
+    (``importable/bind.py``), as the plain tvm target runs it, on a copy of the graph.
     """
-    import onnx_ir as ir
-    from onnxscript.optimizer import optimize_ir
-
-    model = ir.serde.deserialize_model(prepared.proto)
-    for value in model.graph.inputs:
-        if value.shape is not None:
-            value.shape = ir.Shape([sizes[str(d.value)] if isinstance(d, ir.SymbolicDim) else d for d in value.shape])
-    optimize_ir(model, onnx_shape_inference=True)
-    return ir.serde.serialize_model(model)
+    model = copy_of(prepared.model)
+    shapes = {
+        str(v.name): [sizes[str(d.value)] if isinstance(d, ir.SymbolicDim) else d for d in v.shape]
+        for v in model.graph.inputs
+        if v.shape is not None
+    }
+    return bind_and_fold(model, shapes)
 
 
 def input_shapes(proto: Any) -> dict[str, list[int]]:

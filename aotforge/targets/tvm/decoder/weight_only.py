@@ -10,6 +10,7 @@ weight arguments like any other; ``weight_file`` stores them with the originals 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,25 @@ def weight_only_format(params: Any) -> WeightOnlyFormat:
             f"accuracy_level {params.accuracy_level} asks for float compute: leave it out or set 4"
         )
     return WeightOnlyFormat(params.bits, params.block_size, params.head_bits)
+
+
+@dataclasses.dataclass
+class WeightPacking:
+    """What the pipeline's packing step (``steps.pack_weights``) reads, and the arrays it packed (``packed``,
+    by argument name), which the build stores after the compile."""
+
+    workdir: Path
+    weights_file: str
+    refs: dict[str, WeightRef]
+    fmt: WeightOnlyFormat | None
+    fast_math: bool
+    packed: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    def run(self, mod: Any, target: Any) -> tuple[Any, dict[str, Any]]:
+        mod, self.packed, report = pack_weights(
+            mod, self.workdir, self.weights_file, self.refs, self.fmt, target, self.fast_math
+        )
+        return mod, report
 
 
 def pack_weights(

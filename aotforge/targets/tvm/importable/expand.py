@@ -4,7 +4,8 @@ Ops such as SoftmaxCrossEntropyLoss, RMSNormalization, RotaryEmbedding or Attent
 by ONNX as functions of simpler ops (``OpSchema.get_function_with_opset_version`` and, where the
 body depends on types or attributes, ``get_context_dependent_function_with_opset_version``). A
 target that lacks one can take the body instead: this is what onnx's own ``*_expanded`` test
-models are (``onnx.backend.test.case.node.function_expand_helper``, which does the renaming here).
+models are. Here the node calls its body as a model-local function, which onnx-ir's ``InlinePass``
+inlines (attribute references bound, names made unique).
 The body picked is the newest one at or below the model's opset, so its ops mean what they say in
 the model. Only the main graph is expanded (subgraph nodes stay as they are).
 """
@@ -15,7 +16,11 @@ from collections import Counter
 from collections.abc import Callable
 
 import onnx
-from onnx.backend.test.case.node import function_expand_helper
+import onnx_ir as ir
+import onnx_ir.passes
+import onnx_ir.passes.common
+
+from aotforge.targets.tvm.importable.base import ImportStep, infer_types, opset
 
 #: How many times a body may itself be expanded (nested function ops).
 MAX_ROUNDS = 4
@@ -45,32 +50,62 @@ def function_body(node: onnx.NodeProto, opset: int, types: dict[str, onnx.TypePr
     return body if body.node else None
 
 
-def expand_functions(model: onnx.ModelProto, wanted: Callable[[onnx.NodeProto], bool]) -> Counter[str]:
-    """Expand, in place, every main-graph node ``wanted`` selects that has a function body; counts by op."""
-    expanded: Counter[str] = Counter()
-    for round_ in range(MAX_ROUNDS):
-        if not any(wanted(node) for node in model.graph.node):  # shape inference costs a copy of the model
-            break
-        opset = _opset(model)
-        types = _types(model)
-        nodes: list[onnx.NodeProto] = []
-        changed = False
-        for k, node in enumerate(model.graph.node):
-            body = function_body(node, opset, types) if wanted(node) else None
-            if body is None:
-                nodes.append(node)
-                continue
-            with_defaults = _with_defaults(node, opset)
-            prefix = f"{node.name or node.op_type}_{round_}_{k}__"
-            nodes.extend(function_expand_helper(with_defaults, body, prefix))
-            _import_opsets(model, body)
-            expanded[node.op_type] += 1
-            changed = True
-        if not changed:
-            break
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-    return expanded
+#: The domain a node to expand is moved to while onnx-ir's InlinePass replaces it by its body.
+_EXPANDING = "aotforge.expanding"
+
+
+class ExpandFunctionsPass(ImportStep):
+    """Expand every main-graph node ``wanted`` selects that has a function body; counts by op.
+
+    Each such node calls its body as a model-local function of its own, which onnx-ir's ``InlinePass``
+    then inlines (attributes bound, names made unique); the functions leave the model with it.
+    """
+
+    name = "expanded"
+
+    def __init__(self, wanted: Callable[[ir.Node], bool]) -> None:
+        super().__init__()
+        self.wanted = wanted
+
+    def call(self, model: ir.Model) -> onnx_ir.passes.PassResult:
+        expanded: Counter[str] = Counter()
+        for round_ in range(MAX_ROUNDS):
+            if not any(self.wanted(node) for node in model.graph):  # shape inference costs a copy of the model
+                break
+            infer_types(model)
+            calls = [
+                _call_body(model, node, f"{round_}_{k}") for k, node in enumerate(model.graph) if self.wanted(node)
+            ]
+            if not any(calls):
+                break
+            expanded.update(op for op in calls if op)
+            onnx_ir.passes.common.InlinePass(lambda f: f.domain == _EXPANDING)(model)
+            model.opset_imports.pop(_EXPANDING, None)
+        self.stats = dict(expanded)
+        return onnx_ir.passes.PassResult(model, modified=bool(expanded))
+
+
+def _call_body(model: ir.Model, node: ir.Node, overload: str) -> str | None:
+    """``node`` made a call of its function body, added to the model's functions; its op, or None if it has none."""
+    version = opset(model)
+    proto = ir.serde.serialize_node(node)
+    types = {str(v.name): ir.serde.serialize_value(v).type for v in node.inputs if v is not None and v.type}
+    body = function_body(proto, version, types)
+    if body is None:
+        return None
+    op_type = node.op_type
+    del body.output[len(node.outputs) :]  # a body may name outputs it computes only for calls that take them
+    body.domain, body.name, body.overload = _EXPANDING, op_type, overload
+    del body.opset_import[:]  # the body picked is the newest at or below the model's opset: its ops mean the same
+    body.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in model.opset_imports.items())
+    function = ir.serde.deserialize_function(body)
+    model.functions[function.identifier()] = function
+    for attribute in _with_defaults(proto, version).attribute:
+        if attribute.name not in node.attributes:
+            node.attributes[attribute.name] = ir.serde.deserialize_attribute(attribute)
+    node.domain, node.overload = _EXPANDING, overload
+    model.opset_imports.setdefault(_EXPANDING, 1)
+    return op_type
 
 
 def _with_defaults(node: onnx.NodeProto, opset: int) -> onnx.NodeProto:
@@ -82,27 +117,3 @@ def _with_defaults(node: onnx.NodeProto, opset: int) -> onnx.NodeProto:
         if name not in given and attribute.default_value.name:
             copy.attribute.append(attribute.default_value)
     return copy
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-
-
-def _import_opsets(model: onnx.ModelProto, body: onnx.FunctionProto) -> None:
-    have = {o.domain for o in model.opset_import}
-    for entry in body.opset_import:
-        if entry.domain not in have and entry.domain not in ("", "ai.onnx"):
-            model.opset_import.append(entry)
-
-
-def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Every value's type shape inference knows (context-dependent bodies are chosen by them)."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:  # an un-inferable model still expands, with what it declares
-        inferred = model
-    graph = inferred.graph
-    types = {v.name: v.type for v in [*graph.input, *graph.value_info, *graph.output]}
-    for tensor in graph.initializer:
-        types.setdefault(tensor.name, onnx.helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims)))
-    return types

@@ -24,9 +24,12 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+import onnx_ir as ir
+import onnx_ir.passes
 
+from aotforge.targets.tvm.importable.base import ImportStep, copy_of, infer_types
 from aotforge.targets.tvm.importable.narrow_encoding import encoding, numpy_dtype
+from aotforge.targets.tvm.importable.nodes import Nodes
 
 T = onnx.TensorProto
 #: Element types numpy holds one per byte through ml_dtypes and TVM cannot compute with as ONNX does.
@@ -55,61 +58,73 @@ _DECODE_TO = frozenset(
 )
 
 
-def narrow_types(model: onnx.ModelProto) -> Counter[str]:
-    """Rewrite ``model`` in place when every narrow value is a cast's; counts of what was rewritten."""
-    graph = model.graph
-    types = _types(model)
-    narrow = {name for name, t in types.items() if t in NARROW}
-    if not narrow:
-        return Counter()
+class NarrowTypesPass(ImportStep):
+    """Narrow values as their bytes when every one is a cast's (see the module's docstring); counts of what was
+    rewritten. Before the first fold: onnxscript's CastLike rule drops saturate=0, which matters for float8 only."""
+
+    name = "narrow_types"
+    folds = False
+    may_fail = False
+
+    def call(self, model: ir.Model) -> onnx_ir.passes.PassResult:
+        graph = model.graph
+        types = _types(model)
+        narrow = {name for name, t in types.items() if t in NARROW}
+        plan = _plan(graph, types, narrow) if narrow else None
+        if not plan:
+            return onnx_ir.passes.PassResult(model, modified=False)
+        counts: Counter[str] = Counter()
+        for node, (how, source, target) in plan.items():
+            nodes = Nodes()
+            if how == "decode":
+                out = _decode(nodes, node.inputs[0], source, target)  # type: ignore[arg-type]
+            else:
+                saturate = bool(_attr(node, "saturate", 1))
+                round_mode = str(_attr(node, "round_mode", "up"))
+                out = _encode(nodes, node.inputs[0], source, target, saturate, round_mode)  # type: ignore[arg-type]
+            ir.convenience.replace_nodes_and_values(graph, node, [node], nodes.nodes, [node.outputs[0]], [out])
+            counts[f"{how}_{T.DataType.Name(target if how == 'encode' else source).lower()}"] += 1
+        values = [*graph.inputs, *graph.initializers.values(), *(v for n in graph for v in n.outputs)]
+        for value in values:  # they hold bytes now (an encode's output took the narrow type of the cast it replaced)
+            if value.name in narrow:
+                value.dtype = ir.DataType.UINT8
+                if value.const_value is not None:
+                    raw = np.ascontiguousarray(value.const_value.numpy()).view(np.uint8)
+                    value.const_value = ir.tensor(raw, name=value.const_value.name)
+        self.stats = dict(counts)
+        return onnx_ir.passes.PassResult(model, modified=True)
+
+
+def _plan(graph: ir.Graph, types: dict[str, int], narrow: set[str]) -> dict[ir.Node, tuple[str, int, int]] | None:
+    """Each cast touching a narrow value: how it is rewritten, from and to which type; None where any other op
+    touches one, or one is made by anything but a graph input, an initializer or a cast to it."""
     produced_by_cast: set[str] = set()
-    plan: list[tuple[int, str, int, int]] = []  # node index, "decode" / "encode", source type, target type
-    for k, node in enumerate(graph.node):
-        touches = [n for n in [*node.input, *node.output] if n in narrow]
+    plan = {}
+    for node in graph:
+        touches = [v.name for v in [*node.inputs, *node.outputs] if v is not None and v.name in narrow]
         if not touches:
             continue
         if node.domain not in ("", "ai.onnx") or node.op_type not in ("Cast", "CastLike"):
-            return Counter()
-        source = types.get(node.input[0])
-        target = _attr(node, "to") if node.op_type == "Cast" else types.get(node.input[1])
+            return None
+        source = types.get(str(node.inputs[0].name)) if node.inputs[0] is not None else None
+        if node.op_type == "Cast":
+            to = node.attributes.get("to")
+            target = to.value if to is not None else None
+        else:
+            target = types.get(str(node.inputs[1].name)) if node.inputs[1] is not None else None
         if source is None or target is None:
-            return Counter()
+            return None
         if source in NARROW and target not in NARROW and target in _DECODE_TO:
-            plan.append((k, "decode", source, target))
+            plan[node] = ("decode", source, int(target))
         elif target in _FLOAT8 and source in _ENCODABLE:
-            plan.append((k, "encode", source, target))
-            produced_by_cast.add(node.output[0])
+            plan[node] = ("encode", source, int(target))
+            produced_by_cast.add(str(node.outputs[0].name))
         else:
-            return Counter()
-    inputs = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+            return None
+    inputs = {v.name for v in graph.inputs} | set(graph.initializers)
     if any(n not in inputs and n not in produced_by_cast for n in narrow):
-        return Counter()  # produced by something else (a subgraph, an op not listed): left to the coverage check
-    counts: Counter[str] = Counter()
-    nodes: list[onnx.NodeProto] = []
-    names = {n for node in graph.node for n in [*node.input, *node.output]} | inputs
-    done = {k: (how, source, target) for k, how, source, target in plan}
-    for k, node in enumerate(graph.node):
-        if k not in done:
-            nodes.append(node)
-            continue
-        how, source, target = done[k]
-        if how == "decode":
-            nodes.extend(_decode(node, source, target, names))
-        else:
-            saturate = bool(_attr(node, "saturate", 1))
-            round_mode = _attr(node, "round_mode", b"up").decode()
-            nodes.extend(_encode(node, source, target, saturate, round_mode, names))
-        counts[f"{how}_{T.DataType.Name(target if how == 'encode' else source).lower()}"] += 1
-    for value in [*graph.input, *graph.output, *graph.value_info]:
-        if value.type.tensor_type.elem_type in NARROW:
-            value.type.tensor_type.elem_type = T.UINT8
-    for k, tensor in enumerate(graph.initializer):
-        if tensor.data_type in NARROW:
-            raw = np.ascontiguousarray(numpy_helper.to_array(tensor)).view(np.uint8)
-            graph.initializer[k].CopyFrom(numpy_helper.from_array(raw, tensor.name))
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return counts
+        return None  # produced by something else (a subgraph, an op not listed): left to the coverage check
+    return plan
 
 
 def storage_dtype(dtype: str) -> str:
@@ -120,118 +135,56 @@ def storage_dtype(dtype: str) -> str:
     return "uint8" if kind is not None and np.dtype(kind).itemsize == 1 else dtype
 
 
-def _decode(node: onnx.NodeProto, source: int, target: int, names: set[str]) -> list[onnx.NodeProto]:
+def _decode(nodes: Nodes, x: ir.Value, source: int, target: int) -> ir.Value:
     with np.errstate(all="ignore"):
         table = np.arange(256, dtype=np.uint8).view(numpy_dtype(source)).astype(numpy_dtype(target))
-    out = node.output[0]
-    table_name, index = _fresh(names, out + "_decode_table"), _fresh(names, out + "_bits")
-    return [
-        _constant(table_name, table),
-        helper.make_node("Cast", [node.input[0]], [index], to=T.INT64),
-        helper.make_node("Gather", [table_name, index], [out], axis=0, name=node.name),
-    ]
+    return nodes.op("Gather", [nodes.constant(table), nodes.op("Cast", [x], {"to": T.INT64})], {"axis": 0})
 
 
-def _encode(
-    node: onnx.NodeProto, source: int, target: int, saturate: bool, round_mode: str, names: set[str]
-) -> list[onnx.NodeProto]:
+def _encode(nodes: Nodes, x: ir.Value, source: int, target: int, saturate: bool, round_mode: str) -> ir.Value:
     bounds, codes, nan_code, zero_codes = encoding(target, saturate, round_mode)
-    out = node.output[0]
-
-    def fresh(suffix: str) -> str:
-        return _fresh(names, f"{out}_{suffix}")
-
-    nodes: list[onnx.NodeProto] = []
-    x = node.input[0]
     if source != T.FLOAT:
-        x32 = fresh("f32")
-        nodes.append(helper.make_node("Cast", [x], [x32], to=T.FLOAT))
-        x = x32
+        x = nodes.op("Cast", [x], {"to": T.FLOAT})
     # bounds[i] is the least float32 whose byte is codes[i + 1]: find i = how many bounds are <= x.
     # below[j] = bounds[j - 1] (below[0] = -inf), so the search looks up below[candidate].
     below = np.concatenate([[-np.inf], bounds]).astype(np.float32)
-    below_name, codes_name = fresh("bounds"), fresh("codes")
-    nodes += [_constant(below_name, below), _constant(codes_name, codes)]
+    below_value, codes_value = nodes.constant(below), nodes.constant(codes)
     step = len(codes) // 2
-    first_bound, hit, zero, index = fresh("first_bound"), fresh("ge"), fresh("zero"), fresh("index")
-    first = fresh("step")
-    nodes += [
-        _constant(first_bound, np.array(below[step], np.float32)),
-        _constant(first, np.array(step, np.int64)),
-        _constant(zero, np.array(0, np.int64)),
-        helper.make_node("GreaterOrEqual", [x, first_bound], [hit]),
-        helper.make_node("Where", [hit, first, zero], [index]),
-    ]
+    hit = nodes.op("GreaterOrEqual", [x, nodes.constant(np.array(below[step], np.float32))])
+    index = nodes.op("Where", [hit, nodes.constant(np.array(step, np.int64)), nodes.constant(np.array(0, np.int64))])
     step //= 2
     while step:
-        size, candidate, bound, ge, chosen = (fresh(s) for s in ("size", "candidate", "bound", "ge", "index"))
-        nodes += [
-            _constant(size, np.array(step, np.int64)),
-            helper.make_node("Add", [index, size], [candidate]),
-            helper.make_node("Gather", [below_name, candidate], [bound], axis=0),
-            helper.make_node("GreaterOrEqual", [x, bound], [ge]),
-            helper.make_node("Where", [ge, candidate, index], [chosen]),
-        ]
-        index = chosen
+        candidate = nodes.op("Add", [index, nodes.constant(np.array(step, np.int64))])
+        bound = nodes.op("Gather", [below_value, candidate], {"axis": 0})
+        index = nodes.op("Where", [nodes.op("GreaterOrEqual", [x, bound]), candidate, index])
         step //= 2
-    code = fresh("code")
-    nodes.append(helper.make_node("Gather", [codes_name, index], [code], axis=0))
+    code = nodes.op("Gather", [codes_value, index], {"axis": 0})
     negative_zero, positive_zero = zero_codes
     if negative_zero != positive_zero:  # compares cannot tell -0 from +0: 1 / -0 = -inf can
-        zero_f, one_f, is_zero, inverse, negative, minus_zero, neg_code, placed = (
-            fresh(s) for s in ("zero_f", "one_f", "is_zero", "inverse", "negative", "minus_zero", "neg0", "signed")
-        )
-        nodes += [
-            _constant(zero_f, np.array(0, np.float32)),
-            _constant(one_f, np.array(1, np.float32)),
-            _constant(neg_code, np.array(negative_zero, np.uint8)),
-            helper.make_node("Equal", [x, zero_f], [is_zero]),
-            helper.make_node("Div", [one_f, x], [inverse]),
-            helper.make_node("Less", [inverse, zero_f], [negative]),
-            helper.make_node("And", [is_zero, negative], [minus_zero]),
-            helper.make_node("Where", [minus_zero, neg_code, code], [placed]),
-        ]
-        code = placed
-    is_nan, nan_name = fresh("is_nan"), fresh("nan_code")
-    nodes += [
-        _constant(nan_name, np.array(nan_code, np.uint8)),
-        helper.make_node("IsNaN", [x], [is_nan]),
-        helper.make_node("Where", [is_nan, nan_name, code], [out], name=node.name),
-    ]
-    return nodes
+        zero_f, one_f = nodes.constant(np.array(0, np.float32)), nodes.constant(np.array(1, np.float32))
+        is_zero = nodes.op("Equal", [x, zero_f])
+        negative = nodes.op("Less", [nodes.op("Div", [one_f, x]), zero_f])
+        minus_zero = nodes.op("And", [is_zero, negative])
+        code = nodes.op("Where", [minus_zero, nodes.constant(np.array(negative_zero, np.uint8)), code])
+    is_nan = nodes.op("IsNaN", [x])
+    return nodes.op("Where", [is_nan, nodes.constant(np.array(nan_code, np.uint8)), code])
 
 
-def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
+def _attr(node: ir.Node, name: str, default: Any = None) -> Any:
+    found = node.attributes.get(name)
+    return default if found is None else found.value
 
 
-def _fresh(names: set[str], base: str) -> str:
-    name, k = base, 0
-    while name in names:
-        k += 1
-        name = f"{base}_{k}"
-    names.add(name)
-    return name
-
-
-def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name))
-
-
-def _types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element types of the main graph's values (inferred where the graph does not declare them)."""
-    try:
-        graph = onnx.shape_inference.infer_shapes(model).graph
-    except Exception:
-        graph = model.graph
-    types = {t.name: t.data_type for t in graph.initializer}
-    for value in [*graph.input, *graph.value_info, *graph.output]:
-        if value.type.HasField("tensor_type"):
-            types.setdefault(value.name, value.type.tensor_type.elem_type)
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            types.setdefault(node.output[0], node.attribute[0].t.data_type)
+def _types(model: ir.Model) -> dict[str, int]:
+    """Element types of the main graph's values (inferred, on a copy, where the graph does not declare them)."""
+    copy = copy_of(model)
+    infer_types(copy)
+    types = {}
+    for value in [*copy.graph.inputs, *copy.graph.initializers.values(), *copy.graph.outputs]:
+        if value.name and value.dtype is not None:
+            types[value.name] = int(value.dtype)
+    for node in copy.graph:
+        for value in node.outputs:
+            if value.name and value.dtype is not None:
+                types.setdefault(value.name, int(value.dtype))
     return types

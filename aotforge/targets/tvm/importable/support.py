@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-import onnx
+import onnx_ir as ir
 
 #: Ops the importer converts but not as ONNX defines them (found by the ONNX node suite), so their
 #: function bodies are imported instead: op -> why.
@@ -26,12 +26,13 @@ def importer_ops() -> frozenset[str]:
     return frozenset(onnx_frontend._get_convert_map()) | {"If"}
 
 
-def wants_expansion(node: onnx.NodeProto) -> bool:
+def wants_expansion(node: ir.Node) -> bool:
     """Expand ``node`` into its function body if the importer lacks it or gets it wrong."""
     if node.domain not in ("", "ai.onnx"):
         return False
     if node.op_type == "LayerNormalization":  # the importer gives Mean / InvStdDev the wrong shapes
-        return len([o for o in node.output if o]) > 1
+        return len([o for o in node.outputs if o.name]) > 1
     if node.op_type in ("SpaceToDepth", "DepthToSpace"):  # the importer ignores mode=CRD on SpaceToDepth
-        return node.op_type == "SpaceToDepth" and any(a.name == "mode" and a.s == b"CRD" for a in node.attribute)
+        mode = node.attributes.get("mode")
+        return node.op_type == "SpaceToDepth" and mode is not None and mode.value == "CRD"
     return node.op_type in EXPAND_ALWAYS or node.op_type not in importer_ops()

@@ -11,193 +11,126 @@ copy. Bodies that hold subgraphs of their own are left alone, as are Scans of op
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+import onnx_ir as ir
+import onnx_ir.passes
+
+from aotforge.targets.tvm.importable.base import ImportStep, infer_types, opset, static_shape
+from aotforge.targets.tvm.importable.nodes import Nodes
 
 #: More steps than this stay a Scan (and the importer refuses it): an unrolled graph grows per step.
 MAX_STEPS = 1024
 
 
-def unroll_scans(model: onnx.ModelProto) -> Counter[str]:
-    """Unroll, in place, every main-graph Scan with static scan lengths and Loop with a static trip count;
-    counts by op."""
-    if not any(n.op_type in ("Scan", "Loop") for n in model.graph.node) or _opset(model) < 9:
-        return Counter()
-    shapes = _shapes(model)
-    constants = _constants(model)
-    nodes: list[onnx.NodeProto] = []
-    counts: Counter[str] = Counter()
-    for k, node in enumerate(model.graph.node):
-        prefix = f"{node.name or 'scan'}_{k}"
-        unrolled = None
-        if node.op_type == "Scan":
-            unrolled = _unroll(node, shapes, prefix, _opset(model))
-        elif node.op_type == "Loop":
-            unrolled = _unroll_loop(node, constants, prefix, _opset(model))
-        if unrolled is None:
-            nodes.append(node)
-        else:
-            nodes.extend(unrolled)
+class UnrollLoopsPass(ImportStep):
+    """Unroll every main-graph Scan with static scan lengths and Loop with a static trip count; counts by op."""
+
+    name = "unrolled"
+
+    def call(self, model: ir.Model) -> onnx_ir.passes.PassResult:
+        graph, version = model.graph, opset(model)
+        if not any(n.op_type in ("Scan", "Loop") for n in graph) or version < 9:
+            return onnx_ir.passes.PassResult(model, modified=False)
+        infer_types(model)
+        counts: Counter[str] = Counter()
+        for k, node in enumerate(list(graph)):
+            if node.op_type not in ("Scan", "Loop") or _has_subgraphs(node.attributes["body"].as_graph()):
+                continue
+            tape = Nodes()
+            prefix = f"{node.name or 'scan'}_{k}"
+            unroll = _unroll_scan if node.op_type == "Scan" else _unroll_loop
+            outputs = unroll(tape, node, prefix, version)
+            if outputs is None:
+                continue
+            taken = [k for k, v in enumerate(node.outputs) if v.name]
+            old = [node.outputs[k] for k in taken]
+            new = [tape.op("Identity", [outputs[k]]) for k in taken]  # a value of its own per output
+            ir.convenience.replace_nodes_and_values(graph, node, [node], tape.nodes, old, new)
             counts[node.op_type] += 1
-    if counts:
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-    return counts
+        self.stats = dict(counts)
+        return onnx_ir.passes.PassResult(model, modified=bool(counts))
 
 
-def _unroll(
-    node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]], prefix: str, opset: int
-) -> list[onnx.NodeProto] | None:
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    body: onnx.GraphProto = attrs["body"]
-    m = int(attrs["num_scan_inputs"])
-    n = len(node.input) - m
-    k_out = len(body.output) - n
-    in_axes = list(attrs.get("scan_input_axes", [0] * m))
-    in_dirs = list(attrs.get("scan_input_directions", [0] * m))
-    out_axes = list(attrs.get("scan_output_axes", [0] * k_out))
-    out_dirs = list(attrs.get("scan_output_directions", [0] * k_out))
-    scanned = [shapes.get(name) for name in node.input[n:]]
-    if any(s is None for s in scanned) or any(
-        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for b in body.node for a in b.attribute
-    ):
+def _unroll_scan(tape: Nodes, node: ir.Node, prefix: str, version: int) -> list[ir.Value] | None:
+    body = node.attributes["body"].as_graph()
+    m = int(node.attributes["num_scan_inputs"].as_int())
+    n = len(node.inputs) - m
+    k_out = len(body.outputs) - n
+    in_axes = _ints(node, "scan_input_axes", m)
+    in_dirs = _ints(node, "scan_input_directions", m)
+    out_axes = _ints(node, "scan_output_axes", k_out)
+    out_dirs = _ints(node, "scan_output_directions", k_out)
+    scanned = [static_shape(v) if v is not None else None for v in node.inputs[n:]]
+    if any(s is None for s in scanned):
         return None
     steps = {s[a % len(s)] for s, a in zip(scanned, in_axes, strict=True) if s is not None}
     if len(steps) != 1 or not 0 < (t_count := steps.pop()) <= MAX_STEPS:
         return None
-    nodes: list[onnx.NodeProto] = []
-    states = list(node.input[:n])
-    per_step: list[list[str]] = [[] for _ in range(k_out)]
+    states: list[ir.Value | None] = list(node.inputs[:n])
+    per_step: list[list[ir.Value]] = [[] for _ in range(k_out)]
     for t in range(t_count):
-        step = f"{prefix}__t{t}__"
-        renamed = {v.name: states[i] for i, v in enumerate(body.input[:n])}
-        for j, value in enumerate(body.input[n:]):
-            index = t if in_dirs[j] == 0 else t_count - 1 - t
-            position = step + f"index{j}"
-            nodes.append(_constant(position, np.array(index, np.int64)))
-            renamed[value.name] = step + value.name
-            axis = in_axes[j] % len(scanned[j])  # type: ignore[arg-type]
-            nodes.append(helper.make_node("Gather", [node.input[n + j], position], [renamed[value.name]], axis=axis))
-        outputs = _copy_body(body, renamed, step, nodes)
-        states = outputs[:n]
+        slices = []
+        for j, source in enumerate(node.inputs[n:]):
+            index = tape.constant(np.array(t if in_dirs[j] == 0 else t_count - 1 - t, np.int64))
+            slices.append(tape.op("Gather", [source, index], {"axis": in_axes[j] % len(scanned[j])}))  # type: ignore[arg-type]
+        outputs = tape.copy(body, [*states, *slices], f"{prefix}__t{t}__")
+        states = list(outputs[:n])
         for k in range(k_out):
             per_step[k].append(outputs[n + k])
-    for i, final in enumerate(node.output[:n]):
-        if final:
-            nodes.append(helper.make_node("Identity", [states[i]], [final]))
-    for k, final in enumerate(node.output[n:]):
-        if not final:
-            continue
+    stacked = []
+    for k, final in enumerate(node.outputs[n:]):
         values = per_step[k] if out_dirs[k] == 0 else per_step[k][::-1]
-        rank = len(shapes.get(final, ())) or None
+        rank = len(final.shape) if final.shape is not None else None
         axis = out_axes[k] if out_axes[k] >= 0 or rank is None else out_axes[k] + rank
-        nodes += _stack(values, final, axis, f"{prefix}__out{k}", opset)
-    return nodes
+        stacked.append(_stack(tape, values, axis, version))
+    return [*states, *stacked]  # type: ignore[list-item]
 
 
-def _unroll_loop(
-    node: onnx.NodeProto, constants: dict[str, np.ndarray], prefix: str, opset: int
-) -> list[onnx.NodeProto] | None:
-    body: onnx.GraphProto = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "body")
-    trips = constants.get(node.input[0]) if node.input[0] else None
-    cond = constants.get(node.input[1]) if len(node.input) > 1 and node.input[1] else np.array(True)
+def _unroll_loop(tape: Nodes, node: ir.Node, prefix: str, version: int) -> list[ir.Value] | None:
+    body = node.attributes["body"].as_graph()
+    trips = _const(node.inputs[0])
+    cond = _const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else np.array(True)
     if trips is None or cond is None or not bool(cond.reshape(-1)[0]) or not 0 < int(trips.reshape(-1)[0]) <= MAX_STEPS:
         return None
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for b in body.node for a in b.attribute):
-        return None
-    cond_in, cond_out = body.input[1].name, body.output[0].name
-    passed = cond_out == cond_in or any(
-        b.op_type == "Identity" and list(b.input) == [cond_in] and list(b.output) == [cond_out] for b in body.node
+    cond_in, cond_out = body.inputs[1], body.outputs[0]
+    producer = cond_out.producer()
+    passed = cond_out is cond_in or (
+        producer is not None and producer.op_type == "Identity" and list(producer.inputs) == [cond_in]
     )
     if not passed:
         return None
-    n = len(node.input) - 2
-    states = list(node.input[2:])
-    per_step: list[list[str]] = [[] for _ in range(len(body.output) - 1 - n)]
-    nodes: list[onnx.NodeProto] = []
+    n = len(node.inputs) - 2
+    states: list[ir.Value | None] = list(node.inputs[2:])
+    per_step: list[list[ir.Value]] = [[] for _ in range(len(body.outputs) - 1 - n)]
     for t in range(int(trips.reshape(-1)[0])):
-        step = f"{prefix}__t{t}__"
-        renamed = {v.name: states[i] for i, v in enumerate(body.input[2:])}
-        renamed[body.input[0].name], renamed[cond_in] = step + "iteration", step + "cond"
-        nodes.append(_constant(step + "iteration", np.array(t, np.int64)))
-        nodes.append(_constant(step + "cond", np.array(True)))
-        outputs = _copy_body(body, renamed, step, nodes)
-        states = outputs[1 : 1 + n]
+        iteration, true = tape.constant(np.array(t, np.int64)), tape.constant(np.array(True))
+        outputs = tape.copy(body, [iteration, true, *states], f"{prefix}__t{t}__")
+        states = list(outputs[1 : 1 + n])
         for k, value in enumerate(outputs[1 + n :]):
             per_step[k].append(value)
-    for i, final in enumerate(node.output[:n]):
-        if final:
-            nodes.append(helper.make_node("Identity", [states[i]], [final]))
-    for k, final in enumerate(node.output[n:]):
-        if final:
-            nodes += _stack(per_step[k], final, 0, f"{prefix}__out{k}", opset)
-    return nodes
+    return [*states, *(_stack(tape, values, 0, version) for values in per_step)]  # type: ignore[list-item]
 
 
-def _copy_body(body: onnx.GraphProto, renamed: dict[str, str], step: str, nodes: list[onnx.NodeProto]) -> list[str]:
-    """One iteration's copy of ``body`` appended to ``nodes`` (values renamed per step); its output names."""
-    for tensor in body.initializer:
-        renamed[tensor.name] = step + tensor.name
-        nodes.append(_constant(renamed[tensor.name], numpy_helper.to_array(tensor)))
-    for b in body.node:
-        for name in b.output:
-            if name:
-                renamed[name] = step + name
-    for b in body.node:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(b)
-        copy.name = step + b.name
-        copy.ClearField("input")
-        copy.ClearField("output")
-        copy.input.extend(renamed.get(x, x) for x in b.input)
-        copy.output.extend(renamed.get(x, x) for x in b.output)
-        nodes.append(copy)
-    return [renamed.get(v.name, v.name) for v in body.output]
+def _stack(tape: Nodes, values: Sequence[ir.Value], axis: int, version: int) -> ir.Value:
+    """``values`` stacked along a new ``axis`` (Unsqueeze each, then Concat)."""
+    if version >= 13:  # Unsqueeze's axes became an input in opset 13
+        axes = tape.constant(np.array([axis], np.int64))
+        stacked = [tape.op("Unsqueeze", [value, axes]) for value in values]
+    else:
+        stacked = [tape.op("Unsqueeze", [value], {"axes": [axis]}) for value in values]
+    return tape.op("Concat", stacked, {"axis": axis})
 
 
-def _stack(values: list[str], final: str, axis: int, prefix: str, opset: int) -> list[onnx.NodeProto]:
-    """``values`` stacked along a new ``axis`` into ``final`` (Unsqueeze each, then Concat)."""
-    nodes, stacked, axes = [], [], f"{prefix}_axis"
-    if opset >= 13:  # Unsqueeze's axes became an input in opset 13
-        nodes.append(_constant(axes, np.array([axis], np.int64)))
-    for t, value in enumerate(values):
-        stacked.append(f"{prefix}_t{t}")
-        if opset >= 13:
-            nodes.append(helper.make_node("Unsqueeze", [value, axes], [stacked[-1]]))
-        else:
-            nodes.append(helper.make_node("Unsqueeze", [value], [stacked[-1]], axes=[axis]))
-    nodes.append(helper.make_node("Concat", stacked, [final], axis=axis))
-    return nodes
+def _const(value: ir.Value | None) -> np.ndarray | None:
+    return None if value is None or value.const_value is None else value.const_value.numpy()
 
 
-def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    return constants
+def _ints(node: ir.Node, name: str, count: int) -> list[int]:
+    found = node.attributes.get(name)
+    return [int(v) for v in found.as_ints()] if found is not None else [0] * count
 
 
-def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name))
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-
-
-def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    try:
-        graph = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
-    except Exception:  # no shapes: nothing unrolls
-        return {}
-    shapes = {}
-    for v in [*graph.input, *graph.value_info, *graph.output]:
-        t = v.type.tensor_type
-        if v.type.HasField("tensor_type") and t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
-            shapes[v.name] = tuple(d.dim_value for d in t.shape.dim)
-    for tensor in graph.initializer:
-        shapes[tensor.name] = tuple(tensor.dims)
-    return shapes
+def _has_subgraphs(body: ir.Graph) -> bool:
+    return any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for b in body for a in b.attributes.values())

@@ -1,6 +1,6 @@
-"""Rules of the legalize step (``importable/legalize.py``), one module per family of ops.
+"""Rules of the legalize step (``importable/legalize.py``), one module per rule.
 
-A rule takes one main-graph node (with the graph's constants and inferred static shapes at hand,
-:class:`~aotforge.targets.tvm.importable.rules.base.Graph`) and returns the nodes that replace it,
-or None to leave it alone.
+Each is an onnxscript rewrite rule about one op (``base.NodeRule``): its check reads the node's
+inputs on the IR (constants, inferred static shapes and types) and fails with the reason it does
+not apply; its rewrite builds the replacement with the rewriter's op builder.
 """

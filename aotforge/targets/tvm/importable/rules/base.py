@@ -1,73 +1,146 @@
-"""What a legalize rule sees of the graph, and the helpers the rules share."""
+"""What a legalize rule is: an onnxscript rewrite rule about one op, and what the rules read of a value.
+
+A rule's pattern is its op (any inputs, attributes; a fixed count of outputs, as onnxscript's patterns
+have: a rule taking several counts is one rewrite rule per count). ``check_node`` says whether it
+applies, or why not (``MatchResult.fail(reason)``), and may keep what it found for ``rewrite_node``,
+which builds the replacement with the rewriter's op builder. Each rule runs once per node the graph
+had before the legalize step (never on what a rule made), only in the main graph, first match wins.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
 
 FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+MatchResult = pattern.MatchResult
 
 
 @dataclasses.dataclass
-class Graph:
-    """What a rule may look at: constants by name, static shapes and element types by name."""
+class RuleRun:
+    """What the rules of one legalize step share: the nodes they may rewrite, the opset, counts by rule."""
 
-    constants: dict[str, np.ndarray]
-    shapes: dict[str, tuple[int, ...]]
-    dtypes: dict[str, int]
-    names: set[str]
+    nodes: set[ir.Node]
+    graph: ir.Graph
     #: The model's ai.onnx opset: where ``axes`` is an attribute or an input.
-    opset: int = 22
+    opset: int
+    counts: Counter[str] = dataclasses.field(default_factory=Counter)
 
-    def fresh(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.names:
-            k += 1
-            name = f"{base}_{k}"
-        self.names.add(name)
-        return name
 
-    def constant(self, base: str, value: np.ndarray) -> tuple[str, onnx.NodeProto]:
-        name = self.fresh(base)
-        return name, helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name))
+class NodeRule(pattern.RewriteRuleClassBase):
+    """A rule about one op (see the module's docstring): subclasses set ``ops`` and write ``check_node`` and
+    ``rewrite_node``; ``report_name`` is the rule's key in the report."""
 
-    def axes_op(
-        self, op: str, inputs: list[str], outputs: list[str], axes: list[int], **attrs: Any
-    ) -> list[onnx.NodeProto]:
-        """``op`` (Unsqueeze, Squeeze or a Reduce*) over ``axes``, as an input or an attribute as the opset has it."""
-        as_input = self.opset >= (18 if op.startswith("Reduce") and op != "ReduceSum" else 13)
+    report_name: ClassVar[str]
+    ops: ClassVar[tuple[str, ...]]
+    #: The output counts it takes (one rewrite rule each).
+    outputs: ClassVar[Sequence[int]] = (1,)
+
+    def __init__(self, run: RuleRun, op_type: str, outputs: int) -> None:
+        super().__init__(f"{self.report_name}:{op_type}:{outputs}")
+        self.run, self.op_type, self.num_outputs = run, op_type, outputs
+        self.node: ir.Node | None = None
+
+    @classmethod
+    def rules(cls, run: RuleRun) -> list[pattern.RewriteRule]:
+        return [cls.rule(run, op_type, k) for op_type in cls.ops for k in cls.outputs]
+
+    def pattern(self, op: Any, x: Any) -> Any:
+        return getattr(op, self.op_type)(x, _allow_other_inputs=True, _outputs=self.num_outputs)
+
+    def check(self, op: Any, *args: Any, **kwargs: Any) -> MatchResult:
+        node = op.root  # ``op`` is the match context here (onnxscript's name for the argument)
+        if node not in self.run.nodes or node.graph is not self.run.graph:
+            return MatchResult().fail("made by a rule, or in a subgraph")
+        if node.domain not in ("", "ai.onnx") or len(node.outputs) != self.num_outputs:
+            return MatchResult().fail("another domain or count of outputs")
+        self.node = node
+        return self.check_node(node)
+
+    def rewrite(self, op: Any, *args: Any, **kwargs: Any) -> Any:
+        assert self.node is not None  # check ran first
+        outputs = self.rewrite_node(op, self.node)
+        self.run.counts[self.report_name] += 1
+        self.run.nodes.discard(self.node)
+        if not isinstance(outputs, (list, tuple)):
+            return outputs
+        # an output the node does not give (an empty name): a placeholder nothing reads
+        return [v if v is not None else op.Constant(value=ir.tensor(np.zeros(0, np.float32))) for v in outputs]
+
+    def check_node(self, node: ir.Node) -> MatchResult:
+        raise NotImplementedError
+
+    def rewrite_node(self, op: Any, node: ir.Node) -> Any:
+        raise NotImplementedError
+
+    def axes_op(self, op: Any, op_type: str, inputs: Sequence[Any], axes: Sequence[int], **attrs: Any) -> Any:
+        """``op_type`` (Unsqueeze, Squeeze or a Reduce*) over ``axes``, an input or an attribute as the opset has it."""
+        as_input = self.run.opset >= (18 if op_type.startswith("Reduce") and op_type != "ReduceSum" else 13)
         if not as_input:
-            return [make(op, inputs, outputs, axes=axes, **attrs)]
-        name, const = self.constant(f"{outputs[0]}_axes", np.array(axes, np.int64))
-        return [const, make(op, [*inputs, name], outputs, **attrs)]
-
-    def np_dtype(self, name: str) -> Any:
-        return helper.tensor_dtype_to_np_dtype(self.dtypes[name])
+            return getattr(op, op_type)(*inputs, axes=list(axes), **attrs)
+        return getattr(op, op_type)(*inputs, constant(op, np.array(axes, np.int64)), **attrs)
 
 
-Rule = Callable[[onnx.NodeProto, Graph], "list[onnx.NodeProto] | None"]
+def constant(op: Any, value: Any) -> Any:
+    return op.Constant(value=ir.tensor(np.asarray(value)))
 
 
-def attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
+def const(value: ir.Value | None) -> np.ndarray | None:
+    """The value's array when it is a constant (an initializer or a Constant node's)."""
+    if value is None or value.const_value is None:
+        return None
+    return value.const_value.numpy()
 
 
-def make(op: str, inputs: list[str], outputs: list[str], **attrs: Any) -> onnx.NodeProto:
-    return helper.make_node(op, inputs, outputs, **attrs)
+def shape(value: ir.Value | None) -> tuple[int, ...] | None:
+    """The value's static shape (a constant's own), else None."""
+    if value is None:
+        return None
+    if value.shape is not None and all(isinstance(d, int) for d in value.shape):
+        return tuple(int(d) for d in value.shape)  # type: ignore[arg-type]
+    array = const(value)
+    return None if array is None else tuple(array.shape)
 
 
-def through_dtype(op: onnx.NodeProto, g: Graph, dtype: int, back: int) -> list[onnx.NodeProto]:
-    """``op`` computed on its first input cast to ``dtype``, its first output cast back to ``back``."""
-    x, y = g.fresh(op.input[0] + "_as"), g.fresh(op.output[0] + "_as")
-    inner = onnx.NodeProto()
-    inner.CopyFrom(op)
-    inner.input[0], inner.output[0] = x, y
-    return [make("Cast", [op.input[0]], [x], to=dtype), inner, make("Cast", [y], [op.output[0]], to=back)]
+def dtype(value: ir.Value | None) -> int | None:
+    if value is None:
+        return None
+    if value.dtype is not None:
+        return int(value.dtype)
+    return None if value.const_value is None else int(value.const_value.dtype)
+
+
+def np_dtype(value: ir.Value | None) -> Any:
+    return onnx.helper.tensor_dtype_to_np_dtype(dtype(value))  # type: ignore[arg-type]
+
+
+def attr(node: ir.Node, name: str, default: Any = None) -> Any:
+    """An attribute's value (strings as str, lists as lists), or ``default``."""
+    found = node.attributes.get(name)
+    if found is None:
+        return default
+    value = found.value
+    return list(value) if isinstance(value, tuple) else value
+
+
+def input_(node: ir.Node, k: int) -> ir.Value | None:
+    """Input ``k``, or None where the node has fewer inputs or leaves it out."""
+    return node.inputs[k] if k < len(node.inputs) else None
+
+
+def attributes(node: ir.Node, *drop: str) -> dict[str, ir.Attr]:
+    return {name: a for name, a in node.attributes.items() if name not in drop}
+
+
+def through_dtype(op: Any, node: ir.Node, to: int, back: int) -> Any:
+    """``node`` computed on its first input cast to ``to``, its output cast back to ``back``."""
+    x = op.Cast(node.inputs[0], to=to)
+    inner = getattr(op, node.op_type)(x, *node.inputs[1:], **attributes(node))
+    return op.Cast(inner, to=back)

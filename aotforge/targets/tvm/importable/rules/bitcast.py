@@ -13,12 +13,13 @@ came out wrong through the target's full pipeline (node suite: test_bitcast_int6
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
+import onnx_ir as ir
 
-from aotforge.targets.tvm.importable.rules.base import Graph, attr, make
+from aotforge.targets.tvm.importable.rules.base import MatchResult, NodeRule, attr, constant, dtype, np_dtype
 
 INT64, DOUBLE = onnx.TensorProto.INT64, onnx.TensorProto.DOUBLE
 
@@ -42,47 +43,50 @@ class _Format:
 FORMATS = {4: _Format(8, 23), 8: _Format(11, 52)}
 
 
-def bitcast(node: onnx.NodeProto, g: Graph) -> list[onnx.NodeProto] | None:
+class BitCast(NodeRule):
     """BitCast between same-width integer types, or between float32 / float64 and integers of their width."""
-    if node.op_type != "BitCast" or node.input[0] not in g.dtypes:
-        return None
-    given, to = g.np_dtype(node.input[0]), np.dtype(helper.tensor_dtype_to_np_dtype(attr(node, "to")))
-    if given.itemsize != to.itemsize or given.kind not in "iuf" or to.kind not in "iuf":
-        return None
-    if given.kind in "iu" and to.kind in "iu":
-        return [make("Cast", [node.input[0]], list(node.output), to=attr(node, "to"))]
-    if given.itemsize not in FORMATS or (given.kind == "f") == (to.kind == "f"):
-        return None
-    if to.kind == "f" and to.itemsize == 8:  # the graph is right (ORT, relax.build), tvm's compiled kernels are not
-        return None
-    b = _Builder(g, node.output[0], [])
-    fmt = FORMATS[given.itemsize]
-    if given.kind == "f":
-        out = _float_to_bits(b, node.input[0], fmt, to)
-    else:
-        out = _bits_to_float(b, node.input[0], fmt, given)
-    b.nodes.append(make("Cast", [out], [node.output[0]], to=attr(node, "to")))
-    return b.nodes
+
+    report_name, ops = "bitcast", ("BitCast",)
+
+    def check_node(self, node: ir.Node) -> MatchResult:
+        if dtype(node.inputs[0]) is None:
+            return MatchResult().fail("input type unknown")
+        given, to = np.dtype(np_dtype(node.inputs[0])), np.dtype(onnx.helper.tensor_dtype_to_np_dtype(attr(node, "to")))
+        if given.itemsize != to.itemsize or given.kind not in "iuf" or to.kind not in "iuf":
+            return MatchResult().fail("not integers or floats of one width")
+        if given.kind in "iu" and to.kind in "iu":
+            return MatchResult()
+        if given.itemsize not in FORMATS or (given.kind == "f") == (to.kind == "f"):
+            return MatchResult().fail("not float32 / float64 and integers")
+        if to.kind == "f" and to.itemsize == 8:  # the graph is right (ORT, relax.build), tvm's compiled kernels are not
+            return MatchResult().fail("integers to float64 compile to wrong values through TVM")
+        return MatchResult()
+
+    def rewrite_node(self, op: Any, node: ir.Node) -> Any:
+        x, to_type = node.inputs[0], attr(node, "to")
+        given, to = np.dtype(np_dtype(x)), np.dtype(onnx.helper.tensor_dtype_to_np_dtype(to_type))
+        if given.kind in "iu" and to.kind in "iu":
+            return op.Cast(x, to=to_type)
+        b = _Builder(op)
+        fmt = FORMATS[given.itemsize]
+        out = _float_to_bits(b, x, fmt, to) if given.kind == "f" else _bits_to_float(b, x, fmt, given)
+        return op.Cast(out, to=to_type)
 
 
 @dataclasses.dataclass
 class _Builder:
-    g: Graph
-    base: str
-    nodes: list[onnx.NodeProto]
+    """The rewriter's op builder, with the names the bit arithmetic below reads best in."""
 
-    def const(self, value: np.ndarray) -> str:
-        name, node = self.g.constant(f"{self.base}_c", value)
-        self.nodes.append(node)
-        return name
+    builder: Any
 
-    def op(self, op: str, *inputs: str, **attrs: object) -> str:
-        out = self.g.fresh(f"{self.base}_{op.lower()}")
-        self.nodes.append(make(op, list(inputs), [out], **attrs))
-        return out
+    def const(self, value: np.ndarray) -> Any:
+        return constant(self.builder, value)
+
+    def op(self, op: str, *inputs: Any, **attrs: object) -> Any:
+        return getattr(self.builder, op)(*inputs, **attrs)
 
 
-def _bits_to_float(b: _Builder, x: str, fmt: _Format, given: np.dtype) -> str:
+def _bits_to_float(b: _Builder, x: Any, fmt: _Format, given: np.dtype) -> Any:
     """The float whose bits are ``x`` (any integer type of the width), as float64."""
     width = fmt.exponent + fmt.mantissa  # bits below the sign
     u = b.op("Cast", x, to=INT64)
@@ -117,7 +121,7 @@ def _bits_to_float(b: _Builder, x: str, fmt: _Format, given: np.dtype) -> str:
     return b.op("Mul", magnitude, b.op("Where", sign, b.const(np.array(-1.0)), b.const(np.array(1.0))))
 
 
-def _float_to_bits(b: _Builder, x: str, fmt: _Format, to: np.dtype) -> str:
+def _float_to_bits(b: _Builder, x: Any, fmt: _Format, to: np.dtype) -> Any:
     """The bits of float ``x`` as an int64 holding ``to``'s value."""
     width = fmt.exponent + fmt.mantissa
     v = b.op("Cast", x, to=DOUBLE)
