@@ -1,4 +1,4 @@
-"""What every import step is: an onnx-ir in-place pass (``passes/base.py``'s contract) whose stats are its report."""
+"""What every import step is: an onnx-ir in-place pass (``core/graph_pass.py``'s contract), its stats its report."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import onnx_ir as ir
 import onnx_ir.passes.common
 
-from aotforge.passes.base import GraphPass
+from aotforge.core.graph_pass import GraphPass
 
 
 class ImportStep(GraphPass):
