@@ -72,7 +72,7 @@ def configs(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     values: dict[str, Any] = {"num_attention_heads": heads, "num_key_value_heads": kv, "tie_word_embeddings": tied}
     if family in ("gemma", "qwen3", "llama"):  # head_dim is a config value of its own
         values["head_dim"] = head_dim
-        values["hidden_size"] = draw(st.integers(4, 16)) * 8
+        values["hidden_size"] = heads * draw(st.integers(2, 12)) * 4  # transformers checks hidden % heads
     else:
         values["hidden_size"] = heads * head_dim
     if family in ("llama", "qwen2", "mistral"):
