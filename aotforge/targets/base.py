@@ -111,6 +111,8 @@ class Target:
     worker_preload: ClassVar[tuple[str, ...]] = ()
     #: Packages a host needs beside aotforge to run this target's artifacts (an MLflow model's pip requirements).
     runtime_packages: ClassVar[tuple[str, ...]] = ()
+    #: Runs ONNX Runtime's com.microsoft contrib ops (what ``contrib_op_passes`` emit, e.g. MatMulNBits).
+    runs_contrib_ops: ClassVar[bool] = False
     #: What a build for this target asks a Ray cluster for beyond one CPU (``compiler/farm``).
     build_resources: ClassVar[Mapping[str, float]] = {}
 

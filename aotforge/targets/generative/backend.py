@@ -57,3 +57,5 @@ class GenerativeBackend:
     #: host ("onnx": the graphs over their weights; "torch": the causal LM's weights)
     bundle_plan: Callable[[DecoderSpec, Any], dict[str, Any]] | None = None
     graphs_from: str = ""
+    #: finishes another target's bundle of ONNX graphs (``graphs_from="onnx"``), running them as they are
+    finishes_onnx_bundles: bool = False

@@ -109,6 +109,7 @@ BACKEND = GenerativeBackend(
     rewrite_graphs=rewrite_graphs,
     pass_defaults=PASS_DEFAULTS,
     target_defaults=TARGET_DEFAULTS,
+    finishes_onnx_bundles=True,
 )
 
 

@@ -63,6 +63,7 @@ class OrtTarget(Target):
     name = "onnxruntime"
     options_type = OrtOptions
     worker_preload = ("onnxruntime",)
+    runs_contrib_ops = True
     runtime_packages = ("onnxruntime",)
 
     def probe(self) -> ProbeResult:
