@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from aotforge.compiler.options import BuildOptions
 from aotforge.core.decoder import TEXT_GENERATION
 from aotforge.core.errors import OptionsError
@@ -28,12 +31,18 @@ TEXT_GENERATION_ONLY = {
 }
 
 
+def _default(name: str) -> Any:
+    """A field's default, without making a whole ``BuildOptions`` (its pass list imports the passes: a direct
+    cache hit must not)."""
+    field = next(f for f in dataclasses.fields(BuildOptions) if f.name == name)
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default  # type: ignore[misc,operator]
+
+
 def refuse_inapplicable(opts: BuildOptions) -> None:
     """One error naming the options ``opts`` sets away from their defaults that its task does not read."""
     generative = opts.task == TEXT_GENERATION
     foreign = GRAPH_ONLY if generative else TEXT_GENERATION_ONLY
-    defaults = BuildOptions()
-    given = [flag for field, flag in foreign.items() if getattr(opts, field) != getattr(defaults, field)]
+    given = [flag for field, flag in foreign.items() if getattr(opts, field) != _default(field)]
     if not given:
         return
     if generative:
