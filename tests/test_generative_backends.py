@@ -11,7 +11,7 @@ from aotforge.compiler.generative.export import DECODE_ATTENTION
 from aotforge.core.errors import UnsupportedModelError
 from aotforge.targets import GENERATIVE
 from aotforge.targets.generative import generative_backend
-from aotforge.targets.generative.backend import GenerativeBackend
+from aotforge.targets.base import GenerativeBackend
 
 
 @pytest.mark.parametrize("target", sorted(GENERATIVE))

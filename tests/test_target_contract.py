@@ -24,7 +24,7 @@ from aotforge.core.spec import DimRange, IOSpec, TensorSpec
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets import GENERATIVE, TARGETS, generative_backend, get_target
 from aotforge.targets.base import BuildContext, ProbeResult, Target
-from aotforge.targets.generative.backend import GenerativeBackend
+from aotforge.targets.base import GenerativeBackend
 
 ROWS = IOSpec(
     inputs=(TensorSpec("x", "float32", ("batch", 8)),),

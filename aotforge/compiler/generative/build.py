@@ -37,9 +37,8 @@ from aotforge.core.errors import OptionsError, TargetUnavailableError, Unsupport
 from aotforge.core.options import options_from_dict
 from aotforge.passes import DEFAULT_PRESET, contrib_op_passes
 from aotforge.passes.manager import run_passes
-from aotforge.targets import GENERATIVE, generative_backend, get_target
-from aotforge.targets.base import Target
-from aotforge.targets.generative.backend import GenerativeBackend
+from aotforge.targets import generative_backend, get_target
+from aotforge.targets.base import DecoderInputs, GenerativeBackend, Target
 
 Progress = Callable[[str], None]
 
@@ -59,7 +58,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress, direct: Dire
     target_opts = _target_options(opts, target, backend)
     with contextlib.ExitStack() as resources:
         # The compile's worker starts now: its imports overlap loading and exporting the model.
-        worker = start_worker(target, isolation_of(opts), (*STAGE_PRELOAD, GENERATIVE[opts.target]))
+        worker = start_worker(target, isolation_of(opts), (*STAGE_PRELOAD, target.generative_module))
         if worker is not None:
             resources.enter_context(worker)
         stage = resources.enter_context(staging_dir(opts.out))
@@ -128,8 +127,6 @@ def _export(
     weights = save_shared(graphs, stage)
     for rel, file in sorted(source.files.items()):
         shutil.copyfile(file, stage / rel)
-    extra: dict[str, Any] = {"verify_width": verify_width} if verify_width else {}
-    extra |= {"passes": compile_passes} if compile_passes else {}
     info = {
         "decode_attention": attention,
         **({"decode_attention_plain_because": plain_why} if plain_why else {}),
@@ -143,7 +140,7 @@ def _export(
         spec=spec,
         ir_files=(*graphs, WEIGHTS_FILE),
         kept=tuple(sorted(source.files)),
-        compile_kwargs=extra,
+        inputs=DecoderInputs(verify_width=verify_width, passes=compile_passes),
         info=info,
         ir={"sha256": _graphs_sha(stage), "opset": prefill.opset_imports.get("", 0)},
         validate=_validator(source, spec, opts, quantized),

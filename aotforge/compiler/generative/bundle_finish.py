@@ -27,7 +27,8 @@ from aotforge.compiler.generative.validation import check_generation
 from aotforge.core.decoder import TEXT_GENERATION, DecoderSpec
 from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
-from aotforge.targets import GENERATIVE, generative_backend, get_target
+from aotforge.targets import generative_backend, generative_targets, get_target
+from aotforge.targets.base import DecoderInputs
 
 Progress = Callable[[str], None]
 
@@ -55,7 +56,7 @@ def finish_generative(
     # torch weights is traced by the target it was planned for only.
     backend = generative_backend(name)
     if name != data["target"] and not (graphs_from == "onnx" and backend.finishes_onnx_bundles):
-        others = " or ".join(n for n in GENERATIVE if generative_backend(n).finishes_onnx_bundles)
+        others = " or ".join(n for n in generative_targets() if generative_backend(n).finishes_onnx_bundles)
         also = f" or {others} (its ONNX graphs)" if graphs_from == "onnx" else ""
         raise OptionsError(f"a {data['target']} text-generation bundle finishes for {data['target']}{also}, not {name}")
     probe = target.probe()
@@ -103,14 +104,14 @@ def finish_generative(
         spec=spec,
         ir_files=compiled_from,
         kept=tuple(rel for rel in staged if rel not in compiled_from),
-        compile_kwargs={},
+        inputs=DecoderInputs(),
         info={"decode_attention": data["decode_attention"]},
         ir={"sha256": inputs_sha(path, graphs_from), "opset": int(draft["ir_opset"])},
         validate=validate,
         bench=bool(data["bench"] if bench is None else bench),
         stored_weights=lambda _stage: data["weights"],
         # A torch bundle's modules are made from the stage and cannot cross to a worker: traced here.
-        stage_kwargs=inputs.compile_kwargs if graphs_from == "torch" else None,
+        modules=inputs.modules if graphs_from == "torch" else None,
         after_compile=inputs.after_compile if graphs_from == "torch" else None,
     )
     toolchain = key_toolchain(name, probe)

@@ -24,7 +24,7 @@ def compile_decoder(request: DecoderRequest, channel: Any) -> dict[str, Any]:
     channel.phase(f"the {target.name} compile")
 
     def run(options: Any) -> CompileResult:
-        return backend.compile(request.stage, request.spec, options, channel.say, **request.compile_kwargs)
+        return backend.compile(request.stage, request.spec, options, channel.say, request.inputs)
 
     compiled, cache = compile_cached(
         target, request.options, request.stage, request.cache_dir, request.key, run, channel.say

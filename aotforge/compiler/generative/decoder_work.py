@@ -18,8 +18,7 @@ from aotforge.compiler.generative.benchmark import benchmark_generation
 from aotforge.compiler.isolation import run_isolated
 from aotforge.core.decoder import TEXT_GENERATION, DecoderSpec, prefill_io
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets.base import CompileResult
-from aotforge.targets.generative.backend import GenerativeBackend
+from aotforge.targets.base import CompileResult, DecoderInputs, GenerativeBackend
 
 #: The isolated compile's entry (``generative.decoder_stage``) and the modules its worker imports ahead.
 STAGE_CALL = "aotforge.compiler.generative.decoder_stage:compile_decoder"
@@ -36,8 +35,8 @@ class DecoderWork:
     #: the build cache, and the staged files it keeps beside them (a tokenizer).
     ir_files: tuple[str, ...]
     kept: tuple[str, ...]
-    #: What the compile takes besides the staged files, picklable (``verify_width``, ``passes``): keyed too.
-    compile_kwargs: Mapping[str, Any]
+    #: What the compile takes besides the staged files (``verify_width``, ``passes``): keyed too.
+    inputs: DecoderInputs
     #: The manifest's ``target.info`` beside the compile's (decode attention, fusions, speculative).
     info: Mapping[str, Any]
     #: ``target.info.weights`` from the compiled stage: the file the runner reads the weights from, its bytes.
@@ -48,14 +47,14 @@ class DecoderWork:
     #: references a bundle carries), quality where the passes change numerics; raises on a failure.
     validate: Callable[[Any, str, Progress], dict[str, Any]]
     bench: bool
-    #: Compile arguments made from the stage (a bundle's torch modules, which neuron traces): not picklable, so
-    #: a compile that takes them runs in this process.
-    stage_kwargs: Callable[[Path], Mapping[str, Any]] | None = None
+    #: ``DecoderInputs.modules`` made from the stage (a bundle's torch modules, which neuron traces): not
+    #: picklable, so a compile that takes them runs in this process.
+    modules: Callable[[Path], Mapping[str, Any] | None] | None = None
     #: What the compile leaves redundant in the stage (a bundle's safetensors, once traced).
     after_compile: Callable[[Path], None] | None = None
 
     def cache_key(self, toolchain: Mapping[str, str], passes: Sequence[Mapping[str, Any]]) -> CacheKey:
-        compile_key = {k: _plain(v) for k, v in sorted(self.compile_kwargs.items())}
+        compile_key = {"verify_width": self.inputs.verify_width, "passes": _plain(self.inputs.passes)}
         io = {"task": TEXT_GENERATION, "decoder": self.spec.to_dict(), "compile": compile_key, "info": self.info}
         return CacheKey(self.ir_files, io, toolchain, passes, kept=self.kept)
 
@@ -63,7 +62,7 @@ class DecoderWork:
         """The backend's compile through the build cache: in a spawned worker with the deadline where isolation is
         on (the artifact then loads here, for token validation against the source), else in this process."""
         key = self.cache_key(job.toolchain, job.passes)
-        if job.isolation.enabled and self.stage_kwargs is None and self.after_compile is None:
+        if job.isolation.enabled and self.modules is None and self.after_compile is None:
             request = DecoderRequest(
                 target=job.target.name,
                 options=job.target_options,
@@ -71,7 +70,7 @@ class DecoderWork:
                 cache_dir=job.cache_dir,
                 key=key,
                 spec=self.spec,
-                compile_kwargs=dict(self.compile_kwargs),
+                inputs=self.inputs,
             )
             stage_name = f"the {job.target.name} compile"
             result = run_isolated(
@@ -82,8 +81,8 @@ class DecoderWork:
             return Compiled(compiled, result["cache"])
 
         def run(options: Any) -> CompileResult:
-            extra = {**self.compile_kwargs, **(self.stage_kwargs(stage) if self.stage_kwargs else {})}
-            result = self.backend.compile(stage, self.spec, options, say, **extra)
+            inputs = dataclasses.replace(self.inputs, modules=self.modules(stage)) if self.modules else self.inputs
+            result = self.backend.compile(stage, self.spec, options, say, inputs)
             if self.after_compile is not None:
                 self.after_compile(stage)
             return result
@@ -112,7 +111,7 @@ class DecoderWork:
                 "graph": "prefill+decode (target kernels)",
                 "changes_numerics": True,
             }
-            for name, params in self.compile_kwargs.get("passes", {}).items()
+            for name, params in self.inputs.passes.items()
         ]
 
     def check(self, job: TailJob, stage: Path, record: TargetRecord, compiled: Compiled, say: Progress) -> Checked:
@@ -142,7 +141,7 @@ class DecoderRequest:
     cache_dir: Path | None
     key: CacheKey
     spec: DecoderSpec
-    compile_kwargs: dict[str, Any]
+    inputs: DecoderInputs
 
 
 def _weight_bytes(stage: Path) -> int:
