@@ -24,6 +24,7 @@ from aotforge.compiler.bundle_format import BUNDLE_JSON, VALIDATION_NPZ, json_va
 from aotforge.compiler.generative.bundle_inputs import bundle_inputs, inputs_sha
 from aotforge.compiler.generative.decoder_work import DecoderWork
 from aotforge.compiler.generative.validation import check_generation
+from aotforge.compiler.isolation import Isolation
 from aotforge.core.decoder import TEXT_GENERATION, DecoderSpec
 from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
@@ -129,6 +130,9 @@ def finish_generative(
             "bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]},
             **({"worker": dict(worker)} if worker else {}),
         },
+        # Compiled in this process, as before the one tail: finish has no isolation options yet, and the device
+        # SDK's stand-ins of tests/test_tensorrt_generative.py live in this process.
+        isolation=Isolation(enabled=False),
     )
     with staging_dir(out) as stage:
         for rel in staged:
