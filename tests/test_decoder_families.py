@@ -112,10 +112,14 @@ DEFAULT = ("gpt2-120x5", "gemma-96x4-d40-kv1", "phi3-96x4-kv2", "granite-96x4-kv
 
 def decoder(name: str) -> Any:
     """The causal LM of ``CONFIGS[name]``, seeded: random weights, 2 layers, vocab 500."""
+    return decoder_of(*CONFIGS[name])
+
+
+def decoder_of(family: str, values: dict[str, Any]) -> Any:
+    """A ``family`` causal LM with config ``values`` over the tests' defaults, seeded: random weights, 2 layers."""
     import torch
     import transformers as tf
 
-    family, values = CONFIGS[name]
     torch.manual_seed(0)
     if family == "gpt2":
         config = tf.GPT2Config(**_COMMON, n_layer=2, n_positions=128, bos_token_id=0, eos_token_id=0, **values)
@@ -131,6 +135,8 @@ def decoder(name: str) -> Any:
     if family == "phi3":
         return tf.Phi3ForCausalLM(tf.Phi3Config(**_COMMON, **_LLAMA_LIKE, pad_token_id=0, **values)).eval()
     classes = {
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
         "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),

@@ -36,6 +36,28 @@ def test_cli_generate(llama_ort: Any) -> None:
     assert no_text.exit_code != 0 and "no tokenizer" in no_text.output
 
 
+def test_cli_generate_prompt_is_a_chat_turn_where_the_model_has_a_template(chat_artifact: Path) -> None:
+    """``--prompt`` on an artifact carrying a chat template: the ids generate() gets are the template's user turn
+    (an instruct model answers it); ``--raw-prompt`` feeds the text as it is."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_artifact)
+    assert tokenizer.chat_template
+    turn = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, return_dict=True
+    )
+    raw = tokenizer("hi")["input_ids"]
+    assert list(turn["input_ids"]) != list(raw)
+    model = aotforge.load(chat_artifact)
+    for flags, ids in (([], list(turn["input_ids"])), (["--raw-prompt"], list(raw))):
+        ran = CliRunner().invoke(
+            main, ["generate", str(chat_artifact), "--prompt", "hi", "--max-new-tokens", "6", "--ignore-eos", *flags]
+        )
+        assert ran.exit_code == 0, ran.output
+        want = model.generate(np.array([ids]), 6)[0, len(ids) :].tolist()
+        assert [int(t) for t in ran.output.splitlines()[0].split()] == want, flags
+
+
 def test_cli_perplexity_equals_torch_on_the_same_windows(llama_ort: Any, tmp_path: Path) -> None:
     """``aotforge perplexity`` (prefill + decode steps, windows batched) == torch's full-sequence forward."""
     from aotforge.core.errors import EXIT_VALIDATION

@@ -1,4 +1,4 @@
-"""INT8 dynamic and static (QDQ) quantization: rewrites within tolerance, skips, idempotent.
+"""INT8 dynamic and static (QDQ) quantization: rewrites within tolerance, skips (idempotence: test_passes_idempotent).
 
 The accuracy budget: ``test_quantization_budget``; int8-dynamic's options: ``test_quantize_dynamic_options``,
 its QAttention: ``test_quantize_dynamic_attention``; static activations: ``test_quantize_static_activations``.
@@ -82,12 +82,3 @@ def test_skips_already_quantized_model(first: type) -> None:
         assert not pass_(model).modified
         assert "already quantized" in pass_.stats["skipped"]
     assert ir.serde.serialize_model(model).SerializeToString() == before
-
-
-@pytest.mark.parametrize("cls", [QuantizeStaticPass, QuantizeDynamicPass])
-def test_idempotent(cls: type) -> None:
-    model = cnn()
-    assert cls()(model).modified
-    ops = [n.op_type for n in model.graph]
-    assert not cls()(model).modified
-    assert [n.op_type for n in model.graph] == ops

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,25 @@ def test_llama_server_streams_completions() -> None:
     chunks = [json.loads(e) for e in events[:-1]]
     assert len(chunks) > 2  # streamed token by token, not one answer
     assert "Paris" in "".join(c["choices"][0]["text"] for c in chunks)
+
+
+def test_the_shipped_gguf_compiles_directly_and_answers_as_transformers(tmp_path: Path) -> None:
+    """``aotforge compile SmolLM2-135M-Instruct.Q4_1.gguf``: the task implied, the tokenizer and chat template
+    rebuilt from the file, and the greedy answer the converted directory's transformers model gives."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    import aotforge
+    from tools.real_model import smollm2_gguf
+
+    result = aotforge.build(
+        str(smollm2_gguf()), target="onnxruntime", out=tmp_path, bench=False, max_seq_len=256, max_batch=1
+    )
+    assert result.manifest.source["format"] == "gguf"
+    assert result.manifest.source["gguf"]["file_type"] == "MOSTLY_Q4_1"
+    tokenizer = AutoTokenizer.from_pretrained(result.path)
+    messages = [{"role": "user", "content": FRANCE}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    out = aotforge.load(result.path).generate(np.array([ids]), 32)
+    text = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+    assert text.startswith(answer(smollm2_dir(), FRANCE)[:24]) and "Paris" in text, text

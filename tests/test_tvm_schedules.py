@@ -165,30 +165,42 @@ def test_row_reductions_are_vectorized_and_keep_numerics() -> None:
     assert counts["cpu.Reduction"] == 0
 
 
-def test_long_reductions_are_blocked_along_k_and_keep_numerics() -> None:
-    """A BERT-style dense layer (K=512 > K_BLOCK) gets k blocks outside the i tiles."""
+@pytest.mark.parametrize(
+    ("m", "k", "n", "relu", "tile"),
+    [
+        (64, 512, 256, False, "k_block"),  # BERT-style: K=512 > K_BLOCK gets k blocks outside the i tiles
+        (37, 64, 96, True, 8),  # ViT-style token counts (patches + CLS) have no row tile that divides them:
+        (13, 64, 96, True, 8),  # 8-row tiles, the last one padded
+        (197, 64, 96, True, 8),
+    ],
+)
+def test_tiled_matmul_tiles_and_keeps_numerics(m: int, k: int, n: int, relu: bool, tile: int | str) -> None:
+    """TiledMatmul over a dense layer (+ bias, + ReLU): the loop the shape calls for, and the result within fp32's
+    summation error bound (k * eps * sum |a||w|) of the float64 product."""
     from tvm import te
 
     from aotforge.targets.tvm.schedules.matmul import K_BLOCK, TiledMatmul
 
-    m, k, n = 64, 512, 256
     a, w, bias = te.placeholder((1, m, k), name="A"), te.placeholder((k, n), name="W"), te.placeholder((n,), name="b")
     r = te.reduce_axis((0, k), name="k")
     c = te.compute((1, m, n), lambda b, i, j: te.sum(a[b, i, r] * w[r, j], axis=r), name="C")
-    d = te.compute((1, m, n), lambda b, i, j: c[b, i, j] + bias[j], name="D")
+    epilogue = (lambda x: te.max(x, 0.0)) if relu else (lambda x: x)
+    d = te.compute((1, m, n), lambda b, i, j: epilogue(c[b, i, j] + bias[j]), name="D")
     target = _target()
     with target:
         sch = TiledMatmul().apply(te.create_prim_func([a, w, bias, d]), target, False)
     assert sch is not None
     extents = [int(sch.get(loop).extent) for loop in sch.get_loops(sch.get_sblock("C_update"))]
-    assert K_BLOCK in extents, extents
+    assert (K_BLOCK if tile == "k_block" else tile) in extents, extents
 
     rng = np.random.default_rng(0)
     args = [rng.standard_normal(s, dtype=np.float32) for s in ((1, m, k), (k, n), (n,))]
     out = tvm.runtime.tensor(np.zeros((1, m, n), np.float32))
     tvm.compile(sch.mod, target=target)(*(tvm.runtime.tensor(x) for x in args), out)
     expected = args[0][0].astype(np.float64) @ args[1] + args[2]
-    assert np.abs(out.numpy()[0] - expected).max() < 1e-3
+    expected = np.maximum(expected, 0.0) if relu else expected
+    bound = k * np.finfo(np.float32).eps * (np.abs(args[0][0]) @ np.abs(args[1]) + np.abs(args[2]))
+    assert np.all(np.abs(out.numpy()[0] - expected) <= bound)
 
 
 @pytest.mark.parametrize("shape", [(1, 12, 64), (3, 48)])

@@ -85,32 +85,6 @@ def test_depthwise_and_grouped_convs_are_scheduled_and_exact(
     assert schedules["clip"]["rewritten"] == {"relax.clip": 2}
 
 
-@pytest.mark.parametrize("tokens", [37, 13, 197])
-def test_ragged_token_counts_pad_the_row_tile_and_stay_exact(tokens: int) -> None:
-    """ViT-style token counts (patches + CLS) have no row tile that divides them."""
-    from tvm import te
-
-    from aotforge.targets.tvm.schedules.matmul import TiledMatmul
-
-    k, n = 64, 96
-    a, w, b = te.placeholder((1, tokens, k), name="A"), te.placeholder((k, n), name="W"), te.placeholder((n,), name="b")
-    r = te.reduce_axis((0, k), name="k")
-    c = te.compute((1, tokens, n), lambda z, i, j: te.sum(a[z, i, r] * w[r, j], axis=r), name="C")
-    d = te.compute((1, tokens, n), lambda z, i, j: te.max(c[z, i, j] + b[j], 0.0), name="D")
-    target = _target()
-    with target:
-        sch = TiledMatmul().apply(te.create_prim_func([a, w, b, d]), target, False)
-    assert sch is not None
-    update = sch.get_loops(sch.get_sblock("C_update"))
-    assert 8 in [int(sch.get(loop).extent) for loop in update]  # 8-row tiles, the last one padded
-    rng = np.random.default_rng(0)
-    args = [rng.standard_normal(s, dtype=np.float32) for s in ((1, tokens, k), (k, n), (n,))]
-    out = tvm.runtime.tensor(np.zeros((1, tokens, n), np.float32))
-    tvm.compile(sch.mod, target=target)(*(tvm.runtime.tensor(x) for x in args), out)
-    expected = np.maximum(args[0][0].astype(np.float64) @ args[1] + args[2], 0.0)
-    assert np.abs(out.numpy()[0] - expected).max() < 1e-4
-
-
 def test_hardtanh_bounds_keep_numerics() -> None:
     """relax.clip with non-ReLU6 bounds becomes maximum / minimum with the same bounds."""
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Hardtanh(-0.5, 0.25)).eval()

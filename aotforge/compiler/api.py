@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from aotforge.compiler import build_direct
 from aotforge.compiler.build_result import BuildResult
+from aotforge.compiler.frontend_transformers import parse_task
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.recipe import load_recipe
 from aotforge.compiler.task_options import refuse_inapplicable
@@ -90,6 +91,8 @@ def build(
         overrides = {**overrides, "target": target}
     opts = resolve_options(options, recipe, overrides)
     say = progress or (lambda _msg: None)
+    if opts.task is None and isinstance(model, (str, Path)) and str(model).endswith(".gguf"):
+        opts = dataclasses.replace(opts, task=parse_task(TEXT_GENERATION))  # a GGUF file holds a causal LM
     if opts.speculative_k and opts.task != TEXT_GENERATION:  # a verify graph is a decoder's: refused, not dropped
         raise OptionsError(
             f"--speculative-k {opts.speculative_k} compiles a verify graph for text-generation builds only: "

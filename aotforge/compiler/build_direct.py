@@ -73,14 +73,14 @@ def plan(model: Any, opts: BuildOptions) -> DirectPlan:
         return DirectPlan(None, "no --cache-dir")
     generative = opts.task == TEXT_GENERATION
     if not isinstance(model, (str, Path)) or not (Path(model).suffix in (".py", ".onnx") or generative):
-        return DirectPlan(None, "direct mode needs a .py or .onnx model file (or a text-generation model directory)")
+        return DirectPlan(None, "direct mode needs a .py or .onnx model file (or a causal LM: a directory or file)")
     if opts.sample_inputs is not None and not isinstance(opts.sample_inputs, (str, Path)):
         return DirectPlan(None, "direct mode needs sample inputs as a file or directory, not arrays")
     if opts.prepare_only or opts.dump_ir is not None:
         return DirectPlan(None, "direct mode is off for --prepare-only and --dump-ir")
     path = Path(model)
-    if not (path.is_dir() if generative else path.is_file()):
-        return DirectPlan(None, f"{path} is not a {'directory' if generative else 'file'}")
+    if not (path.is_file() or (generative and path.is_dir())):
+        return DirectPlan(None, f"{path} is not a file{' or directory' if generative else ''}")
     options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in _UNKEYED}
     toolchain = toolchain_fingerprint()
     parts = {

@@ -14,7 +14,14 @@ from aotforge.core.errors import InputSpecError
 @click.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--prompt-ids", help="Comma-separated prompt token ids, e.g. 1,2,3.")
-@click.option("--prompt", help="Prompt text (the artifact must carry its model's tokenizer files).")
+@click.option(
+    "--prompt",
+    help="Prompt text (the artifact must carry its model's tokenizer files); one user turn of the model's chat "
+    "template where the artifact carries one.",
+)
+@click.option(
+    "--raw-prompt", is_flag=True, help="Feed --prompt as it is, not as a chat turn (for a completion, not an answer)."
+)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--do-sample", is_flag=True, help="Sample instead of greedy decoding.")
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
@@ -42,7 +49,13 @@ from aotforge.core.errors import InputSpecError
 @click.option("--stats", is_flag=True, help="With --draft: print the draft's acceptance rate after the tokens.")
 @user_errors
 def generate(
-    artifact: Path, prompt_ids: str | None, prompt: str | None, stats: bool, ignore_eos: bool, **kw: object
+    artifact: Path,
+    prompt_ids: str | None,
+    prompt: str | None,
+    raw_prompt: bool,
+    stats: bool,
+    ignore_eos: bool,
+    **kw: object,
 ) -> None:
     """Generate tokens after a prompt with a text-generation ARTIFACT; prints the new token ids (and text).
 
@@ -59,7 +72,7 @@ def generate(
     if kw["eos_token_id"] is None and not ignore_eos:
         stop = frozenset(eos_token_ids(artifact, tokenizer if tokenizer is not None else load_tokenizer(artifact)))
     if tokenizer is not None and prompt is not None:
-        ids = list(tokenizer(prompt)["input_ids"])
+        ids = _prompt_ids(tokenizer, prompt, chat=not raw_prompt)
     else:
         try:
             ids = [int(t) for t in str(prompt_ids).split(",") if t.strip()]
@@ -88,6 +101,20 @@ def generate(
             f"speculative: {s['accepted']}/{s['proposed']} draft tokens accepted ({s['acceptance_rate']:.0%}), "
             f"{s['rounds']} verify calls for {len(new)} tokens"
         )
+
+
+def _prompt_ids(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
+    """``prompt`` as one user turn of the model's chat template (an instruct model answers it), or as it is
+    where the model has no template or the user asks for the raw text."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": prompt}]
+        return [
+            int(t)
+            for t in tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        ]
+    return [int(t) for t in tokenizer(prompt)["input_ids"]]
 
 
 def _tokenizer(artifact: Path) -> Any:

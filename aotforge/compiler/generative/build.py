@@ -153,7 +153,7 @@ def _export(
         target=target,
         target_options=target_opts,
         work=work,
-        source={"format": source.format, "sha256": source.sha256, "task": TEXT_GENERATION},
+        source={"format": source.format, "sha256": source.sha256, "task": TEXT_GENERATION, **source.details},
         passes=pass_entries,
         toolchain=toolchain,
         cache_dir=opts.cache_dir,

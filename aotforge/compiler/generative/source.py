@@ -21,6 +21,10 @@ class CausalLM:
     sha256: str
     #: Files to copy into the artifact, by their name there.
     files: dict[str, Path] = dataclasses.field(default_factory=dict)
+    #: More about the source for the manifest's ``source`` record (a GGUF's architecture and quantization).
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: What holds a converted source's files (a GGUF's directory) on disk until the build has copied them.
+    scratch: Any = None
 
     @property
     def tokenizer_dir(self) -> Path | None:
@@ -30,17 +34,19 @@ class CausalLM:
 
 
 def load_causal_lm(model: Any, name: str | None = None) -> CausalLM:
-    """``model``: a transformers causal-LM directory, a ``.py`` file whose ``get_model()`` returns one,
-    or the ``PreTrainedModel`` itself."""
+    """``model``: a transformers causal-LM directory, a GGUF file, a ``.py`` file whose ``get_model()`` returns
+    one, or the ``PreTrainedModel`` itself."""
     if isinstance(model, (str, Path)):
         path = Path(model)
         if path.is_dir():
             return _from_dir(path, name)
         if path.suffix == ".py" and path.is_file():
             return _from_file(path, name)
+        if path.suffix == ".gguf" and path.is_file():
+            return _from_gguf(path, name)
         raise ModelLoadError(
-            f"{model} is neither a transformers model directory (config.json + safetensors) nor a .py file "
-            "with get_model(): give one of those for --task text-generation"
+            f"{model} is neither a transformers model directory (config.json + safetensors), a .gguf file nor a "
+            ".py file with get_model(): give one of those for --task text-generation"
         )
     return _checked(model, name or type(model).__name__.lower(), "torch", _weights_sha(model), {})
 
@@ -66,6 +72,16 @@ def _from_dir(path: Path, name: str | None) -> CausalLM:
             digest.update(file.name.encode() + file.read_bytes())
     files = {f: path / f for f in CARRIED_FILES if (path / f).is_file()}
     return _checked(model, name or path.name, "transformers", digest.hexdigest(), files)
+
+
+def _from_gguf(path: Path, name: str | None) -> CausalLM:
+    """The GGUF dequantized to fp32 into a directory of its own, loaded as a directory is; hashed as the file."""
+    from aotforge.compiler.generative.gguf_source import converted_directory, gguf_details, gguf_sha256
+
+    scratch = converted_directory(path)
+    loaded = _from_dir(Path(scratch.name) / "model", name or path.name.split(".")[0])
+    details = {"gguf": gguf_details(path)}
+    return dataclasses.replace(loaded, format="gguf", sha256=gguf_sha256(path), details=details, scratch=scratch)
 
 
 def _from_file(path: Path, name: str | None) -> CausalLM:

@@ -1,0 +1,141 @@
+"""Decoder configurations drawn per family (hypothesis), so that no fixed size hides a shape assumption: each
+draw builds for a drawn CPU target and generates greedy tokens equal to transformers' own, or the build refuses
+the model naming its family (exit 2) — never an internal error.
+
+What a draw varies, per family: heads and KV heads (multi-query to multi-head), head_dim (apart from hidden /
+heads where the family takes one), widths off the powers of two, tied or untied heads, biases, partial rotary,
+rope scaling (linear, YaRN, Llama 3), QK norms, parallel residuals, post-norm, the embedding and logit
+multipliers. The default run draws two (derandomized: the same two every run); ``make test-slow`` draws 25.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import aotforge
+from aotforge.core.errors import UnsupportedModelError
+from tests.llm_models import PROMPTS, TVM_BUCKETS, build_text_generation, left_padded, transformers_greedy
+from tests.test_decoder_families import decoder_of
+
+ROPE_SCALING = (
+    None,
+    {"rope_type": "linear", "factor": 2.0},
+    {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64},
+    {
+        "rope_type": "llama3",
+        "factor": 4.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+)
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    """A family and config values ``decoder_of`` builds."""
+    family = draw(
+        st.sampled_from(("llama", "qwen2", "mistral", "qwen3", "gemma", "phi3", "granite", "gpt2", "gpt_neox", "opt"))
+    )
+    heads = draw(st.integers(1, 6))
+    kv = draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0]))
+    head_dim = draw(st.sampled_from((8, 12, 16, 20, 24, 32, 40)))
+    tied = draw(st.booleans())
+    if family == "gpt2":
+        return family, {"n_embd": heads * head_dim, "n_head": heads, "tie_word_embeddings": tied}
+    if family == "opt":
+        return family, {
+            "hidden_size": heads * head_dim,
+            "num_attention_heads": heads,
+            "tie_word_embeddings": tied,
+            "do_layer_norm_before": draw(st.booleans()),
+        }
+    if family == "gpt_neox":
+        rope = {
+            "rope_theta": 10000.0,
+            "rope_type": "default",
+            "partial_rotary_factor": draw(st.sampled_from((0.25, 0.5, 1.0))),
+        }
+        return family, {
+            "hidden_size": heads * head_dim,
+            "num_attention_heads": heads,
+            "tie_word_embeddings": tied,
+            "use_parallel_residual": draw(st.booleans()),
+            "rope_parameters": rope,
+        }
+    values: dict[str, Any] = {"num_attention_heads": heads, "num_key_value_heads": kv, "tie_word_embeddings": tied}
+    if family in ("gemma", "qwen3", "llama"):  # head_dim is a config value of its own
+        values["head_dim"] = head_dim
+        values["hidden_size"] = draw(st.integers(4, 16)) * 8
+    else:
+        values["hidden_size"] = heads * head_dim
+    if family in ("llama", "qwen2", "mistral"):
+        scaling = draw(st.sampled_from(ROPE_SCALING))
+        if scaling is not None:
+            values["rope_parameters"] = {"rope_theta": 10000.0, **scaling}
+    if family == "llama":
+        values["attention_bias"] = draw(st.booleans())
+        values["mlp_bias"] = draw(st.booleans())
+    if family == "granite":
+        values["embedding_multiplier"] = draw(st.sampled_from((1.0, 12.0)))
+        values["logits_scaling"] = draw(st.sampled_from((1.0, 8.0)))
+    return family, values
+
+
+def _check(family: str, values: dict[str, Any], target: str, out: Path) -> None:
+    model = decoder_of(family, values)
+    options = {"target_options": TVM_BUCKETS} if target == "tvm" else {}
+    try:
+        result = build_text_generation(model, out, target=target, name="drawn", **options)
+    except UnsupportedModelError as e:  # a refusal is an answer; it must name the family
+        assert family in str(e), str(e)
+        return
+    assert result.manifest.validation["token_agreement"] == 1.0
+    ids, mask = left_padded()
+    got = aotforge.load(result.path).generate(ids, 12, attention_mask=mask)
+    for row, prompt in enumerate(PROMPTS):
+        assert got[row, ids.shape[1] :].tolist() == transformers_greedy(model, prompt, 12), (family, values, row)
+
+
+_SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]}
+
+
+@settings(max_examples=2, derandomize=True, database=None, **_SETTINGS)
+@given(drawn=configs(), target=st.sampled_from(("onnxruntime", "tvm")))
+def test_drawn_decoders_are_token_exact_or_refused(
+    drawn: tuple[str, dict[str, Any]], target: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    _check(*drawn, target, tmp_path_factory.mktemp("drawn"))
+
+
+@pytest.mark.slow
+@settings(max_examples=25, **_SETTINGS)
+@given(drawn=configs(), target=st.sampled_from(("onnxruntime", "tvm")))
+def test_many_drawn_decoders_are_token_exact_or_refused(
+    drawn: tuple[str, dict[str, Any]], target: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    _check(*drawn, target, tmp_path_factory.mktemp("drawn"))
+
+
+def test_the_strategy_draws_every_family() -> None:
+    """The strategy itself: every family it names builds a model of that family (a typo would silently shrink the
+    space the property covers)."""
+    families = set()
+
+    @settings(max_examples=30, derandomize=True, database=None, deadline=None)
+    @given(drawn=configs())
+    def collect(drawn: tuple[str, dict[str, Any]]) -> None:
+        family, values = drawn
+        model = decoder_of(family, values)
+        assert model.config.model_type == family
+        families.add(family)
+
+    collect()
+    assert len(families) >= 8, families
+    assert np.all([f in families for f in ("llama", "gpt2", "opt")])
