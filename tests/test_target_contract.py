@@ -22,9 +22,8 @@ from aotforge.core.errors import AotforgeError, OptionsError, UnsupportedModelEr
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets import GENERATIVE, TARGETS, generative_backend, get_target
-from aotforge.targets.base import BuildContext, ProbeResult, Target
-from aotforge.targets.generative.backend import GenerativeBackend
+from aotforge.targets import TARGETS, generative_backend, get_target
+from aotforge.targets.base import BuildContext, GenerativeBackend, ProbeResult, Target
 
 ROWS = IOSpec(
     inputs=(TensorSpec("x", "float32", ("batch", 8)),),
@@ -77,14 +76,15 @@ def test_target_is_named_as_in_the_table_and_subclasses_the_contract(target: Tar
 
 
 def test_generative_backend_is_a_module_of_the_targets_folder(target: Target) -> None:
-    """A target is one folder: its text-generation backend, where it has one, lives beside its ``Target`` and
-    gives the typed record the build line reads; the registry names no target it does not have."""
-    assert set(GENERATIVE) <= set(TARGETS)
-    if target.name not in GENERATIVE:
-        pytest.skip(f"{target.name} has no text-generation path")
+    """A target is one folder and one registry line: its text-generation backend, where it has one, lives beside
+    its ``Target`` (``generative_module``) and gives the typed record the build line reads."""
+    if not target.generative_module:
+        assert target.generative() is None
+        return
     folder = type(target).__module__.rpartition(".")[0]
-    assert folder != "aotforge.targets" and GENERATIVE[target.name].startswith(folder + "."), GENERATIVE[target.name]
-    assert isinstance(generative_backend(target.name), GenerativeBackend)
+    assert folder != "aotforge.targets" and target.generative_module.startswith(folder + "."), folder
+    backend = target.generative()
+    assert isinstance(backend, GenerativeBackend) and backend is generative_backend(target.name)
 
 
 def test_probe_says_why_when_unavailable(target: Target) -> None:
@@ -118,8 +118,8 @@ def test_plan_accepts_a_plain_model(target: Target) -> None:
 def test_plan_refuses_contrib_op_passes_except_onnxruntime(target: Target, emitting: str) -> None:
     options = options_from_dict(target.options_type, {}, what=target.name)
     ctx = _ctx(target.name, passes=(emitting,), contrib=(emitting,))
-    if target.name == "onnxruntime":
-        target.plan(_linear_onnx(), options, ctx)  # the one runtime that has those contrib ops
+    if target.runs_contrib_ops:
+        target.plan(_linear_onnx(), options, ctx)  # onnxruntime: the one runtime that has those contrib ops
         return
     with pytest.raises(UnsupportedModelError, match=rf"{target.name} cannot honour pass '{emitting}'"):
         target.plan(_linear_onnx(), options, ctx)
@@ -141,6 +141,9 @@ def test_optional_hooks_have_working_defaults(target: Target, tmp_path: Path) ->
     assert all(isinstance(v, dict) for v in target.pass_defaults.values())
     assert all(isinstance(p, str) and p for p in target.runtime_packages)
     assert all(isinstance(v, float) and v > 0 for v in target.build_resources.values())
+    assert isinstance(target.runs_contrib_ops, bool)
+    coverage = target.coverage(_linear_onnx(), ROWS, options)
+    assert coverage is None or {"direct", "refused"} <= set(coverage)
     if target.name != "tensorrt":  # tensorrt's plan checks Q/DQ placement: tests/test_tensorrt_target.py
         plan = target.bundle_plan(_linear_onnx(), options, _ctx(target.name))
         assert plan is None or json.loads(json.dumps(plan)) == plan

@@ -1,9 +1,10 @@
 """A content-addressed cache of target compiles, shared safely by concurrent builds.
 
 The key is the sha256 of its components: the canonical IR after passes (the bytes of the staged
-``model.onnx``), the pass list with parameters, the target and its options, the I/O spec the target
-compiles for, and the toolchain versions. Each component's own sha256 is stored with the entry, so
-a miss can say which component differs from the nearest entry. An entry is
+``model.onnx``; a text-generation build's graphs and their weights), the pass list with parameters,
+the target and its options, the I/O spec the target compiles for, and the toolchain versions. Each
+component's own sha256 is stored with the entry, so a miss can say which component differs from
+the nearest entry. An entry is
 ``<cache_dir>/<key[:2]>/<key>/``: the target's compiled files, the ``model.onnx`` they were
 compiled from (so a direct hit, ``artifacts.build_cache_direct``, can serve a whole artifact
 without running the frontend) and ``entry.json``, which carries
@@ -40,6 +41,9 @@ class CachedCompile:
     files: tuple[str, ...]
     target_info: Mapping[str, Any]
     toolchain: Mapping[str, str]
+    #: Files of the stage the compile removed (tvm's decoder repacks ``weights.data`` into a file of its own):
+    #: a hit removes them too, so the artifact holds what the compile left.
+    removed: tuple[str, ...] = ()
 
 
 def _digest_json(value: Any) -> str:
@@ -48,16 +52,21 @@ def _digest_json(value: Any) -> str:
 
 
 def key_components(
-    ir_file: Path,
+    ir_files: Path | Sequence[Path],
     passes: Sequence[Mapping[str, Any]],
     target: str,
     target_options: Mapping[str, Any],
     io: Mapping[str, Any],
     toolchain: Mapping[str, str],
 ) -> dict[str, str]:
-    """sha256 of each key component, by name (see ``COMPONENTS``)."""
+    """sha256 of each key component, by name (see ``COMPONENTS``).
+
+    ``ir_files``: the staged IR, or (text generation) its graphs and their weights, each digest under its name;
+    one file keys as its own sha256, so entries stored before graphs came in several files still hit."""
+    files = [ir_files] if isinstance(ir_files, Path) else list(ir_files)
+    ir_digest = sha256_file(files[0]) if len(files) == 1 else _digest_json([[f.name, sha256_file(f)] for f in files])
     return {
-        "ir": sha256_file(ir_file),
+        "ir": ir_digest,
         "passes": _digest_json(list(passes)),
         "target": _digest_json({"name": target, "options": dict(target_options)}),
         "io": _digest_json(dict(io)),
@@ -145,7 +154,10 @@ def lookup(cache_dir: Path, key: str, stage: Path, staged: Collection[str] = ())
         _discard(path)
         return None
     return CachedCompile(
-        files=tuple(data["files"]), target_info=data.get("target_info", {}), toolchain=data.get("toolchain", {})
+        files=tuple(data["files"]),
+        target_info=data.get("target_info", {}),
+        toolchain=data.get("toolchain", {}),
+        removed=tuple(rel for rel in data.get("removed", ()) if _safe(rel)),
     )
 
 
@@ -163,8 +175,11 @@ def store(
     files: Sequence[str],
     target_info: Mapping[str, Any],
     toolchain: Mapping[str, str],
+    removed: Sequence[str] = (),
 ) -> Path:
-    """Copy ``files`` from ``stage`` into a new entry; a concurrent writer of the same key wins quietly."""
+    """Copy ``files`` from ``stage`` into a new entry; a concurrent writer of the same key wins quietly.
+
+    ``removed``: staged files the compile deleted, which a hit deletes too (``CachedCompile.removed``)."""
     final = entry_dir(cache_dir, key)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=final.parent))
@@ -182,6 +197,7 @@ def store(
             "target_info": dict(target_info),
             "toolchain": dict(toolchain),
             "files": hashes,
+            **({"removed": sorted(removed)} if removed else {}),
         }
         (tmp / ENTRY_JSON).write_text(json.dumps(entry, sort_keys=True, indent=2, default=str) + "\n")
         try:

@@ -16,6 +16,7 @@ from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.frontend_transformers import parse_task
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.recipe import load_recipe
+from aotforge.compiler.task_options import refuse_inapplicable
 from aotforge.core.decoder import TEXT_GENERATION
 from aotforge.core.errors import OptionsError
 
@@ -92,15 +93,12 @@ def build(
     say = progress or (lambda _msg: None)
     if opts.task is None and isinstance(model, (str, Path)) and str(model).endswith(".gguf"):
         opts = dataclasses.replace(opts, task=parse_task(TEXT_GENERATION))  # a GGUF file holds a causal LM
-    if opts.task == TEXT_GENERATION:
-        from aotforge.compiler.generative.build import build_generative  # torch, transformers, the target
-
-        return build_generative(model, opts, say)
-    if opts.speculative_k:  # a verify graph is a decoder's: refused here, not silently dropped
+    if opts.speculative_k and opts.task != TEXT_GENERATION:  # a verify graph is a decoder's: refused, not dropped
         raise OptionsError(
             f"--speculative-k {opts.speculative_k} compiles a verify graph for text-generation builds only: "
             "add --task text-generation for a causal LM, or drop --speculative-k"
         )
+    refuse_inapplicable(opts)
     if example_inputs is not None:
         direct = build_direct.DirectPlan(None, "an nn.Module, not a file")
     else:
@@ -111,6 +109,10 @@ def build(
         served = build_direct.serve(direct, opts, say)
         if served is not None:
             return served
+    if opts.task == TEXT_GENERATION:
+        from aotforge.compiler.generative.build import build_generative  # torch, transformers, the target
+
+        return build_generative(model, opts, say, direct=direct)
     from aotforge.compiler.builder import build_resolved  # the full build line: torch, onnx, the target
 
     return build_resolved(model, opts, example_inputs=example_inputs, progress=say, direct=direct)

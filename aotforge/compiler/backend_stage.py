@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from aotforge.artifacts.store import MODEL_FILE
-from aotforge.compiler.compile_cache import compile_cached
+from aotforge.compiler.compile_cache import compile_cached, graph_cache_key
 from aotforge.compiler.source import Arrays
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets.base import BuildContext, CompileResult, Target
@@ -59,13 +59,11 @@ def compile_and_run(request: BackendRequest, channel: Any) -> dict[str, Any]:
     model = ir.load(request.stage / MODEL_FILE)
     compiled, cache = compile_cached(
         target,
-        model,
         request.options,
-        request.ctx,
         request.stage,
         request.cache_dir,
-        request.toolchain,
-        request.passes,
+        graph_cache_key(request.ctx, request.toolchain, request.passes),
+        lambda options: target.compile(model, options, request.ctx, request.stage),
         channel.say,
     )
     record = TargetRecord(target.name, dataclasses.asdict(request.options), dict(compiled.target_info))

@@ -39,9 +39,12 @@ from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import build_record, place_artifact, store_artifact
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.read_tracker import Reads, tracked
+from aotforge.core.decoder import PREFILL_FILE, TEXT_GENERATION
 from aotforge.core.errors import ArtifactError
 
 Progress = Callable[[str], None]
+#: An IR-level entry holding one of these holds the IR it was compiled from: a whole artifact (a graph's; a decoder's).
+IR_FILES = {MODEL_FILE, PREFILL_FILE}
 #: Options that decide where the artifact goes, not what it holds.
 _UNKEYED = (
     "out",
@@ -68,19 +71,20 @@ class DirectPlan:
 def plan(model: Any, opts: BuildOptions) -> DirectPlan:
     if opts.cache_dir is None:
         return DirectPlan(None, "no --cache-dir")
-    if not isinstance(model, (str, Path)) or Path(model).suffix not in (".py", ".onnx"):
-        return DirectPlan(None, "direct mode needs a .py or .onnx model file")
+    generative = opts.task == TEXT_GENERATION
+    if not isinstance(model, (str, Path)) or not (Path(model).suffix in (".py", ".onnx") or generative):
+        return DirectPlan(None, "direct mode needs a .py or .onnx model file (or a causal LM: a directory or file)")
     if opts.sample_inputs is not None and not isinstance(opts.sample_inputs, (str, Path)):
         return DirectPlan(None, "direct mode needs sample inputs as a file or directory, not arrays")
     if opts.prepare_only or opts.dump_ir is not None:
         return DirectPlan(None, "direct mode is off for --prepare-only and --dump-ir")
     path = Path(model)
-    if not path.is_file():
-        return DirectPlan(None, f"{path} is not a file")
+    if not (path.is_file() or (generative and path.is_dir())):
+        return DirectPlan(None, f"{path} is not a file{' or directory' if generative else ''}")
     options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in _UNKEYED}
     toolchain = toolchain_fingerprint()
     parts = {
-        "source": [str(path.resolve()), sha256_file(path)],
+        "source": [str(path.resolve()), tree_digest(path) if path.is_dir() else sha256_file(path)],
         "cwd": os.getcwd(),
         "options": options,
         "python": [toolchain["python"], toolchain["executable"]],
@@ -90,6 +94,14 @@ def plan(model: Any, opts: BuildOptions) -> DirectPlan:
     }
     components = {name: _digest([build_cache_direct.SCHEMA_VERSION, value]) for name, value in parts.items()}
     return DirectPlan(_digest(sorted(components.items())), "", components)
+
+
+def tree_digest(directory: Path) -> str:
+    """sha256 over a model directory's files (path and bytes): a text-generation source is a directory."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(file.relative_to(directory).as_posix().encode() + b"\0" + sha256_file(file).encode())
+    return digest.hexdigest()
 
 
 def _digest(value: Any) -> str:
@@ -112,7 +124,7 @@ def serve(direct: DirectPlan, opts: BuildOptions, say: Progress) -> BuildResult 
     place = place_artifact(opts.out, opts.name or safe_name(name), opts.version, opts.target, plots=False)
     with staging_dir(opts.out) as stage:
         hit = build_cache.lookup(opts.cache_dir, entry.key, stage)
-        if hit is None or MODEL_FILE not in hit.files:
+        if hit is None or not IR_FILES & set(hit.files):
             direct.reason = f"IR-level entry {entry.key[:12]} is missing or corrupt"
             return None
         cache = {
@@ -156,7 +168,7 @@ def remember(
 ) -> None:
     """After a full build (before ``finalize``), store its direct entry; one that read an unhashable file gets none."""
     assert direct.key is not None and opts.cache_dir is not None
-    if MODEL_FILE not in build_cache.entry_files(opts.cache_dir, key):
+    if not IR_FILES & build_cache.entry_files(opts.cache_dir, key):
         direct.reason = f"{direct.reason}; IR-level entry {key[:12]} predates direct mode (no {MODEL_FILE})"
         return
     skip = (str(opts.out), str(opts.cache_dir))  # the build's own outputs, not its inputs

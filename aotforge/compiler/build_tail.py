@@ -1,9 +1,13 @@
 """The one tail of every build: compile (through the cache) -> load -> validate -> benchmark -> manifest -> store.
 
-``build`` (``compiler.builder``) and ``finish`` (``compiler.bundle``) both end in
-:func:`compile_and_store`; a direct cache hit (``compiler.build_direct``) has nothing to compile
-and ends in :func:`store_artifact` like they do. This module stays light (no onnx, no target
-imported at module level): the direct hit goes through it.
+Every build ends in :func:`compile_and_store`: an encoder's (``compiler.builder``), a text-generation one's
+(``compiler.generative.build``), each target of a multi-target build and every bundle finished
+(``compiler.bundle``, ``compiler.generative.bundle_finish``). What differs between the tasks is a
+:class:`TailWork` (``compiler.encoder_work``, ``compiler.generative.decoder_work``): how the target compiles
+the staged IR, how the artifact is checked against its source and timed. :func:`make_manifest` is the one place a
+``Manifest`` is made: the tail's, a bundle's draft and a direct cache hit's all come from it. A direct cache hit
+(``compiler.build_direct``) has nothing to compile and ends in :func:`store_artifact` like the tail does. This
+module stays light (no onnx, no target imported at module level): the direct hit goes through it.
 """
 
 from __future__ import annotations
@@ -12,36 +16,25 @@ import dataclasses
 import datetime
 import platform
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from aotforge.artifacts.card_plots import latency_plot, manifest_plots
-from aotforge.artifacts.hashing import sha256_file
+from aotforge.artifacts.card_plots import manifest_plots
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.names import check_name, check_version
-from aotforge.artifacts.store import MODEL_FILE, artifact_path, finalize, next_version
-from aotforge.compiler.backend_stage import CALL, OUTPUTS, compiled_of, load_outputs, request_for
-from aotforge.compiler.bench import bench_artifact
-from aotforge.compiler.benchmark import BenchOptions
-from aotforge.compiler.compile_cache import compile_cached
-from aotforge.compiler.isolation import Isolation, Worker, run_isolated, take_worker
-from aotforge.compiler.source import Arrays
+from aotforge.artifacts.store import artifact_path, finalize, next_version
+from aotforge.compiler.isolation import Isolation, Worker, take_worker
 from aotforge.compiler.toolchain import toolchain_versions
-from aotforge.compiler.validation import validate
 from aotforge.core.errors import InputSpecError
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets.base import CompileResult
 
 if TYPE_CHECKING:
-    import onnx_ir as ir
-
-    from aotforge.targets.base import BuildContext, ProbeResult, Target
+    from aotforge.compiler.compile_cache import CacheKey
+    from aotforge.targets.base import CompileResult, ProbeResult, Target
 
 Progress = Callable[[str], None]
-Outputs = list[Arrays] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,12 +90,15 @@ def store_artifact(stage: Path, manifest: Manifest, place: ArtifactPlace) -> Man
     return stored
 
 
-def start_worker(target: Target, isolation: Isolation) -> Worker | None:
-    """A worker for the backend stage, importing what it will need while the build does its own work."""
+def start_worker(target: Target, isolation: Isolation, preload: Sequence[str] | None = None) -> Worker | None:
+    """A worker for the backend stage, importing what it will need while the build does its own work.
+
+    ``preload``: the modules of the stage's entry (default: the encoder's, ``compiler.backend_stage``)."""
     if not isolation.enabled or target.compiles_torch_program:
         return None
     module = type(target).__module__
-    return take_worker(isolation, ("aotforge.compiler.backend_stage", "onnx_ir", module, *target.worker_preload))
+    entry = ("aotforge.compiler.backend_stage", "onnx_ir") if preload is None else tuple(preload)
+    return take_worker(isolation, (*entry, module, *target.worker_preload))
 
 
 def key_toolchain(target: str, probe: ProbeResult) -> dict[str, str]:
@@ -112,21 +108,63 @@ def key_toolchain(target: str, probe: ProbeResult) -> dict[str, str]:
 
 
 @dataclasses.dataclass(frozen=True)
+class Compiled:
+    """What the compile step gives the rest of the tail."""
+
+    result: CompileResult
+    #: The manifest's ``build.cache`` record (None without ``--cache-dir``).
+    cache: dict[str, Any] | None
+    #: An isolated worker's outputs of the compiled artifact on the validation inputs (None: not run there).
+    outputs: list[Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """What checking the artifact against its source gives the manifest."""
+
+    validation: dict[str, Any]
+    benchmark: dict[str, Any] | None
+
+
+class TailWork(Protocol):
+    """What one task compiles and how it checks the result: all the tail leaves to the task."""
+
+    #: The staged files the compile reads and which others the cache keeps (``compiler.compile_cache``).
+    def cache_key(self, toolchain: Mapping[str, str], passes: Sequence[Mapping[str, Any]]) -> CacheKey: ...
+
+    def compile(self, job: TailJob, stage: Path, say: Progress) -> Compiled:
+        """The target's compile of the staged IR (through ``compile_cached``, isolated where the task can be)."""
+        ...
+
+    def target_info(self, stage: Path, compiled: CompileResult) -> dict[str, Any]:
+        """The manifest's ``target.info``: the compile's, with what the task adds."""
+        ...
+
+    def extra_passes(self, compiled: CompileResult) -> list[dict[str, Any]]:
+        """Entries of passes the target applied itself while compiling (the manifest lists them after the rest)."""
+        ...
+
+    def check(self, job: TailJob, stage: Path, record: TargetRecord, compiled: Compiled, say: Progress) -> Checked:
+        """Load, validate against the source (or the references a bundle carries), benchmark."""
+        ...
+
+    def ir_record(self, stage: Path) -> dict[str, Any]:
+        """The manifest's ``ir``: sha256 and opset of what the target compiled."""
+        ...
+
+    def io_record(self) -> dict[str, Any]:
+        """The manifest's ``io``."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
 class TailJob:
     """Everything the tail needs, whichever way the build got here (a build, or a bundle being finished)."""
 
     place: ArtifactPlace
-    model: ir.Model
     target: Target
     target_options: Any
-    ctx: BuildContext
-    #: Validation inputs and what the source model computes on them.
-    samples: Sequence[Arrays]
-    reference: Callable[[Arrays], Arrays]
-    #: The manifest's validation record so far (``compiler.validation.validation_plan``).
-    validation: Mapping[str, Any]
-    bench: BenchOptions | None
-    batch: int
+    work: TailWork
     source: Mapping[str, Any]
     passes: Sequence[Mapping[str, Any]]
     toolchain: Mapping[str, str]
@@ -140,39 +178,35 @@ class TailJob:
     worker: Worker | None = None
 
 
-def _compile(job: TailJob, stage: Path, say: Progress) -> tuple[CompileResult, dict[str, Any] | None, Outputs]:
-    """``compile_cached`` in this process, or (``isolation.enabled``) the compile and the validation runs
-    in a spawned worker whose files land in ``stage`` (``compiler.backend_stage``); then the third
-    value is the artifact's outputs on ``job.samples``, in their order."""
-    if not job.isolation.enabled or job.target.compiles_torch_program:
-        # A torch program does not cross to a worker; Neuron's SDK runs in its own worker process anyway.
-        compiled, cache = compile_cached(
-            job.target, job.model, job.target_options, job.ctx, stage, job.cache_dir, job.toolchain, job.passes, say
-        )
-        return compiled, cache, None
-    with tempfile.TemporaryDirectory(prefix="aotforge-worker-") as handoff:
-        request = request_for(
-            job.target,
-            options=job.target_options,
-            ctx=dataclasses.replace(job.ctx, torch_program=None),
-            stage=stage,
-            cache_dir=job.cache_dir,
-            toolchain=job.toolchain,
-            passes=job.passes,
-            samples=list(job.samples),
-            outputs_dir=Path(handoff),
-            run_deadline_s=job.isolation.run_deadline_s,
-        )
-        stage_name = f"the {job.target.name} compile"
-        result = run_isolated(CALL, request, stage=stage_name, limits=job.isolation, say=say, worker=job.worker)
-        outputs = load_outputs(Path(handoff) / OUTPUTS, result["outputs"])
-    return compiled_of(result), result["cache"], outputs
-
-
-def _replay(samples: Sequence[Arrays], outputs: Outputs) -> Callable[[Arrays], Arrays]:
-    """The worker's outputs, answered by sample (validation asks for exactly these samples)."""
-    by_id = {id(s): o for s, o in zip(samples, outputs or [], strict=True)}
-    return lambda sample: by_id[id(sample)]
+def make_manifest(
+    name: str,
+    version: int,
+    target: TargetRecord,
+    *,
+    toolchain: Mapping[str, str],
+    source: Mapping[str, Any],
+    ir: Mapping[str, Any],
+    passes: Sequence[Mapping[str, Any]],
+    io: Mapping[str, Any],
+    validation: Mapping[str, Any],
+    benchmark: Mapping[str, Any] | None,
+    build: Mapping[str, Any],
+) -> Manifest:
+    """The one place a manifest is made (the tail's, a bundle's draft); ``files`` are filled when it is stored."""
+    return Manifest(
+        name=name,
+        version=version,
+        target=target,
+        toolchain={**toolchain_versions(), **toolchain},
+        source=dict(source),
+        ir=dict(ir),
+        passes=[dict(p) for p in passes],
+        io=dict(io),
+        validation=dict(validation),
+        benchmark=dict(benchmark) if benchmark is not None else None,
+        files={},
+        build=dict(build),
+    )
 
 
 def compile_and_store(
@@ -182,45 +216,31 @@ def compile_and_store(
     say: Progress,
     before_store: Callable[[Manifest, dict[str, Any]], None] | None = None,
 ) -> Manifest:
-    """Compile ``job.model`` into ``stage`` (which holds the IR as ``model.onnx``) and store the artifact.
+    """Compile the IR staged in ``stage`` and store the artifact: the one tail of every build.
 
     ``before_store(manifest, cache_record)`` runs once the manifest is complete, before the rename:
     the direct cache records its entry there (and notes the outcome in the cache record).
     """
-    compiled, cache, outputs = _compile(job, stage, say)
-    record = TargetRecord(job.target.name, dataclasses.asdict(job.target_options), dict(compiled.target_info))
-    # Isolated, the artifact already ran every sample in the worker: this process never loads it
-    # (the benchmark runs in a process of its own too).
-    runner = job.target.load(stage, record, job.ctx.io) if outputs is None else None
-    run = runner.run if runner is not None else _replay(job.samples, outputs)
-    say("validating against the source model")
-    validation = validate(job.reference, run, job.samples, job.validation, model=job.place.name, target=job.target.name)
-    del runner, run  # its thread pool would spin beside the benchmark process
-    bench = None
-    if job.bench is not None:
-        say("benchmarking (in a process of its own)")
-        (timed,) = bench_artifact(
-            stage, job.samples[0], batch=job.batch, options=job.bench, staged=(record, job.ctx.io)
-        )
-        bench = timed.result
-        if job.place.plots:
-            latency_plot(stage, timed.times_ms, bench)
-    manifest = Manifest(
-        name=job.place.name,
-        version=job.place.version,
-        target=record,
-        toolchain={**toolchain_versions(), **compiled.toolchain},
-        source=dict(job.source),
-        ir={"sha256": sha256_file(stage / MODEL_FILE), "opset": job.model.opset_imports.get("", 0)},
-        passes=[dict(p) for p in job.passes],
-        io=job.ctx.io.to_dict(),
-        validation=validation,
-        benchmark=bench,
-        files={},
+    compiled = job.work.compile(job, stage, say)
+    info = job.work.target_info(stage, compiled.result)
+    record = TargetRecord(job.target.name, dataclasses.asdict(job.target_options), info)
+    checked = job.work.check(job, stage, record, compiled, say)
+    cache = compiled.cache
+    manifest = make_manifest(
+        job.place.name,
+        job.place.version,
+        record,
+        toolchain=compiled.result.toolchain,
+        source=job.source,
+        ir=job.work.ir_record(stage),
+        passes=[*job.passes, *job.work.extra_passes(compiled.result)],
+        io=job.work.io_record(),
+        validation=checked.validation,
+        benchmark=checked.benchmark,
         build=build_record(started, **job.build_extra, **({"cache": cache} if cache is not None else {})),
     )
     if job.place.plots:  # before before_store: the direct cache keeps them for its hits
-        manifest_plots(stage, validation, bench, job.passes)
+        manifest_plots(stage, manifest.validation, manifest.benchmark, manifest.passes)
     if before_store is not None and cache is not None:
         before_store(manifest, cache)
     say("writing the artifact (model card, plots, hashes)")

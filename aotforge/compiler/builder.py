@@ -26,6 +26,7 @@ from aotforge.compiler.build_plan import PlannedBuild
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact, start_worker
 from aotforge.compiler.bundle import prepare_bundle
+from aotforge.compiler.encoder_work import EncoderWork
 from aotforge.compiler.frontend_onnx import load_onnx
 from aotforge.compiler.frontend_torch import load_torch_file, load_torch_module
 from aotforge.compiler.frontend_transformers import load_transformers_dir
@@ -189,11 +190,8 @@ def isolation_of(opts: BuildOptions) -> Isolation:
 
 def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
     source = planned.source
-    return TailJob(
-        place=place,
+    work = EncoderWork(
         model=source.ir,
-        target=planned.target,
-        target_options=planned.target_options,
         ctx=planned.ctx,
         samples=planned.samples,
         reference=source.reference,
@@ -202,6 +200,12 @@ def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
         ),
         bench=opts.bench_options if opts.bench else None,
         batch=int(planned.sizes.get("batch", 1)),
+    )
+    return TailJob(
+        place=place,
+        target=planned.target,
+        target_options=planned.target_options,
+        work=work,
         source={"format": source.format, "sha256": source.sha256, **source.details},
         passes=planned.pass_entries,
         toolchain=key_toolchain(opts.target, planned.probe),

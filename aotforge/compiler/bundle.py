@@ -23,12 +23,11 @@ import numpy as np
 import onnx_ir as ir
 
 from aotforge.artifacts.hashing import hash_tree, sha256_file
-from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.store import staging_dir
 from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.build_plan import PlannedBuild
 from aotforge.compiler.build_result import BuildResult
-from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact
+from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, make_manifest, place_artifact
 from aotforge.compiler.bundle_format import (
     BUNDLE_FORMAT,
     BUNDLE_JSON,
@@ -38,6 +37,7 @@ from aotforge.compiler.bundle_format import (
     read_bundle,
     write_bundle_json,
 )
+from aotforge.compiler.encoder_work import EncoderWork
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
 from aotforge.compiler.validation import validation_plan
@@ -147,18 +147,17 @@ def prepare_bundle(planned: PlannedBuild, opts: BuildOptions, name: str) -> Buil
         files=source.files,
     )
     path = write_bundle(draft, opts.out, toolchain_versions())
-    manifest = Manifest(
-        name=name,
-        version=opts.version or 0,
-        target=TargetRecord(opts.target, dataclasses.asdict(planned.target_options)),
-        toolchain=toolchain_versions(),
-        source=dict(draft.source),
+    manifest = make_manifest(
+        name,
+        opts.version or 0,
+        TargetRecord(opts.target, dataclasses.asdict(planned.target_options)),
+        toolchain={},
+        source=draft.source,
         ir={"sha256": sha256_file(path / "model.onnx"), "opset": source.ir.opset_imports.get("", 0)},
-        passes=[dict(p) for p in draft.pass_entries],
+        passes=draft.pass_entries,
         io=planned.ctx.io.to_dict(),
         validation={**validation, "passed": False, "pending": "aotforge finish"},
         benchmark=None,
-        files={},
         build={"bundle": str(path)},
     )
     return BuildResult(path, manifest)
@@ -210,11 +209,8 @@ def finish(
             if rel != VALIDATION_NPZ:  # the IR, its external data and the source's files, byte for byte
                 (stage / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path / rel, stage / rel)
-        job = TailJob(
-            place=place,
+        work = EncoderWork(
             model=model,
-            target=target,
-            target_options=target_opts,
             ctx=ctx,
             samples=samples,
             reference=lambda x: lookup[id(x)],
@@ -224,6 +220,12 @@ def finish(
             },
             bench=_bench_options(data["bench"], bench),
             batch=int(draft["validation"]["bound_dims"].get("batch", 1)),
+        )
+        job = TailJob(
+            place=place,
+            target=target,
+            target_options=target_opts,
+            work=work,
             source=draft["source"],
             passes=draft["passes"],
             toolchain=key_toolchain(name, probe),

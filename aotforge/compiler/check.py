@@ -1,9 +1,9 @@
 """``aotforge check``: what a target's importer takes of a model, in seconds, before any compile.
 
 The model goes through the frontend (its IO spec and dim ranges, as a build resolves them) and the
-target's pre-flight: for ``tvm`` the ONNX-level import steps (``targets/tvm/importable``) and the
-importer's converter table, so every node it cannot take is named at once. Other targets have no
-op-level check yet: the build's own planning is theirs.
+target's pre-flight (``Target.coverage``; tvm: the ONNX-level import steps and the importer's converter
+table), so every node it cannot take is named at once. A target without one has no op-level check yet:
+the build's own planning is theirs.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from typing import Any
 
 from aotforge.core.errors import UnsupportedModelError
 from aotforge.core.spec import DimRange
-
-#: Targets with an op-coverage check.
-CHECKED = ("tvm",)
+from aotforge.targets import TARGETS
+from aotforge.targets.base import Target
 
 
 def check_model(
@@ -30,15 +29,19 @@ def check_model(
     from aotforge.core.spec import check_dims_used
     from aotforge.targets import get_target
 
-    if target not in CHECKED:
-        raise UnsupportedModelError(f"no op coverage check for target {target!r} yet (only {', '.join(CHECKED)})")
     chosen = get_target(target)
+    if not has_coverage(chosen):
+        checked = [n for n in TARGETS if has_coverage(get_target(n))]
+        raise UnsupportedModelError(f"no op coverage check for target {target!r} yet (only {', '.join(checked)})")
     options = options_from_dict(chosen.options_type, dict(target_options or {}), what=target)
     opts = BuildOptions(target=target, dynamic=tuple(dynamic), bench=False)
     source = _load(model, opts, None)  # the frontend, as a build runs it; no validation inputs are drawn
     io = dataclasses.replace(source.io, dims=_declared_dims(source.io, opts))
     check_dims_used(opts.dynamic, io)
     io = resolve_dims(io, io.dims, {})
-    from aotforge.targets.tvm.target import coverage_of
+    return chosen.coverage(source.ir, io, options) or {}
 
-    return dict(coverage_of(source.ir, io, options).to_info())
+
+def has_coverage(target: Target) -> bool:
+    """Whether ``target`` implements ``Target.coverage`` (the contract's default has no check)."""
+    return type(target).coverage is not Target.coverage

@@ -1,19 +1,16 @@
 """Deployment targets, imported lazily by name so no vendor SDK is needed to import aotforge.
 
-The registry: a target is one folder, ``targets/<name>/``, named here by its ``Target`` class and, where it
-builds text-generation artifacts, by the module of that folder whose ``BACKEND`` compiles and loads them.
+The registry: a target is one folder, ``targets/<name>/``, and one line here naming its ``Target`` class; the
+class names the module of its folder that builds text-generation artifacts, where it has one
+(``Target.generative_module``).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
 from aotforge.core.errors import OptionsError, UnsupportedModelError
-from aotforge.targets.base import BuildContext, CompileResult, ProbeResult, Runner, Target
-
-if TYPE_CHECKING:
-    from aotforge.targets.generative.backend import GenerativeBackend
+from aotforge.targets.base import BuildContext, CompileResult, GenerativeBackend, ProbeResult, Runner, Target
 
 #: Target name -> "module:Class". A table, not an import-time registry.
 TARGETS: dict[str, str] = {
@@ -21,16 +18,6 @@ TARGETS: dict[str, str] = {
     "onnxruntime": "aotforge.targets.onnxruntime.target:OrtTarget",
     "tensorrt": "aotforge.targets.tensorrt.target:TensorRTTarget",
     "neuron": "aotforge.targets.neuron.target:NeuronTarget",
-}
-
-#: Target name -> the module of its folder whose ``BACKEND`` (a ``generative.backend.GenerativeBackend``)
-#: compiles and loads the prefill / decode graphs; a target missing here has no text-generation path yet.
-#: tensorrt and neuron are planned here, compiled and run on the device host (--prepare-only + aotforge finish).
-GENERATIVE: dict[str, str] = {
-    "onnxruntime": "aotforge.targets.onnxruntime.decoder",
-    "tvm": "aotforge.targets.tvm.decoder.engine",
-    "tensorrt": "aotforge.targets.tensorrt.generative",
-    "neuron": "aotforge.targets.neuron.generative",
 }
 
 
@@ -46,19 +33,23 @@ def get_target(name: str) -> Target:
     return target
 
 
+def generative_targets() -> list[str]:
+    """The targets that build text-generation artifacts (``Target.generative_module``), in the registry's order."""
+    return [name for name in TARGETS if get_target(name).generative_module]
+
+
 def generative_backend(name: str) -> GenerativeBackend:
     """What compiles and loads target ``name``'s prefill + decode graphs, or a refusal naming those there are."""
-    dotted = GENERATIVE.get(name)
-    if dotted is None:
+    backend = get_target(name).generative() if name in TARGETS else None
+    if backend is None:
         raise UnsupportedModelError(
-            f"text-generation artifacts for {name} are not implemented yet; use --target {' or '.join(GENERATIVE)}"
+            f"text-generation artifacts for {name} are not implemented yet; use --target "
+            f"{' or '.join(generative_targets())}"
         )
-    backend: GenerativeBackend = importlib.import_module(dotted).BACKEND
     return backend
 
 
 __all__ = [
-    "GENERATIVE",
     "TARGETS",
     "BuildContext",
     "CompileResult",
@@ -66,5 +57,6 @@ __all__ = [
     "Runner",
     "Target",
     "generative_backend",
+    "generative_targets",
     "get_target",
 ]

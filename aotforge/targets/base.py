@@ -9,12 +9,14 @@ target to this contract.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import importlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
+from aotforge.core.decoder import WEIGHTS_FILE, DecoderSpec
 from aotforge.core.errors import UnsupportedModelError
 from aotforge.core.spec import IOSpec
 from aotforge.core.target_record import TargetRecord
@@ -27,6 +29,8 @@ __all__ = [
     "BuiltArtifact",
     "BuildContext",
     "CompileResult",
+    "DecoderInputs",
+    "GenerativeBackend",
     "ProbeResult",
     "Runner",
     "Target",
@@ -73,6 +77,66 @@ class BuildContext:
     workdir: Path | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class DecoderInputs:
+    """What a text-generation compile takes besides the staged graphs and the target's options."""
+
+    #: Tokens of the verify graph (speculative decoding, ``GenerativeBackend.speculative``); 0: none staged.
+    verify_width: int = 0
+    #: Parameters of the passes the backend applies itself while compiling (``GenerativeBackend.compile_passes``).
+    passes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: A bundle's prefill / decode torch modules (``graphs_from="torch"``), which the device host traces.
+    modules: Mapping[str, Any] | None = None
+
+
+#: ``(graphs by file name, spec) -> counts by rewrite``: a backend's own rewrites of the exported ONNX graphs
+GraphRewrite = Callable[[dict[str, Any], DecoderSpec], dict[str, dict[str, int]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerativeBackend:
+    """A target's compile and load of the prefill / decode (/ verify) graphs, and what its build path takes.
+
+    Each target with a text-generation path names the module of its folder that ends with
+    ``BACKEND = GenerativeBackend(...)`` (``Target.generative_module``), so mypy checks its hooks against the
+    signatures the build line calls. A hook a backend does not have is ``None``; a capability it lacks keeps the
+    field's default."""
+
+    #: ``(workdir, spec, target options, say, inputs) -> CompileResult`` over the staged graphs
+    compile: Callable[[Path, DecoderSpec, Any, Callable[[str], None], DecoderInputs], CompileResult]
+    #: ``(artifact dir, target record) -> runner`` with ``generate`` / ``stream``
+    load: Callable[[Path, TargetRecord], Any]
+    #: the decode graph's attention the export writes (``compiler.generative.export.DECODE_ATTENTION``)
+    decode_attention: str = "masked"
+    #: ``(causal LM, spec) -> why`` its ``decode_attention`` cannot run this model ('' when it can): the build
+    #: then exports ``"masked"`` attention (standard ops) and records the reason
+    decode_attention_refusal: Callable[[Any, DecoderSpec], str] | None = None
+    #: compiles a verify graph (``--speculative-k``, ``DecoderInputs.verify_width``)
+    speculative: bool = False
+    #: refuses, before the export, target options this path cannot honour
+    plan: Callable[[DecoderSpec, Any], object] | None = None
+    #: rewrites of the exported graphs before the passes, and after them
+    prepare_graphs: GraphRewrite | None = None
+    rewrite_graphs: GraphRewrite | None = None
+    #: passes the backend applies itself while compiling (not to the ONNX graphs, ``DecoderInputs.passes``),
+    #: and its refusal, before the export, of their parameters it cannot honour
+    compile_passes: frozenset[str] = frozenset()
+    check_compile_passes: Callable[[dict[str, Any]], None] | None = None
+    #: pass parameters of text-generation builds, under the user's (a decode step is not an encoder's batch)
+    pass_defaults: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    #: target options of text-generation builds, under the user's (onnxruntime: the thread pool's short spin)
+    target_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: the artifact file its runner reads the weights from, which the manifest's ``target.info.weights`` names:
+    #: the export's ``weights.data``, or what ``compile`` stores in its place (tvm: ``tvm_weights.data``)
+    weights_file: str = WEIGHTS_FILE
+    #: device targets, built through a bundle: the plan the bundle carries, and what it holds for the device
+    #: host ("onnx": the graphs over their weights; "torch": the causal LM's weights)
+    bundle_plan: Callable[[DecoderSpec, Any], dict[str, Any]] | None = None
+    graphs_from: str = ""
+    #: finishes another target's bundle of ONNX graphs (``graphs_from="onnx"``), running them as they are
+    finishes_onnx_bundles: bool = False
+
+
 class Runner(Protocol):
     """A loaded artifact: named numpy inputs in, named numpy outputs out."""
 
@@ -111,8 +175,13 @@ class Target:
     worker_preload: ClassVar[tuple[str, ...]] = ()
     #: Packages a host needs beside aotforge to run this target's artifacts (an MLflow model's pip requirements).
     runtime_packages: ClassVar[tuple[str, ...]] = ()
+    #: Runs ONNX Runtime's com.microsoft contrib ops (what ``contrib_op_passes`` emit, e.g. MatMulNBits).
+    runs_contrib_ops: ClassVar[bool] = False
     #: What a build for this target asks a Ray cluster for beyond one CPU (``compiler/farm``).
     build_resources: ClassVar[Mapping[str, float]] = {}
+    #: The module of this target's folder whose ``BACKEND`` builds text-generation artifacts ('' : none yet),
+    #: imported only when a text-generation build or load asks for it (``generative``).
+    generative_module: ClassVar[str] = ""
 
     def probe(self) -> ProbeResult:
         """Whether this host can compile / run for the target, and if not exactly why."""
@@ -138,8 +207,20 @@ class Target:
         """What a build bundle records of this target's plan, re-checked when the bundle is finished."""
         return None
 
+    def generative(self) -> GenerativeBackend | None:
+        """This target's text-generation backend (``generative_module``'s ``BACKEND``), None without one."""
+        if not self.generative_module:
+            return None
+        backend: GenerativeBackend = importlib.import_module(self.generative_module).BACKEND
+        return backend
+
     def check_host(self, artifact: BuiltArtifact) -> None:
         """Refuse, before loading anything, an artifact this host's toolchain or CPU cannot run."""
+
+    def coverage(self, model: ir.Model, io: IOSpec, options: Any) -> dict[str, Any] | None:
+        """``aotforge check``: what this target's importer takes of ``model`` op by op (``{"direct": {op: count},
+        "rewritten": {...}, "refused": [...]}``), in seconds, before any compile; None: no op-level check."""
+        return None
 
 
 def refuse_contrib_ops(target: str, model: ir.Model, ctx: BuildContext) -> None:

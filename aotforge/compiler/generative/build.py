@@ -1,9 +1,11 @@
-"""The text-generation build, one straight line: load the causal LM -> export prefill + decode over one
-weight file -> the target's compile -> load -> token-exact validation -> benchmark -> manifest -> store.
+"""The text-generation build, one straight line: load the causal LM -> export prefill + decode over one weight
+file -> the passes and the target's graph rewrites -> the build tail (``compiler.build_tail``: compile through the
+cache, load, token-exact validation, benchmark, manifest, store).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import shutil
@@ -12,15 +14,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from aotforge.artifacts.card_plots import manifest_plots
 from aotforge.artifacts.hashing import sha256_file
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.store import staging_dir
+from aotforge.compiler import read_tracker
+from aotforge.compiler.build_direct import DirectPlan
+from aotforge.compiler.build_direct import remember as remember_direct
 from aotforge.compiler.build_plan import pass_entry
 from aotforge.compiler.build_result import BuildResult
-from aotforge.compiler.build_tail import build_record, key_toolchain, place_artifact, store_artifact
-from aotforge.compiler.builder import target_passes
-from aotforge.compiler.generative.benchmark import benchmark_generation
+from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact, start_worker
+from aotforge.compiler.builder import isolation_of, target_passes
+from aotforge.compiler.generative.decoder_work import STAGE_PRELOAD, DecoderWork
 from aotforge.compiler.generative.export import decoder_spec, export_graphs, export_verify, save_shared
 from aotforge.compiler.generative.graphs import unsupported
 from aotforge.compiler.generative.pass_list import decoder_pass_options
@@ -28,33 +32,61 @@ from aotforge.compiler.generative.quality import validate_quality
 from aotforge.compiler.generative.source import CausalLM, load_causal_lm
 from aotforge.compiler.generative.validation import validate_generation
 from aotforge.compiler.options import BuildOptions
-from aotforge.compiler.toolchain import toolchain_versions
-from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, VERIFY_FILE, WEIGHTS_FILE, prefill_io
+from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, VERIFY_FILE, WEIGHTS_FILE, DecoderSpec
 from aotforge.core.errors import OptionsError, TargetUnavailableError, UnsupportedModelError
 from aotforge.core.options import options_from_dict
-from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET, contrib_op_passes
 from aotforge.passes.manager import run_passes
-from aotforge.targets import get_target
-from aotforge.targets.generative import generative_backend
-from aotforge.targets.generative.backend import GenerativeBackend
+from aotforge.targets import generative_backend, get_target
+from aotforge.targets.base import DecoderInputs, GenerativeBackend, Target
 
 Progress = Callable[[str], None]
-#: Targets whose text-generation builds are prepared as a bundle and finished on the device host.
-BUNDLED_TARGETS = ("tensorrt", "neuron")
 
 
-def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResult:
+def build_generative(model: Any, opts: BuildOptions, say: Progress, direct: DirectPlan | None = None) -> BuildResult:
     """Compile a causal LM for ``opts.target`` as a generative artifact (``load(path).generate``)."""
-    if opts.prepare_only or opts.target in BUNDLED_TARGETS:  # device targets: through a bundle (bundled.py)
+    target = get_target(opts.target)
+    if opts.prepare_only or generative_backend(opts.target).bundle_plan is not None:
+        # Device targets: prepared as a bundle, finished on the device host (bundled.py).
         from aotforge.compiler.generative.bundled import build_bundled
 
         return build_bundled(model, opts, say)
     started = time.perf_counter()
+    direct = direct or DirectPlan(None, "not planned")
     opts = decoder_pass_options(opts)
-    backend = _backend(opts)
-    target = get_target(opts.target)
+    backend = _backend(opts, target)
     target_opts = _target_options(opts, target, backend)
+    with contextlib.ExitStack() as resources:
+        # The compile's worker starts now: its imports overlap loading and exporting the model.
+        worker = start_worker(target, isolation_of(opts), (*STAGE_PRELOAD, target.generative_module))
+        if worker is not None:
+            resources.enter_context(worker)
+        stage = resources.enter_context(staging_dir(opts.out))
+        # Everything before the compile is what the direct mode skips: record the files it reads.
+        with read_tracker.recording(enabled=direct.key is not None) as reads:
+            source, job = _export(model, opts, say, target, target_opts, backend, stage)
+        job = dataclasses.replace(job, worker=worker)
+
+        def remember(manifest: Manifest, cache: dict[str, Any]) -> None:
+            if direct.key is not None:
+                remember_direct(direct, reads, cache["key"], manifest, source.name, opts, stage)
+                cache["direct"] = direct.reason
+
+        manifest = compile_and_store(job, stage, started, say, before_store=remember)
+    return BuildResult(job.place.path_of(manifest), manifest)
+
+
+def _export(
+    model: Any,
+    opts: BuildOptions,
+    say: Progress,
+    target: Target,
+    target_opts: Any,
+    backend: GenerativeBackend,
+    stage: Path,
+) -> tuple[CausalLM, TailJob]:
+    """The causal LM's graphs into ``stage`` (exported, through the passes and the target's rewrites), and the
+    tail's job for them."""
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
     spec = decoder_spec(source.model, opts.max_seq_len, opts.max_batch)
@@ -68,53 +100,75 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
         raise OptionsError(f"--speculative-k: {opts.target} text-generation artifacts have no verify graph yet")
     graph_passes, compile_passes = _graph_passes(opts, target, backend), _compile_passes(opts, target, backend)
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.plots)
-    with staging_dir(opts.out) as stage:
-        say("exporting the prefill and decode graphs")
-        attention, plain_why = _decode_attention(backend, source.model, spec)
-        prefill, decode = export_graphs(source.model, spec, place.name, decode_attention=attention)
-        graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
-        verify_width = opts.speculative_k + 1 if opts.speculative_k else 0
-        if verify_width:
-            say(f"exporting the verify graph (speculative decoding, up to {opts.speculative_k} draft tokens)")
-            graphs[VERIFY_FILE] = export_verify(source.model, spec, place.name, decode_attention=attention)
-        # The target's own graph rewrites (onnxruntime: MatMul packing before the passes, contrib ops after them).
-        prepare, rewrite = backend.prepare_graphs, backend.rewrite_graphs
-        rewrites = prepare(graphs, spec) if prepare is not None else {}
-        pass_entries = []
-        for file_name, graph in graphs.items():
-            graph_name = file_name.removesuffix(".onnx")
-            if graph_passes:
-                say(f"running passes on the {graph_name} graph: {', '.join(p.name for p in graph_passes())}")
-                pass_entries += [{**pass_entry(r), "graph": graph_name} for r in run_passes(graph, graph_passes())]
-        for name, counts in (rewrite(graphs, spec) if rewrite is not None else {}).items():
-            rewrites[name] = {**rewrites.get(name, {}), **counts}
-        # The passes are deterministic, so equal weights stay equal and save_shared still stores them once.
-        weights = save_shared(graphs, stage)
-        for rel, file in sorted(source.files.items()):
-            shutil.copyfile(file, stage / rel)
-        say(f"compiling for {opts.target}")
-        extra: dict[str, Any] = {"verify_width": verify_width} if verify_width else {}
-        extra |= {"passes": compile_passes} if compile_passes else {}
-        compiled = backend.compile(stage, spec, target_opts, say, **extra)
-        pass_entries += _compile_pass_entries(compile_passes, compiled.target_info)
-        info = {
-            **compiled.target_info,
-            "task": TEXT_GENERATION,
-            "decoder": spec.to_dict(),
-            "decode_attention": attention,
-            **({"decode_attention_plain_because": plain_why} if plain_why else {}),
-            **({"fusions": rewrites} if rewrites else {}),
-            "weights": _stored_weights(stage, weights, backend.weights_file),
-            **(
-                {"speculative": {"max_tokens": opts.speculative_k, "verify_width": verify_width}}
-                if verify_width
-                else {}
-            ),
-        }
-        record = TargetRecord(target.name, dataclasses.asdict(target_opts), info)
-        runner = backend.load(stage, record)
-        # A build that changes numerics is gated on quality (held-out perplexity), an fp32 one on exact tokens.
-        quantized = any(e.get("changes_numerics") for e in pass_entries)
+    say("exporting the prefill and decode graphs")
+    attention, plain_why = _decode_attention(backend, source.model, spec)
+    prefill, decode = export_graphs(source.model, spec, place.name, decode_attention=attention)
+    graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
+    verify_width = opts.speculative_k + 1 if opts.speculative_k else 0
+    if verify_width:
+        say(f"exporting the verify graph (speculative decoding, up to {opts.speculative_k} draft tokens)")
+        graphs[VERIFY_FILE] = export_verify(source.model, spec, place.name, decode_attention=attention)
+    # The target's own graph rewrites (onnxruntime: MatMul packing before the passes, contrib ops after them).
+    prepare, rewrite = backend.prepare_graphs, backend.rewrite_graphs
+    rewrites = prepare(graphs, spec) if prepare is not None else {}
+    pass_entries = []
+    for file_name, graph in graphs.items():
+        graph_name = file_name.removesuffix(".onnx")
+        if graph_passes:
+            say(f"running passes on the {graph_name} graph: {', '.join(p.name for p in graph_passes())}")
+            dump = opts.dump_ir / graph_name if opts.dump_ir is not None else None
+            records = run_passes(graph, graph_passes(), dump)
+            pass_entries += [{**pass_entry(r), "graph": graph_name} for r in records]
+    for name, counts in (rewrite(graphs, spec) if rewrite is not None else {}).items():
+        rewrites[name] = {**rewrites.get(name, {}), **counts}
+    if opts.dump_ir is not None:
+        _dump_compiled(graphs, opts.dump_ir, say)
+    # The passes are deterministic, so equal weights stay equal and save_shared still stores them once.
+    weights = save_shared(graphs, stage)
+    for rel, file in sorted(source.files.items()):
+        shutil.copyfile(file, stage / rel)
+    info = {
+        "decode_attention": attention,
+        **({"decode_attention_plain_because": plain_why} if plain_why else {}),
+        **({"fusions": rewrites} if rewrites else {}),
+        **({"speculative": {"max_tokens": opts.speculative_k, "verify_width": verify_width}} if verify_width else {}),
+    }
+    # A build that changes numerics is gated on quality (held-out perplexity), an fp32 one on exact tokens.
+    quantized = any(e.get("changes_numerics") for e in pass_entries) or bool(compile_passes)
+    work = DecoderWork(
+        backend=backend,
+        spec=spec,
+        ir_files=(*graphs, WEIGHTS_FILE),
+        kept=tuple(sorted(source.files)),
+        inputs=DecoderInputs(verify_width=verify_width, passes=compile_passes),
+        info=info,
+        ir={"sha256": _graphs_sha(stage), "opset": prefill.opset_imports.get("", 0)},
+        validate=_validator(source, spec, opts, quantized),
+        bench=opts.bench,
+        stored_weights=lambda staged: _stored_weights(staged, weights, backend.weights_file),
+    )
+    toolchain = key_toolchain(opts.target, target.probe())
+    job = TailJob(
+        place=place,
+        target=target,
+        target_options=target_opts,
+        work=work,
+        source={"format": source.format, "sha256": source.sha256, "task": TEXT_GENERATION, **source.details},
+        passes=pass_entries,
+        toolchain=toolchain,
+        cache_dir=opts.cache_dir,
+        build_extra={"toolchain_key": toolchain},
+        isolation=isolation_of(opts),
+    )
+    return source, job
+
+
+def _validator(
+    source: CausalLM, spec: DecoderSpec, opts: BuildOptions, quantized: bool
+) -> Callable[[Any, str, Progress], dict[str, Any]]:
+    """Greedy tokens against transformers; where the passes change numerics, quality gates the build instead."""
+
+    def validate(runner: Any, name: str, say: Progress) -> dict[str, Any]:
         say("validating greedy generation against transformers")
         validation = validate_generation(
             source.model,
@@ -123,34 +177,27 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
             seed=opts.seed,
             tolerance=opts.tolerance,
             min_agreement=opts.min_token_agreement,
-            name=place.name,
+            name=name,
             gate=not quantized,
         )
         if quantized:
             say("validating quality: held-out perplexity and KL against the fp32 model")
-            validation = _quality_validation(source, runner, spec, opts, place.name, validation)
-        bench = None
-        if opts.bench:
-            say("benchmarking generation")
-            bench = {"generation": benchmark_generation(runner, spec, _stored_weight_bytes(stage))}
-        manifest = Manifest(
-            name=place.name,
-            version=place.version,
-            target=record,
-            toolchain={**toolchain_versions(), **compiled.toolchain},
-            source={"format": source.format, "sha256": source.sha256, "task": TEXT_GENERATION, **source.details},
-            ir={"sha256": _graphs_sha(stage), "opset": prefill.opset_imports.get("", 0)},
-            passes=pass_entries,
-            io=prefill_io(spec).to_dict(),
-            validation=validation,
-            benchmark=bench,
-            files={},
-            build=build_record(started, toolchain_key=key_toolchain(opts.target, target.probe())),
-        )
-        if place.plots:
-            manifest_plots(stage, manifest.validation, manifest.benchmark, manifest.passes)
-        manifest = store_artifact(stage, manifest, place)
-    return BuildResult(place.path_of(manifest), manifest)
+            validation = _quality_validation(source, runner, spec, opts, name, validation)
+        return validation
+
+    return validate
+
+
+def _dump_compiled(graphs: Mapping[str, Any], dump_dir: Path, say: Progress) -> None:
+    """``--dump-ir``: each graph as the target compiles it (after the passes and the target's rewrites)."""
+    import onnx_ir as ir
+
+    for file_name, graph in graphs.items():
+        graph_name = file_name.removesuffix(".onnx")
+        path = dump_dir / graph_name / "compiled.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        say(f"writing the {graph_name} graph to {path}")
+        ir.save(graph, path, external_data="compiled.onnx.data")
 
 
 def _decode_attention(backend: GenerativeBackend, model: Any, spec: Any) -> tuple[str, str]:
@@ -183,9 +230,8 @@ def _quality_validation(
     }
 
 
-def _backend(opts: BuildOptions) -> GenerativeBackend:
+def _backend(opts: BuildOptions, target: Target) -> GenerativeBackend:
     """The target's generative backend; a target without one is refused before any work."""
-    target = get_target(opts.target)
     probe = target.probe()
     if not probe.compiles:
         raise TargetUnavailableError(f"target {opts.target} is not available on this host: {probe.reason}")
@@ -208,20 +254,6 @@ def _compile_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend)
     return passes
 
 
-def _compile_pass_entries(passes: dict[str, Any], target_info: Mapping[str, Any]) -> list[dict[str, Any]]:
-    stats = target_info.get("generative", {})
-    return [
-        {
-            "name": name,
-            "params": dataclasses.asdict(params),
-            "stats": stats.get(name.replace("-", "_"), {}),
-            "graph": "prefill+decode (target kernels)",
-            "changes_numerics": True,
-        }
-        for name, params in passes.items()
-    ]
-
-
 def _graph_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -> Callable[[], list[Any]] | None:
     """A factory of fresh pass instances (each graph records its own stats), or None without passes.
 
@@ -239,7 +271,7 @@ def _graph_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -
             f"{', '.join(sorted(GENERATIVE_PASSES))} (--precision int4 or int8, or --passes weight-only)"
         )
     contrib = contrib_op_passes(names)
-    if contrib and opts.target != "onnxruntime":
+    if contrib and not target.runs_contrib_ops:
         raise OptionsError(
             f"pass {', '.join(contrib)} emits ONNX Runtime contrib ops (MatMulNBits) that {opts.target} cannot run"
         )
@@ -261,12 +293,6 @@ def _stored_weights(stage: Path, exported: Mapping[str, int], file: str) -> dict
     if file != WEIGHTS_FILE:
         stored["exported_bytes"] = exported["weights_file_bytes"]
     return stored
-
-
-def _stored_weight_bytes(stage: Path) -> int:
-    """The weight files the artifact keeps, which its runner reads: the export's ``weights.data``, or what the
-    target stores in its place (tvm: the packed ``tvm_weights.data``)."""
-    return sum(p.stat().st_size for p in stage.glob("*.data"))
 
 
 def _target_options(opts: BuildOptions, target: Any, backend: GenerativeBackend) -> Any:

@@ -8,7 +8,6 @@ never needs the source model) and written through a staging directory, as every 
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -17,23 +16,20 @@ from typing import Any
 
 import numpy as np
 
-from aotforge.artifacts.card_plots import manifest_plots
 from aotforge.artifacts.hashing import sha256_file
-from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.store import staging_dir
 from aotforge.compiler.build_result import BuildResult
-from aotforge.compiler.build_tail import build_record, key_toolchain, place_artifact, store_artifact
+from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact
 from aotforge.compiler.bundle_format import BUNDLE_JSON, VALIDATION_NPZ, json_values, read_bundle
-from aotforge.compiler.generative.benchmark import benchmark_generation
 from aotforge.compiler.generative.bundle_inputs import bundle_inputs, inputs_sha
+from aotforge.compiler.generative.decoder_work import DecoderWork
 from aotforge.compiler.generative.validation import check_generation
-from aotforge.compiler.toolchain import toolchain_versions
-from aotforge.core.decoder import TEXT_GENERATION, DecoderSpec, prefill_io
+from aotforge.compiler.isolation import Isolation
+from aotforge.core.decoder import TEXT_GENERATION, DecoderSpec
 from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
-from aotforge.core.target_record import TargetRecord
-from aotforge.targets import get_target
-from aotforge.targets.generative import generative_backend
+from aotforge.targets import generative_backend, generative_targets, get_target
+from aotforge.targets.base import DecoderInputs
 
 Progress = Callable[[str], None]
 
@@ -48,6 +44,7 @@ def finish_generative(
     progress: Progress | None = None,
     worker: Mapping[str, Any] | None = None,
     plots: bool = True,
+    cache_dir: Path | None = None,
 ) -> BuildResult:
     """Compile a checked text-generation bundle (``compiler.bundle.read_bundle``), validate it token for token
     against the references it carries, benchmark, and store the artifact."""
@@ -55,16 +52,17 @@ def finish_generative(
     say = progress or (lambda _msg: None)
     name = target_name or data["target"]
     graphs_from = data["graphs_from"]
-    if name != data["target"] and not (name == "onnxruntime" and graphs_from == "onnx"):
-        raise OptionsError(
-            f"a {data['target']} text-generation bundle finishes for {data['target']}"
-            f"{' or onnxruntime (its ONNX graphs)' if graphs_from == 'onnx' else ''}, not {name}"
-        )
     target = get_target(name)
+    # A bundle of ONNX graphs may be finished by a target that runs them as they are (onnxruntime); a bundle of
+    # torch weights is traced by the target it was planned for only.
+    backend = generative_backend(name)
+    if name != data["target"] and not (graphs_from == "onnx" and backend.finishes_onnx_bundles):
+        others = " or ".join(n for n in generative_targets() if generative_backend(n).finishes_onnx_bundles)
+        also = f" or {others} (its ONNX graphs)" if graphs_from == "onnx" else ""
+        raise OptionsError(f"a {data['target']} text-generation bundle finishes for {data['target']}{also}, not {name}")
     probe = target.probe()
     if not probe.available:
         raise TargetUnavailableError(f"cannot finish {path} for {name} on this host: {probe.reason}")
-    backend = generative_backend(name)
     target_opts = options_from_dict(
         target.options_type, data["target_options"] if name == data["target"] else {}, what=name
     )
@@ -82,26 +80,11 @@ def finish_generative(
     prompts, references = _load_references(path, int(data["validation"]["prompts"]))
     draft = data["manifest_draft"]
     place = place_artifact(out, draft["name"], draft["version"], name, plots=plots)
-    with staging_dir(out) as stage:
-        for rel in data["files"]:
-            if rel != VALIDATION_NPZ:
-                (stage / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path / rel, stage / rel)
-        inputs = bundle_inputs(graphs_from)
-        say(f"compiling for {name}")
-        compiled = backend.compile(stage, spec, target_opts, say, **inputs.compile_kwargs(stage))
-        inputs.after_compile(stage)
-        info = {
-            **compiled.target_info,
-            "task": TEXT_GENERATION,
-            "decoder": spec.to_dict(),
-            "decode_attention": data["decode_attention"],
-            "weights": data["weights"],
-        }
-        record = TargetRecord(target.name, dataclasses.asdict(target_opts), info)
-        runner = backend.load(stage, record)
+    inputs = bundle_inputs(graphs_from)
+    checked = data["validation"]
+
+    def validate(runner: Any, artifact: str, say: Progress) -> dict[str, Any]:
         say("validating greedy generation against the references in the bundle")
-        checked = data["validation"]
         validation = check_generation(
             prompts,
             references,
@@ -110,38 +93,52 @@ def finish_generative(
             seed=int(checked["seed"]),
             tolerance=float(checked["tolerance"]),
             min_agreement=float(checked["min_token_agreement"]),
-            name=place.name,
+            name=artifact,
         )
         validation["reference"] += " (tokens and logits stored in the bundle)"
-        run_bench = data["bench"] if bench is None else bench
-        bench_record = None
-        if run_bench:
-            say("benchmarking generation")
-            bench_record = {
-                "generation": benchmark_generation(runner, spec, int(data["weights"]["weights_file_bytes"]))
-            }
-        manifest = Manifest(
-            name=place.name,
-            version=place.version,
-            target=record,
-            toolchain={**toolchain_versions(), **compiled.toolchain},
-            source=dict(draft["source"]),
-            ir={"sha256": inputs_sha(path, graphs_from), "opset": int(draft["ir_opset"])},
-            passes=list(draft["passes"]),
-            io=prefill_io(spec).to_dict(),
-            validation=validation,
-            benchmark=bench_record,
-            files={},
-            build=build_record(
-                started,
-                toolchain_key=key_toolchain(name, probe),
-                bundle={"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]},
-                **({"worker": dict(worker)} if worker else {}),
-            ),
-        )
-        if place.plots:
-            manifest_plots(stage, manifest.validation, manifest.benchmark, manifest.passes)
-        manifest = store_artifact(stage, manifest, place)
+        return validation
+
+    staged = tuple(rel for rel in data["files"] if rel != VALIDATION_NPZ)
+    compiled_from = tuple(inputs.compiled_files(path))
+    work = DecoderWork(
+        backend=backend,
+        spec=spec,
+        ir_files=compiled_from,
+        kept=tuple(rel for rel in staged if rel not in compiled_from),
+        inputs=DecoderInputs(),
+        info={"decode_attention": data["decode_attention"]},
+        ir={"sha256": inputs_sha(path, graphs_from), "opset": int(draft["ir_opset"])},
+        validate=validate,
+        bench=bool(data["bench"] if bench is None else bench),
+        stored_weights=lambda _stage: data["weights"],
+        # A torch bundle's modules are made from the stage and cannot cross to a worker: traced here.
+        modules=inputs.modules if graphs_from == "torch" else None,
+        after_compile=inputs.after_compile if graphs_from == "torch" else None,
+    )
+    toolchain = key_toolchain(name, probe)
+    job = TailJob(
+        place=place,
+        target=target,
+        target_options=target_opts,
+        work=work,
+        source=draft["source"],
+        passes=draft["passes"],
+        toolchain=toolchain,
+        cache_dir=cache_dir,
+        build_extra={
+            "toolchain_key": toolchain,
+            "bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]},
+            **({"worker": dict(worker)} if worker else {}),
+        },
+        # Compiled in this process, as before the one tail: finish has no isolation options yet, and the device
+        # SDK's stand-ins of tests/test_tensorrt_generative.py live in this process.
+        isolation=Isolation(enabled=False),
+    )
+    with staging_dir(out) as stage:
+        for rel in staged:
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path / rel, stage / rel)
+        manifest = compile_and_store(job, stage, started, say)
     return BuildResult(place.path_of(manifest), manifest)
 
 
@@ -164,7 +161,9 @@ def finish_bundle(
     """``aotforge finish``: a text-generation bundle here, any other through ``compiler.bundle.finish``."""
     data = read_bundle(path)
     if data.get("task") == TEXT_GENERATION:
-        return finish_generative(path, data, out, target_name=target_name, bench=bench, progress=progress)
+        return finish_generative(
+            path, data, out, target_name=target_name, bench=bench, progress=progress, cache_dir=cache_dir
+        )
     from aotforge.compiler.bundle import finish
 
     return finish(path, out, target_name=target_name, bench=bench, cache_dir=cache_dir, progress=progress)

@@ -31,8 +31,8 @@ class BundleInputs(Protocol):
         """A step engine over the written inputs on this CPU, and a line saying what it runs."""
         ...
 
-    def compile_kwargs(self, stage: Path) -> dict[str, Any]:
-        """What the backend's ``compile`` takes besides the staged files."""
+    def modules(self, stage: Path) -> Mapping[str, Any] | None:
+        """The torch modules the backend's ``compile`` traces (``DecoderInputs.modules``), None for ONNX graphs."""
         ...
 
     def after_compile(self, stage: Path) -> None:

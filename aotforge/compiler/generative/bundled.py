@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from aotforge.artifacts.hashing import hash_tree
-from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.names import check_name
 from aotforge.artifacts.store import staging_dir
 from aotforge.compiler.build_result import BuildResult
+from aotforge.compiler.build_tail import make_manifest
 from aotforge.compiler.bundle_format import (
     BUNDLE_FORMAT,
     VALIDATION_NPZ,
@@ -73,7 +73,9 @@ def build_bundled(model: Any, opts: BuildOptions, say: Progress) -> BuildResult:
     with staging_dir(opts.out) as tmp:
         prepared = prepare_generative(model, dataclasses.replace(opts, out=tmp), say, cpu_check=False)
         data = read_bundle(prepared.path)
-        return finish_generative(prepared.path, data, opts.out, bench=opts.bench, progress=say, plots=opts.plots)
+        return finish_generative(
+            prepared.path, data, opts.out, bench=opts.bench, progress=say, plots=opts.plots, cache_dir=opts.cache_dir
+        )
 
 
 def _bundle_plan(target: str) -> Callable[[DecoderSpec, Any], dict[str, Any]]:
@@ -162,18 +164,17 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
         write_bundle_json(stage, body)
         final.parent.mkdir(parents=True, exist_ok=True)
         os.rename(stage, final)
-    manifest = Manifest(
-        name=name,
-        version=opts.version or 0,
-        target=TargetRecord(opts.target, dataclasses.asdict(target_opts), {"task": TEXT_GENERATION, "plan": plan}),
-        toolchain=toolchain_versions(),
-        source=dict(body["manifest_draft"]["source"]),  # type: ignore[index]
+    manifest = make_manifest(
+        name,
+        opts.version or 0,
+        TargetRecord(opts.target, dataclasses.asdict(target_opts), {"task": TEXT_GENERATION, "plan": plan}),
+        toolchain={},
+        source=body["manifest_draft"]["source"],  # type: ignore[index]
         ir={"sha256": inputs_sha(final, graphs_from), "opset": opset},
         passes=[],
         io={},
         validation={**validation, "cpu_check": check, "passed": False, "pending": "aotforge finish"},
         benchmark=None,
-        files={},
         build={"bundle": str(final)},
     )
     return BuildResult(final, manifest)

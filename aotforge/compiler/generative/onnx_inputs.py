@@ -27,8 +27,8 @@ class OnnxGraphs:
         engine = OrtStepEngine(stage, spec, session_options(OrtOptions()), ["CPUExecutionProvider"])
         return engine, "onnxruntime CPU over the bundle's prefill.onnx / decode.onnx"
 
-    def compile_kwargs(self, stage: Path) -> dict[str, Any]:
-        return {}
+    def modules(self, stage: Path) -> Mapping[str, Any] | None:
+        return None
 
     def after_compile(self, stage: Path) -> None:
         return None

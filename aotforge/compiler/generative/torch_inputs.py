@@ -29,12 +29,12 @@ class TorchModules:
         engine = torch_bucket_engine(model, spec, plan)
         return engine, "the prefill / decode torch modules on CPU, padded to the planned buckets"
 
-    def compile_kwargs(self, stage: Path) -> dict[str, Any]:
+    def modules(self, stage: Path) -> Mapping[str, Any] | None:
         from aotforge.compiler.generative.graphs import Decode, Prefill
         from aotforge.compiler.generative.source import load_causal_lm
 
         model = load_causal_lm(stage / MODEL_DIR).model
-        return {"modules": {"prefill": Prefill(model).eval(), "decode": Decode(model).eval()}}
+        return {"prefill": Prefill(model).eval(), "decode": Decode(model).eval()}
 
     def after_compile(self, stage: Path) -> None:
         shutil.rmtree(stage / MODEL_DIR)  # the compiled graphs hold the weights; the source stays in the bundle

@@ -35,8 +35,7 @@ import numpy as np
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import InputSpecError, OptionsError, TargetUnavailableError
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets.base import CompileResult
-from aotforge.targets.generative.backend import GenerativeBackend
+from aotforge.targets.base import CompileResult, DecoderInputs, GenerativeBackend
 from aotforge.targets.neuron import sdk
 from aotforge.targets.neuron.target import check_instance_family, compiler_args
 
@@ -147,9 +146,10 @@ def example_inputs(spec: DecoderSpec, graph: Mapping[str, Any]) -> list[np.ndarr
 
 
 def compile_generative(
-    workdir: Path, spec: DecoderSpec, options: Any, say: Any, modules: Mapping[str, Any] | None = None
+    workdir: Path, spec: DecoderSpec, options: Any, say: Any, inputs: DecoderInputs = DecoderInputs()
 ) -> CompileResult:
-    """Trace every bucket of ``modules`` (``{"prefill": Prefill, "decode": Decode}``) with neuronx-cc."""
+    """Trace every bucket of ``inputs.modules`` (``{"prefill": Prefill, "decode": Decode}``) with neuronx-cc."""
+    modules = inputs.modules
     if modules is None:
         raise OptionsError("neuron compiles the prefill/decode torch modules: this build handed over none")
     found = sdk.probe_to_compile(options.python)

@@ -148,6 +148,7 @@ def check_covered(io: IOSpec, options: NeuronOptions, buckets: tuple[Bucket, ...
 class NeuronTarget(Target):
     name = "neuron"
     options_type = NeuronOptions
+    generative_module = "aotforge.targets.neuron.generative"
     compiles_torch_program = True
     build_resources = {"neuron_cores": 1.0}
 

@@ -20,8 +20,7 @@ import numpy as np
 from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, VERIFY_FILE, DecoderSpec
 from aotforge.core.errors import CompileError, describe
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets.base import CompileResult
-from aotforge.targets.generative.backend import GenerativeBackend
+from aotforge.targets.base import CompileResult, DecoderInputs, GenerativeBackend
 from aotforge.targets.generative.runner import GenerativeRunner
 from aotforge.targets.huge_pages import huge_pages as advise_huge_pages
 from aotforge.targets.onnxruntime.target import SESSION_FILE, session_options, stored_options
@@ -58,7 +57,7 @@ def rewrite_graphs(graphs: dict[str, Any], spec: DecoderSpec) -> dict[str, dict[
 
 
 def compile_generative(
-    workdir: Path, spec: DecoderSpec, options: Any, say: Any, verify_width: int = 0
+    workdir: Path, spec: DecoderSpec, options: Any, say: Any, inputs: DecoderInputs = DecoderInputs()
 ) -> CompileResult:
     """ORT optimizes each graph when a session opens it; the artifact keeps the session settings.
 
@@ -68,7 +67,7 @@ def compile_generative(
     settings = dataclasses.asdict(options)
     (workdir / SESSION_FILE).write_text(json.dumps(settings, sort_keys=True, indent=2) + "\n")
     # Opened only to check them: no huge pages (the load that serves does that).
-    OrtStepEngine(workdir, spec, session_options(options), list(options.providers), verify_width)
+    OrtStepEngine(workdir, spec, session_options(options), list(options.providers), inputs.verify_width)
     return CompileResult(
         files=(SESSION_FILE,),
         target_info={"device": "cpu", "options": settings},
@@ -109,6 +108,7 @@ BACKEND = GenerativeBackend(
     rewrite_graphs=rewrite_graphs,
     pass_defaults=PASS_DEFAULTS,
     target_defaults=TARGET_DEFAULTS,
+    finishes_onnx_bundles=True,
 )
 
 

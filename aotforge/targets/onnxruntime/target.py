@@ -62,7 +62,9 @@ class OrtOptions:
 class OrtTarget(Target):
     name = "onnxruntime"
     options_type = OrtOptions
+    generative_module = "aotforge.targets.onnxruntime.decoder"
     worker_preload = ("onnxruntime",)
+    runs_contrib_ops = True
     runtime_packages = ("onnxruntime",)
 
     def probe(self) -> ProbeResult:

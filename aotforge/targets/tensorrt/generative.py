@@ -24,15 +24,13 @@ once per call, and swaps which one is ``past`` (double buffering: never a per-to
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, DecoderSpec
 from aotforge.core.errors import TargetUnavailableError
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets.base import CompileResult
-from aotforge.targets.generative.backend import GenerativeBackend
+from aotforge.targets.base import CompileResult, DecoderInputs, GenerativeBackend
 from aotforge.targets.tensorrt.compat import check_engine_compat
 from aotforge.targets.tensorrt.plan import Profile, TrtBuildPlan
 from aotforge.targets.tensorrt.target import builder_flags, query_gpu
@@ -96,7 +94,7 @@ def bundle_plan_generative(spec: DecoderSpec, options: Any) -> dict[str, Any]:
 
 
 def compile_generative(
-    workdir: Path, spec: DecoderSpec, options: Any, say: Any, modules: Mapping[str, Any] | None = None
+    workdir: Path, spec: DecoderSpec, options: Any, say: Any, inputs: DecoderInputs = DecoderInputs()
 ) -> CompileResult:
     """Build both engines from the ONNX graphs in ``workdir``, one shared timing cache across them."""
     from aotforge.targets.tensorrt import sdk

@@ -199,6 +199,7 @@ def prepare_onnx(model: ir.Model, workdir: Path) -> Path:
 class TensorRTTarget(Target):
     name = "tensorrt"
     options_type = TensorRTOptions
+    generative_module = "aotforge.targets.tensorrt.generative"
     pass_defaults = PASS_DEFAULTS
     build_resources = {"GPU": 1.0}
 

@@ -52,6 +52,7 @@ LIBRARY = "lib.so"
 class TvmTarget(Target):
     name = "tvm"
     options_type = TvmOptions
+    generative_module = "aotforge.targets.tvm.decoder.engine"
     worker_preload = ("tvm", "tvm.relax.frontend.onnx", "aotforge.targets.tvm.pipeline")
     runtime_packages = ("apache-tvm",)
 
@@ -78,6 +79,9 @@ class TvmTarget(Target):
         if not options.dynamic:  # refuse a range no bucket plan covers before anything compiles
             plan_buckets(ctx.io, options.buckets, options.max_buckets)
         check_coverage(model, ctx.io, options)
+
+    def coverage(self, model: ir.Model, io: IOSpec, options: TvmOptions) -> dict[str, Any]:
+        return dict(coverage_of(model, io, options).to_info())
 
     def with_cache_dir(self, options: TvmOptions, cache_dir: Path) -> TvmOptions:
         """Keep the tuning store in the build cache unless one was given (entries are keyed by target)."""

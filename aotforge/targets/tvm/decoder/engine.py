@@ -22,8 +22,7 @@ from typing import Any
 from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, VERIFY_FILE, WEIGHTS_FILE, DecoderSpec
 from aotforge.core.errors import AotforgeError, CompileError, UnsupportedModelError, describe
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets.base import CompileResult
-from aotforge.targets.generative.backend import GenerativeBackend
+from aotforge.targets.base import CompileResult, DecoderInputs, GenerativeBackend
 from aotforge.targets.generative.runner import GenerativeRunner
 from aotforge.targets.tvm.decoder.buckets import plan_generative
 from aotforge.targets.tvm.decoder.graphs import Prepared, bind_shapes, input_dtypes, input_shapes, weights_as_inputs
@@ -43,8 +42,7 @@ def compile_generative(
     spec: DecoderSpec,
     options: Any,
     say: Any,
-    verify_width: int = 0,
-    passes: dict[str, Any] | None = None,
+    inputs: DecoderInputs = DecoderInputs(),
 ) -> CompileResult:
     import tvm
 
@@ -53,6 +51,7 @@ def compile_generative(
     from aotforge.targets.tvm.options import target_dict
     from aotforge.targets.tvm.pipeline import compile_relax, decoder_phase
 
+    verify_width, passes = inputs.verify_width, inputs.passes
     prompts, batches = plan_generative(spec, options)
     prefill, decode = weights_as_inputs(workdir / PREFILL_FILE), weights_as_inputs(workdir / DECODE_FILE)
     say(f"importing prefill (prompt buckets {_sizes(prompts)}) and decode (batch buckets {_sizes(batches)})")
