@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from aotforge.artifacts.engine_loader import load_async_engine, load_engine
 from aotforge.artifacts.loader import load
 from aotforge.core.errors import InputSpecError
-from aotforge.runtime.async_engine import AsyncEngine, load_engine
 from aotforge.runtime.detokenizer import Detokenizer
 from aotforge.runtime.engine import LLMEngine
 from aotforge.runtime.outputs import FinishReason, StepStats
@@ -189,7 +189,7 @@ def test_detokenizer_never_splits_a_character_and_cuts_at_a_stop_string() -> Non
 
 
 def test_async_engine_streams_and_an_abandoned_request_frees_its_blocks(llama_ort: Any) -> None:
-    engine = AsyncEngine.from_artifact(Path(llama_ort.path), EngineConfig(max_num_seqs=MAX_BATCH))
+    engine = load_async_engine(Path(llama_ort.path), EngineConfig(max_num_seqs=MAX_BATCH))
     engine.engine.eos_token_ids = frozenset()
     want = _expected(Path(llama_ort.path), [PROMPTS[0]], 20)[0]
 
