@@ -67,11 +67,10 @@ def _columns(
     if unknown:
         raise TypeError(f"generate() got unexpected keyword arguments {sorted(unknown)}")
     engine = _engine(model, batch, int(lengths.sum()))
-    stop = () if eos_token_id is None else (int(eos_token_id),)
-    params = SamplingParams(max_tokens=max_new_tokens, temperature=0, stop_token_ids=stop)
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=0)  # the call's sampler draws; eos: _advance
     for row, (prompt, n) in enumerate(zip(packed.tolist(), lengths.tolist(), strict=True)):
         engine.add_request(str(row), prompt[:n], params, sampler=sampler)
-    return _advance(engine, batch, eos_token_id)
+    return _advance(engine, batch, None if eos_token_id is None else int(eos_token_id))
 
 
 def _engine(model: Any, batch: int, prompt_tokens: int) -> LLMEngine:
@@ -82,7 +81,9 @@ def _engine(model: Any, batch: int, prompt_tokens: int) -> LLMEngine:
 
 
 def _advance(engine: LLMEngine, batch: int, eos: int | None) -> Iterator[np.ndarray]:
-    """Step the engine; after each step, the column of every row's newest token (a finished row: ``eos``)."""
+    """Step the engine; after each step, the column of every row's newest token. A row that has made ``eos``
+    repeats it, and the engine keeps decoding it until every row has (as the step engine did: so a sampled call
+    draws from its one generator exactly what it drew before)."""
     rows: list[list[int]] = [[] for _ in range(batch)]
     stopped = [False] * batch
     made = 0
@@ -91,13 +92,15 @@ def _advance(engine: LLMEngine, batch: int, eos: int | None) -> Iterator[np.ndar
             if out.finish_reason is FinishReason.ERROR:
                 _abort_all(engine, batch)
                 raise RunnerError(out.error or "the model runner failed")
-            row = int(out.request_id)
-            rows[row] += out.token_ids
-            stopped[row] = out.finish_reason is FinishReason.STOP
-        # A column once every row has its token (or stopped); never one of eos alone.
-        while made < max(map(len, rows)) and all(len(r) > made or s for r, s in zip(rows, stopped, strict=True)):
-            yield np.array([r[made] if len(r) > made else eos for r in rows], dtype=np.int64)
+            rows[int(out.request_id)] += out.token_ids
+        while all(len(r) > made for r in rows):
+            column = [eos if done else r[made] for r, done in zip(rows, stopped, strict=True)]
+            stopped = [done or t == eos for done, t in zip(stopped, column, strict=True)]
+            yield np.array(column, dtype=np.int64)
             made += 1
+            if all(stopped):
+                _abort_all(engine, batch)
+                return
 
 
 def _abort_all(engine: LLMEngine, batch: int) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import random
 import time
@@ -71,7 +72,7 @@ async def _soak(spec: SoakSpec) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=spec.concurrency, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=spec.base_url, headers=headers, limits=limits, timeout=120.0) as client:
         models = (await client.get("/v1/models")).json()["data"][0]
-        kinds = [_kind(rng, spec) for _ in range(spec.num_requests)]
+        kinds = _kinds(rng, spec)
         gate = asyncio.Semaphore(spec.concurrency)
         rss: list[tuple[int, int]] = []
         done = 0
@@ -94,14 +95,20 @@ async def _soak(spec: SoakSpec) -> dict[str, Any]:
     return _report(outcomes, state, rss, seconds)
 
 
-def _kind(rng: random.Random, spec: SoakSpec) -> str:
-    draw = rng.random()
-    if draw < spec.bad_fraction:
-        kinds = [k for k in BAD if k != "wrong_key" or spec.api_key]
-        return rng.choice(kinds)
-    if draw < spec.bad_fraction + spec.disconnect_fraction:
-        return rng.choice(["disconnect_stream", "disconnect_wait"])
-    return rng.choice(["good_stream", "good"])
+def _kinds(rng: random.Random, spec: SoakSpec) -> list[str]:
+    """Each request's kind, drawn at the spec's fractions; the bad ones take each bad kind in turn (so a short
+    soak sends every kind)."""
+    bad = itertools.cycle(k for k in BAD if k != "wrong_key" or spec.api_key)
+    kinds = []
+    for _ in range(spec.num_requests):
+        draw = rng.random()
+        if draw < spec.bad_fraction:
+            kinds.append(next(bad))
+        elif draw < spec.bad_fraction + spec.disconnect_fraction:
+            kinds.append(rng.choice(["disconnect_stream", "disconnect_wait"]))
+        else:
+            kinds.append(rng.choice(["good_stream", "good"]))
+    return kinds
 
 
 async def _request(
@@ -122,9 +129,9 @@ async def _request(
         if kind == "disconnect_stream":
             return await _disconnect_stream(client, body, rng)
         if kind == "disconnect_wait":
-            return await _disconnect_wait(client, body, rng)
+            return await _disconnect_wait(spec, body, rng)
         return await (_good_stream if body["stream"] else _good)(client, body, max_tokens)
-    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as e:
+    except (httpx.HTTPError, OSError, json.JSONDecodeError, KeyError) as e:
         return Outcome(kind, problem=f"{type(e).__name__}: {e}")
 
 
@@ -194,14 +201,25 @@ async def _disconnect_stream(client: httpx.AsyncClient, body: dict[str, Any], rn
     return Outcome("disconnect_stream", status, None if status == 200 else f"answered {status}")
 
 
-async def _disconnect_wait(client: httpx.AsyncClient, body: dict[str, Any], rng: random.Random) -> Outcome:
-    """Give up on a whole answer after a few milliseconds (the server may have finished it by then)."""
-    try:
-        response = await asyncio.wait_for(client.post("/v1/completions", json=body), rng.uniform(0.001, 0.05))
-    except TimeoutError:
-        return Outcome("disconnect_wait")
-    status = response.status_code
-    return Outcome("disconnect_wait", status, None if status == 200 else f"answered {status}")
+async def _disconnect_wait(spec: SoakSpec, body: dict[str, Any], rng: random.Random) -> Outcome:
+    """Send a request for a whole answer on a socket of its own and close it after a few milliseconds (the server
+    may have answered by then). A raw socket: cancelling an HTTP client's request is the client's business."""
+    url = httpx.URL(spec.base_url)
+    payload = json.dumps(body).encode()
+    head = [
+        "POST /v1/completions HTTP/1.1",
+        f"Host: {url.host}:{url.port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(payload)}",
+        *([f"Authorization: Bearer {spec.api_key}"] if spec.api_key else []),
+    ]
+    _, writer = await asyncio.open_connection(url.host, url.port)
+    writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+    await writer.drain()
+    await asyncio.sleep(rng.uniform(0.001, 0.05))
+    writer.close()
+    await writer.wait_closed()
+    return Outcome("disconnect_wait")
 
 
 async def _settled(client: httpx.AsyncClient, deadline_s: float) -> dict[str, float]:
