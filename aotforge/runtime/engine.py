@@ -158,7 +158,9 @@ class LLMEngine:
         rows = self.runner.decode_rows(max(s.slot for s in plan.decodes) + 1)
         max_seq = self.max_model_len
         ids = np.zeros(rows, dtype=np.int64)
-        positions = np.array([self.slots.safe_position(s, max_seq) for s in range(rows)], dtype=np.int64)
+        # Rows past the slots (a bucket wider than --max-num-seqs) hold no sequence: position 0 is theirs to spoil.
+        slots = len(self.slots.busy)
+        positions = np.array([self.slots.safe_position(s, max_seq) if s < slots else 0 for s in range(rows)], np.int64)
         for seq in plan.decodes:
             ids[seq.slot], positions[seq.slot] = seq.all_ids[-1], seq.num_computed
         try:
