@@ -50,7 +50,8 @@ def prompt_ids(path: Path, n: int) -> list[int]:
 
     from aotforge.server.bench import corpus
 
-    return list(AutoTokenizer.from_pretrained(str(path))(corpus(), add_special_tokens=False)["input_ids"][:n])
+    text = corpus()[: 40 * n]  # enough characters for n tokens of English
+    return list(AutoTokenizer.from_pretrained(str(path))(text, add_special_tokens=False)["input_ids"][:n])
 
 
 # -- a child: one way, one artifact ----------------------------------------------------------------------------

@@ -62,10 +62,10 @@ def _columns(
     packed, lengths = pack_prompts(input_ids, attention_mask)
     batch = len(lengths)
     check_fits(model.spec, batch, int(lengths.max()), max_new_tokens)  # before any work, as the step engine did
-    sampler = Sampler(SamplingOptions(**{k: v for k, v in sampling.items() if k in _SAMPLING}))
     unknown = set(sampling) - set(_SAMPLING)
     if unknown:
         raise TypeError(f"generate() got unexpected keyword arguments {sorted(unknown)}")
+    sampler = Sampler(SamplingOptions(**sampling))
     engine = _engine(model, batch, int(lengths.sum()))
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0)  # the call's sampler draws; eos: _advance
     for row, (prompt, n) in enumerate(zip(packed.tolist(), lengths.tolist(), strict=True)):
