@@ -8,7 +8,7 @@ engine's own loop, which speculative decoding (a draft) and device targets witho
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -35,7 +35,7 @@ class GenerativeRunner:
         for the next call of the same width (its cache is allocated once, as the step engine keeps its buffers)."""
         if self._model_runner is None or self._model_runner.num_slots != num_slots:
             self._model_runner = None  # the old cache goes before the new one is allocated
-            self._model_runner = self.engine.model_runner(num_slots)
+            self._model_runner = cast(Any, self.engine).model_runner(num_slots)  # the CPU targets' step engines
         return self._model_runner
 
     def run(self, inputs: Arrays) -> Arrays:
