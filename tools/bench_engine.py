@@ -115,6 +115,81 @@ def _gaps(marks: list[float]) -> Iterator[float]:
     return (b - a for a, b in zip(marks, marks[1:], strict=False))
 
 
+# -- a child: the Python each path adds per token, on a runner that computes nothing ---------------------------
+
+
+def glue(path: Path, new: int, runs: int) -> dict[str, Any]:
+    """CPU microseconds per token of each path's own code (sampling included) around a runner whose steps return
+    fixed logits at once: what the engine adds, measured in CPU time, which the machine's load moves little."""
+    import numpy as np
+
+    from aotforge.artifacts.engine_loader import load_tokenizer
+    from aotforge.core.decoder import DecoderSpec
+    from aotforge.runtime import offline
+    from aotforge.runtime.async_engine import AsyncEngine
+    from aotforge.runtime.engine import LLMEngine
+    from aotforge.runtime.params import EngineConfig, SamplingParams
+    from aotforge.targets.generative.decoding import stream_tokens
+    from aotforge.targets.generative.runner import GenerativeRunner
+
+    spec = DecoderSpec.from_dict(json.loads((path / "manifest.json").read_text())["target"]["info"]["decoder"])
+    logits = np.random.default_rng(0).standard_normal((spec.max_batch, spec.vocab)).astype(np.float32)
+
+    class Runner:  # runtime.runner.ModelRunner
+        def __init__(self, num_slots: int) -> None:
+            self.spec, self.num_slots, self.can_extend = spec, num_slots, False
+
+        def decode_rows(self, rows: int) -> int:
+            return rows
+
+        def prefill(self, slot: int, token_ids: Any) -> Any:
+            return logits[0]
+
+        def decode(self, token_ids: Any, positions: Any) -> Any:
+            return logits[: len(token_ids)]
+
+    class StepEngine:  # targets.generative.decoding.StepEngine, with the model runner of the CPU targets
+        def __init__(self) -> None:
+            self.spec = spec
+
+        def start(self, batch: int, prompt_len: int) -> None:
+            pass
+
+        def prefill(self, input_ids: Any, attention_mask: Any, position_ids: Any) -> Any:
+            return logits[: len(input_ids)]
+
+        def decode(self, input_ids: Any, write_pos: Any) -> Any:
+            return logits[: len(input_ids)]
+
+        def model_runner(self, num_slots: int) -> Runner:
+            return Runner(num_slots)
+
+    model = GenerativeRunner(StepEngine())
+    ids = np.array([prompt_ids(path, 128)])
+    served = AsyncEngine(LLMEngine(Runner(spec.max_batch), EngineConfig(), load_tokenizer(path)), "glue")
+    served.start()
+    params = SamplingParams(max_tokens=new, temperature=0, ignore_eos=True)
+
+    async def serve_one() -> None:
+        async for _ in served.generate(None, ids[0].tolist(), params):
+            pass
+
+    ways = {
+        "step engine": lambda: list(stream_tokens(model.engine, ids, new)),
+        "generate()": lambda: list(offline.stream(model, ids, new)),
+        "served engine": lambda: asyncio.run(serve_one()),  # both threads' CPU: the step loop and the consumer
+    }
+    out = {}
+    for way, fn in ways.items():
+        fn()
+        started = time.process_time()
+        for _ in range(runs):
+            fn()
+        out[way] = (time.process_time() - started) / runs / new * 1e6
+    asyncio.run(served.shutdown(1.0))
+    return out
+
+
 # -- the parent ------------------------------------------------------------------------------------------------
 
 
@@ -130,7 +205,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.child:
         way, path = args.child
-        print(PREFIX + json.dumps(child(way, Path(path), args.prompt_len, args.new, args.runs)), flush=True)
+        if way == "glue":
+            got = glue(Path(path), args.new, 20 * args.runs)
+        else:
+            got = child(way, Path(path), args.prompt_len, args.new, args.runs)
+        print(PREFIX + json.dumps(got), flush=True)
         return
     run = bench_record.start(vars(args))
     results: list[dict[str, Any]] = []
@@ -138,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         for target in args.targets.split(","):
             path = artifact(target)
             ways = WAYS if round_ % 2 == 0 else WAYS[::-1]
-            for way in ways:
+            for way in (*ways, "glue"):
                 cmd = [sys.executable, __file__, "--child", way, str(path), "--runs", str(args.runs)]
                 cmd += ["--prompt-len", str(args.prompt_len), "--new", str(args.new)]
                 got = run_child(cmd)
@@ -174,7 +253,19 @@ def tables(results: list[dict[str, Any]], args: argparse.Namespace) -> list[dict
         f"greedy; each path in a process of its own, 2 threads; medians of {args.runs} runs per process and over "
         f"{args.rounds} alternating rounds (ratios taken within each round)."
     )
-    return [bench_record.table("Engine overhead on a lone stream", columns, rows, note)]
+    glue_rows = []
+    for target in args.targets.split(","):
+        mine = [r for r in results if r["target"] == target and r["way"] == "glue" and "error" not in r]
+        glue_rows.append([f"{target} fp32", *(figure([r[w] for r in mine], 1) for w in WAYS)])
+    glue_note = (
+        "CPU microseconds per token of each path's own code (scheduling, sampling, bookkeeping; the served engine: "
+        "its step thread and its asyncio consumer, detokenization included) around a stand-in runner whose steps "
+        "return fixed logits at once; CPU time, which the machine's load moves little."
+    )
+    return [
+        bench_record.table("Engine overhead on a lone stream", columns, rows, note),
+        bench_record.table("Python per token around the runner", ["artifact", *WAYS], glue_rows, glue_note),
+    ]
 
 
 if __name__ == "__main__":
