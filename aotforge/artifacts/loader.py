@@ -84,7 +84,10 @@ class LoadedArtifact:
         return {**kwargs, "draft": draft._generative()}
 
     def perplexity(self, input_ids: np.ndarray, window: int | None = None) -> Any:
-        """Perplexity of token ids under the artifact (a text-generation artifact; ``generative.perplexity``)."""
+        """Perplexity of token ids under the artifact (a text-generation artifact; ``generative.perplexity``).
+
+        Still on the target's step engine: it scores every position of fixed batches of whole windows, and the
+        runtime's engine returns sampled tokens, not the logits of each position."""
         return self._generative().perplexity(input_ids, window)
 
     def _generative(self) -> Any:
