@@ -1,8 +1,8 @@
 """What the runtime's engine costs a lone stream: TTFT and ITL at concurrency 1, engine paths vs the step engine.
 
 On the SmolLM2-135M artifacts of ``make bench-serve`` (``~/.cache/aotforge/bench-serve/artifacts``: onnxruntime and
-tvm, fp32), one prompt of real English (``--prompt-len`` tokens), ``--new`` tokens greedy, timed three ways, each
-in a child process of this same script, the ways alternating round by round:
+tvm, fp32), prompts of real English (``--prompt-len`` tokens, a new window each run), ``--new`` tokens greedy,
+timed three ways, each in a child process of this same script, the ways alternating round by round:
 
 - ``step engine``: the artifact's own decoding loop over its per-call step engine (what ``generate()`` ran
   before it moved onto the runtime; speculative decoding still runs there);
@@ -45,13 +45,16 @@ def artifact(target: str, precision: str = "fp32") -> Path:
     return found[-1].parent
 
 
-def prompt_ids(path: Path, n: int) -> list[int]:
+def prompts(path: Path, n: int, count: int) -> list[list[int]]:
+    """``count`` prompts of ``n`` tokens, consecutive windows of the corpus: no run repeats another's prompt (the
+    served engine would reuse its cached prefix)."""
     from transformers import AutoTokenizer
 
     from aotforge.server.bench import corpus
 
-    text = corpus()[: 40 * n]  # enough characters for n tokens of English
-    return list(AutoTokenizer.from_pretrained(str(path))(text, add_special_tokens=False)["input_ids"][:n])
+    text = corpus()[: 40 * n * count]  # enough characters for the tokens of English needed
+    ids = AutoTokenizer.from_pretrained(str(path))(text, add_special_tokens=False)["input_ids"]
+    return [list(ids[i * n : (i + 1) * n]) for i in range(count)]
 
 
 # -- a child: one way, one artifact ----------------------------------------------------------------------------
@@ -94,16 +97,16 @@ def marks_served(engine: Any, ids: list[int], new: int) -> list[float]:
 def child(way: str, path: Path, prompt_len: int, new: int, runs: int) -> dict[str, Any]:
     from aotforge.artifacts.loader import load
 
-    ids = prompt_ids(path, prompt_len)
+    windows = prompts(path, prompt_len, runs + 1)
     if way == "served engine":
         engine = served_engine(path)
-        timed = lambda: marks_served(engine, ids, new)  # noqa: E731
+        timed = lambda ids: marks_served(engine, ids, new)  # noqa: E731
     else:
         loaded = load(path)
         fn = marks_step_engine if way == "step engine" else marks_generate
-        timed = lambda: fn(loaded, ids, new)  # noqa: E731
-    timed()  # warm-up: first runs plan shapes and page in the weights
-    results = [timed() for _ in range(runs)]
+        timed = lambda ids: fn(loaded, ids, new)  # noqa: E731
+    timed(windows[0])  # warm-up: first runs plan shapes and page in the weights
+    results = [timed(ids) for ids in windows[1:]]
     assert all(len(m) == new for m in results), [len(m) for m in results]
     return {
         "ttft_ms": statistics.median(m[0] * 1e3 for m in results),
@@ -165,7 +168,7 @@ def glue(path: Path, new: int, runs: int) -> dict[str, Any]:
             return Runner(num_slots)
 
     model = GenerativeRunner(StepEngine())
-    ids = np.array([prompt_ids(path, 128)])
+    ids = np.array(prompts(path, 128, 1))
     served = AsyncEngine(LLMEngine(Runner(spec.max_batch), EngineConfig(), load_tokenizer(path)), "glue")
     served.start()
     params = SamplingParams(max_tokens=new, temperature=0, ignore_eos=True)
