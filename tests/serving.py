@@ -68,15 +68,15 @@ class Served:
 
 @contextmanager
 def serving(artifact: Path, config: Any = None, **app_kw: Any) -> Iterator[Served]:
-    """``AsyncEngine.from_artifact`` + ``build_app`` on uvicorn in a thread; stopped (and the engine shut down by
+    """``load_async_engine`` + ``build_app`` on uvicorn in a thread; stopped (and the engine shut down by
     the app's lifespan) on exit."""
     import uvicorn
 
-    from aotforge.runtime.async_engine import AsyncEngine
+    from aotforge.artifacts.engine_loader import load_async_engine
     from aotforge.runtime.params import EngineConfig
     from aotforge.server.app import build_app
 
-    engine = AsyncEngine.from_artifact(artifact, config or EngineConfig())
+    engine = load_async_engine(artifact, config or EngineConfig())
     app = build_app(engine, **app_kw)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

@@ -129,21 +129,24 @@ def test_stream_yields_what_generate_returns(llama_ort: Any) -> None:
 
 
 def test_kv_cache_is_not_reallocated_per_token(llama_ort: Any) -> None:
-    """ORT writes every step's present_* into the buffers allocated at the start of the call."""
+    """ORT writes every step's present_* into the buffers the model runner allocated once (``stream`` runs on the
+    runtime's engine over it)."""
     artifact = aotforge.load(llama_ort.path)
-    engine = artifact._generative().engine
     ids, mask = left_padded()
+    steps = artifact.stream(ids, NEW, attention_mask=mask)
+    runner = artifact._generative().model_runner(len(ids))  # the one this call runs on
     seen = []
-    for _ in artifact.stream(ids, NEW, attention_mask=mask):
-        if engine._binding is not None and len(seen) < NEW - 1:
-            seen.append((engine.buffer_pointers(), engine.cache_pointers()))
+    for _ in steps:
+        if 2 in runner._decodes and len(seen) < NEW - 1:
+            written = [value.data_ptr() for value in runner._decodes[2][0].get_outputs()[1:]]
+            seen.append(([buffer.ctypes.data for buffer in runner.cache], written))
     first_buffers = seen[0][0]
-    cache_ids = [id(b) for b in engine.cache]
+    cache_ids = [id(b) for b in runner.cache]
     for buffers, written in seen[1:]:
         assert buffers == first_buffers, "the cache buffers moved"
         assert written == first_buffers, "ORT wrote present_* somewhere else than the bound cache"
-    assert cache_ids == [id(b) for b in engine.cache]
-    assert len(engine.cache) == 2 * 2 and engine.cache[0].shape == (2, 2, MAX_SEQ, 16)
+    assert cache_ids == [id(b) for b in runner.cache]
+    assert len(runner.cache) == 2 * 2 and runner.cache[0].shape == (2, 2, MAX_SEQ, 16)
 
 
 def test_refusals(tmp_path: Path) -> None:

@@ -111,25 +111,36 @@ def test_stream_eos_and_end_of_cache(llama_tvm: Any) -> None:
 
 
 def test_kv_cache_is_not_reallocated_per_token(llama_tvm: Any) -> None:
-    """Every decode step returns the very cache tensors allocated at the start of the call."""
+    """Every decode step returns the very cache tensors the model runner allocated once (``stream`` runs on the
+    runtime's engine over it)."""
     artifact = aotforge.load(llama_tvm.path)
     engine = artifact._generative().engine
+    decode, written = engine._functions["decode_2"], []
+
+    def recorded(*arguments: Any) -> Any:  # the real function; what it returns is noted
+        out = decode(*arguments)
+        written.append([t.data_ptr() for t in list(out)[1:]])
+        return out
+
+    engine._functions["decode_2"] = recorded
     ids, mask = left_padded()
-    seen = []
-    for _ in artifact.stream(ids, NEW, attention_mask=mask):
-        seen.append(([id(t) for t in engine.cache], engine.buffer_pointers(), engine.cache_pointers()))
-    assert len(engine.cache) == 2 * 2 and engine.cache[0].shape == (2, 2, MAX_SEQ, 16)
-    first_ids, first_buffers, _ = seen[1]
-    for ids_now, buffers, written in seen[1:]:
+    steps = artifact.stream(ids, NEW, attention_mask=mask)
+    runner = artifact._generative().model_runner(len(ids))  # the one this call runs on
+    seen = [([id(t) for t in runner.cache], [t.data_ptr() for t in runner.cache]) for _ in steps]
+    engine._functions["decode_2"] = decode
+    assert len(runner.cache) == 2 * 2 and runner.cache[0].shape == (2, 2, MAX_SEQ, 16)
+    first_ids, first_buffers = seen[1]
+    for ids_now, buffers in seen[1:]:
         assert ids_now == first_ids and buffers == first_buffers, "the cache buffers moved"
-        assert written == first_buffers, "decode wrote present_* somewhere else than the cache it was given"
+    assert len(written) == NEW - 1
+    for pointers in written:
+        assert pointers == first_buffers, "decode wrote present_* somewhere else than the cache it was given"
 
 
 def test_batch_one_runs_the_smallest_decode_bucket(llama_tvm: Any) -> None:
     artifact = aotforge.load(llama_tvm.path)
-    engine = artifact._generative().engine
     one = artifact.generate(np.array([PROMPTS[1]]), NEW)
-    assert engine.cache[0].shape[0] == 1
+    assert artifact._generative().model_runner(1).cache[0].shape[0] == 1
     ids, mask = left_padded()
     np.testing.assert_array_equal(one[0, 3:], artifact.generate(ids, NEW, attention_mask=mask)[1, ids.shape[1] :])
 

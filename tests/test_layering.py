@@ -1,8 +1,9 @@
 """The layers of aotforge hold: no import circle between files, no import from a lower layer up.
 
 From the bottom: ``aotforge.core`` -> ``aotforge.passes`` and ``aotforge.targets`` (never each other) ->
-``aotforge.artifacts`` -> ``aotforge.compiler`` (frontends, the build line, the CLI); ``aotforge.server`` (the
-HTTP server over ``aotforge.runtime``) sits beside the CLI, which imports it. The graph is read
+``aotforge.runtime`` (the engine over a target's model runner) -> ``aotforge.artifacts`` -> ``aotforge.compiler``
+(frontends, the build line, the CLI); ``aotforge.server`` (the HTTP server over the runtime) sits beside the CLI,
+which imports it. The graph is read
 from the source (``tests/import_graph.py``), so a circle hidden in a function body or behind
 ``TYPE_CHECKING`` shows up too.
 """
@@ -33,7 +34,11 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "targets never import passes, the CLI or the build driver",
     ),
     ("aotforge.artifacts", ("aotforge.passes", "aotforge.compiler"), "artifacts never import passes or the builder"),
-    ("aotforge.runtime", ("aotforge.compiler",), "the runtime runs artifacts, it never imports the builder or CLI"),
+    (
+        "aotforge.runtime",
+        ("aotforge.artifacts", "aotforge.compiler"),
+        "the runtime runs a target's model runner; the artifacts floor loads artifacts into it, never the reverse",
+    ),
     *(
         (layer, ("aotforge.server",), "the server is a top layer beside the CLI: nothing below it imports it")
         for layer in ("aotforge.core", "aotforge.passes", "aotforge.targets", "aotforge.artifacts", "aotforge.runtime")

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from aotforge.artifacts.engine_loader import load_async_engine, load_engine
 from aotforge.artifacts.loader import load
 from aotforge.core.errors import InputSpecError
-from aotforge.runtime.async_engine import AsyncEngine, load_engine
 from aotforge.runtime.detokenizer import Detokenizer
 from aotforge.runtime.engine import LLMEngine
 from aotforge.runtime.outputs import FinishReason, StepStats
@@ -189,7 +189,7 @@ def test_detokenizer_never_splits_a_character_and_cuts_at_a_stop_string() -> Non
 
 
 def test_async_engine_streams_and_an_abandoned_request_frees_its_blocks(llama_ort: Any) -> None:
-    engine = AsyncEngine.from_artifact(Path(llama_ort.path), EngineConfig(max_num_seqs=MAX_BATCH))
+    engine = load_async_engine(Path(llama_ort.path), EngineConfig(max_num_seqs=MAX_BATCH))
     engine.engine.eos_token_ids = frozenset()
     want = _expected(Path(llama_ort.path), [PROMPTS[0]], 20)[0]
 
@@ -210,3 +210,18 @@ def test_async_engine_streams_and_an_abandoned_request_frees_its_blocks(llama_or
 
     assert asyncio.run(main()) == want
     assert engine.stats().kv_blocks_used == 0
+
+
+@pytest.mark.parametrize("sampling", [{}, {"do_sample": True, "top_k": 50, "temperature": 1.3, "seed": 7}])
+def test_generate_on_the_engine_returns_what_the_step_engine_did(artifact: Path, sampling: dict[str, Any]) -> None:
+    """``load(path).generate()`` runs on the engine; greedy or seeded sampling, with a row stopping at eos before
+    the other, it returns the very tokens the step engine's own loop (``GenerativeRunner.generate``) returns."""
+    loaded = load(artifact)
+    ids = np.zeros((2, 20), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, prompt in enumerate((PROMPTS[0], PROMPTS[2])):
+        ids[row, 20 - len(prompt) :], mask[row, 20 - len(prompt) :] = prompt, 1
+    free = loaded._generative().generate(ids, 12, attention_mask=mask, **sampling)
+    for eos in ({}, {"eos_token_id": int(free[0, 20 + 2])}):  # the first row stops after 3 tokens
+        kw = {"attention_mask": mask, **sampling, **eos}
+        np.testing.assert_array_equal(loaded.generate(ids, 12, **kw), loaded._generative().generate(ids, 12, **kw))

@@ -71,6 +71,14 @@ BENCHES = (
         "concurrency; then, on aotforge's servers, a prompt sharing a 256-token prefix with an earlier one and a "
         "2,000-token prompt arriving among 7 running streams.",
     ),
+    Bench(
+        "engine",
+        "Engine overhead on a lone stream",
+        "python tools/bench_engine.py",
+        "tools/bench_engine.py times one stream (TTFT, ITL) on the SmolLM2-135M artifacts of make bench-serve three "
+        "ways, each in a process of its own, alternating round by round: the artifact's own per-call step engine, "
+        "generate() on the runtime's engine, and the AsyncEngine that aotforge serve runs.",
+    ),
 )
 
 

@@ -53,15 +53,15 @@ def artifact(model_dir: Path, target: str, precision: str, work: Path) -> Path:
 
 
 @contextlib.contextmanager
-def aotforge_server(path: Path, log: Path, extra: list[str] | None = None) -> Iterator[str]:
+def aotforge_process(path: Path, log: Path, args: list[str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``aotforge serve PATH ARGS`` on a free port of 127.0.0.1, healthy: its URL and its process."""
     port = llama_cpp.free_port()
-    args = [sys.executable, "-m", "aotforge", "serve", str(path), "--port", str(port)]
-    args += ["--max-num-seqs", str(SLOTS), *(extra or [])]
+    command = [sys.executable, "-m", "aotforge", "serve", str(path), "--port", str(port), *args]
     with open(log, "w") as sink:
-        proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
         try:
             llama_cpp.wait_healthy(proc, f"http://127.0.0.1:{port}", 300.0, log)
-            yield f"http://127.0.0.1:{port}"
+            yield f"http://127.0.0.1:{port}", proc
         finally:
             proc.terminate()
             try:
@@ -69,6 +69,12 @@ def aotforge_server(path: Path, log: Path, extra: list[str] | None = None) -> It
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextlib.contextmanager
+def aotforge_server(path: Path, log: Path, extra: list[str] | None = None) -> Iterator[str]:
+    with aotforge_process(path, log, ["--max-num-seqs", str(SLOTS), *(extra or [])]) as (url, _):
+        yield url
 
 
 def load_runs(url: str, args: argparse.Namespace, tokenizer: Any) -> dict[int, dict[str, Any]]:

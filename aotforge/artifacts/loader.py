@@ -55,12 +55,19 @@ class LoadedArtifact:
 
         ``draft=`` (a loaded text-generation artifact or its path) with ``num_speculative_tokens=k``:
         speculative decoding, this artifact's verify graph checking the draft's proposals; the draft
-        must have this artifact's vocabulary and tokenizer files (refused by name otherwise)."""
-        return self._generative().generate(input_ids, max_new_tokens, **self._with_draft(kwargs))
+        must have this artifact's vocabulary and tokenizer files (refused by name otherwise).
+
+        Runs on the serving runtime's engine (``aotforge.runtime.offline``, a floor above, imported when called), so
+        offline and served generation are one path."""
+        from aotforge.runtime import offline
+
+        return offline.generate(self._generative(), input_ids, max_new_tokens, **self._with_draft(kwargs))
 
     def stream(self, input_ids: np.ndarray, max_new_tokens: int, **kwargs: Any) -> Iterator[np.ndarray]:
-        """Each step's new tokens ``[batch]`` as they are decoded (a text-generation artifact)."""
-        return self._generative().stream(input_ids, max_new_tokens, **self._with_draft(kwargs))
+        """Each step's new tokens ``[batch]`` as they are decoded (a text-generation artifact; as ``generate``)."""
+        from aotforge.runtime import offline
+
+        return offline.stream(self._generative(), input_ids, max_new_tokens, **self._with_draft(kwargs))
 
     @property
     def speculative_stats(self) -> dict[str, Any]:
@@ -77,7 +84,10 @@ class LoadedArtifact:
         return {**kwargs, "draft": draft._generative()}
 
     def perplexity(self, input_ids: np.ndarray, window: int | None = None) -> Any:
-        """Perplexity of token ids under the artifact (a text-generation artifact; ``generative.perplexity``)."""
+        """Perplexity of token ids under the artifact (a text-generation artifact; ``generative.perplexity``).
+
+        Still on the target's step engine: it scores every position of fixed batches of whole windows, and the
+        runtime's engine returns sampled tokens, not the logits of each position."""
         return self._generative().perplexity(input_ids, window)
 
     def _generative(self) -> Any:

@@ -69,6 +69,10 @@ class EngineBusyError(AotforgeError):
     """The serving engine's queue of waiting requests is full: retry after a while (the server's 429)."""
 
 
+class RunnerError(AotforgeError):
+    """A target's model runner failed on a step of generation (the message names the runner's error)."""
+
+
 class UnsupportedModelError(AotforgeError):
     """The target cannot honour the model or a pass that ran on it."""
 

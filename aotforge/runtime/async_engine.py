@@ -8,20 +8,16 @@ event loop's ``call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
-from aotforge.core.decoder import GENERATION_CONFIG_FILE
 from aotforge.core.errors import EngineBusyError, InputSpecError
 from aotforge.runtime.engine import LLMEngine
 from aotforge.runtime.outputs import FinishReason, RequestOutput, StepStats
-from aotforge.runtime.params import EngineConfig, SamplingParams
+from aotforge.runtime.params import DRAIN_TIMEOUT_S, SamplingParams
 
 
 class AsyncEngine:
@@ -39,11 +35,6 @@ class AsyncEngine:
         self._accepting = True
         self._stopping = False
         self._thread: threading.Thread | None = None
-
-    @classmethod
-    def from_artifact(cls, path: str | Path, config: EngineConfig | None = None) -> AsyncEngine:
-        """Load a text-generation artifact (verified as ``aotforge.load`` does) and its tokenizer files."""
-        return cls(*load_engine(path, config or EngineConfig()))
 
     # -- the asyncio side ----------------------------------------------------------------------------------
 
@@ -97,7 +88,7 @@ class AsyncEngine:
             self._inbox.append(("abort", request_id))
             self._lock.notify()
 
-    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+    async def shutdown(self, drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
         """Stop admitting; let running and waiting requests finish up to the deadline, then abort the rest."""
         with self._lock:
             self._accepting = False
@@ -155,47 +146,3 @@ class AsyncEngine:
             if target is not None:
                 loop, queue = target
                 loop.call_soon_threadsafe(queue.put_nowait, output)
-
-
-def load_engine(path: str | Path, config: EngineConfig) -> tuple[LLMEngine, str, str | None]:
-    """The engine over a text-generation artifact, its name, and its chat template (or None)."""
-    from aotforge.artifacts.loader import load
-
-    path = Path(path)
-    loaded = load(path)
-    engine = loaded._generative().engine
-    spec = engine.spec
-    if not config.max_num_seqs:
-        config = dataclasses.replace(config, max_num_seqs=spec.max_batch)
-    if config.max_num_seqs > spec.max_batch:
-        raise InputSpecError(
-            f"--max-num-seqs {config.max_num_seqs} is more than the artifact's max_batch {spec.max_batch}: ask for at "
-            f"most {spec.max_batch}, or rebuild it with --max-batch {config.max_num_seqs}"
-        )
-    tokenizer = load_tokenizer(path)
-    runner = engine.model_runner(config.max_num_seqs)
-    chat_template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
-    llm = LLMEngine(runner, config, tokenizer, eos_token_ids(path, tokenizer))
-    return llm, loaded.manifest.name, chat_template
-
-
-def load_tokenizer(path: Path) -> Any | None:
-    """The tokenizer the artifact carries (its model directory's files), or None."""
-    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-
-
-def eos_token_ids(path: Path, tokenizer: Any | None) -> tuple[int, ...]:
-    """Where generation stops by default: the model's generation config's end-of-sequence ids, else the
-    tokenizer's; none when the artifact carries neither."""
-    config = path / GENERATION_CONFIG_FILE
-    if config.is_file():
-        eos = json.loads(config.read_text()).get("eos_token_id")
-        if eos is not None:
-            return tuple(eos) if isinstance(eos, list) else (int(eos),)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        return (int(tokenizer.eos_token_id),)
-    return ()

@@ -37,6 +37,8 @@ class Detokenizer:
 
     def find_stop(self) -> int:
         """Where the first stop string starts in the text (-1 if none has appeared)."""
+        if not self.stop:
+            return -1
         hits = [i for i in (self.text.find(s, max(0, self._sent - len(s))) for s in self.stop) if i >= 0]
         return min(hits) if hits else -1
 

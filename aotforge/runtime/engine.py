@@ -22,6 +22,7 @@ from aotforge.runtime.runner import ModelRunner
 from aotforge.runtime.scheduler import Plan, Scheduler
 from aotforge.runtime.sequence import Sequence, Status
 from aotforge.runtime.slots import SlotTable
+from aotforge.targets.generative.sampling import Sampler
 
 
 def kv_block_bytes(runner: ModelRunner, block_size: int) -> int:
@@ -90,11 +91,16 @@ class LLMEngine:
                 f"the prompt or ask for at most {max(self.max_model_len - len(prompt_ids) + 1, 0)} tokens"
             )
 
-    def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> None:
+    def add_request(
+        self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, sampler: Sampler | None = None
+    ) -> None:
+        """Queue a request. ``sampler`` (default: one of its own, from ``params``) may be shared by several requests:
+        ``generate()``'s batch draws from one generator, row after row, as it always has."""
         if request_id in self._sequences:
             raise InputSpecError(f"request id {request_id!r} is already in use")
         self.check_request(prompt_ids, params)
-        seq = Sequence(request_id, [int(t) for t in prompt_ids], params, Detokenizer(self.tokenizer, params.stop))
+        detokenizer = Detokenizer(self.tokenizer, params.stop)
+        seq = Sequence(request_id, [int(t) for t in prompt_ids], params, detokenizer, shared_sampler=sampler)
         self._sequences[request_id] = seq
         self.scheduler.waiting.append(seq)
 
@@ -152,7 +158,9 @@ class LLMEngine:
         rows = self.runner.decode_rows(max(s.slot for s in plan.decodes) + 1)
         max_seq = self.max_model_len
         ids = np.zeros(rows, dtype=np.int64)
-        positions = np.array([self.slots.safe_position(s, max_seq) for s in range(rows)], dtype=np.int64)
+        # Rows past the slots (a bucket wider than --max-num-seqs) hold no sequence: position 0 is theirs to spoil.
+        slots = len(self.slots.busy)
+        positions = np.array([self.slots.safe_position(s, max_seq) if s < slots else 0 for s in range(rows)], np.int64)
         for seq in plan.decodes:
             ids[seq.slot], positions[seq.slot] = seq.all_ids[-1], seq.num_computed
         try:

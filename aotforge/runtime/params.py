@@ -9,6 +9,9 @@ import dataclasses
 
 from aotforge.core.errors import InputSpecError
 
+#: Seconds in-flight requests may take to finish when the engine shuts down (SIGTERM) before they are aborted.
+DRAIN_TIMEOUT_S = 30.0
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:

@@ -48,14 +48,12 @@ class Scheduler:
         for seq in list(self.running):
             if seq.status is not Status.RUNNING:
                 continue  # preempted by an earlier one of this loop
-            if not self._grow(seq, seq.num_tokens if not seq.prefilling else seq.num_computed + 1, plan):
-                continue
-            if seq.prefilling:
-                n = self._chunk(seq, budget, bool(plan.prefills))
-                if n and self.blocks.allocate(seq.request_id, seq.num_computed + n):
+            if seq.prefilling:  # blocks for this step's chunk, allocated once
+                n = self._fit(seq, self._chunk(seq, budget, bool(plan.prefills)))
+                if n and self._grow(seq, seq.num_computed + n, plan):
                     plan.prefills.append((seq, n))
                     budget -= n
-            else:
+            elif self._grow(seq, seq.num_tokens, plan):
                 plan.decodes.append(seq)
                 budget -= 1
         while self.waiting and len(self.running) < len(self.slots.busy) and budget > 0:
@@ -68,11 +66,20 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, budget: int, others: bool) -> int:
         """Tokens of ``seq``'s prompt to compute now: a chunk within the budget, or (a runner without ``extend``)
-        all of it, once a step, even past the budget (else a long prompt would never start)."""
+        all of it: within the budget, or alone in the step even past it (else a long prompt would never start)."""
         left = seq.num_tokens - seq.num_computed
         if self.can_extend:
             return min(left, budget)
-        return 0 if others else left
+        return left if left <= budget or not others else 0
+
+    def _fit(self, seq: Sequence, n: int) -> int:
+        """A chunk of ``n`` tokens cut to what the free blocks hold (a runner with ``extend`` takes any chunk), but
+        at least one: a prefilling sequence preempts others for one token, never for a whole chunk."""
+        if not n or not self.can_extend:
+            return n
+        held = len(self.blocks.tables.get(seq.request_id, ()))
+        room = (held + self.blocks.num_free) * self.blocks.block_size - seq.num_computed
+        return max(1, min(n, room))
 
     def _admit(self, seq: Sequence, budget: int, plan: Plan) -> bool:
         ids = seq.all_ids

@@ -39,11 +39,13 @@ class Sequence:
     first_token_at: float | None = None
     last_token_at: float | None = None
     sampler: Sampler = dataclasses.field(init=False)
+    #: a sampler several requests share; None: one of its own, from ``params``
+    shared_sampler: dataclasses.InitVar[Sampler | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, shared_sampler: Sampler | None) -> None:
         p = self.params
         options = SamplingOptions(not p.greedy, p.temperature or 1.0, p.top_k, p.top_p, p.seed)
-        self.sampler = Sampler(options)
+        self.sampler = shared_sampler if shared_sampler is not None else Sampler(options)
 
     @property
     def all_ids(self) -> list[int]:

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from aotforge.runtime.outputs import FinishReason, RequestOutput
+from aotforge.runtime.params import DRAIN_TIMEOUT_S
 from aotforge.server.generation import (
     DONE,
     ApiError,
@@ -51,7 +52,11 @@ COMPLETION_MAX_TOKENS = 16
 
 
 def build_app(
-    engine: Any, *, api_key: str | None = None, served_model_name: str | None = None, drain_timeout_s: float = 30.0
+    engine: Any,
+    *,
+    api_key: str | None = None,
+    served_model_name: str | None = None,
+    drain_timeout_s: float = DRAIN_TIMEOUT_S,
 ) -> FastAPI:
     """The app serving ``engine`` (started with the app, drained for up to ``drain_timeout_s`` when it stops)
     as ``served_model_name`` (default: the artifact's name); ``api_key`` makes ``/v1/*`` ask for a Bearer key."""

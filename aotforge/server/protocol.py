@@ -141,21 +141,33 @@ class Usage(BaseModel):
         )
 
 
-class CompletionChoice(BaseModel):
+def _now() -> int:
+    return int(time.time())
+
+
+class _Response(BaseModel):
+    """What every completion, chat completion and chunk carries besides its ``object`` and ``choices``."""
+
+    id: str
+    created: int = Field(default_factory=_now)
+    model: str
+    usage: Usage | None = None
+
+
+class _Choice(BaseModel):
     index: int = 0
-    text: str
     logprobs: None = None
-    finish_reason: str | None
+    finish_reason: str | None = None
+
+
+class CompletionChoice(_Choice):
+    text: str
     token_ids: list[int] | None = None
 
 
-class CompletionResponse(BaseModel):
-    id: str
+class CompletionResponse(_Response):
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
 
 
 class AssistantMessage(BaseModel):
@@ -163,18 +175,12 @@ class AssistantMessage(BaseModel):
     content: str
 
 
-class ChatChoice(BaseModel):
-    index: int = 0
+class ChatChoice(_Choice):
     message: AssistantMessage
-    logprobs: None = None
-    finish_reason: str | None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Response):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[ChatChoice]
     usage: Usage
 
@@ -184,26 +190,19 @@ class Delta(BaseModel):
     content: str | None = None
 
 
-class ChatChunkChoice(BaseModel):
-    index: int = 0
+class ChatChunkChoice(_Choice):
     delta: Delta
-    logprobs: None = None
-    finish_reason: str | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Response):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
 
 
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    created: int = Field(default_factory=_now)
     owned_by: str = "aotforge"
     max_model_len: int
 

@@ -62,8 +62,8 @@ def generate(
     Stops at the model's own end-of-sequence ids unless --ignore-eos or --eos-token-id says otherwise."""
     import numpy as np
 
+    from aotforge.artifacts.engine_loader import eos_token_ids, load_tokenizer
     from aotforge.artifacts.loader import load
-    from aotforge.runtime.async_engine import eos_token_ids, load_tokenizer
 
     if (prompt_ids is None) == (prompt is None):
         raise click.BadParameter("give exactly one of --prompt-ids and --prompt", param_hint="--prompt-ids")

@@ -15,7 +15,7 @@ import click
 
 from aotforge.compiler.cli.common import user_errors
 from aotforge.core.errors import InputSpecError
-from aotforge.runtime.params import EngineConfig
+from aotforge.runtime.params import DRAIN_TIMEOUT_S, EngineConfig
 from aotforge.server.bench import LoadSpec
 
 #: ``bench serve``'s defaults are LoadSpec's, written once there.
@@ -62,7 +62,7 @@ def engine_options(func: Callable[..., Any]) -> Callable[..., Any]:
 @click.option(
     "--drain-timeout",
     type=click.FloatRange(min=0),
-    default=30.0,
+    default=DRAIN_TIMEOUT_S,
     show_default=True,
     help="On SIGTERM / Ctrl-C: seconds in-flight requests may take to finish before they are aborted.",
 )
@@ -81,10 +81,10 @@ def serve(
     the running batch at every step)."""
     import uvicorn
 
-    from aotforge.runtime.async_engine import AsyncEngine
+    from aotforge.artifacts.engine_loader import load_async_engine
     from aotforge.server.app import build_app
 
-    engine_ = AsyncEngine.from_artifact(artifact, EngineConfig(**engine))
+    engine_ = load_async_engine(artifact, EngineConfig(**engine))
     app = build_app(engine_, api_key=api_key, served_model_name=served_model_name, drain_timeout_s=drain_timeout)
     # The CLI silences library logging for its one-line messages; a server's log (start-up, each request, the
     # drain) is its output, so uvicorn's loggers speak again once the artifact is loaded.

@@ -14,6 +14,7 @@ import numpy as np
 
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import ValidationFailedError
+from aotforge.runtime import offline
 
 PROMPT_LENGTHS = (5, 11, 17)
 NEW_TOKENS = 24
@@ -143,7 +144,7 @@ def _batched_generate(runner: Any, prompts: list[np.ndarray], new: int, max_batc
         mask = np.zeros_like(ids)
         for row, prompt in enumerate(group):
             ids[row, width - len(prompt) :], mask[row, width - len(prompt) :] = prompt, 1
-        result = runner.generate(ids, new, attention_mask=mask)
+        result = offline.generate(runner, ids, new, attention_mask=mask)  # the path load(path).generate() takes
         out.extend(result[:, width:].tolist())
     return out
 

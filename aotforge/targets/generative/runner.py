@@ -1,9 +1,14 @@
-"""The runner a generative artifact loads into: ``generate`` / ``stream`` over a target's step engine."""
+"""The runner a generative artifact loads into: the target's step engine, and its model runner for the runtime.
+
+``aotforge.load(path).generate()`` / ``stream()`` run on the runtime's engine over :meth:`model_runner`
+(``runtime/offline.py``), as do the build's validation and benchmark; ``generate`` / ``stream`` here are the step
+engine's own loop, which speculative decoding (a draft) and device targets without a model runner still use, and
+``perplexity`` (fixed batches of whole windows, scored at every position: the engine returns no logits)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -23,6 +28,15 @@ class GenerativeRunner:
         self.spec = engine.spec
         #: After a speculative call: proposed / accepted draft tokens, acceptance_rate, rounds, draft calls.
         self.speculative_stats: dict[str, Any] = {}
+        self._model_runner: Any = None
+
+    def model_runner(self, num_slots: int) -> Any:
+        """The serving runtime's runner (``runtime.runner.ModelRunner``) with a cache of ``num_slots`` slots, kept
+        for the next call of the same width (its cache is allocated once, as the step engine keeps its buffers)."""
+        if self._model_runner is None or self._model_runner.num_slots != num_slots:
+            self._model_runner = None  # the old cache goes before the new one is allocated
+            self._model_runner = cast(Any, self.engine).model_runner(num_slots)  # the CPU targets' step engines
+        return self._model_runner
 
     def run(self, inputs: Arrays) -> Arrays:
         ids = np.asarray(inputs["input_ids"])

@@ -167,6 +167,8 @@ class TvmModelRunner:
             view.fill(0.0)
         #: per bucket: its input tensors' numpy views (ids, positions, write_pos), the argument list
         self._calls: dict[int, tuple[list[np.ndarray], list[Any]]] = {}
+        #: the same for ``extend``, per slot
+        self._extends: dict[int, tuple[list[np.ndarray], list[Any]]] = {}
         for b in (b for b in engine.batch_buckets if b <= top):
             inputs = [tvm.runtime.empty(s, "int64") for s in ((b, 1), (b, 1), (b,))]
             views = [t._create_view((b, *shape[1:])) for t in self.cache]
@@ -197,20 +199,30 @@ class TvmModelRunner:
         return logits.numpy()[0]
 
     def extend(self, slot: int, token_ids: np.ndarray, start: int) -> np.ndarray:
-        engine, tvm = self.engine, self.engine._tvm
-        width = engine.verify_width
-        # The kernels take no byte offset: the slot's rows as tensors of their own over the same memory (DLPack).
-        views = [tvm.runtime.from_dlpack(view[slot : slot + 1]) for view in self._views]
+        width = self.engine.verify_width
+        (ids, positions, write_pos), arguments = self._extend_call(slot)
         logits = np.empty(0, dtype=np.float32)
         for at in range(0, len(token_ids), width):
             piece = token_ids[at : at + width]
-            ids = np.zeros((1, width), dtype=np.int64)
+            ids.fill(0)
             ids[0, : len(piece)] = piece
-            positions = np.arange(start + at, start + at + width, dtype=np.int64)[None, :]
-            arguments = [tvm.runtime.tensor(a) for a in (ids, positions, positions[:, 0].copy())]
-            out = engine._functions["verify_1"](*arguments, *views, *engine._weights["verify_1"])
+            positions[0] = np.arange(start + at, start + at + width)
+            write_pos[0] = start + at
+            out = self.engine._functions["verify_1"](*arguments)
             logits = np.from_dlpack(out[0]).reshape(width, -1)[len(piece) - 1].copy()
         return logits
+
+    def _extend_call(self, slot: int) -> tuple[list[np.ndarray], list[Any]]:
+        """The batch-1 verify function's inputs (numpy views of tvm tensors) and arguments over ``slot``, made on
+        its first extension: the kernels take no byte offset, so the slot's rows are tensors of their own over
+        the same memory (DLPack)."""
+        if slot not in self._extends:
+            tvm, width = self.engine._tvm, self.engine.verify_width
+            inputs = [tvm.runtime.empty(s, "int64") for s in ((1, width), (1, width), (1,))]
+            views = [tvm.runtime.from_dlpack(view[slot : slot + 1]) for view in self._views]
+            arguments = [*inputs, *views, *self.engine._weights["verify_1"]]
+            self._extends[slot] = ([np.from_dlpack(t) for t in inputs], arguments)
+        return self._extends[slot]
 
     def copy(self, src: int, dst: int, length: int) -> None:
         for view in self._views:

@@ -1,0 +1,67 @@
+"""A text-generation artifact loaded into the serving runtime: its engine, tokenizer, stop ids and chat template.
+
+What the runtime needs of an artifact beyond the target's model runner lives in the artifact's files (the model
+directory's tokenizer and generation config, which the build copies), so it is read here, on the artifacts floor,
+and the runtime below imports nothing of the artifacts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from aotforge.artifacts.loader import load
+from aotforge.core.decoder import GENERATION_CONFIG_FILE
+from aotforge.core.errors import InputSpecError
+from aotforge.runtime.async_engine import AsyncEngine
+from aotforge.runtime.engine import LLMEngine
+from aotforge.runtime.params import EngineConfig
+
+
+def load_async_engine(path: str | Path, config: EngineConfig | None = None) -> AsyncEngine:
+    """The engine ``aotforge serve`` runs over the artifact at ``path`` (verified as ``aotforge.load`` does)."""
+    return AsyncEngine(*load_engine(path, config or EngineConfig()))
+
+
+def load_engine(path: str | Path, config: EngineConfig) -> tuple[LLMEngine, str, str | None]:
+    """The engine over a text-generation artifact, its name, and its chat template (or None)."""
+    path = Path(path)
+    loaded = load(path)
+    engine = loaded._generative().engine
+    spec = engine.spec
+    if not config.max_num_seqs:
+        config = dataclasses.replace(config, max_num_seqs=spec.max_batch)
+    if config.max_num_seqs > spec.max_batch:
+        raise InputSpecError(
+            f"--max-num-seqs {config.max_num_seqs} is more than the artifact's max_batch {spec.max_batch}: ask for at "
+            f"most {spec.max_batch}, or rebuild it with --max-batch {config.max_num_seqs}"
+        )
+    tokenizer = load_tokenizer(path)
+    runner = engine.model_runner(config.max_num_seqs)
+    chat_template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+    llm = LLMEngine(runner, config, tokenizer, eos_token_ids(path, tokenizer))
+    return llm, loaded.manifest.name, chat_template
+
+
+def load_tokenizer(path: Path) -> Any | None:
+    """The tokenizer the artifact carries (its model directory's files), or None."""
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def eos_token_ids(path: Path, tokenizer: Any | None) -> tuple[int, ...]:
+    """Where generation stops by default: the model's generation config's end-of-sequence ids, else the
+    tokenizer's; none when the artifact carries neither."""
+    config = path / GENERATION_CONFIG_FILE
+    if config.is_file():
+        eos = json.loads(config.read_text()).get("eos_token_id")
+        if eos is not None:
+            return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        return (int(tokenizer.eos_token_id),)
+    return ()
