@@ -55,6 +55,7 @@ def compile_generative(
     from aotforge.targets.tvm.rewrites.decode_attention import attention_over_filled_cache
     from aotforge.targets.tvm.rewrites.kv_inplace import kv_cache_in_place
     from aotforge.targets.tvm.rewrites.mean_of_square import norm_squares_fused
+    from aotforge.targets.tvm.rewrites.paged_kv import PREFIX, paged_functions
 
     prompts, batches = plan_generative(spec, options)
     prefill, decode = weights_as_inputs(workdir / PREFILL_FILE), weights_as_inputs(workdir / DECODE_FILE)
@@ -82,6 +83,16 @@ def compile_generative(
             f"tvm: verify attention stays over all of max_seq_len in some layers ({verify_attention} of "
             f"{spec.layers * len(batches)} rewritten): {attention_report['skipped']}"
         )
+    steps = [name for name, _ in imports if not name.startswith("prefill_")]
+    paged: dict[str, int] = {}
+    if attention_report["rewritten"] == spec.layers * len(batches) and (
+        verify is None or verify_attention == spec.layers * len(batches)
+    ):
+        say("paging the decode" + (" and verify" if verify is not None else "") + " functions' KV cache")
+        mod, paged = paged_functions(mod, steps, spec.max_seq_len)
+        imports += [(PREFIX + name, None) for name in steps]
+    else:
+        say("tvm: no paged KV cache (some attention is not on the kernel): this artifact serves from slots")
     target = tvm.target.Target(target_dict(options))
     refs = {w.name: w for g in (prefill, decode, verify) if g is not None for w in g.weights}
     fmt = weight_only_format(passes["weight-only"]) if passes and "weight-only" in passes else None
@@ -109,6 +120,8 @@ def compile_generative(
         "weights": {ref.name: ref.to_dict() for ref in stored},
         "verify_width": verify_width,
         "huge_pages": options.huge_pages,
+        # the functions over a paged cache (``rewrites/paged_kv``) are named ``paged_<slot function>``
+        "paged": bool(paged),
     }
     (workdir / INFO_FILE).write_text(json.dumps(info, sort_keys=True, indent=1) + "\n")
     built = target_dict(options)
@@ -122,6 +135,7 @@ def compile_generative(
             "kv_cache": kv_report,
             "decode_attention": attention_report,
             "verify_attention": {"rewritten": verify_attention},
+            "paged_kv": paged,
             # RMSNorms whose square joined the norm's kernel (rewrites/mean_of_square)
             "norm_squares_fused": norm_squares,
             "huge_pages": options.huge_pages,
