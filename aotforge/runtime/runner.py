@@ -34,7 +34,7 @@ class ModelRunner(Protocol):
         ...
 
     def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
-        """The whole prompt ``[n]`` at positions ``0 .. n-1`` into ``block_table``'s blocks; the last logits ``[vocab]``."""
+        """The whole prompt ``[n]`` at positions ``0 .. n-1`` into ``block_table``'s blocks; its last logits."""
         ...
 
     def extend(self, token_ids: np.ndarray, start: int, block_table: np.ndarray) -> np.ndarray:

@@ -15,7 +15,9 @@ import numpy as np
 
 
 class PagedRows:
-    def __init__(self, num_blocks: int, block_size: int, rows: int, row_shape: tuple[int, int, int], kinds: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, rows: int, row_shape: tuple[int, int, int], kinds: int
+    ) -> None:
         kv_heads, max_seq_len, head_dim = row_shape
         self.block_size = block_size
         #: the cache of record: one ``[num_blocks, kv_heads, block_size, head_dim]`` array per layer and kind

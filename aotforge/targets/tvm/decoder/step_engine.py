@@ -213,10 +213,14 @@ class TvmModelRunner:
         name = f"prefill_{size}"
         logits, *present = engine._functions[name](*map(engine._tvm.runtime.tensor, padded), *engine._weights[name])
         bs = self.block_size
+        full, rest = divmod(n, bs)
         for view, values in zip(self._views, present, strict=True):
-            kv = np.from_dlpack(values)[0, :, :n]  # [kv_heads, n, dim]
-            for j in range(-(-n // bs)):
-                view[block_table[j], :, : min(bs, n - j * bs)] = kv[:, j * bs : (j + 1) * bs]
+            kv = np.from_dlpack(values)[0]  # [kv_heads, size, dim]
+            view[block_table[:full]] = (
+                kv[:, : full * bs].reshape(kv.shape[0], full, bs, kv.shape[2]).transpose(1, 0, 2, 3)
+            )
+            if rest:
+                view[block_table[full], :, :rest] = kv[:, full * bs : n]
         return logits.numpy()[0]
 
     def extend(self, token_ids: np.ndarray, start: int, block_table: np.ndarray) -> np.ndarray:

@@ -198,7 +198,9 @@ def paged_decode_attention(heads: int, kv_heads: int, seq: int, dim: int, scale:
             )
 
     @T.prim_func(private=True, s_tir=True)
-    def kernel(q_h: T.handle, k_h: T.handle, v_h: T.handle, table_h: T.handle, pos_h: T.handle, out_h: T.handle) -> None:
+    def kernel(
+        q_h: T.handle, k_h: T.handle, v_h: T.handle, table_h: T.handle, pos_h: T.handle, out_h: T.handle
+    ) -> None:
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True, "op_pattern": 8})
         b_, nb_, bs_, tw_ = T.int64(), T.int64(), T.int64(), T.int64()
         q = T.match_buffer(q_h, (b_, h_, w_, d_), "float32")
@@ -229,7 +231,9 @@ def paged_decode_attention(heads: int, kv_heads: int, seq: int, dim: int, scale:
                         lanes[lane] = q[b, bh % h_, i, lane] * k[blk, g, o, lane]
                     for c in range(1, chunks):
                         for lane in T.vectorized(LANES):
-                            lanes[lane] = lanes[lane] + q[b, bh % h_, i, c * LANES + lane] * k[blk, g, o, c * LANES + lane]
+                            lanes[lane] = (
+                                lanes[lane] + q[b, bh % h_, i, c * LANES + lane] * k[blk, g, o, c * LANES + lane]
+                            )
                     for lane in T.vectorized(8):
                         lanes[lane] = lanes[lane] + lanes[lane + 8]
                     for lane in T.vectorized(4):

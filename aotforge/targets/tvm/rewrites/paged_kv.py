@@ -32,7 +32,6 @@ def _callee(call: Any, op: str) -> str:
 
 def paged_functions(mod: Any, names: Sequence[str], max_seq_len: int) -> tuple[Any, dict[str, int]]:
     """``mod`` with ``paged_<name>`` added for each of ``names``; how many writes and attentions were paged."""
-    import tvm
     from tvm import relax, tirx
     from tvm.relax import PyExprMutator, expr_functor
     from tvm.relax.utils import copy_with_new_vars
@@ -68,12 +67,12 @@ def paged_functions(mod: Any, names: Sequence[str], max_seq_len: int) -> tuple[A
             callee = _callee(call, "relax.call_tir")
             if callee.startswith("decode_attention_"):
                 q, keys, values, pos = (self.visit_expr(a) for a in call.args[1].fields)
-                scale, steps = (float(x) for x in mod[callee].attrs[kernels.ATTENTION_ATTR])
+                scale, width = (float(x) for x in mod[callee].attrs[kernels.ATTENTION_ATTR])
                 _, heads, _, dim = static_shape(q) or [0, 0, 0, 0]
                 kv = int(keys.ty.shape[1])
                 name = f"paged_{callee}"
                 prim = self.add_kernel(
-                    name, lambda: kernels.paged_decode_attention(heads, kv, max_seq_len, dim, scale, int(steps))
+                    name, lambda: kernels.paged_decode_attention(heads, kv, max_seq_len, dim, scale, int(width))
                 )
                 counts["attentions"] += 1
                 return relax.call_tir(prim, [q, keys, values, self.table, pos], call.ty)
