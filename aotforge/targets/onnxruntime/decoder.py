@@ -301,14 +301,15 @@ class OrtModelRunner:
     def decode(self, token_ids: np.ndarray, positions: np.ndarray, block_tables: np.ndarray) -> np.ndarray:
         paged = self._rows()
         rows = len(token_ids)
-        for row in range(rows):
-            paged.load(row, block_tables[row], int(positions[row]))
+        order = paged.assign(block_tables)  # sequence i runs on working row order[i]
+        for i, row in enumerate(order):
+            paged.load(row, block_tables[i], int(positions[i]))
         binding, ids, write_pos, logits = self._decodes.get(rows) or self._bind_decode(rows)
-        ids[:, 0] = token_ids
-        write_pos[:] = positions
+        ids[order, 0] = token_ids
+        write_pos[order] = positions
         self.engine.decode_session.run_with_iobinding(binding)
-        paged.store(np.arange(rows), block_tables, np.asarray(positions, dtype=np.int64))
-        return logits
+        paged.store(order, block_tables, np.asarray(positions, dtype=np.int64))
+        return logits[order]
 
     def _bind_decode(self, rows: int) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
         import onnxruntime as ort

@@ -41,13 +41,32 @@ class PagedRows:
         self._held[row] = [(int(b), int(self.epoch[b])) for b in blocks]
         self._length[row] = length
 
+    def _same(self, row: int, table: np.ndarray) -> int:
+        """How many of ``table``'s first blocks ``row`` holds as the pool has them."""
+        held, same = self._held[row], 0
+        while same < len(held) and held[same] == (int(table[same]), int(self.epoch[table[same]])):
+            same += 1
+        return same
+
+    def assign(self, tables: np.ndarray) -> np.ndarray:
+        """A row of ``0 .. len(tables)-1`` for each table: the one that holds most of it where one does, so a
+        sequence keeps its row when one before it has ended (rather than every later one moving up)."""
+        n = len(tables)
+        rows = np.full(n, -1, dtype=np.int64)
+        free = list(range(n))
+        for i in range(n):
+            best = max(free, key=lambda r: self._same(r, tables[i]))
+            if self._same(best, tables[i]):
+                rows[i] = best
+                free.remove(best)
+        for i in np.flatnonzero(rows < 0):
+            rows[i] = free.pop(0)
+        return rows
+
     def load(self, row: int, table: np.ndarray, length: int) -> None:
         """Make positions ``0 .. length-1`` of ``row`` those of the blocks of ``table``."""
         bs, held = self.block_size, self._held[row]
-        same = 0
-        while same < len(held) and held[same] == (int(table[same]), int(self.epoch[table[same]])):
-            same += 1
-        valid = min(self._length[row], same * bs)
+        valid = min(self._length[row], self._same(row, table) * bs)
         if valid >= length:
             return
         first, last = valid // bs, -(-length // bs)
