@@ -59,8 +59,8 @@ class PagedRows:
             if self._same(best, tables[i]):
                 rows[i] = best
                 free.remove(best)
-        for i in np.flatnonzero(rows < 0):
-            rows[i] = free.pop(0)
+        for unheld in np.flatnonzero(rows < 0):
+            rows[unheld] = free.pop(0)
         return rows
 
     def load(self, row: int, table: np.ndarray, length: int) -> None:
