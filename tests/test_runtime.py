@@ -168,13 +168,15 @@ def test_block_manager_reference_counts_and_evicts_least_recently_freed() -> Non
     assert not blocks.allocate("e", 4) and "e" not in blocks.tables  # one block left: refused, nothing taken
 
 
-def test_a_tvm_artifact_without_paged_functions_is_refused_with_a_rebuild_message(llama_tvm: Any) -> None:
-    from aotforge.core.errors import ArtifactError
-
-    engine = load(Path(llama_tvm.path))._generative().engine
-    engine.paged = False  # what an artifact built before the paged functions reads as
-    with pytest.raises(ArtifactError, match="rebuild it"):
-        engine.model_runner(MAX_BATCH)
+def test_a_tvm_artifact_without_paged_functions_serves_through_its_slot_functions(llama_tvm: Any) -> None:
+    path = Path(llama_tvm.path)
+    step_engine = load(path)._generative().engine
+    step_engine.paged = False  # what an artifact built before the paged functions reads as
+    engine = LLMEngine(step_engine.model_runner(MAX_BATCH), EngineConfig(max_num_seqs=MAX_BATCH, block_size=4))
+    assert type(engine.runner).__name__ == "TvmRowsRunner"
+    tokens, stats = _run(engine, {0: [(str(i), p) for i, p in enumerate(PROMPTS[2:5])]})
+    assert [tokens[str(i)] for i in range(3)] == _expected(path, PROMPTS[2:5])
+    assert sum(s.prefix_cache_hits for s in stats) == 32 and stats[-1].kv_blocks_used == 0
 
 
 def test_stops_at_eos_and_stop_token_ids(llama_ort: Any) -> None:

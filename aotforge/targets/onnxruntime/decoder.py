@@ -24,8 +24,8 @@ from aotforge.targets.base import CompileResult
 from aotforge.targets.generative.backend import GenerativeBackend
 from aotforge.targets.generative.runner import GenerativeRunner
 from aotforge.targets.huge_pages import huge_pages as advise_huge_pages
-from aotforge.targets.onnxruntime.paged_rows import PagedRows
 from aotforge.targets.onnxruntime.target import SESSION_FILE, session_options, stored_options
+from aotforge.targets.paged_rows import PagedRows
 
 #: Pass defaults of text-generation builds, under the user's (``--pass-opt weight-only.accuracy_level=0`` still
 #: wins): MatMulNBits with int8 activations, as ONNX Runtime GenAI's builder sets for CPU, because a decode step's
@@ -283,8 +283,9 @@ class OrtModelRunner:
 
     def allocate(self, num_blocks: int, block_size: int) -> None:
         spec = self.spec
-        shape = (spec.kv_heads, spec.max_seq_len, spec.head_dim)
-        self.paged = PagedRows(num_blocks, block_size, self.max_rows + 1, shape, len(self.engine._past))
+        shape = (self.max_rows + 1, spec.kv_heads, spec.max_seq_len, spec.head_dim)
+        rows = [np.zeros(shape, dtype=np.float32) for _ in self.engine._past]
+        self.paged = PagedRows(num_blocks, block_size, rows)
         self._decodes = {}
 
     def kv_cache_bytes(self) -> int:

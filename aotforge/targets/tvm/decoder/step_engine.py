@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from aotforge.core.decoder import DecoderSpec
-from aotforge.core.errors import ArtifactError, CompileError, describe
+from aotforge.core.errors import CompileError, describe
 from aotforge.targets.huge_pages import HugePageReport
+from aotforge.targets.paged_rows import PagedRows
 from aotforge.targets.tvm.decoder.graphs import WeightRef
 from aotforge.targets.tvm.decoder.weight_file import read_weights
 from aotforge.targets.tvm.threads import fix_thread_count
@@ -132,9 +133,10 @@ class TvmStepEngine:
     def verify_positions(self, width: int) -> int:
         return self.verify_width
 
-    def model_runner(self, max_rows: int) -> TvmModelRunner:
-        """The serving runtime's runner over these functions and weights, with a paged cache of its own."""
-        return TvmModelRunner(self, max_rows)
+    def model_runner(self, max_rows: int) -> TvmModelRunner | TvmRowsRunner:
+        """The serving runtime's runner over these functions and weights, with a paged cache of its own (an
+        artifact built before the paged functions: its slot functions over rows kept in step with the pool)."""
+        return TvmModelRunner(self, max_rows) if self.paged else TvmRowsRunner(self, max_rows)
 
     def cache_pointers(self) -> list[int]:
         """Where the last decode step's ``present_*`` outputs live (the cache, if it was updated in place)."""
@@ -157,11 +159,6 @@ class TvmModelRunner:
     """
 
     def __init__(self, engine: TvmStepEngine, max_rows: int) -> None:
-        if not engine.paged:
-            raise ArtifactError(
-                "this tvm artifact was built before the paged KV cache (its tvm_generative.json has no paged "
-                "functions): generate() still runs it, but to serve it rebuild it with this aotforge"
-            )
         self.engine = engine
         self.spec = engine.spec
         self.max_rows = max_rows
@@ -236,4 +233,90 @@ class TvmModelRunner:
             arguments = [tvm.runtime.tensor(a) for a in (ids, positions, positions[:, 0].copy())]
             out = engine._functions["paged_verify_1"](*arguments, table, *self.pool, *engine._weights["paged_verify_1"])
             logits = np.from_dlpack(out[0]).reshape(width, -1)[len(piece) - 1].copy()
+        return logits
+
+
+class TvmRowsRunner:
+    """The runner of an artifact built before the paged functions: its slot functions over working rows that
+    ``targets/paged_rows`` keeps in step with a pool of blocks (as the onnxruntime runner does), ``top + 1`` rows
+    of ``max_seq_len`` positions besides the pool (``top``: the smallest batch bucket that holds ``max_rows``;
+    the last row is ``extend``'s). A decode of ``rows`` sequences calls the smallest bucket's ``decode_<b>`` over
+    views of the first rows; a prompt runs through the prefill function, ``extend`` through ``verify_1``."""
+
+    def __init__(self, engine: TvmStepEngine, max_rows: int) -> None:
+        self.engine = engine
+        self.spec = engine.spec
+        self.max_rows = max_rows
+        self.can_extend = engine.verify_width > 0 and "verify_1" in engine._functions
+        self.top = next(b for b in engine.batch_buckets if b >= max_rows)
+        self.paged: PagedRows | None = None
+        self._extend_rows: list[Any] = []
+        self._calls: dict[int, tuple[list[np.ndarray], list[Any]]] = {}
+
+    def allocate(self, num_blocks: int, block_size: int) -> None:
+        engine, spec, tvm = self.engine, self.spec, self.engine._tvm
+        shape = (self.top + 1, spec.kv_heads, spec.max_seq_len, spec.head_dim)
+        cache = [tvm.runtime.empty(shape, "float32") for _ in range(2 * spec.layers)]
+        views = [np.from_dlpack(t) for t in cache]
+        for view in views:
+            view.fill(0.0)
+        self.paged = PagedRows(num_blocks, block_size, views)
+        # The kernels take no byte offset: the extend row as tensors of their own over the same memory (DLPack).
+        self._extend_rows = [tvm.runtime.from_dlpack(view[self.top : self.top + 1]) for view in views]
+        self._calls = {}
+        for b in (b for b in engine.batch_buckets if b <= self.top):
+            inputs = [tvm.runtime.empty(s, "int64") for s in ((b, 1), (b, 1), (b,))]
+            rows = [t._create_view((b, *shape[1:])) for t in cache]
+            self._calls[b] = ([np.from_dlpack(t) for t in inputs], [*inputs, *rows, *engine._weights[f"decode_{b}"]])
+
+    def _rows(self) -> PagedRows:
+        if self.paged is None:
+            raise RuntimeError("the runner's KV pool is not allocated: call allocate(num_blocks, block_size) first")
+        return self.paged
+
+    def kv_cache_bytes(self) -> int:
+        return self._rows().nbytes()
+
+    def decode_rows(self, rows: int) -> int:
+        return next(b for b in sorted(self._calls) if b >= rows)
+
+    def decode(self, token_ids: np.ndarray, positions: np.ndarray, block_tables: np.ndarray) -> np.ndarray:
+        paged, rows = self._rows(), len(token_ids)
+        order = paged.assign(block_tables)  # sequence i runs on working row order[i]
+        for i, row in enumerate(order):
+            paged.load(row, block_tables[i], int(positions[i]))
+        (ids, pos, write_pos), arguments = self._calls[rows]
+        ids[order, 0] = token_ids
+        pos[order, 0] = positions
+        write_pos[order] = positions
+        out = self.engine._functions[f"decode_{rows}"](*arguments)
+        paged.store(order, block_tables, np.asarray(positions, dtype=np.int64))
+        return np.from_dlpack(out[0]).reshape(rows, -1)[order]
+
+    def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
+        engine = self.engine
+        n = len(token_ids)
+        size = next(p for p in engine.prompt_buckets if p >= n)
+        padded = [np.zeros((1, size), dtype=np.int64) for _ in range(3)]
+        padded[0][0, :n], padded[1][0, :n], padded[2][0, :n] = token_ids, 1, np.arange(n)
+        name = f"prefill_{size}"
+        logits, *present = engine._functions[name](*map(engine._tvm.runtime.tensor, padded), *engine._weights[name])
+        self._rows().scatter([np.from_dlpack(values)[0, :, :n] for values in present], block_table, 0)
+        return logits.numpy()[0]
+
+    def extend(self, token_ids: np.ndarray, start: int, block_table: np.ndarray) -> np.ndarray:
+        engine, tvm, paged = self.engine, self.engine._tvm, self._rows()
+        paged.load(self.top, block_table, start)
+        width, n = engine.verify_width, len(token_ids)
+        logits = np.empty(0, dtype=np.float32)
+        for at in range(0, n, width):
+            piece = token_ids[at : at + width]
+            ids = np.zeros((1, width), dtype=np.int64)
+            ids[0, : len(piece)] = piece
+            positions = np.arange(start + at, start + at + width, dtype=np.int64)[None, :]
+            arguments = [tvm.runtime.tensor(a) for a in (ids, positions, positions[:, 0].copy())]
+            out = engine._functions["verify_1"](*arguments, *self._extend_rows, *engine._weights["verify_1"])
+            logits = np.from_dlpack(out[0]).reshape(width, -1)[len(piece) - 1].copy()
+        paged.scatter([rows[self.top, :, start : start + n] for rows in paged.rows], block_table, start)
+        paged.record(self.top, block_table, start + n)
         return logits

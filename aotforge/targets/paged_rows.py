@@ -1,8 +1,9 @@
-"""The paged KV pool as ONNX Runtime's GroupQueryAttention reads it: contiguous rows, kept in step with the pool.
+"""The paged KV pool for graphs that read each sequence as one contiguous row, kept in step with the pool.
 
-ORT's CPU GroupQueryAttention takes each sequence's keys/values as one contiguous ``[kv_heads, max_seq_len,
-head_dim]`` row and has no block table (its PagedAttention is CUDA-only). So the pool of blocks is the cache
-of record, and a decode binds working rows: before a step each row is brought up to its sequence's position
+ONNX Runtime's CPU GroupQueryAttention takes each sequence's keys/values as one contiguous ``[kv_heads,
+max_seq_len, head_dim]`` row and has no block table (its PagedAttention is CUDA-only), and so do the slot
+functions of tvm artifacts built before their paged ones. So the pool of blocks is the cache of record, and a
+decode binds working rows: before a step each row is brought up to its sequence's position
 from the blocks of its table, after it the one position the step wrote is copied into its block. A row
 remembers which blocks it holds and each block's write count (``epoch``), so a sequence that stays on its
 row copies nothing but its new position each step; a row that changes sequence (one ended before it), or
@@ -15,19 +16,18 @@ import numpy as np
 
 
 class PagedRows:
-    def __init__(
-        self, num_blocks: int, block_size: int, rows: int, row_shape: tuple[int, int, int], kinds: int
-    ) -> None:
-        kv_heads, max_seq_len, head_dim = row_shape
+    def __init__(self, num_blocks: int, block_size: int, rows: list[np.ndarray]) -> None:
+        """``rows``: what the graph reads and writes, one ``[rows, kv_heads, max_seq_len, head_dim]`` array per
+        layer and kind (the caller's: a runtime's own buffers seen through numpy)."""
         self.block_size = block_size
+        self.rows = rows
+        rows_count, kv_heads, _, head_dim = rows[0].shape
         #: the cache of record: one ``[num_blocks, kv_heads, block_size, head_dim]`` array per layer and kind
-        self.pool = [np.zeros((num_blocks, kv_heads, block_size, head_dim), dtype=np.float32) for _ in range(kinds)]
-        #: what the graph reads and writes: ``rows`` contiguous rows per layer and kind
-        self.rows = [np.zeros((rows, kv_heads, max_seq_len, head_dim), dtype=np.float32) for _ in range(kinds)]
+        self.pool = [np.zeros((num_blocks, kv_heads, block_size, head_dim), dtype=np.float32) for _ in rows]
         self.epoch = np.zeros(num_blocks, dtype=np.int64)
         #: per row: the (block, epoch) pairs it holds, in table order, and how many positions of them are valid
-        self._held: list[list[tuple[int, int]]] = [[] for _ in range(rows)]
-        self._length = [0] * rows
+        self._held: list[list[tuple[int, int]]] = [[] for _ in range(rows_count)]
+        self._length = [0] * rows_count
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.pool) + sum(a.nbytes for a in self.rows)
