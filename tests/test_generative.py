@@ -139,14 +139,15 @@ def test_kv_cache_is_not_reallocated_per_token(llama_ort: Any) -> None:
     for _ in steps:
         if 2 in runner._decodes and len(seen) < NEW - 1:
             written = [value.data_ptr() for value in runner._decodes[2][0].get_outputs()[1:]]
-            seen.append(([buffer.ctypes.data for buffer in runner.cache], written))
+            seen.append(([buffer.ctypes.data for buffer in runner.paged.rows], written))
     first_buffers = seen[0][0]
-    cache_ids = [id(b) for b in runner.cache]
+    cache_ids = [id(b) for b in runner.paged.rows]
     for buffers, written in seen[1:]:
         assert buffers == first_buffers, "the cache buffers moved"
         assert written == first_buffers, "ORT wrote present_* somewhere else than the bound cache"
-    assert cache_ids == [id(b) for b in runner.cache]
-    assert len(runner.cache) == 2 * 2 and runner.cache[0].shape == (2, 2, MAX_SEQ, 16)
+    assert cache_ids == [id(b) for b in runner.paged.rows]
+    # the working rows ORT decodes over: one per sequence and extend's, beside the pool of blocks
+    assert len(runner.paged.rows) == 2 * 2 and runner.paged.rows[0].shape == (2 + 1, 2, MAX_SEQ, 16)
 
 
 def test_refusals(tmp_path: Path) -> None:

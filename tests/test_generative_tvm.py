@@ -47,12 +47,18 @@ def test_one_library_over_the_shared_weight_file(llama_tvm: Any) -> None:
     assert info["prompt_buckets"] == [16, 64] and info["batch_buckets"] == [1, 2]
     # K+V x layers x batch buckets x (decode + verify: the shared build has --speculative-k)
     assert info["kv_cache"] == {"in_place": 2 * 2 * 2 * 2, "skipped": {}}
-    # 7 projections x layers x 6 functions (2 prefill buckets, 2 decode, 2 verify) read packed panels, in
+    # 7 projections x layers x 10 functions (2 prefill buckets, 2 decode, 2 verify, and the paged copies of the
+    # decode and verify functions) read packed panels, in
     # 4 calls a layer (Q/K/V and gate/up merged), over one copy of each weight: 2 x 4 packed tensors; the head
     # too: [vocab, hidden] read transposed in prefill and decode (packed from its transpose), and a
     # [hidden, vocab] copy of its own in the verify graphs (vocab 500 padded to 512 either way)
     panels = info["panel_weights"]
-    assert (panels["matmuls_taken"], len(panels["weights_packed"])) == ((7 * 2 + 1) * 6, 2 * 4 + 2), panels
+    assert (panels["matmuls_taken"], len(panels["weights_packed"])) == ((7 * 2 + 1) * 10, 2 * 4 + 2), panels
+    assert info["paged_kv"] == {
+        "functions": ["decode_1", "decode_2", "verify_1", "verify_2"],
+        "writes": 16,
+        "attentions": 8,
+    }
     assert sorted(panels["weights_packed"].values())[-2:] == [[512 // 32, 64, 32]] * 2
     assert panels["lookups_from_panels"] == 0  # the head is not tied: the embedding's lookup reads its own table
     assert info["decode_attention"]["rewritten"] == 2 * 2  # layers x decode functions: over the filled cache only
@@ -115,20 +121,20 @@ def test_kv_cache_is_not_reallocated_per_token(llama_tvm: Any) -> None:
     runtime's engine over it)."""
     artifact = aotforge.load(llama_tvm.path)
     engine = artifact._generative().engine
-    decode, written = engine._functions["decode_2"], []
+    decode, written = engine._functions["paged_decode_2"], []
 
     def recorded(*arguments: Any) -> Any:  # the real function; what it returns is noted
         out = decode(*arguments)
         written.append([t.data_ptr() for t in list(out)[1:]])
         return out
 
-    engine._functions["decode_2"] = recorded
+    engine._functions["paged_decode_2"] = recorded
     ids, mask = left_padded()
     steps = artifact.stream(ids, NEW, attention_mask=mask)
     runner = artifact._generative().model_runner(len(ids))  # the one this call runs on
-    seen = [([id(t) for t in runner.cache], [t.data_ptr() for t in runner.cache]) for _ in steps]
-    engine._functions["decode_2"] = decode
-    assert len(runner.cache) == 2 * 2 and runner.cache[0].shape == (2, 2, MAX_SEQ, 16)
+    seen = [([id(t) for t in runner.pool], [t.data_ptr() for t in runner.pool]) for _ in steps]
+    engine._functions["paged_decode_2"] = decode
+    assert len(runner.pool) == 2 * 2 and runner.pool[0].shape[1::2] == (2, 16)  # [blocks, kv heads, block, dim]
     first_ids, first_buffers = seen[1]
     for ids_now, buffers in seen[1:]:
         assert ids_now == first_ids and buffers == first_buffers, "the cache buffers moved"
@@ -140,7 +146,7 @@ def test_kv_cache_is_not_reallocated_per_token(llama_tvm: Any) -> None:
 def test_batch_one_runs_the_smallest_decode_bucket(llama_tvm: Any) -> None:
     artifact = aotforge.load(llama_tvm.path)
     one = artifact.generate(np.array([PROMPTS[1]]), NEW)
-    assert artifact._generative().model_runner(1).cache[0].shape[0] == 1
+    assert artifact._generative().model_runner(1).decode_rows(1) == 1
     ids, mask = left_padded()
     np.testing.assert_array_equal(one[0, 3:], artifact.generate(ids, NEW, attention_mask=mask)[1, ids.shape[1] :])
 

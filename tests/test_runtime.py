@@ -18,6 +18,7 @@ from aotforge.artifacts.loader import load
 from aotforge.core.errors import InputSpecError
 from aotforge.runtime.detokenizer import Detokenizer
 from aotforge.runtime.engine import LLMEngine
+from aotforge.runtime.kv_blocks import KVBlockManager
 from aotforge.runtime.outputs import FinishReason, StepStats
 from aotforge.runtime.params import EngineConfig, SamplingParams
 from tests.llm_models import MAX_BATCH, MAX_SEQ
@@ -109,17 +110,73 @@ def test_preempted_sequences_are_recomputed_token_exact(artifact: Path) -> None:
     assert all(s.kv_blocks_used <= MAX_SEQ // 4 for s in stats)
 
 
-def test_kv_blocks_held_are_the_tokens_rounded_up_to_blocks(llama_ort: Any) -> None:
-    engine = _engine(Path(llama_ort.path), block_size=4)
+def test_kv_blocks_held_are_the_tokens_rounded_up_to_blocks(artifact: Path) -> None:
+    engine = _engine(artifact, block_size=4)
     engine.add_request("a", PROMPTS[0], GREEDY)
     engine.add_request("b", PROMPTS[2], GREEDY)
     for _ in range(5):
         engine.step()
         held = [s.num_computed for s in engine.scheduler.running]  # positions whose keys/values the cache holds
         assert engine.last_stats.kv_blocks_used == sum(-(-n // 4) for n in held)
+        assert engine.last_stats.kv_cache_usage == engine.last_stats.kv_blocks_used / engine.blocks.num_blocks
     while engine.has_unfinished():
         engine.step()
     assert engine.last_stats.kv_blocks_used == 0 and engine.blocks.num_free == engine.blocks.num_blocks
+
+
+def test_eight_mixed_length_requests_at_once_are_token_exact(artifact: Path) -> None:
+    # 4-token blocks: every table spans several blocks, taken from the pool in the order the requests grow.
+    engine = _engine(artifact, block_size=4)
+    lengths = (5, 1, 29, 12, 40, 3, 17, 8)
+    prompts = [[int(t) for t in RNG.integers(3, 500, size=n)] for n in lengths]
+    tokens, stats = _run(engine, {0: [(str(i), p) for i, p in enumerate(prompts)]})
+    assert [tokens[str(i)] for i in range(8)] == _expected(artifact, prompts)
+    assert stats[-1].kv_blocks_used == 0
+
+
+def test_running_sequences_share_a_cached_prefix_block_once(artifact: Path) -> None:
+    engine = _engine(artifact, block_size=16)
+    engine.add_request("first", PROMPTS[3], GREEDY)
+    engine.step()  # the first prompt's two full blocks are computed and cached
+    engine.add_request("second", PROMPTS[4], GREEDY)
+    engine.step()
+    assert engine.last_stats.prefix_cache_hits == 32
+    first, second = (engine.blocks.tables[r] for r in ("first", "second"))
+    assert first[:2] == second[:2] and first[2:] != second[2:]
+    assert engine.last_stats.kv_blocks_used == len(set(first) | set(second))
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.last_stats.kv_blocks_used == 0
+
+
+def test_block_manager_reference_counts_and_evicts_least_recently_freed() -> None:
+    blocks = KVBlockManager(num_blocks=4, block_size=2)
+    prompt = [1, 2, 3, 4, 5]
+    assert blocks.allocate("a", 5)
+    blocks.cache_full_blocks("a", prompt)  # [1, 2] and [3, 4] are keyed; [5] is not full
+    shared = blocks.cached_prefix(prompt + [6])
+    assert shared == blocks.tables["a"][:2]
+    assert blocks.allocate("b", 6, shared) and blocks.num_used == 4  # a's three blocks and b's own last one
+    blocks.free("a")
+    assert blocks.num_used == 3  # the two shared blocks stay held by b
+    blocks.free("b")
+    assert blocks.num_used == 0 and blocks.cached_prefix(prompt) == shared  # freed, still cached
+    assert blocks.allocate("c", 4)  # takes the two uncached blocks first: the cache survives
+    assert blocks.cached_prefix(prompt) == shared
+    assert blocks.allocate("d", 2)  # then the least recently freed cached block: b's second ([3, 4])
+    assert blocks.cached_prefix(prompt) == shared[:1]
+    assert not blocks.allocate("e", 4) and "e" not in blocks.tables  # one block left: refused, nothing taken
+
+
+def test_a_tvm_artifact_without_paged_functions_serves_through_its_slot_functions(llama_tvm: Any) -> None:
+    path = Path(llama_tvm.path)
+    step_engine = load(path)._generative().engine
+    step_engine.paged = False  # what an artifact built before the paged functions reads as
+    engine = LLMEngine(step_engine.model_runner(MAX_BATCH), EngineConfig(max_num_seqs=MAX_BATCH, block_size=4))
+    assert type(engine.runner).__name__ == "TvmRowsRunner"
+    tokens, stats = _run(engine, {0: [(str(i), p) for i, p in enumerate(PROMPTS[2:5])]})
+    assert [tokens[str(i)] for i in range(3)] == _expected(path, PROMPTS[2:5])
+    assert sum(s.prefix_cache_hits for s in stats) == 32 and stats[-1].kv_blocks_used == 0
 
 
 def test_stops_at_eos_and_stop_token_ids(llama_ort: Any) -> None:

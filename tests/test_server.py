@@ -398,16 +398,16 @@ class FailingRunner:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runner, name)
 
-    def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
+    def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
         if token_ids[:3].tolist() == self.POISON:
             raise RuntimeError("injected prefill fault")
-        return self._runner.prefill(slot, token_ids)
+        return self._runner.prefill(token_ids, block_table)
 
-    def decode(self, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def decode(self, token_ids: np.ndarray, positions: np.ndarray, block_tables: np.ndarray) -> np.ndarray:
         if self.fail_decodes:
             self.fail_decodes -= 1
             raise RuntimeError("injected decode fault")
-        return self._runner.decode(token_ids, positions)
+        return self._runner.decode(token_ids, positions, block_tables)
 
 
 def test_a_runner_fault_fails_its_request_with_500_and_the_server_keeps_serving(chat_artifact: Path) -> None:

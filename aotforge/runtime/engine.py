@@ -15,13 +15,12 @@ import numpy as np
 
 from aotforge.core.errors import InputSpecError, describe
 from aotforge.runtime.detokenizer import Detokenizer
-from aotforge.runtime.kv_blocks import KVBlockManager
+from aotforge.runtime.kv_blocks import SCRATCH_BLOCK, KVBlockManager
 from aotforge.runtime.outputs import FinishedRequestStats, FinishReason, RequestOutput, StepStats
 from aotforge.runtime.params import EngineConfig, SamplingParams
 from aotforge.runtime.runner import ModelRunner
 from aotforge.runtime.scheduler import Plan, Scheduler
 from aotforge.runtime.sequence import Sequence, Status
-from aotforge.runtime.slots import SlotTable
 from aotforge.targets.generative.sampling import Sampler
 
 
@@ -47,7 +46,7 @@ class LLMEngine:
         num_blocks = config.num_blocks or (
             config.kv_cache_bytes // kv_block_bytes(runner, config.block_size)
             if config.kv_cache_bytes
-            else runner.num_slots * slot_blocks
+            else self._max_num_seqs(runner) * slot_blocks
         )
         if num_blocks < slot_blocks:
             raise InputSpecError(
@@ -55,23 +54,30 @@ class LLMEngine:
                 f"model's {self.max_model_len} positions ({slot_blocks} blocks): give more --num-blocks / "
                 "--kv-cache-bytes"
             )
-        self.blocks = KVBlockManager(num_blocks, config.block_size)
-        self.slots = SlotTable(runner.num_slots, config.block_size)
-        self.scheduler = Scheduler(config, self.blocks, self.slots, runner.can_extend)
+        self.blocks = KVBlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        runner.allocate(num_blocks + 1, config.block_size)  # and the scratch block
+        #: how many blocks a table has: enough for the model's whole context
+        self.table_width = slot_blocks
+        self.scheduler = Scheduler(config, self.blocks, self._max_num_seqs(runner), runner.can_extend)
         self._sequences: dict[str, Sequence] = {}
         self._stats = StepStats()
         self.last_stats = StepStats(kv_blocks_total=num_blocks)
 
+    def _max_num_seqs(self, runner: ModelRunner) -> int:
+        return min(self.config.max_num_seqs or runner.max_rows, runner.max_rows)
+
     def warmup(self) -> None:
         """Run every decode width, a prompt and (if the runner has it) an extension once, before any request:
         ONNX Runtime plans each new input shape on its first run, which would land on the first requests' latency.
-        The slots hold nothing reusable yet, so what this writes is never read."""
-        widths = sorted({self.runner.decode_rows(n) for n in range(1, self.runner.num_slots + 1)})
+        Every table is all scratch block, so what this writes is never read."""
+        widths = sorted({self.runner.decode_rows(n) for n in range(1, self.scheduler.max_num_seqs + 1)})
         for rows in widths:
-            self.runner.decode(np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64))
-        self.runner.prefill(0, np.zeros(min(16, self.max_model_len), dtype=np.int64))
+            zeros = np.zeros(rows, dtype=np.int64)
+            self.runner.decode(zeros, zeros, np.full((rows, self.table_width), SCRATCH_BLOCK, dtype=np.int64))
+        table = np.full(self.table_width, SCRATCH_BLOCK, dtype=np.int64)
+        self.runner.prefill(np.zeros(min(16, self.max_model_len), dtype=np.int64), table)
         if self.runner.can_extend and self.max_model_len > 20:
-            self.runner.extend(0, np.zeros(4, dtype=np.int64), 16)
+            self.runner.extend(np.zeros(4, dtype=np.int64), 16, table)
 
     # -- requests ------------------------------------------------------------------------------------------
 
@@ -124,8 +130,6 @@ class LLMEngine:
         self._stats.num_preemptions = len(plan.preempted)
         self._stats.prefix_cache_queries, self._stats.prefix_cache_hits = plan.prefix_queries, plan.prefix_hits
         outputs: list[RequestOutput] = []
-        for src, dst, length in self.scheduler.copies:
-            self.runner.copy(src, dst, length)
         now = time.monotonic()
         for seq, _ in plan.prefills:
             if seq.scheduled_at is None:
@@ -137,42 +141,49 @@ class LLMEngine:
         self._finish_stats()
         return outputs
 
+    def _table(self, seq: Sequence) -> np.ndarray:
+        table = np.full(self.table_width, SCRATCH_BLOCK, dtype=np.int64)
+        blocks = self.blocks.tables[seq.request_id]
+        table[: len(blocks)] = blocks
+        return table
+
+    def _computed(self, seq: Sequence, n: int) -> None:
+        """``n`` more positions of ``seq`` hold their keys and values: its newly full blocks join the cache."""
+        seq.num_computed += n
+        self.blocks.cache_full_blocks(seq.request_id, seq.all_ids[: seq.num_computed])
+
     def _run_prefill(self, seq: Sequence, n: int) -> list[RequestOutput]:
         start = seq.num_computed
         tokens = np.asarray(seq.all_ids[start : start + n], dtype=np.int64)
         try:
             if start == 0:
-                logits = self.runner.prefill(seq.slot, tokens)
+                logits = self.runner.prefill(tokens, self._table(seq))
             else:
-                logits = self.runner.extend(seq.slot, tokens, start)
+                logits = self.runner.extend(tokens, start, self._table(seq))
         except Exception as e:  # one request's fault, not the server's
             return [self._finish(seq, FinishReason.ERROR, f"the model runner failed: {describe(e, last=True)}")]
-        seq.num_computed += n
-        self.slots.record(seq.slot, seq.all_ids[: seq.num_computed])
+        self._computed(seq, n)
         self._stats.prompt_tokens += n
         if seq.num_computed < seq.num_tokens:
             return []  # more chunks to come
         return [self._append(seq, logits)]
 
     def _run_decode(self, plan: Plan) -> list[RequestOutput]:
-        rows = self.runner.decode_rows(max(s.slot for s in plan.decodes) + 1)
-        max_seq = self.max_model_len
+        rows = self.runner.decode_rows(len(plan.decodes))
         ids = np.zeros(rows, dtype=np.int64)
-        # Rows past the slots (a bucket wider than --max-num-seqs) hold no sequence: position 0 is theirs to spoil.
-        slots = len(self.slots.busy)
-        positions = np.array([self.slots.safe_position(s, max_seq) if s < slots else 0 for s in range(rows)], np.int64)
-        for seq in plan.decodes:
-            ids[seq.slot], positions[seq.slot] = seq.all_ids[-1], seq.num_computed
+        positions = np.zeros(rows, dtype=np.int64)
+        tables = np.full((rows, self.table_width), SCRATCH_BLOCK, dtype=np.int64)
+        for row, seq in enumerate(plan.decodes):
+            ids[row], positions[row], tables[row] = seq.all_ids[-1], seq.num_computed, self._table(seq)
         try:
-            logits = self.runner.decode(ids, positions)
+            logits = self.runner.decode(ids, positions, tables)
         except Exception as e:
             why = f"the model runner failed: {describe(e, last=True)}"
             return [self._finish(seq, FinishReason.ERROR, why) for seq in plan.decodes]
         outputs = []
-        for seq in plan.decodes:
-            seq.num_computed += 1
-            self.slots.held[seq.slot].append(seq.all_ids[-1])
-            outputs.append(self._append(seq, logits[seq.slot]))
+        for row, seq in enumerate(plan.decodes):
+            self._computed(seq, 1)
+            outputs.append(self._append(seq, logits[row]))
         return outputs
 
     def _append(self, seq: Sequence, logits: np.ndarray) -> RequestOutput:

@@ -1,8 +1,12 @@
-"""What a target gives the serving runtime: a model runner over a cache of sequence slots.
+"""What a target gives the serving runtime: a model runner over a paged KV cache.
 
-The runner only executes the step it is given (vLLM's split: the scheduler decides, the KV manager
-hands out blocks, the runner runs). Each running sequence owns one slot of ``max_seq_len`` positions
-per layer; the engine tells the runner which tokens go where.
+The runner only executes the step it is given (vLLM's split: the scheduler decides, the KV manager hands out
+blocks, the runner runs). Its cache is a pool of ``num_blocks`` blocks of ``block_size`` positions per layer
+and kind (keys, values), shared by every sequence; each call names the tokens, their positions and each
+sequence's **block table** (int64 block ids, position ``t`` in block ``table[t // block_size]`` at
+``t % block_size``; entries past what the sequence holds are 0). Block 0 is scratch: the rows that only pad a
+step (a target's batch bucket) have all-0 tables and write there, and no sequence's table names it. Blocks
+named by several tables (a shared prefix) are only read.
 """
 
 from __future__ import annotations
@@ -16,27 +20,33 @@ from aotforge.core.decoder import DecoderSpec
 
 class ModelRunner(Protocol):
     spec: DecoderSpec
-    #: slots the cache holds (sequences that can run at once)
-    num_slots: int
-    #: True when ``extend`` runs (a prompt in chunks, or after a reused prefix); else every prompt is one ``prefill``
+    #: sequences one decode can take (the artifact's batch)
+    max_rows: int
+    #: True when ``extend`` runs (a prompt in chunks, or after a cached prefix); else every prompt is one ``prefill``
     can_extend: bool
 
-    def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
-        """The whole prompt ``[n]`` into positions ``0 .. n-1`` of ``slot``; the last position's logits ``[vocab]``."""
+    def allocate(self, num_blocks: int, block_size: int) -> None:
+        """Make the pool: ``num_blocks`` blocks (block 0, the scratch, included) of ``block_size`` positions."""
         ...
 
-    def extend(self, slot: int, token_ids: np.ndarray, start: int) -> np.ndarray:
-        """``[n]`` tokens at positions ``start ..`` of ``slot``, attending to what it holds; the last logits."""
+    def kv_cache_bytes(self) -> int:
+        """The memory the runner's KV cache holds (the pool and any working buffers)."""
+        ...
+
+    def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
+        """The whole prompt ``[n]`` at positions ``0 .. n-1`` into ``block_table``'s blocks; its last logits."""
+        ...
+
+    def extend(self, token_ids: np.ndarray, start: int, block_table: np.ndarray) -> np.ndarray:
+        """``[n]`` tokens at positions ``start ..``, attending to positions ``0 .. start-1`` already in
+        ``block_table``'s blocks; the last logits."""
         ...
 
     def decode_rows(self, rows: int) -> int:
-        """How many slots (from slot 0) a decode over the first ``rows`` slots computes (a target's bucket)."""
+        """How many rows a decode of ``rows`` sequences computes (a target's bucket; the engine pads to it)."""
         ...
 
-    def decode(self, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """One token per slot ``0 .. b-1`` (``b = decode_rows(..)``) written at ``positions [b]``; ``[b, vocab]``."""
-        ...
-
-    def copy(self, src: int, dst: int, length: int) -> None:
-        """Positions ``0 .. length-1`` of slot ``src``'s keys and values into slot ``dst`` (a reused prefix)."""
+    def decode(self, token_ids: np.ndarray, positions: np.ndarray, block_tables: np.ndarray) -> np.ndarray:
+        """One token per row ``[b]`` (``b = decode_rows(..)``) written at ``positions [b]`` through ``block_tables
+        [b, table_width]`` (``table_width`` blocks cover the model's context); ``[b, vocab]``."""
         ...

@@ -1,10 +1,11 @@
 """Which sequences run this step and how many tokens each computes (iteration-level, as vLLM's).
 
 Every step: the running sequences that decode take one token each; sequences still prefilling take a
-chunk of their prompt; then waiting requests are admitted first come, first served while slots, KV
-blocks and the step's token budget (``max_num_batched_tokens``) allow. When a running sequence needs a
-block the pool has not got, the most recently admitted one is preempted: its blocks and slot are freed
-and it waits at the head of the queue to be recomputed (nothing is lost).
+chunk of their prompt; then waiting requests are admitted first come, first served while
+``max_num_seqs``, KV blocks and the step's token budget (``max_num_batched_tokens``) allow, each starting
+from the cached blocks of its prompt's longest cached prefix. When a running sequence needs a block the pool
+has not got, the most recently admitted one is preempted: its blocks are freed and it waits at the head of
+the queue to be recomputed (nothing is lost).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import dataclasses
 from aotforge.runtime.kv_blocks import KVBlockManager
 from aotforge.runtime.params import EngineConfig
 from aotforge.runtime.sequence import Sequence, Status
-from aotforge.runtime.slots import SlotTable
 
 
 @dataclasses.dataclass
@@ -31,19 +31,16 @@ class Plan:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, blocks: KVBlockManager, slots: SlotTable, can_extend: bool) -> None:
+    def __init__(self, config: EngineConfig, blocks: KVBlockManager, max_num_seqs: int, can_extend: bool) -> None:
         self.config = config
         self.blocks = blocks
-        self.slots = slots
+        self.max_num_seqs = max_num_seqs
         self.can_extend = can_extend
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
-        #: (source slot, destination slot, length) copies the engine must make before this step's prefills
-        self.copies: list[tuple[int, int, int]] = []
 
     def schedule(self) -> Plan:
         plan = Plan()
-        self.copies = []
         budget = self.config.max_num_batched_tokens
         for seq in list(self.running):
             if seq.status is not Status.RUNNING:
@@ -56,7 +53,7 @@ class Scheduler:
             elif self._grow(seq, seq.num_tokens, plan):
                 plan.decodes.append(seq)
                 budget -= 1
-        while self.waiting and len(self.running) < len(self.slots.busy) and budget > 0:
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             if not self._admit(seq, budget, plan):
                 break
@@ -83,19 +80,16 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, budget: int, plan: Plan) -> bool:
         ids = seq.all_ids
-        reuse = self.slots.take(ids, self.config.enable_prefix_caching and self.can_extend)
-        seq.num_computed = reuse.length
+        reuse = self.config.enable_prefix_caching and self.can_extend
+        prefix = self.blocks.cached_prefix(ids) if reuse else []
+        seq.num_computed = len(prefix) * self.blocks.block_size
         n = self._chunk(seq, budget, bool(plan.prefills))
-        if not n or not self.blocks.allocate(seq.request_id, seq.num_computed + n):
-            self.slots.release(reuse.slot, self.slots.held[reuse.slot] if reuse.source == reuse.slot else [])
+        if not n or not self.blocks.allocate(seq.request_id, seq.num_computed + n, prefix):
             seq.num_computed = 0
             return False
-        if reuse.length and reuse.source != reuse.slot:
-            self.copies.append((reuse.source, reuse.slot, reuse.length))
-        self.slots.record(reuse.slot, ids[: reuse.length])
-        seq.slot, seq.status, seq.num_cached = reuse.slot, Status.RUNNING, reuse.length
-        plan.prefix_queries += len(ids) if self.config.enable_prefix_caching and self.can_extend else 0
-        plan.prefix_hits += reuse.length
+        seq.status, seq.num_cached = Status.RUNNING, seq.num_computed
+        plan.prefix_queries += len(ids) if reuse else 0
+        plan.prefix_hits += seq.num_computed
         self.running.append(seq)
         plan.prefills.append((seq, n))
         return True
@@ -113,17 +107,15 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.free(seq.request_id)
-        self.slots.release(seq.slot, [])
-        seq.status, seq.slot, seq.num_computed = Status.WAITING, -1, 0
+        seq.status, seq.num_computed = Status.WAITING, 0
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence) -> None:
-        """Take ``seq`` out (finished or aborted): its blocks back to the pool, its slot free but still holding
-        the KV of what it computed, for a later prompt with the same prefix."""
+        """Take ``seq`` out (finished or aborted): its blocks back to the pool, its full ones still cached for a
+        later prompt with the same prefix."""
         if seq in self.running:
             self.running.remove(seq)
             self.blocks.free(seq.request_id)
-            self.slots.release(seq.slot, seq.all_ids[: seq.num_computed])
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = Status.FINISHED

@@ -29,8 +29,6 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None
     error: str | None = None
-    #: the runner's cache slot while running
-    slot: int = -1
     #: positions whose KV the cache holds (prompt tokens prefilled, then one per decoded token)
     num_computed: int = 0
     #: prompt tokens whose KV came from the prefix cache

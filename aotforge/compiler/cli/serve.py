@@ -85,6 +85,11 @@ def serve(
     from aotforge.server.app import build_app
 
     engine_ = load_async_engine(artifact, EngineConfig(**engine))
+    llm = engine_.engine
+    click.echo(
+        f"KV cache: {llm.blocks.num_blocks} blocks of {llm.blocks.block_size} positions, "
+        f"{llm.runner.kv_cache_bytes() / 2**20:.0f} MiB in the runner's buffers"
+    )
     app = build_app(engine_, api_key=api_key, served_model_name=served_model_name, drain_timeout_s=drain_timeout)
     # The CLI silences library logging for its one-line messages; a server's log (start-up, each request, the
     # drain) is its output, so uvicorn's loggers speak again once the artifact is loaded.

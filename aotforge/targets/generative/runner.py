@@ -33,7 +33,7 @@ class GenerativeRunner:
     def model_runner(self, num_slots: int) -> Any:
         """The serving runtime's runner (``runtime.runner.ModelRunner``) with a cache of ``num_slots`` slots, kept
         for the next call of the same width (its cache is allocated once, as the step engine keeps its buffers)."""
-        if self._model_runner is None or self._model_runner.num_slots != num_slots:
+        if self._model_runner is None or self._model_runner.max_rows != num_slots:
             self._model_runner = None  # the old cache goes before the new one is allocated
             self._model_runner = cast(Any, self.engine).model_runner(num_slots)  # the CPU targets' step engines
         return self._model_runner

@@ -49,11 +49,15 @@ if TYPE_CHECKING:
 _EXTRA_REPORTS = ("prepack_weights", "combine_matmuls", "int8_vnni", "bf16", "clip", "ieee_nan", "tuning")
 
 
-def decoder_phase(*, kv_updates: int, packing: WeightPacking) -> list[Step]:
+def decoder_phase(
+    *, kv_updates: int, packing: WeightPacking, paged: Sequence[str] = (), layers: int = 0, max_seq: int = 0
+) -> list[Step]:
     return [
         steps.kv_cache_in_place(kv_updates),  # first: the attention step finds K / V as views of the in-place cache
         steps.DECODE_ATTENTION,
         steps.NORM_SQUARES,
+        # on the attention kernel's calls, before packing: the paged copies then share the packed weights
+        steps.paged_kv(paged, layers, max_seq),
         # after the graph rewrites, on the matmuls they leave; before every CPU phase, which reads the packed layout
         steps.pack_weights(packing),
         steps.DEAD_CODE,  # the transposes the panels made unused

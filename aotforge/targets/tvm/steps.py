@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -192,6 +192,30 @@ def _norm_squares(mod: Any, _target: Any) -> tuple[Any, Report]:
     return mod, {"fused": count}
 
 
+def _paged_kv(mod: Any, _target: Any, names: tuple[str, ...], layers: int, max_seq: int) -> tuple[Any, Report]:
+    """Paged copies of the decode / verify functions ``names`` (``rewrites/paged_kv.py``), when every layer's
+    attention in them is on the decode-attention kernel; otherwise the artifact serves from its slot functions."""
+    from tvm import relax
+
+    from aotforge.targets.tvm.rewrites.paged_kv import paged_functions, tir_callee
+
+    if not names:
+        return mod, {}
+    on_kernel = 0
+
+    def count(expr: Any) -> None:
+        nonlocal on_kernel
+        on_kernel += tir_callee(expr, "relax.call_tir").startswith("decode_attention_")
+
+    for name in names:
+        relax.analysis.post_order_visit(mod[name], count)
+    if on_kernel != layers * len(names):
+        why = f"{on_kernel} of {layers * len(names)} attentions on the kernel: this artifact serves from slots"
+        return mod, {"functions": [], "skipped": why}
+    mod, counts = paged_functions(mod, names, max_seq)
+    return mod, {"functions": list(names), **counts}
+
+
 def _dead_code(mod: Any, _target: Any) -> tuple[Any, Report]:
     """What earlier steps left unused (the transposes the weight panels replaced)."""
     from tvm import relax
@@ -240,6 +264,11 @@ def tuned(settings: TuneSettings) -> Step:
 def kv_cache_in_place(updates: int) -> Step:
     """The KV step, refusing the build unless all ``updates`` cache scatters became in-place writes."""
     return Step("kv_cache", functools.partial(_kv_cache_in_place, updates=updates))
+
+
+def paged_kv(names: Sequence[str], layers: int, max_seq: int) -> Step:
+    """Paged copies (a KV pool read through a block table) of the decode / verify functions ``names``."""
+    return Step("paged_kv", functools.partial(_paged_kv, names=tuple(names), layers=layers, max_seq=max_seq))
 
 
 def pack_weights(packing: WeightPacking) -> Step:

@@ -50,6 +50,7 @@ def compile_generative(
     from aotforge.targets.tvm.host import isa_features
     from aotforge.targets.tvm.options import target_dict
     from aotforge.targets.tvm.pipeline import compile_relax, decoder_phase
+    from aotforge.targets.tvm.rewrites.paged_kv import PREFIX
 
     verify_width, passes = inputs.verify_width, inputs.passes
     prompts, batches = plan_generative(spec, options)
@@ -68,7 +69,10 @@ def compile_generative(
     packing = WeightPacking(workdir, WEIGHTS_FILE, refs, fmt, options.fast_math)
     # The cache's updates: one K and one V a layer, in every decode (and verify) function.
     updates = 2 * spec.layers * len(batches) * (2 if verify is not None else 1)
-    decoder = decoder_phase(kv_updates=updates, packing=packing)
+    steps = [name for name, _ in imports if not name.startswith("prefill_")]
+    decoder = decoder_phase(
+        kv_updates=updates, packing=packing, paged=steps, layers=spec.layers, max_seq=spec.max_seq_len
+    )
     say(
         "compiling (the decoder phase packs the matmul weights"
         + (" weight-only)" if fmt is not None else " as fp32 panels)")
@@ -93,6 +97,8 @@ def compile_generative(
             f"{spec.layers * len(batches)} rewritten): {attention_report['skipped']}"
         )
     functions = {name: reports["weight_arguments"][name] for name, _ in imports}
+    paged = reports["paged_kv"]
+    functions |= {PREFIX + name: reports["weight_arguments"][PREFIX + name] for name in paged.get("functions", ())}
     used = {w for names in functions.values() for w in names}
     originals = [ref for name, ref in refs.items() if name in used and name not in packing.packed]
     stored = write_weights(workdir, originals, {name: a for name, a in packing.packed.items() if name in used})
@@ -103,6 +109,8 @@ def compile_generative(
         "weights": {ref.name: ref.to_dict() for ref in stored},
         "verify_width": verify_width,
         "huge_pages": options.huge_pages,
+        # the functions over a paged cache (``rewrites/paged_kv``) are named ``paged_<slot function>``
+        "paged": bool(paged.get("functions")),
     }
     (workdir / INFO_FILE).write_text(json.dumps(info, sort_keys=True, indent=1) + "\n")
     built = target_dict(options)
@@ -116,6 +124,7 @@ def compile_generative(
             "kv_cache": kv_report,
             "decode_attention": attention_report,
             "verify_attention": {"rewritten": verify_attention},
+            "paged_kv": paged,
             # RMSNorms whose square joined the norm's kernel (rewrites/mean_of_square)
             "norm_squares_fused": reports["norm_squares_fused"]["fused"],
             "huge_pages": options.huge_pages,

@@ -24,6 +24,7 @@ import numpy as np
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import CompileError, describe
 from aotforge.targets.huge_pages import HugePageReport
+from aotforge.targets.paged_rows import PagedRows
 from aotforge.targets.tvm.decoder.graphs import WeightRef
 from aotforge.targets.tvm.decoder.weight_file import read_weights
 from aotforge.targets.tvm.threads import fix_thread_count
@@ -45,6 +46,8 @@ class TvmStepEngine:
         self.prompt_buckets = tuple(info["prompt_buckets"])
         self.batch_buckets = tuple(info["batch_buckets"])
         self.verify_width = int(info.get("verify_width", 0))
+        #: the functions over a paged KV cache are there (``paged_<name>``; artifacts built before have none)
+        self.paged = bool(info.get("paged", False))
         try:
             vm = relax.VirtualMachine(tvm.runtime.load_module(str(artifact_dir / LIBRARY)), tvm.cpu())
         except Exception as e:
@@ -130,9 +133,10 @@ class TvmStepEngine:
     def verify_positions(self, width: int) -> int:
         return self.verify_width
 
-    def model_runner(self, num_slots: int) -> TvmModelRunner:
-        """The serving runtime's runner over these functions and weights, with a cache of its own."""
-        return TvmModelRunner(self, num_slots)
+    def model_runner(self, max_rows: int) -> TvmModelRunner | TvmRowsRunner:
+        """The serving runtime's runner over these functions and weights, with a paged cache of its own (an
+        artifact built before the paged functions: its slot functions over rows kept in step with the pool)."""
+        return TvmModelRunner(self, max_rows) if self.paged else TvmRowsRunner(self, max_rows)
 
     def cache_pointers(self) -> list[int]:
         """Where the last decode step's ``present_*`` outputs live (the cache, if it was updated in place)."""
@@ -143,50 +147,61 @@ class TvmStepEngine:
 
 
 class TvmModelRunner:
-    """The serving runtime's runner (``runtime.runner.ModelRunner``) over an engine's functions and weights.
+    """The serving runtime's runner (``runtime.runner.ModelRunner``) over an engine's paged functions and weights.
 
-    One cache of the smallest batch bucket that holds ``num_slots``; a decode over the first ``rows`` slots
-    calls the smallest bucket's function that holds them, over views of the cache's first slots (the slot is
-    the outermost axis). A prompt runs through the smallest prompt bucket that holds it, its keys/values
-    copied into its slot. ``extend`` (a prompt chunk, or the rest after a reused prefix) runs the batch-1 verify
-    function (artifacts built with ``--speculative-k``) over a view of the slot, ``verify_width`` tokens a call,
-    the last call padded (its padding writes positions past the sequence, which later tokens overwrite).
+    The pool is one tvm tensor ``[num_blocks, kv_heads, block_size, head_dim]`` per layer and kind. A decode of
+    ``rows`` sequences calls the smallest batch bucket's ``paged_decode_<b>`` that holds them, which writes each
+    row's new keys/values into its block and reads its attention through its table (``rewrites/paged_kv``). A
+    prompt runs through the smallest prompt bucket's (slot) prefill, its keys/values copied into its blocks;
+    ``extend`` (a prompt chunk, or the rest after a cached prefix) runs ``paged_verify_1`` (artifacts built with
+    ``--speculative-k``), ``verify_width`` tokens a call, the last call padded (its padding writes positions past
+    the sequence, in its own last block or the scratch block, which later tokens overwrite).
     """
 
-    def __init__(self, engine: TvmStepEngine, num_slots: int) -> None:
-        tvm = engine._tvm
+    def __init__(self, engine: TvmStepEngine, max_rows: int) -> None:
         self.engine = engine
-        self.spec = spec = engine.spec
-        self.num_slots = num_slots
-        self.can_extend = engine.verify_width > 0 and "verify_1" in engine._functions
-        top = next(b for b in engine.batch_buckets if b >= num_slots)
-        shape = (top, spec.kv_heads, spec.max_seq_len, spec.head_dim)
-        self.cache = [tvm.runtime.empty(shape, "float32") for _ in range(2 * spec.layers)]
-        self._views = [np.from_dlpack(t) for t in self.cache]
+        self.spec = engine.spec
+        self.max_rows = max_rows
+        self.can_extend = engine.verify_width > 0 and "paged_verify_1" in engine._functions
+        self.top = next(b for b in engine.batch_buckets if b >= max_rows)
+        self.pool: list[Any] = []
+        self._views: list[np.ndarray] = []
+        self.block_size = 0
+        #: per bucket: its input tensors' numpy views (ids, positions, write_pos, block tables), the argument list
+        self._calls: dict[int, tuple[list[np.ndarray], list[Any]]] = {}
+
+    def allocate(self, num_blocks: int, block_size: int) -> None:
+        engine, spec, tvm = self.engine, self.spec, self.engine._tvm
+        self.block_size = block_size
+        shape = (num_blocks, spec.kv_heads, block_size, spec.head_dim)
+        self.pool = [tvm.runtime.empty(shape, "float32") for _ in range(2 * spec.layers)]
+        self._views = [np.from_dlpack(t) for t in self.pool]
         for view in self._views:
             view.fill(0.0)
-        #: per bucket: its input tensors' numpy views (ids, positions, write_pos), the argument list
-        self._calls: dict[int, tuple[list[np.ndarray], list[Any]]] = {}
-        #: the same for ``extend``, per slot
-        self._extends: dict[int, tuple[list[np.ndarray], list[Any]]] = {}
-        for b in (b for b in engine.batch_buckets if b <= top):
-            inputs = [tvm.runtime.empty(s, "int64") for s in ((b, 1), (b, 1), (b,))]
-            views = [t._create_view((b, *shape[1:])) for t in self.cache]
-            self._calls[b] = ([np.from_dlpack(t) for t in inputs], [*inputs, *views, *engine._weights[f"decode_{b}"]])
+        width = -(-spec.max_seq_len // block_size)
+        self._calls = {}
+        for b in (b for b in engine.batch_buckets if b <= self.top):
+            inputs = [tvm.runtime.empty(s, "int64") for s in ((b, 1), (b, 1), (b,), (b, width))]
+            name = f"paged_decode_{b}"
+            self._calls[b] = ([np.from_dlpack(t) for t in inputs], [*inputs, *self.pool, *engine._weights[name]])
+
+    def kv_cache_bytes(self) -> int:
+        return sum(view.nbytes for view in self._views)
 
     def decode_rows(self, rows: int) -> int:
         return next(b for b in sorted(self._calls) if b >= rows)
 
-    def decode(self, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def decode(self, token_ids: np.ndarray, positions: np.ndarray, block_tables: np.ndarray) -> np.ndarray:
         rows = len(token_ids)
-        (ids, pos, write_pos), arguments = self._calls[rows]
+        (ids, pos, write_pos, tables), arguments = self._calls[rows]
         ids[:, 0] = token_ids
         pos[:, 0] = positions
         write_pos[:] = positions
-        out = self.engine._functions[f"decode_{rows}"](*arguments)
+        tables[:] = block_tables
+        out = self.engine._functions[f"paged_decode_{rows}"](*arguments)
         return np.from_dlpack(out[0]).reshape(rows, -1)
 
-    def prefill(self, slot: int, token_ids: np.ndarray) -> np.ndarray:
+    def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
         engine = self.engine
         n = len(token_ids)
         size = next(p for p in engine.prompt_buckets if p >= n)
@@ -194,36 +209,114 @@ class TvmModelRunner:
         padded[0][0, :n], padded[1][0, :n], padded[2][0, :n] = token_ids, 1, np.arange(n)
         name = f"prefill_{size}"
         logits, *present = engine._functions[name](*map(engine._tvm.runtime.tensor, padded), *engine._weights[name])
+        bs = self.block_size
+        full, rest = divmod(n, bs)
         for view, values in zip(self._views, present, strict=True):
-            view[slot, :, :n] = np.from_dlpack(values)[0, :, :n]
+            kv = np.from_dlpack(values)[0]  # [kv_heads, size, dim]
+            view[block_table[:full]] = (
+                kv[:, : full * bs].reshape(kv.shape[0], full, bs, kv.shape[2]).transpose(1, 0, 2, 3)
+            )
+            if rest:
+                view[block_table[full], :, :rest] = kv[:, full * bs : n]
         return logits.numpy()[0]
 
-    def extend(self, slot: int, token_ids: np.ndarray, start: int) -> np.ndarray:
-        width = self.engine.verify_width
-        (ids, positions, write_pos), arguments = self._extend_call(slot)
+    def extend(self, token_ids: np.ndarray, start: int, block_table: np.ndarray) -> np.ndarray:
+        engine, tvm = self.engine, self.engine._tvm
+        width = engine.verify_width
+        table = tvm.runtime.tensor(np.ascontiguousarray(block_table, dtype=np.int64)[None, :])
         logits = np.empty(0, dtype=np.float32)
         for at in range(0, len(token_ids), width):
             piece = token_ids[at : at + width]
-            ids.fill(0)
+            ids = np.zeros((1, width), dtype=np.int64)
             ids[0, : len(piece)] = piece
-            positions[0] = np.arange(start + at, start + at + width)
-            write_pos[0] = start + at
-            out = self.engine._functions["verify_1"](*arguments)
+            positions = np.arange(start + at, start + at + width, dtype=np.int64)[None, :]
+            arguments = [tvm.runtime.tensor(a) for a in (ids, positions, positions[:, 0].copy())]
+            out = engine._functions["paged_verify_1"](*arguments, table, *self.pool, *engine._weights["paged_verify_1"])
             logits = np.from_dlpack(out[0]).reshape(width, -1)[len(piece) - 1].copy()
         return logits
 
-    def _extend_call(self, slot: int) -> tuple[list[np.ndarray], list[Any]]:
-        """The batch-1 verify function's inputs (numpy views of tvm tensors) and arguments over ``slot``, made on
-        its first extension: the kernels take no byte offset, so the slot's rows are tensors of their own over
-        the same memory (DLPack)."""
-        if slot not in self._extends:
-            tvm, width = self.engine._tvm, self.engine.verify_width
-            inputs = [tvm.runtime.empty(s, "int64") for s in ((1, width), (1, width), (1,))]
-            views = [tvm.runtime.from_dlpack(view[slot : slot + 1]) for view in self._views]
-            arguments = [*inputs, *views, *self.engine._weights["verify_1"]]
-            self._extends[slot] = ([np.from_dlpack(t) for t in inputs], arguments)
-        return self._extends[slot]
 
-    def copy(self, src: int, dst: int, length: int) -> None:
-        for view in self._views:
-            view[dst, :, :length] = view[src, :, :length]
+class TvmRowsRunner:
+    """The runner of an artifact built before the paged functions: its slot functions over working rows that
+    ``targets/paged_rows`` keeps in step with a pool of blocks (as the onnxruntime runner does), ``top + 1`` rows
+    of ``max_seq_len`` positions besides the pool (``top``: the smallest batch bucket that holds ``max_rows``;
+    the last row is ``extend``'s). A decode of ``rows`` sequences calls the smallest bucket's ``decode_<b>`` over
+    views of the first rows; a prompt runs through the prefill function, ``extend`` through ``verify_1``."""
+
+    def __init__(self, engine: TvmStepEngine, max_rows: int) -> None:
+        self.engine = engine
+        self.spec = engine.spec
+        self.max_rows = max_rows
+        self.can_extend = engine.verify_width > 0 and "verify_1" in engine._functions
+        self.top = next(b for b in engine.batch_buckets if b >= max_rows)
+        self.paged: PagedRows | None = None
+        self._extend_rows: list[Any] = []
+        self._calls: dict[int, tuple[list[np.ndarray], list[Any]]] = {}
+
+    def allocate(self, num_blocks: int, block_size: int) -> None:
+        engine, spec, tvm = self.engine, self.spec, self.engine._tvm
+        shape = (self.top + 1, spec.kv_heads, spec.max_seq_len, spec.head_dim)
+        cache = [tvm.runtime.empty(shape, "float32") for _ in range(2 * spec.layers)]
+        views = [np.from_dlpack(t) for t in cache]
+        for view in views:
+            view.fill(0.0)
+        self.paged = PagedRows(num_blocks, block_size, views)
+        # The kernels take no byte offset: the extend row as tensors of their own over the same memory (DLPack).
+        self._extend_rows = [tvm.runtime.from_dlpack(view[self.top : self.top + 1]) for view in views]
+        self._calls = {}
+        for b in (b for b in engine.batch_buckets if b <= self.top):
+            inputs = [tvm.runtime.empty(s, "int64") for s in ((b, 1), (b, 1), (b,))]
+            rows = [t._create_view((b, *shape[1:])) for t in cache]
+            self._calls[b] = ([np.from_dlpack(t) for t in inputs], [*inputs, *rows, *engine._weights[f"decode_{b}"]])
+
+    def _rows(self) -> PagedRows:
+        if self.paged is None:
+            raise RuntimeError("the runner's KV pool is not allocated: call allocate(num_blocks, block_size) first")
+        return self.paged
+
+    def kv_cache_bytes(self) -> int:
+        return self._rows().nbytes()
+
+    def decode_rows(self, rows: int) -> int:
+        return next(b for b in sorted(self._calls) if b >= rows)
+
+    def decode(self, token_ids: np.ndarray, positions: np.ndarray, block_tables: np.ndarray) -> np.ndarray:
+        paged, rows = self._rows(), len(token_ids)
+        order = paged.assign(block_tables)  # sequence i runs on working row order[i]
+        for i, row in enumerate(order):
+            paged.load(row, block_tables[i], int(positions[i]))
+        (ids, pos, write_pos), arguments = self._calls[rows]
+        ids[order, 0] = token_ids
+        pos[order, 0] = positions
+        write_pos[order] = positions
+        out = self.engine._functions[f"decode_{rows}"](*arguments)
+        paged.store(order, block_tables, np.asarray(positions, dtype=np.int64))
+        return np.from_dlpack(out[0]).reshape(rows, -1)[order]
+
+    def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
+        engine = self.engine
+        n = len(token_ids)
+        size = next(p for p in engine.prompt_buckets if p >= n)
+        padded = [np.zeros((1, size), dtype=np.int64) for _ in range(3)]
+        padded[0][0, :n], padded[1][0, :n], padded[2][0, :n] = token_ids, 1, np.arange(n)
+        name = f"prefill_{size}"
+        logits, *present = engine._functions[name](*map(engine._tvm.runtime.tensor, padded), *engine._weights[name])
+        self._rows().scatter([np.from_dlpack(values)[0, :, :n] for values in present], block_table, 0)
+        return logits.numpy()[0]
+
+    def extend(self, token_ids: np.ndarray, start: int, block_table: np.ndarray) -> np.ndarray:
+        engine, tvm, paged = self.engine, self.engine._tvm, self._rows()
+        paged.load(self.top, block_table, start)
+        width, n = engine.verify_width, len(token_ids)
+        logits = np.empty(0, dtype=np.float32)
+        for at in range(0, n, width):
+            piece = token_ids[at : at + width]
+            ids = np.zeros((1, width), dtype=np.int64)
+            ids[0, : len(piece)] = piece
+            positions = np.arange(start + at, start + at + width, dtype=np.int64)[None, :]
+            arguments = [tvm.runtime.tensor(a) for a in (ids, positions, positions[:, 0].copy())]
+            out = engine._functions["verify_1"](*arguments, *self._extend_rows, *engine._weights["verify_1"])
+            logits = np.from_dlpack(out[0]).reshape(width, -1)[len(piece) - 1].copy()
+        paged.scatter([rows[self.top, :, start : start + n] for rows in paged.rows], block_table, start)
+        paged.record(self.top, block_table, start + n)
+        return logits

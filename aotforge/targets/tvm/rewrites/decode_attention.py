@@ -137,7 +137,12 @@ class DecodeAttention(Rule):
         self.verify += w > 1
         shape = f"{b}x{h}x{kv}x{s}x{d}" + (f"_w{w}" if w > 1 else "")
         name = f"decode_attention_{shape}_{att.scale:.6g}".replace(".", "p").replace("-", "m")
-        prim = rw.add_kernel(name, lambda: kernel.decode_attention(b, h, kv, s, d, att.scale, w))
+        prim = rw.add_kernel(
+            name,
+            lambda: kernel.decode_attention(b, h, kv, s, d, att.scale, w).with_attr(
+                kernel.ATTENTION_ATTR, [float(att.scale), w]
+            ),
+        )
         return relax.call_tir(prim, [att.q, att.keys, att.values, att.pos], call.ty)
 
 
