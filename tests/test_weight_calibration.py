@@ -16,6 +16,7 @@ from aotforge.core.decoder_layers import layer_indices
 from aotforge.core.errors import OptionsError
 from aotforge.passes.quantize_weight_only import QuantizeWeightOnlyParams
 from aotforge.targets.tvm.kernels import weight_only as kernel
+from tests.int8_graphs import needs_vnni
 from tests.llm_models import ARCHITECTURES, VOCAB, build_text_generation, tiny_causal_lm
 
 GENEROUS = 10.0
@@ -117,7 +118,7 @@ def test_calibrated_mixed_int4_records_method_and_bits(arch: str, tmp_path: Path
     assert "rank 1 of 2" in stats["layers_8bit"][chosen]
     for entry in _pass(result, "weight-only"):
         bits = entry["stats"]["bits_by_node"]
-        assert entry["params"]["layers_8bit"] == [int(chosen)] and entry["stats"]["method"] == "awq+gptq"
+        assert list(entry["params"]["layers_8bit"]) == [int(chosen)] and entry["stats"]["method"] == "awq+gptq"
         assert sorted(set(bits.values())) == [4, 8] and sum(b == 4 for b in bits.values()) >= 2
     quality = result.manifest.validation["quality"]
     assert quality["perplexity"] > 1 and quality["mean_kl"] > 0
@@ -143,3 +144,25 @@ def test_tvm_refuses_hqq_before_the_export(tmp_path: Path) -> None:
         build_text_generation(
             tiny_causal_lm("llama"), tmp_path, target="tvm", precision="int4", pass_opt=["weight-only.method=hqq"]
         )
+
+
+@needs_vnni
+def test_calibrated_mixed_int4_through_tvm(tmp_path: Path) -> None:
+    """The calibrated weights reach tvm's packed kernel too, and layers_8bit packs that layer's weights at 8 bits
+    (the tied head at head_bits 8): the report says which and why."""
+    result = build_text_generation(
+        tiny_causal_lm("llama"),
+        tmp_path,
+        "tvm",
+        max_batch=1,
+        precision="int4",
+        pass_opt=["weight-only.method=awq+gptq", "weight-only.layers_8bit=1"],
+        max_perplexity_increase=GENEROUS,
+        target_options={"buckets": ("prompt=64",)},
+        plots=False,
+    )
+    assert _pass(result, "calibrate-int4")[0]["stats"]["method"] == "awq+gptq"
+    taken = result.manifest.target.info["generative"]["weight_only"]["weights_taken"]
+    assert sum("at 8 bits (layers_8bit)" in v for v in taken.values()) == 7, taken  # layer 1's seven matmuls
+    assert sum(" at " not in v for v in taken.values()) == 7  # layer 0's at 4 bits
+    assert result.manifest.validation["quality"]["perplexity"] > 1

@@ -71,6 +71,16 @@ BENCHES = (
         "concurrency; then, on aotforge's servers, a prompt sharing a 256-token prefix with an earlier one and a "
         "2,000-token prompt arriving among 7 running streams.",
     ),
+    Bench(
+        "quality",
+        "Low-bit quality",
+        "make bench-quality",
+        "tools/bench_quality.py builds SmolLM2-135M-Instruct at int4 with each weight-only method (round to nearest, "
+        "HQQ, AWQ-style scaling and clipping, GPTQ, both, and both with the layers most sensitive to 4 bits at 8) "
+        "and reads the build's quality gate: perplexity and mean KL against the fp32 model on held-out text, "
+        "through the artifact's own decode steps. llama.cpp's Q4_0 weights are scored on the same windows; then "
+        "the decode ITL of one configuration against llama-bench on the Q4_0 GGUF, alternating processes.",
+    ),
 )
 
 
