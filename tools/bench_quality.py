@@ -27,8 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools import bench_record, llama_cpp  # noqa: E402
@@ -70,11 +68,11 @@ def build(model_dir: Path, work: Path, target: str, config: str) -> dict[str, An
         target_options={"intra_op_threads": THREADS} if target == "onnxruntime" else {},
     )
     quality = result.manifest.validation["quality"]
-    weights = {e["name"]: e["stats"].get("weight_mb_after") for e in result.manifest.passes if e.get("graph") == "decode"}
+    decode = [e for e in result.manifest.passes if e.get("graph") == "decode" and e["name"] == "weight-only"]
     return {
         "path": str(result.path),
         "quality": quality,
-        "weight_mb": weights.get("weight-only"),
+        "weight_mb": decode[0]["stats"].get("weight_mb_after") if decode else None,
         "build_s": round(time.perf_counter() - started, 1),
     }
 
@@ -189,7 +187,8 @@ def tables(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, 
             ]
         )
     if "perplexity" in q4:
-        rows.append(["llama.cpp Q4_0 (its weights, scored in torch)", q4["perplexity"], f"{q4['perplexity_increase']:+.1%}", q4["mean_kl"], None])
+        increase = f"{q4['perplexity_increase']:+.1%}"
+        rows.append(["llama.cpp Q4_0 (its weights, scored in torch)", q4["perplexity"], increase, q4["mean_kl"], None])
     quality = bench_record.table(
         "int4 quality on SmolLM2-135M-Instruct (held-out stdlib docstrings, 2,044 tokens, 4 windows of 513)",
         ["build", "perplexity", "vs fp32", "mean KL (nats/token)", "weights MB (decode graph)"],
