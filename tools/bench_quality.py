@@ -42,6 +42,7 @@ CONFIGS: dict[str, list[str]] = {
     "gptq": ["weight-only.method=gptq"],
     "awq+gptq": ["weight-only.method=awq+gptq"],
     "awq+gptq, 4 layers at 8 bits": ["weight-only.method=awq+gptq", "weight-only.sensitive_layers_8bit=4"],
+    "awq, 4 layers at 8 bits": ["weight-only.method=awq", "weight-only.sensitive_layers_8bit=4"],
 }
 PROMPT, NEW = 128, 64
 
@@ -130,7 +131,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/aotforge-quality-bench"))
     parser.add_argument("--target", default="onnxruntime")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="names of CONFIGS, comma-separated")
-    parser.add_argument("--itl-config", default="awq+gptq", help="the configuration whose decode ITL is timed")
+    parser.add_argument("--itl-config", default="awq, 4 layers at 8 bits", help="the configuration whose decode ITL is timed")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=bench_record.BENCH_DIR / "quality.json")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: build / score / time one thing, print JSON

@@ -35,8 +35,8 @@ import numpy as np
 CALIBRATION_WINDOW = 512
 CALIBRATION_WINDOWS = 4
 #: AWQ's search grid: exponents of the mean activation magnitude, clipping ratios of a block's max.
-AWQ_EXPONENTS = tuple(i / 10 for i in range(11))
-CLIP_RATIOS = tuple(1 - i / 40 for i in range(13))
+AWQ_EXPONENTS = tuple(i / 5 for i in range(6))
+CLIP_RATIOS = tuple(1 - i / 40 for i in range(9))
 #: GPTQ's dampening of the Hessian's diagonal (its authors' default) and its column block.
 GPTQ_DAMP = 0.01
 GPTQ_BLOCK = 128

@@ -24,7 +24,7 @@ from aotforge.passes.quantize_weight_only import CALIBRATED
 
 PASS = "weight-only"
 #: Calibration windows the per-layer ranking reads (each layer costs one forward pass per window).
-SENSITIVITY_WINDOWS = 2
+SENSITIVITY_WINDOWS = 1
 
 
 def calibrated_source(
