@@ -34,15 +34,16 @@ from tools.bench_children import PREFIX, run_child  # noqa: E402
 from tools.real_model import smollm2_dir  # noqa: E402
 
 THREADS = 2
-#: The configurations: a name and its ``--pass-opt`` values over ``--precision int4`` (head at 8 bits, block 32).
+#: The configurations: a name and its ``--pass-opt`` values over ``--precision int4`` (head at 8 bits, block 32);
+#: ``mixed-4``: the 4 layers most sensitive to 4 bits kept at 8.
 CONFIGS: dict[str, list[str]] = {
     "rtn": [],
     "hqq": ["weight-only.method=hqq"],
     "awq": ["weight-only.method=awq"],
     "gptq": ["weight-only.method=gptq"],
     "awq+gptq": ["weight-only.method=awq+gptq"],
-    "awq+gptq, 4 layers at 8 bits": ["weight-only.method=awq+gptq", "weight-only.sensitive_layers_8bit=4"],
-    "awq, 4 layers at 8 bits": ["weight-only.method=awq", "weight-only.sensitive_layers_8bit=4"],
+    "awq+gptq mixed-4": ["weight-only.method=awq+gptq", "weight-only.sensitive_layers_8bit=4"],
+    "awq mixed-4": ["weight-only.method=awq", "weight-only.sensitive_layers_8bit=4"],
 }
 PROMPT, NEW = 128, 64
 
@@ -131,7 +132,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/aotforge-quality-bench"))
     parser.add_argument("--target", default="onnxruntime")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="names of CONFIGS, comma-separated")
-    parser.add_argument("--itl-config", default="awq, 4 layers at 8 bits", help="the configuration whose decode ITL is timed")
+    parser.add_argument("--itl-config", default="awq mixed-4", help="the configuration whose decode ITL is timed")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=bench_record.BENCH_DIR / "quality.json")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: build / score / time one thing, print JSON

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def layer_indices(shapes: Sequence[tuple[int, ...]], layers: int) -> list[int] | None:
+def layer_indices(shapes: Sequence[tuple[object, ...]], layers: int) -> list[int] | None:
     """The layer of each matmul (``shapes``: their weights' shapes in execution order, the head left out), or
     None when they are not ``layers`` repeats of one layer's sequence."""
     count = len(shapes)

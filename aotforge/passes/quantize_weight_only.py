@@ -262,9 +262,9 @@ class QuantizeWeightOnlyPass(GraphPass):
         return bits_of | {n: 8 for n, i in zip(body, layer, strict=True) if i in p.layers_8bit}
 
 
-def _weight_shape_by_name(model: ir.Model, node_name: str) -> tuple[int, ...]:
+def _weight_shape_by_name(model: ir.Model, node_name: str) -> tuple[object, ...]:
     node = next(n for n in model.graph if str(n.name) == node_name)
-    return tuple(int(d) for d in _weight_shape(node) or ())
+    return _weight_shape(node) or ()
 
 
 def _set_accuracy_level(model: Any, level: int) -> None:
