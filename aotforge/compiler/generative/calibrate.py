@@ -256,7 +256,7 @@ def clip_blocks(w_nk: Any, h: Any, group: int) -> tuple[Any, int]:
         clipped = torch.clamp(blocks, -amax * ratio, amax * ratio)
         q = rtn_int4(clipped.reshape(n, k), group).reshape(n, k // group, group)
         d = blocks - q
-        err = torch.einsum("ngi,gij,ngj->ng", d, hb, d)
+        err = (torch.bmm(d.transpose(0, 1), hb).transpose(0, 1) * d).sum(dim=2)  # d^T H d per block
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best = torch.where(better[:, :, None], clipped, best)
