@@ -320,4 +320,3 @@ def calibrated_copy(model: Any, method: str, tokens: np.ndarray, group: int) -> 
     for step in method.split("+"):
         report[step] = {"awq": awq, "gptq": gptq}[step](out, windows, group)
     return out, report
-
