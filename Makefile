@@ -11,7 +11,7 @@ ARGS ?=
 # With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
 _flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
-.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-serve bench-page targets clean device-check neuron-env tvm-ops-table
+.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-serve bench-quality bench-page targets clean device-check neuron-env tvm-ops-table
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,13 @@ bench-generation: $(BIN)/.installed
 bench-serve: $(BIN)/.installed
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python tools/bench_serve.py $(ARGS)
+	$(BIN)/python tools/bench_page.py
+
+# bench-quality: int4 on SmolLM2-135M by method (rtn, hqq, awq, gptq, awq+gptq, mixed 8/4 bits) vs llama.cpp Q4_0 on
+# the quality gate's text (perplexity, KL), and the decode ITL of one configuration vs llama-bench Q4_0.
+bench-quality: $(BIN)/.installed
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python tools/bench_quality.py $(ARGS)
 	$(BIN)/python tools/bench_page.py
 
 bench-speculative: $(BIN)/.installed

@@ -79,6 +79,16 @@ BENCHES = (
         "ways, each in a process of its own, alternating round by round: the artifact's own per-call step engine, "
         "generate() on the runtime's engine, and the AsyncEngine that aotforge serve runs.",
     ),
+    Bench(
+        "quality",
+        "Low-bit quality",
+        "make bench-quality",
+        "tools/bench_quality.py builds SmolLM2-135M-Instruct at int4 with each weight-only method (round to nearest, "
+        "HQQ, AWQ-style scaling and clipping, GPTQ, both, and both with the layers most sensitive to 4 bits at 8) "
+        "and reads the build's quality gate: perplexity and mean KL against the fp32 model on held-out text, "
+        "through the artifact's own decode steps. llama.cpp's Q4_0 weights are scored on the same windows; then "
+        "the decode ITL of one configuration against llama-bench on the Q4_0 GGUF, alternating processes.",
+    ),
 )
 
 

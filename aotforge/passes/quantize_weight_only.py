@@ -2,10 +2,15 @@
 
 Activations stay float, so nothing needs calibrating; what shrinks is the weight (4 or 8 bits
 plus one scale per ``block_size`` values along K), which is what memory-bound decoders and large
-embeddings want. ONNX Runtime's ``MatMulNBitsQuantizer`` does the work (round-to-nearest,
-``DEFAULT`` algorithm). MatMulNBits is an ONNX Runtime contrib op: other targets refuse this
-pass at planning time (``passes.CONTRIB_OP_PASSES``). The stats name each MatMul / Gemm taken and
-why each other one was not (``survey``): a decoder's LM head is a Gemm, tied to the embedding or not.
+embeddings want. ONNX Runtime's ``MatMulNBitsQuantizer`` does the work: round-to-nearest (its
+``DEFAULT`` algorithm) for ``method`` ``rtn`` and for the methods a text-generation build calibrates
+on the torch model before the export (``awq``, ``gptq``: ``compiler/generative/calibrate.py``, whose
+weights this rounding keeps), ``HQQWeightOnlyQuantConfig`` for ``hqq`` (asymmetric blocks with float
+zero points, no calibration). ``layers_8bit``: the decoder layers whose matmuls stay at 8 bits (a
+decoder's weight matmuls come layer by layer in graph order, the head last). MatMulNBits is an ONNX
+Runtime contrib op: other targets refuse this pass at planning time (``passes.CONTRIB_OP_PASSES``).
+The stats name each MatMul / Gemm taken, its bits, and why each other one was not (``survey``): a
+decoder's LM head is a Gemm, tied to the embedding or not.
 """
 
 from __future__ import annotations
@@ -19,9 +24,16 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes
 
+from aotforge.core.decoder_layers import layer_indices
 from aotforge.core.errors import OptionsError
 from aotforge.passes.base import GraphPass
 from aotforge.passes.ort_quantization import op_counts, quantize_through_files
+
+#: rtn: round to nearest; hqq: ONNX Runtime's half-quadratic fit (asymmetric); awq / gptq / awq+gptq: weights
+#: calibrated on text before the export (text-generation builds), then rounded to nearest.
+METHODS = ("rtn", "hqq", "awq", "gptq", "awq+gptq")
+#: Methods that change the source model's weights before the export.
+CALIBRATED = ("awq", "gptq", "awq+gptq")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +48,25 @@ class QuantizeWeightOnlyParams:
     #: The LM head's bits (a MatMul / Gemm whose output is a graph output, tied or not) when it differs from
     #: ``bits``: a decoder's most sensitive matmul (llama.cpp keeps it at 6 bits); 0: ``bits``.
     head_bits: int = 0
+    #: How the 4-bit weights are chosen (:data:`METHODS`); calibrated ones only in text-generation builds.
+    method: str = "rtn"
+    #: Decoder layers (0-based) whose matmuls are quantized to 8 bits instead of ``bits``.
+    layers_8bit: tuple[int, ...] = ()
+    #: Text-generation builds: how many of the layers most sensitive to 4 bits (measured on calibration text) to
+    #: keep at 8 bits, added to ``layers_8bit``.
+    sensitive_layers_8bit: int = 0
+    #: The decoder's layer count, which ``layers_8bit`` needs (text-generation builds set it).
+    layers: int = 0
 
     def __post_init__(self) -> None:
+        try:  # from the CLI a tuple's items arrive as strings ("3,7")
+            object.__setattr__(self, "layers_8bit", tuple(sorted({int(i) for i in self.layers_8bit})))
+        except ValueError:
+            raise OptionsError(f"pass weight-only: layers_8bit are layer indices, got {self.layers_8bit}") from None
+        if self.method not in METHODS:
+            raise OptionsError(f"pass weight-only: method is one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.sensitive_layers_8bit < 0 or any(i < 0 for i in self.layers_8bit):
+            raise OptionsError("pass weight-only: layers_8bit are layer indices >= 0, sensitive_layers_8bit >= 0")
         if self.bits not in (4, 8):
             raise OptionsError(f"pass weight-only: bits is 4 or 8, got {self.bits}")
         if self.head_bits not in (0, 4, 8):
@@ -150,33 +179,44 @@ class QuantizeWeightOnlyPass(GraphPass):
             return onnx_ir.passes.PassResult(model, modified=False)
         float_bytes = sum(_weight_bytes(model, n) for n in candidates)
         gemms_as_matmuls(model, candidates)
-        heads = head_nodes(model, candidates) if p.head_bits not in (0, p.bits) else []
+        bits_of = self._bits_by_node(model, candidates)
 
         def quantize(src: Path, dst: Path) -> None:
             import logging
 
-            from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+            from onnxruntime.quantization.matmul_nbits_quantizer import (
+                HQQWeightOnlyQuantConfig,
+                MatMulNBitsQuantizer,
+            )
 
             # It logs one INFO line per node it skips (hundreds for a transformer).
             logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
 
-            def run(model: Any, bits: int, exclude: list[str], include: list[str] | None = None) -> Any:
+            def run(model: Any, bits: int, names: list[str]) -> Any:
+                hqq = p.method == "hqq" and bits == p.bits
                 quantizer = MatMulNBitsQuantizer(
                     model,
                     bits=bits,
                     block_size=p.block_size,
                     is_symmetric=p.symmetric,
                     accuracy_level=p.accuracy_level or None,
-                    nodes_to_exclude=exclude,
-                    nodes_to_include=include,
+                    # ORT quantizes every MatMul not excluded: each run excludes the nodes of the other precisions.
+                    nodes_to_exclude=[*p.nodes_to_exclude, *(n for n in candidates if n not in names)],
                     op_types_to_quantize=("MatMul",),
+                    algo_config=(
+                        HQQWeightOnlyQuantConfig(block_size=p.block_size, bits=bits, op_types_to_quantize=("MatMul",))
+                        if hqq
+                        else None
+                    ),
                 )
                 quantizer.process()
                 return quantizer.model
 
-            done = run(str(src), p.bits, [*p.nodes_to_exclude, *heads])
-            if heads:  # the head in a second run, at its own bits
-                done = run(done.model, p.head_bits, list(p.nodes_to_exclude), heads)
+            done: Any = str(src)
+            for bits in sorted(set(bits_of.values())):
+                names = [n for n, b in bits_of.items() if b == bits]
+                done = run(done if isinstance(done, str) else done.model, bits, names)
+            _set_accuracy_level(done.model, p.accuracy_level)
             done.save_model_to_file(str(dst))
 
         quantize_through_files(model, quantize)
@@ -191,12 +231,51 @@ class QuantizeWeightOnlyPass(GraphPass):
             "block_size": p.block_size,
             "weight_mb_before": round(float_bytes / 2**20, 3),
             "weight_mb_after": round(packed_bytes / 2**20, 3),
-            **({"head_bits": p.head_bits, "head": heads} if heads else {}),
+            "method": p.method,
+            "symmetric": p.symmetric and p.method != "hqq",
+            **({"head_bits": p.head_bits, "head": heads} if (heads := self._heads(bits_of)) else {}),
+            **({"layers_8bit": list(p.layers_8bit)} if p.layers_8bit else {}),
+            "bits_by_node": {n: bits_of[n] for n in taken},
             "excluded": list(p.nodes_to_exclude),
             "taken": taken,
             "not_taken": dict(sorted(not_taken.items())),
         }
         return onnx_ir.passes.PassResult(model, modified=bool(packed))
+
+    def _heads(self, bits_of: dict[str, int]) -> list[str]:
+        return [n for n in self._head_names if bits_of.get(n) != self.params.bits]
+
+    def _bits_by_node(self, model: ir.Model, candidates: list[str]) -> dict[str, int]:
+        """Each candidate's bits: ``bits``, the head's ``head_bits``, 8 for the matmuls of ``layers_8bit``."""
+        p = self.params
+        heads = self._head_names = head_nodes(model, candidates)
+        bits_of = {n: (p.head_bits or p.bits) if n in heads else p.bits for n in candidates}
+        if not p.layers_8bit:
+            return bits_of
+        body = [n for n in candidates if n not in heads]
+        layer = layer_indices([_weight_shape_by_name(model, n) for n in body], p.layers)
+        if layer is None or max(p.layers_8bit) >= p.layers:
+            raise OptionsError(
+                f"pass weight-only: layers_8bit {list(p.layers_8bit)} needs a decoder of layers={p.layers} whose "
+                f"{len(body)} weight matmuls repeat one layer's shapes: text-generation builds set layers"
+            )
+        return bits_of | {n: 8 for n, i in zip(body, layer, strict=True) if i in p.layers_8bit}
+
+
+def _weight_shape_by_name(model: ir.Model, node_name: str) -> tuple[object, ...]:
+    node = next(n for n in model.graph if str(n.name) == node_name)
+    return _weight_shape(node) or ()
+
+
+def _set_accuracy_level(model: Any, level: int) -> None:
+    """MatMulNBits' compute type on every node (ORT's HQQ quantizer writes none: float compute)."""
+    if not level:
+        return
+    import onnx
+
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits" and not any(a.name == "accuracy_level" for a in node.attribute):
+            node.attribute.append(onnx.helper.make_attribute("accuracy_level", level))
 
 
 def _weight_bytes(model: ir.Model, node_name: str) -> int:

@@ -31,6 +31,7 @@ from aotforge.compiler.generative.pass_list import decoder_pass_options
 from aotforge.compiler.generative.quality import validate_quality
 from aotforge.compiler.generative.source import CausalLM, load_causal_lm
 from aotforge.compiler.generative.validation import validate_generation
+from aotforge.compiler.generative.weight_calibration import calibrated_source, weight_only_params
 from aotforge.compiler.options import BuildOptions
 from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, VERIFY_FILE, WEIGHTS_FILE, DecoderSpec
 from aotforge.core.errors import OptionsError, TargetUnavailableError, UnsupportedModelError
@@ -98,20 +99,22 @@ def _export(
         backend.plan(spec, target_opts)
     if opts.speculative_k and not backend.speculative:
         raise OptionsError(f"--speculative-k: {opts.target} text-generation artifacts have no verify graph yet")
+    # Calibrated int4 changes the weights exported (the source stays the fp32 reference) and may set per-layer bits.
+    weight_only = weight_only_params(_target_passes(opts, target, backend)[1])
+    exported, opts, pass_entries = calibrated_source(source, opts, weight_only, say)
     graph_passes, compile_passes = _graph_passes(opts, target, backend), _compile_passes(opts, target, backend)
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.plots)
     say("exporting the prefill and decode graphs")
-    attention, plain_why = _decode_attention(backend, source.model, spec)
-    prefill, decode = export_graphs(source.model, spec, place.name, decode_attention=attention)
+    attention, plain_why = _decode_attention(backend, exported, spec)
+    prefill, decode = export_graphs(exported, spec, place.name, decode_attention=attention)
     graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
     verify_width = opts.speculative_k + 1 if opts.speculative_k else 0
     if verify_width:
         say(f"exporting the verify graph (speculative decoding, up to {opts.speculative_k} draft tokens)")
-        graphs[VERIFY_FILE] = export_verify(source.model, spec, place.name, decode_attention=attention)
+        graphs[VERIFY_FILE] = export_verify(exported, spec, place.name, decode_attention=attention)
     # The target's own graph rewrites (onnxruntime: MatMul packing before the passes, contrib ops after them).
     prepare, rewrite = backend.prepare_graphs, backend.rewrite_graphs
     rewrites = prepare(graphs, spec) if prepare is not None else {}
-    pass_entries = []
     for file_name, graph in graphs.items():
         graph_name = file_name.removesuffix(".onnx")
         if graph_passes:

@@ -64,6 +64,23 @@ def byte_ids(text: str, vocab: int) -> list[int]:
 
 def eval_tokens(text_file: Path | None, tokenizer_dir: Path | None, vocab: int) -> tuple[np.ndarray, dict[str, Any]]:
     """The held-out token ids (at most :data:`EVAL_TOKENS`) and what the manifest says about them."""
+    ids, text = text_tokens(text_file, tokenizer_dir, vocab)
+    if len(ids) < 2:
+        raise InputSpecError(f"--eval-text {text_file}: it gives {len(ids)} tokens; the quality gate needs text")
+    return ids[:EVAL_TOKENS], text
+
+
+def calibration_tokens(text_file: Path | None, tokenizer_dir: Path | None, vocab: int) -> np.ndarray:
+    """Token ids to calibrate on, never the ones the gate scores: the text's tokens past :data:`EVAL_TOKENS`, or
+    the default corpus's when the text has fewer than :data:`MAX_WINDOW` more."""
+    ids = text_tokens(text_file, tokenizer_dir, vocab)[0][EVAL_TOKENS:]
+    if len(ids) < MAX_WINDOW and text_file is not None:
+        ids = text_tokens(None, tokenizer_dir, vocab)[0][EVAL_TOKENS:]
+    return ids
+
+
+def text_tokens(text_file: Path | None, tokenizer_dir: Path | None, vocab: int) -> tuple[np.ndarray, dict[str, Any]]:
+    """Every token id of the text (``--eval-text`` or :func:`default_corpus`) and how it was read."""
     if text_file is None:
         text, corpus = default_corpus(), f"docstrings of the stdlib modules {', '.join(CORPUS_MODULES)}"
     else:
@@ -78,9 +95,7 @@ def eval_tokens(text_file: Path | None, tokenizer_dir: Path | None, vocab: int) 
         ids, rule = list(tokenizer(text)["input_ids"]), "the model's tokenizer"
     else:
         ids, rule = byte_ids(text, vocab), BYTE_RULE
-    ids = [i for i in ids if 0 <= i < vocab][:EVAL_TOKENS]
-    if len(ids) < 2:
-        raise InputSpecError(f"--eval-text {text_file}: it gives {len(ids)} tokens; the quality gate needs text")
+    ids = [i for i in ids if 0 <= i < vocab]
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return np.array(ids, dtype=np.int64), {"corpus": corpus, "text_sha256": digest, "tokenization": rule}
 

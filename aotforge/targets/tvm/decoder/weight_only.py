@@ -28,12 +28,17 @@ def weight_only_format(params: Any) -> WeightOnlyFormat:
         raise OptionsError("tvm weight-only packs symmetric weights only: leave weight-only.symmetric at true")
     if params.nodes_to_exclude:
         raise OptionsError("tvm weight-only takes no nodes_to_exclude (its matmuls are not ONNX nodes by then)")
+    if params.method == "hqq":
+        raise OptionsError(
+            "tvm weight-only packs symmetric blocks; method hqq fits a zero point per block: "
+            "use method rtn, awq, gptq or awq+gptq"
+        )
     if params.accuracy_level not in (0, 4):
         raise OptionsError(
             "tvm weight-only computes with int8 activations (accuracy_level 4); "
             f"accuracy_level {params.accuracy_level} asks for float compute: leave it out or set 4"
         )
-    return WeightOnlyFormat(params.bits, params.block_size, params.head_bits)
+    return WeightOnlyFormat(params.bits, params.block_size, params.head_bits, 0, params.layers_8bit, params.layers)
 
 
 @dataclasses.dataclass

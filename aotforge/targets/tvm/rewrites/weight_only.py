@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 from tvm import relax
 
+from aotforge.core.decoder_layers import layer_indices
 from aotforge.targets.tvm.kernels import weight_only as kernel
-from aotforge.targets.tvm.rewrites.weight_args import PackedWeightMutator, WeightMatmul
+from aotforge.targets.tvm.relax_util import static_shape
+from aotforge.targets.tvm.rewrites.weight_args import PackedWeightMutator, WeightMatmul, siblings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,16 +40,21 @@ class WeightOnlyFormat:
     #: vocabulary: no other matmul of a decoder is that wide) is the head.
     head_bits: int = 0
     head_n: int = 0
+    #: Decoder layers whose matmuls are packed at 8 bits, of ``layers`` (``weight-only.layers_8bit``).
+    layers_8bit: tuple[int, ...] = ()
+    layers: int = 0
 
     def __post_init__(self) -> None:
         kernel.check_format(self.bits, self.group)
         if self.head_bits:
             kernel.check_format(self.head_bits, self.group)
 
-    def of(self, m: WeightMatmul) -> WeightOnlyFormat:
-        """The format ``m`` is packed in: the head's bits for the head."""
+    def of(self, m: WeightMatmul, eight_bit: frozenset[str] = frozenset()) -> WeightOnlyFormat:
+        """The format ``m`` is packed in: the head's bits for the head, 8 for a weight of ``eight_bit``."""
         if self.head_bits and self.head_bits != self.bits and m.n == self.head_n:
             return dataclasses.replace(self, bits=self.head_bits, head_bits=0)
+        if m.weight.name in eight_bit and self.bits != 8:
+            return dataclasses.replace(self, bits=8, head_bits=0)
         return self
 
     @property
@@ -84,17 +91,28 @@ class _WeightOnly(PackedWeightMutator):
         #: per weight taken: ``[K, N]`` as the report shows it; per weight padded along K: ``K -> padded``
         self.taken: dict[str, str] = {}
         self.padded_k: dict[str, str] = {}
+        #: the weight arguments of ``fmt.layers_8bit``'s layers (found per function, :meth:`start_function`)
+        self.eight_bit: frozenset[str] = frozenset()
+
+    def start_function(self, func: Any) -> None:
+        if self.fmt.layers_8bit:
+            self.eight_bit |= _layer_weights(func, set(func.params), self.fmt)
+        super().start_function(func)
 
     def why_not(self, m: WeightMatmul) -> str:
-        return _unsupported(m, self.fmt.of(m)) or ("" if self.vnni else f"target {self.cpu} has no avx512vnni")
+        return _unsupported(m, self.fmt.of(m, self.eight_bit)) or (
+            "" if self.vnni else f"target {self.cpu} has no avx512vnni"
+        )
 
     def rewrite(self, m: WeightMatmul) -> Any:
-        bits = "" if self.fmt.of(m) is self.fmt else f" at {self.fmt.head_bits} bits (the head)"
+        fmt = self.fmt.of(m, self.eight_bit)
+        why = "the head" if m.n == self.fmt.head_n else "layers_8bit"
+        bits = "" if fmt is self.fmt else f" at {fmt.bits} bits ({why})"
         self.taken[m.weight.name] = f"[{m.k}, {m.n}]{' (read transposed)' if m.transposed else ''}{bits}"
         return super().rewrite(m)
 
     def emit(self, m: WeightMatmul, names: list[str]) -> dict[str, Any]:
-        fmt = self.fmt.of(m)
+        fmt = self.fmt.of(m, self.eight_bit)
         base = f"{'_'.join(names)}{'.t' if m.transposed else ''}.{fmt.tag}"
         widths = [self.widths.get(n, m.n) for n in names]
         width = sum(widths)
@@ -124,6 +142,23 @@ class _WeightOnly(PackedWeightMutator):
         return {w: self.builder_.emit(relax.TupleGetItem(parts, i)) for i, w in enumerate(names)}
 
 
+def _layer_weights(func: Any, params: set[Any], fmt: WeightOnlyFormat) -> frozenset[str]:
+    """The weight arguments of ``func``'s layers in ``fmt.layers_8bit``: its weight matmuls other than the head,
+    in binding order, are ``fmt.layers`` repeats of one layer's (``core.decoder_layers``)."""
+    from aotforge.core.errors import OptionsError
+
+    groups, _ = siblings(func, params, lambda m: m.n != fmt.head_n)
+    names = [w for members in groups.values() for w in members]
+    shapes = {str(p.name): tuple(static_shape(p) or ()) for p in params if str(p.name) in names}
+    layer = layer_indices([shapes[n] for n in names], fmt.layers)
+    if layer is None:
+        raise OptionsError(
+            f"tvm weight-only: layers_8bit needs the {len(names)} weight matmuls of a function to be "
+            f"{fmt.layers} repeats of one layer's; this module's are not"
+        )
+    return frozenset(n for n, i in zip(names, layer, strict=True) if i in fmt.layers_8bit)
+
+
 def _padded(n: int, multiple: int = kernel.LANES) -> int:
     return -(-n // multiple) * multiple
 
@@ -140,6 +175,7 @@ def _report(
     return {
         "bits": fmt.bits,
         **({"head_bits": fmt.head_bits} if fmt.head_bits and fmt.head_bits != fmt.bits else {}),
+        **({"layers_8bit": list(fmt.layers_8bit)} if fmt.layers_8bit else {}),
         "block_size": fmt.group,
         "scales": "per group of block_size along K" if fmt.bits == 4 else "per output channel",
         "activations": "int8, a scale per block_size along K, quantized per call",
