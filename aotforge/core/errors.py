@@ -69,6 +69,10 @@ class EngineBusyError(AotforgeError):
     """The serving engine's queue of waiting requests is full: retry after a while (the server's 429)."""
 
 
+class RankFailedError(AotforgeError):
+    """A rank of a tensor-parallel artifact died or failed: its requests fail, and the ranks are restarted."""
+
+
 class UnsupportedModelError(AotforgeError):
     """The target cannot honour the model or a pass that ran on it."""
 
