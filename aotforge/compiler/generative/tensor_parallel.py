@@ -170,7 +170,9 @@ def _split_gpt2_block(block: Any, plan: Layout, rank: int) -> None:
     attn.c_proj = RowParallel(attn.c_proj.weight[rank * part : (rank + 1) * part], attn.c_proj.bias)
     width = plan.intermediate // plan.degree
     fc = mlp.c_fc
-    fc.weight = torch.nn.Parameter(fc.weight[:, rank * width : (rank + 1) * width].detach().clone(), requires_grad=False)
+    fc.weight = torch.nn.Parameter(
+        fc.weight[:, rank * width : (rank + 1) * width].detach().clone(), requires_grad=False
+    )
     fc.bias = torch.nn.Parameter(fc.bias[rank * width : (rank + 1) * width].detach().clone(), requires_grad=False)
     fc.nf = width
     mlp.c_proj = RowParallel(mlp.c_proj.weight[rank * width : (rank + 1) * width], mlp.c_proj.bias)

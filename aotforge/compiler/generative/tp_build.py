@@ -45,7 +45,9 @@ def build_tensor_parallel(model: Any, opts: BuildOptions, say: Progress) -> Buil
     _refuse(opts)
     backend, target = _backend(opts), get_target(opts.target)
     # One intra-op thread a rank unless the user sets it: the ranks are the parallelism.
-    target_opts = _target_options(dataclasses.replace(opts, target_options={"intra_op_threads": 1, **opts.target_options}), target, backend)
+    target_opts = _target_options(
+        dataclasses.replace(opts, target_options={"intra_op_threads": 1, **opts.target_options}), target, backend
+    )
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
     spec = decoder_spec(source.model, opts.max_seq_len, opts.max_batch)
@@ -64,7 +66,8 @@ def build_tensor_parallel(model: Any, opts: BuildOptions, say: Progress) -> Buil
             rank_dir = stage / "ranks" / str(rank)
             rank_dir.mkdir(parents=True)
             shard = rank_model(source.model, plan, rank)
-            graphs = dict(zip((PREFILL_FILE, DECODE_FILE), export_graphs(shard, rank_spec, place.name, attention)))
+            prefill, decode = export_graphs(shard, rank_spec, place.name, attention)
+            graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
             if verify_width:
                 graphs[VERIFY_FILE] = export_verify(shard, rank_spec, place.name, attention)
             for step in (backend.prepare_graphs, backend.rewrite_graphs):
@@ -86,7 +89,11 @@ def build_tensor_parallel(model: Any, opts: BuildOptions, say: Progress) -> Buil
             **({"decode_attention_plain_because": plain_why} if plain_why else {}),
             "tensor_parallel": _tp_record(plan, ranks, rank_spec, weights),
             "weights": {"weights_file_bytes": sum(weights.values()), "per_rank_bytes": weights},
-            **({"speculative": {"max_tokens": opts.speculative_k, "verify_width": verify_width}} if verify_width else {}),
+            **(
+                {"speculative": {"max_tokens": opts.speculative_k, "verify_width": verify_width}}
+                if verify_width
+                else {}
+            ),
         }
         record = TargetRecord(target.name, settings, info)
         say(f"starting {plan.degree} rank processes")

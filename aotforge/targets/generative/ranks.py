@@ -25,10 +25,12 @@ import numpy as np
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import RankFailedError, describe
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets.generative.shm_all_reduce import ShmAllReduce, create_segment
+from aotforge.targets.generative.shm_all_reduce import ShmAllReduce, abort_segment, create_segment
 
 #: Target -> module with ``register_all_reduce(reduce)`` and ``load_rank(rank_dir, record, spec)``.
 RANK_BACKENDS = {"onnxruntime": "aotforge.targets.onnxruntime.tensor_parallel"}
+#: Target -> what its ranks import, imported once by the process the ranks are forked from.
+RANK_PRELOAD = {"onnxruntime": ("aotforge.targets.onnxruntime.tensor_parallel", "onnxruntime_extensions")}
 #: Floats an all-reduce moves per barrier (larger inputs, e.g. a long prompt's, go in chunks): 4 MiB a rank.
 CAPACITY = 1 << 20
 
@@ -60,10 +62,15 @@ def _rank_main(conn: Any, artifact_dir: str, record: dict[str, Any], rank: int, 
                 runner, result = engine.model_runner(*args), None
             else:
                 result = getattr(engine if where == "engine" else runner, method)(*args)
-            conn.send(("ok", result))
         except Exception as e:
             comm.abort()  # the others may wait in an all-reduce this rank never reaches
-            conn.send(("error", describe(e, last=True)))
+            result, e_text = None, describe(e, last=True)
+        else:
+            e_text = ""
+        try:
+            conn.send(("error", e_text) if e_text else ("ok", result))
+        except OSError:  # the driver is gone (it stops the group on a failure)
+            return
 
 
 class RankGroup:
@@ -76,7 +83,10 @@ class RankGroup:
             raise RankFailedError(f"{record.name} has no tensor-parallel runtime (only {', '.join(RANK_BACKENDS)})")
         self.segment = create_segment(self.degree, CAPACITY)
         self.failed = ""
-        context = multiprocessing.get_context("spawn")  # no fork of a process that has thread pools running
+        # Forked from a clean server process (never from this one, whose thread pools may be running), which has
+        # imported the rank runtime once: onnxruntime-extensions imports transformers and torch, seconds a start.
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(RANK_PRELOAD[record.name]))
         self.conns: list[Any] = []
         self.procs: list[Any] = []
         payload = {"name": record.name, "options": record.options, "info": record.info}
@@ -103,26 +113,34 @@ class RankGroup:
         return self._gather()
 
     def _gather(self) -> list[Any]:
+        """Each rank's reply; a rank that dies meanwhile fails the call at once, whichever rank it is (the
+        others are waiting for it in an all-reduce)."""
         results: list[Any] = [None] * self.degree
         errors: list[str] = []
-        for rank, (conn, proc) in enumerate(zip(self.conns, self.procs, strict=True)):
-            multiprocessing.connection.wait([conn, proc.sentinel])
-            try:
-                status, value = conn.recv()  # what a rank sent before it died is still read
-            except (EOFError, OSError):
-                proc.join(timeout=5)
-                self._fail(rank, f"its process exited with code {proc.exitcode}")
-            if status == "ok":
-                results[rank] = value
-            else:
-                errors.append(f"rank {rank}: {value}")
+        pending = set(range(self.degree))
+        while pending:
+            handles = {self.conns[r]: r for r in pending} | {self.procs[r].sentinel: r for r in pending}
+            for rank in sorted({handles[h] for h in multiprocessing.connection.wait(list(handles))}):
+                try:
+                    status, value = self.conns[rank].recv()  # what a rank sent before it died is still read
+                except (EOFError, OSError):
+                    self.procs[rank].join(timeout=5)
+                    self._fail(rank, f"its process exited with code {self.procs[rank].exitcode}")
+                pending.discard(rank)
+                if status == "ok":
+                    results[rank] = value
+                else:
+                    errors.append(f"rank {rank}: {value}")
         if errors:
-            self.failed = f"tensor-parallel ranks failed ({'; '.join(errors)}): restart the server or reload the artifact"
+            abort_segment(self.segment)
+            self.failed = (
+                f"tensor-parallel ranks failed ({'; '.join(errors)}): restart the server or reload the artifact"
+            )
             raise RankFailedError(self.failed)
         return results
 
     def _fail(self, rank: int, why: str) -> None:
-        self.segment.buf[0] = 1  # the abort flag (shm_all_reduce): the other ranks stop waiting for this one
+        abort_segment(self.segment)  # the other ranks stop waiting for this one
         self.failed = (
             f"tensor-parallel rank {rank} of {self.degree} failed ({why}); its requests fail and the group cannot "
             "go on without its share of the KV cache: restart the server or reload the artifact"
@@ -167,7 +185,9 @@ class RankedEngine:
         self.group.call("engine", "start", batch, prompt_len)
 
     def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
-        return gather_logits(self.group.call("engine", "prefill", input_ids, attention_mask, position_ids), self.spec.vocab)
+        return gather_logits(
+            self.group.call("engine", "prefill", input_ids, attention_mask, position_ids), self.spec.vocab
+        )
 
     def decode(self, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
         return gather_logits(self.group.call("engine", "decode", input_ids, write_pos), self.spec.vocab)
@@ -193,6 +213,11 @@ class RankedModelRunner:
         self.engine, self.spec, self.num_slots = engine, engine.spec, num_slots
         self.can_extend = engine.verify_width > 0
 
+    @property
+    def failure(self) -> str:
+        """Why the ranks cannot serve any more ('' while they can): a server's health check reads it."""
+        return self.engine.group.failed
+
     def _logits(self, method: str, *args: Any) -> np.ndarray:
         return gather_logits(self.engine.group.call("runner", method, *args), self.spec.vocab)
 
@@ -210,6 +235,3 @@ class RankedModelRunner:
 
     def copy(self, src: int, dst: int, length: int) -> None:
         self.engine.group.call("runner", "copy", src, dst, length)
-
-
-

@@ -84,3 +84,8 @@ class ShmAllReduce:
 def create_segment(world: int, capacity: int) -> shared_memory.SharedMemory:
     """The driver's segment (zeroed by the OS); it unlinks it when the ranks stop."""
     return shared_memory.SharedMemory(create=True, size=segment_bytes(world, capacity))
+
+
+def abort_segment(segment: shared_memory.SharedMemory) -> None:
+    """Set the segment's abort flag from outside the ranks (the driver, when a rank died)."""
+    np.ndarray((1,), dtype=np.int64, buffer=segment.buf)[0] = 1
