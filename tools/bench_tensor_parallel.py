@@ -1,6 +1,7 @@
-"""Tensor parallelism 2 against the unsharded artifact on SmolLM2-135M-Instruct (``make bench-tensor-parallel``).
+"""Tensor parallelism against the unsharded artifact on SmolLM2-135M-Instruct (``make bench-tensor-parallel``).
 
-Builds the real model as a ``--tensor-parallel 2`` onnxruntime artifact (one intra-op thread a rank) unless it is
+SmolLM2 has 3 key/value heads, so its degrees are 1 and 3 (2 is refused, as vLLM refuses it): the default is 3.
+Builds the real model as a ``--tensor-parallel D`` onnxruntime artifact (one intra-op thread a rank) unless it is
 already in ``--work``, then, round by round and alternating, times in a process of its own each: the unsharded
 fp32 artifact (``--whole``, ONNX Runtime's default threads: the host's cores) and the two ranks; each
 decodes ``--new`` greedy tokens after a ``--prompt``-token prompt at batch 1, and the figure is the median
@@ -34,16 +35,16 @@ WHOLE = CACHE / "bench-serve" / "artifacts" / "onnxruntime-fp32" / "smollm2-fp32
 PREFIX = "RESULT "
 
 
-def build(model: Path, work: Path, max_seq_len: int) -> Path:
+def build(model: Path, work: Path, max_seq_len: int, degree: int) -> Path:
     """The tensor-parallel artifact (built once into ``work``)."""
     import aotforge
 
-    found = sorted(work.glob("out/*/*/onnxruntime/manifest.json"))
+    found = sorted(work.glob(f"out/smollm2-tp{degree}/*/onnxruntime/manifest.json"))
     if found:
         return found[-1].parent
     result = aotforge.build(
-        model, target="onnxruntime", task="text-generation", out=work / "out", name="smollm2-tp2",
-        tensor_parallel=2, max_seq_len=max_seq_len, max_batch=1, bench=False,
+        model, target="onnxruntime", task="text-generation", out=work / "out", name=f"smollm2-tp{degree}",
+        tensor_parallel=degree, max_seq_len=max_seq_len, max_batch=1, bench=False,
     )  # fmt: skip
     return Path(result.path)
 
@@ -88,6 +89,7 @@ def rank_bytes(artifact: Path, whole: Path) -> dict[str, Any]:
     return {
         "whole_weights": (whole / "weights.data").stat().st_size,
         "rank_weights": [(artifact / r / "weights.data").stat().st_size for r in tp["ranks"]],
+        "degree": tp["degree"],
         "whole_kv_per_slot": kv_whole,
         "rank_kv_per_slot": tp["rank_kv_cache_bytes_per_slot"],
     }
@@ -98,6 +100,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=MODEL)
     parser.add_argument("--whole", type=Path, default=WHOLE, help="the unsharded fp32 artifact (same model)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/aotforge-tp-bench"))
+    parser.add_argument("--degree", type=int, default=3, help="ranks (SmolLM2: 1 or 3)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=64)
@@ -109,8 +112,11 @@ def main() -> None:
         print(PREFIX + json.dumps(child(args.child, args.prompt, args.new)))
         return
     run = bench_record.start({k: v for k, v in vars(args).items() if k != "child"})
-    artifact = build(args.model, args.work, args.max_seq_len)
-    runtimes = {"unsharded (ORT default threads)": args.whole, "tensor-parallel 2 (1 thread a rank)": artifact}
+    artifact = build(args.model, args.work, args.max_seq_len, args.degree)
+    runtimes = {
+        "unsharded (ORT default threads)": args.whole,
+        f"tensor-parallel {args.degree} (1 thread a rank)": artifact,
+    }
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in runtimes}
     collectives: dict[str, list[float]] = {m: [] for m in tp_collectives.METHODS}
     for _ in range(args.rounds):  # alternating: each round runs every runtime once, each in its own process
