@@ -60,14 +60,14 @@ def build_tensor_parallel(model: Any, opts: BuildOptions, say: Progress) -> Buil
     verify_width = opts.speculative_k + 1 if opts.speculative_k else 0
     with staging_dir(opts.out) as stage:
         attention, plain_why = _decode_attention(backend, source.model, spec)
-        ranks, weights, toolchain = [], {}, {}
+        ranks, weights, toolchain, opset = [], {}, {}, 0
         for rank in range(plan.degree):
             say(f"exporting rank {rank} of {plan.degree}")
             rank_dir = stage / "ranks" / str(rank)
             rank_dir.mkdir(parents=True)
             shard = rank_model(source.model, plan, rank)
             prefill, decode = export_graphs(shard, rank_spec, place.name, attention)
-            graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
+            graphs, opset = {PREFILL_FILE: prefill, DECODE_FILE: decode}, prefill.opset_imports.get("", 0)
             if verify_width:
                 graphs[VERIFY_FILE] = export_verify(shard, rank_spec, place.name, attention)
             for step in (backend.prepare_graphs, backend.rewrite_graphs):
@@ -116,7 +116,7 @@ def build_tensor_parallel(model: Any, opts: BuildOptions, say: Progress) -> Buil
             target=record,
             toolchain={**toolchain_versions(), **toolchain},
             source={"format": source.format, "sha256": source.sha256, "task": TEXT_GENERATION},
-            ir={"sha256": _graphs_sha(stage, ranks), "opset": 20},
+            ir={"sha256": _graphs_sha(stage, ranks), "opset": opset},
             passes=[],
             io=prefill_io(spec).to_dict(),
             validation=validation,
