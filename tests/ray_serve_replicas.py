@@ -64,6 +64,14 @@ def _replica_states(address: str) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {"error": run.stderr[-2000:]}
 
 
+def _wait_running(address: str, deadline_s: float = 300) -> None:
+    end = time.monotonic() + deadline_s
+    while _replica_states(address).get("aotforge", {}).get("RUNNING", 0) < REPLICAS:
+        if time.monotonic() > end:
+            raise RuntimeError(f"{REPLICAS} replicas were not running within {deadline_s:.0f} s: see serve.log")
+        time.sleep(2)
+
+
 def main(work: Path, artifact: Path, request: dict) -> dict:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -75,6 +83,7 @@ def main(work: Path, artifact: Path, request: dict) -> dict:
             server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             _wait_healthy(url, server)
+            _wait_running(address)  # the proxy answers as soon as one replica is up
             tokens = asyncio.run(_ask_all(url, request["prompts"], request["new"]))
             states = _replica_states(address)
             ports = listeners()
@@ -82,7 +91,7 @@ def main(work: Path, artifact: Path, request: dict) -> dict:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.pid, signal.SIGINT)
             try:
-                server.wait(timeout=120)
+                server.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(server.pid, signal.SIGKILL)
                 server.wait()
