@@ -90,6 +90,10 @@ def build(
     opts = resolve_options(options, recipe, overrides)
     say = progress or (lambda _msg: None)
     if opts.task == TEXT_GENERATION:
+        if opts.tensor_parallel > 1:  # rank graphs, a build line of their own
+            from aotforge.compiler.generative.tp_build import build_tensor_parallel
+
+            return build_tensor_parallel(model, opts, say)
         from aotforge.compiler.generative.build import build_generative  # torch, transformers, the target
 
         return build_generative(model, opts, say)

@@ -50,10 +50,6 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress) -> BuildResu
         from aotforge.compiler.generative.bundled import build_bundled
 
         return build_bundled(model, opts, say)
-    if opts.tensor_parallel > 1:  # rank graphs, a line of their own (tp_build.py)
-        from aotforge.compiler.generative.tp_build import build_tensor_parallel
-
-        return build_tensor_parallel(model, opts, say)
     started = time.perf_counter()
     opts = decoder_pass_options(opts)
     backend = _backend(opts)

@@ -33,6 +33,7 @@ from aotforge.core.errors import OptionsError, UnsupportedModelError
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET
 from aotforge.targets import get_target
+from aotforge.targets.generative.ranks import load_ranked
 from aotforge.targets.onnxruntime.tensor_parallel import compile_rank
 
 #: Targets with a rank runtime (``targets/generative/ranks.py``).
@@ -97,7 +98,7 @@ def build_tensor_parallel(model: Any, opts: BuildOptions, say: Progress) -> Buil
         }
         record = TargetRecord(target.name, settings, info)
         say(f"starting {plan.degree} rank processes")
-        runner = backend.load(stage, record)
+        runner = load_ranked(stage, record)
         try:
             say("validating greedy generation against transformers (the unsharded model)")
             validation = validate_generation(

@@ -25,6 +25,7 @@ import numpy as np
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import RankFailedError, describe
 from aotforge.core.target_record import TargetRecord
+from aotforge.targets.generative.runner import GenerativeRunner
 from aotforge.targets.generative.shm_all_reduce import ShmAllReduce, abort_segment, create_segment
 
 #: Target -> module with ``register_all_reduce(reduce)`` and ``load_rank(rank_dir, record, spec)``.
@@ -235,3 +236,8 @@ class RankedModelRunner:
 
     def copy(self, src: int, dst: int, length: int) -> None:
         self.engine.group.call("runner", "copy", src, dst, length)
+
+
+def load_ranked(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:
+    """A tensor-parallel artifact's runner: its ranks started, driven as one model."""
+    return GenerativeRunner(RankedEngine(artifact_dir, record))

@@ -77,10 +77,6 @@ def compile_generative(
 
 
 def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:
-    if "tensor_parallel" in record.info:  # rank graphs, a process each (targets/generative/ranks.py)
-        from aotforge.targets.generative.ranks import RankedEngine
-
-        return GenerativeRunner(RankedEngine(artifact_dir, record))
     options = stored_options(artifact_dir, record)
     spec = DecoderSpec.from_dict(record.info["decoder"])
     width = int(record.info.get("speculative", {}).get("verify_width", 0))
