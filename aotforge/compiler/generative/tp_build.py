@@ -33,7 +33,8 @@ from aotforge.core.errors import OptionsError, UnsupportedModelError
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET
 from aotforge.targets import get_target
-from aotforge.targets.generative.ranks import load_ranked
+from aotforge.targets.generative.ranks import RankedEngine
+from aotforge.targets.generative.runner import GenerativeRunner
 from aotforge.targets.onnxruntime.tensor_parallel import compile_rank
 
 #: Targets with a rank runtime (``targets/generative/ranks.py``).
@@ -98,7 +99,8 @@ def build_tensor_parallel(model: Any, opts: BuildOptions, say: Progress) -> Buil
         }
         record = TargetRecord(target.name, settings, info)
         say(f"starting {plan.degree} rank processes")
-        runner = load_ranked(stage, record)
+        engine = RankedEngine(stage, record)
+        runner = GenerativeRunner(engine)
         try:
             say("validating greedy generation against transformers (the unsharded model)")
             validation = validate_generation(
@@ -110,7 +112,7 @@ def build_tensor_parallel(model: Any, opts: BuildOptions, say: Progress) -> Buil
                 say("benchmarking generation")
                 bench = {"generation": benchmark_generation(runner, spec, sum(weights.values()))}
         finally:
-            runner.engine.close()
+            engine.close()
         manifest = Manifest(
             name=place.name,
             version=place.version,
