@@ -160,9 +160,10 @@ def tables(rounds: dict[str, list[dict[str, Any]]], collectives: dict[str, list[
         "and the vocabulary-parallel embedding).",
     )
     mb = 1e6
+    ranks = range(len(sizes["rank_weights"]))
     memory = bench_record.table(
         "Bytes each rank holds",
-        ("", "unsharded MB", "rank 0 MB", "rank 1 MB", "rank / unsharded"),
+        ("", "unsharded MB", *(f"rank {r} MB" for r in ranks), "largest rank / unsharded"),
         [
             [
                 "weights",
@@ -173,7 +174,7 @@ def tables(rounds: dict[str, list[dict[str, Any]]], collectives: dict[str, list[
             [
                 "KV cache per slot",
                 round(sizes["whole_kv_per_slot"] / mb, 1),
-                *(round(sizes["rank_kv_per_slot"] / mb, 1),) * 2,
+                *(round(sizes["rank_kv_per_slot"] / mb, 1) for _ in ranks),
                 round(sizes["rank_kv_per_slot"] / sizes["whole_kv_per_slot"], 3),
             ],
         ],  # fmt: skip
