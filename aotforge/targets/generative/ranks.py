@@ -100,7 +100,10 @@ class RankGroup:
             there.close()
             self.conns.append(here)
             self.procs.append(proc)
-        self._gather()  # each rank says it loaded
+        try:
+            self._gather()  # each rank says it loaded (and has the segment mapped)
+        finally:  # the ranks keep their mappings; no name is left behind, even if this process is killed
+            self.segment.unlink()
 
     def call(self, where: str, method: str, *args: Any) -> list[Any]:
         """``method(*args)`` on every rank's engine (``where="engine"``) or runner; the ranks' results in order."""
@@ -158,11 +161,7 @@ class RankGroup:
                 proc.kill()
                 proc.join()
         self.conns, self.procs = [], []
-        try:
-            self.segment.close()
-            self.segment.unlink()
-        except FileNotFoundError:
-            pass
+        self.segment.close()
 
     def __del__(self) -> None:
         if self.procs:
