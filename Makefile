@@ -11,7 +11,7 @@ ARGS ?=
 # With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
 _flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
-.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-serve bench-quality bench-page targets clean device-check neuron-env tvm-ops-table
+.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-serve bench-quality bench-tensor-parallel bench-page targets clean device-check neuron-env tvm-ops-table
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +98,11 @@ bench-quality: $(BIN)/.installed
 
 bench-speculative: $(BIN)/.installed
 	$(BIN)/python tools/bench_speculative.py --work /tmp/aotforge-spec-bench $(ARGS)
+	$(BIN)/python tools/bench_page.py
+
+# bench-tensor-parallel: --tensor-parallel 2 vs the unsharded artifact on SmolLM2-135M (the bench-serve fp32 artifact).
+bench-tensor-parallel: $(BIN)/.installed
+	$(BIN)/python tools/bench_tensor_parallel.py $(ARGS)
 	$(BIN)/python tools/bench_page.py
 
 bench-page: $(BIN)/.installed

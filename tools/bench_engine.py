@@ -139,16 +139,22 @@ def glue(path: Path, new: int, runs: int) -> dict[str, Any]:
     logits = np.random.default_rng(0).standard_normal((spec.max_batch, spec.vocab)).astype(np.float32)
 
     class Runner:  # runtime.runner.ModelRunner
-        def __init__(self, num_slots: int) -> None:
-            self.spec, self.num_slots, self.can_extend = spec, num_slots, False
+        def __init__(self, max_rows: int) -> None:
+            self.spec, self.max_rows, self.can_extend = spec, max_rows, False
+
+        def allocate(self, num_blocks: int, block_size: int) -> None:
+            pass
+
+        def kv_cache_bytes(self) -> int:
+            return 0
 
         def decode_rows(self, rows: int) -> int:
             return rows
 
-        def prefill(self, slot: int, token_ids: Any) -> Any:
+        def prefill(self, token_ids: Any, block_table: Any) -> Any:
             return logits[0]
 
-        def decode(self, token_ids: Any, positions: Any) -> Any:
+        def decode(self, token_ids: Any, positions: Any, block_tables: Any) -> Any:
             return logits[: len(token_ids)]
 
     class StepEngine:  # targets.generative.decoding.StepEngine, with the model runner of the CPU targets
@@ -164,8 +170,8 @@ def glue(path: Path, new: int, runs: int) -> dict[str, Any]:
         def decode(self, input_ids: Any, write_pos: Any) -> Any:
             return logits[: len(input_ids)]
 
-        def model_runner(self, num_slots: int) -> Runner:
-            return Runner(num_slots)
+        def model_runner(self, max_rows: int) -> Runner:
+            return Runner(max_rows)
 
     model = GenerativeRunner(StepEngine())
     ids = np.array(prompts(path, 128, 1))

@@ -89,6 +89,16 @@ BENCHES = (
         "through the artifact's own decode steps. llama.cpp's Q4_0 weights are scored on the same windows; then "
         "the decode ITL of one configuration against llama-bench on the Q4_0 GGUF, alternating processes.",
     ),
+    Bench(
+        "tensor_parallel",
+        "Tensor parallelism",
+        "make bench-tensor-parallel",
+        "tools/bench_tensor_parallel.py builds SmolLM2-135M-Instruct (fp32) with --tensor-parallel 3 (its 3 "
+        "key/value heads allow 1 or 3) and times it, one thread a rank, against the unsharded fp32 artifact on the "
+        "host's cores, each in a process of its own, alternating round by round: inter-token latency at batch 1 "
+        "(the median of a 64-token generation's intervals). Beside it: what one all-reduce costs by each way a CPU "
+        "rank could run it (tools/tp_collectives.py) and the bytes each rank stores (docs/parallel.md).",
+    ),
 )
 
 

@@ -147,8 +147,12 @@ def load(
     manifest = verified_manifest(path, public_key, manifest_sha256=manifest_sha256)
     target = get_target(manifest.target.name)
     check_host(manifest, target)
-    if manifest.target.info.get("task") == TEXT_GENERATION:  # prefill + decode graphs, not one model
-        runner: Runner = generative_backend(manifest.target.name).load(path, manifest.target)
+    if "tensor_parallel" in manifest.target.info:  # rank graphs, a process each
+        from aotforge.targets.generative.ranks import load_ranked
+
+        runner: Runner = load_ranked(path, manifest.target)
+    elif manifest.target.info.get("task") == TEXT_GENERATION:  # prefill + decode graphs, not one model
+        runner = generative_backend(manifest.target.name).load(path, manifest.target)
     else:
         runner = target.load(path, manifest.target, IOSpec.from_dict(manifest.io))
     return LoadedArtifact(path, manifest, runner)

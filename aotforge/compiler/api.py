@@ -110,6 +110,10 @@ def build(
         if served is not None:
             return served
     if opts.task == TEXT_GENERATION:
+        if opts.tensor_parallel > 1:  # rank graphs, a build line of their own
+            from aotforge.compiler.generative.tp_build import build_tensor_parallel
+
+            return build_tensor_parallel(model, opts, say)
         from aotforge.compiler.generative.build import build_generative  # torch, transformers, the target
 
         return build_generative(model, opts, say, direct=direct)

@@ -75,6 +75,8 @@ class BuildOptions:
     #: text-generation: compile a verify graph taking up to this many draft tokens (+1) for speculative
     #: decoding (``generate(draft=...)``); 0 compiles none.
     speculative_k: int = 0
+    #: text-generation: rank graphs over 1/N of the weights each, run as N processes (``generative.tp_build``).
+    tensor_parallel: int = 1
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildOptions:
@@ -114,6 +116,8 @@ class BuildOptions:
                 f"speculative_k must be in 0..{options.max_seq_len - 2} (below max_seq_len - 1), "
                 f"got {options.speculative_k}"
             )
+        if options.tensor_parallel < 1:
+            raise OptionsError(f"tensor_parallel is a number of ranks >= 1, got {options.tensor_parallel}")
         if not options.max_perplexity_increase >= 0:
             raise OptionsError(
                 "max_perplexity_increase is a relative increase >= 0 (0.05: +5%), "

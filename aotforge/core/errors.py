@@ -73,6 +73,10 @@ class RunnerError(AotforgeError):
     """A target's model runner failed on a step of generation (the message names the runner's error)."""
 
 
+class RankFailedError(AotforgeError):
+    """A rank of a tensor-parallel artifact died or failed: its requests fail, and the ranks are restarted."""
+
+
 class UnsupportedModelError(AotforgeError):
     """The target cannot honour the model or a pass that ran on it."""
 

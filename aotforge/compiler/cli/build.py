@@ -107,6 +107,13 @@ def _field_default(name: str) -> Any:
     show_default=True,
     help="text-generation: compile a verify graph for up to K draft tokens (generate --draft); 0: none.",
 )
+@click.option(
+    "--tensor-parallel",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="text-generation (onnxruntime): N rank graphs over 1/N of the weights each, run as N processes.",
+)
 @click.option("--prepare-only", is_flag=True, help="Write a build bundle for `aotforge finish` on the device host.")
 @click.option("--calibration", help="int8 calibration data: a directory of .npy/.npz files, or module.py:function.")
 @click.option(
@@ -184,6 +191,7 @@ def compile(model: str, **kw: Any) -> None:
             "max_perplexity_increase": kw["max_perplexity_increase"],
             "eval_text": kw["eval_text"],
             "speculative_k": kw["speculative_k"],
+            "tensor_parallel": kw["tensor_parallel"],
         }
     )
     if kw["recipe"]:

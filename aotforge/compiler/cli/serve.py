@@ -66,6 +66,14 @@ def engine_options(func: Callable[..., Any]) -> Callable[..., Any]:
     show_default=True,
     help="On SIGTERM / Ctrl-C: seconds in-flight requests may take to finish before they are aborted.",
 )
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Servers behind the one endpoint: Ray Serve replicas, routed by queue length (needs ray[serve]).",
+)
+@click.option("--ray-address", help="Run the replicas on this Ray cluster (default: a local Ray instance).")
 @user_errors
 def serve(
     artifact: Path,
@@ -74,6 +82,8 @@ def serve(
     api_key: str | None,
     served_model_name: str | None,
     drain_timeout: float,
+    replicas: int,
+    ray_address: str | None,
     **engine: Any,
 ) -> None:
     """Serve ARTIFACT (text generation) as an OpenAI-compatible API: /v1/models, /v1/completions,
@@ -84,6 +94,12 @@ def serve(
     from aotforge.artifacts.engine_loader import load_async_engine
     from aotforge.server.app import build_app
 
+    if replicas > 1 or ray_address:  # server/replicas.py: the same app in each Ray Serve replica
+        from aotforge.server.replicas import ReplicaOptions, serve_replicas
+
+        logging.disable(logging.NOTSET)
+        options = ReplicaOptions(replicas, api_key, served_model_name, drain_timeout)
+        return serve_replicas(artifact, EngineConfig(**engine), options, host, port, ray_address)
     engine_ = load_async_engine(artifact, EngineConfig(**engine))
     llm = engine_.engine
     click.echo(

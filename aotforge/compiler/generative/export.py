@@ -18,6 +18,7 @@ import onnx_ir as ir
 from onnx import numpy_helper
 from onnx.external_data_helper import set_external_data
 
+from aotforge.compiler.generative import collectives
 from aotforge.compiler.generative.graphs import Decode, Prefill, Verify, kv_shape, num_layers
 from aotforge.core.decoder import WEIGHTS_FILE, DecoderSpec
 from aotforge.core.errors import UnsupportedModelError, describe
@@ -130,7 +131,8 @@ def _export(
                 input_names=inputs,
                 output_names=outputs,
                 dynamic_shapes=dims,
-                custom_translation_table=translations,
+                # A rank graph's all-reduce (tensor_parallel.py) exports as one node; other graphs have none.
+                custom_translation_table={**collectives.translation_table(), **(translations or {})},
             )
     except Exception as e:
         raise UnsupportedModelError(

@@ -1,0 +1,89 @@
+"""A shared-memory all-reduce for the ranks of one host (vLLM's CPU ``shm`` all-reduce, in numpy).
+
+One segment holds, per rank, an arrival counter, and two banks of one buffer per rank: a call writes its
+rank's buffer of bank ``seq % 2``, publishes ``seq``, waits until every rank has published it and sums
+the buffers in rank order, so every rank gets the same bits (the replicated residual stream stays
+identical). Two banks make one barrier a call enough: a rank that is one call ahead writes the other
+bank, and it cannot be two ahead, because that needs everyone's arrival at the call in between. Inputs
+larger than a buffer go through in chunks. An ``abort`` flag set by the driver (a rank died) or by a
+failing rank makes every waiting rank raise instead of spinning forever.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from aotforge.core.errors import RankFailedError
+
+_HEADER = 4096  # abort flag and counters; the buffers start page-aligned after it
+#: Spins between looks at the abort flag and the clock, and before yielding the core (the peer may need it).
+_SPINS = 256
+
+
+def segment_bytes(world: int, capacity: int) -> int:
+    """Bytes of the segment for ``world`` ranks and buffers of ``capacity`` floats."""
+    return _HEADER + 2 * world * capacity * 4
+
+
+class ShmAllReduce:
+    """Rank ``rank``'s end of the all-reduce over the segment named ``name``."""
+
+    def __init__(self, name: str, rank: int, world: int, capacity: int, timeout_s: float = 60.0) -> None:
+        self.shm = shared_memory.SharedMemory(name=name)
+        self.rank, self.world, self.capacity, self.timeout_s = rank, world, capacity, timeout_s
+        self.flags = np.ndarray((1 + world,), dtype=np.int64, buffer=self.shm.buf)  # [abort, counter per rank]
+        self.banks = np.ndarray((2, world, capacity), dtype=np.float32, buffer=self.shm.buf, offset=_HEADER)
+        self.seq = int(self.flags[1 + rank])
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        out = np.empty_like(flat)
+        for start in range(0, flat.size, self.capacity):
+            stop = min(start + self.capacity, flat.size)
+            self.seq += 1
+            bank = self.banks[self.seq % 2]
+            bank[self.rank, : stop - start] = flat[start:stop]
+            self.flags[1 + self.rank] = self.seq  # x86 keeps store order: the data is visible before the count
+            self._wait(self.seq)
+            np.sum(bank[:, : stop - start], axis=0, out=out[start:stop])
+        return out.reshape(x.shape)
+
+    def _wait(self, seq: int) -> None:
+        counters = self.flags[1:]
+        deadline = 0.0
+        while True:
+            for _ in range(_SPINS):
+                if counters.min() >= seq:
+                    return
+            if self.flags[0]:
+                raise RankFailedError(f"rank {self.rank}: another rank failed during an all-reduce")
+            now = time.monotonic()
+            deadline = deadline or now + self.timeout_s
+            if now > deadline:
+                self.abort()
+                raise RankFailedError(
+                    f"rank {self.rank}: the other ranks did not reach all-reduce {seq} within {self.timeout_s:.0f} s"
+                )
+            os.sched_yield()
+
+    def abort(self) -> None:
+        """Make every rank waiting in (or entering) an all-reduce raise."""
+        self.flags[0] = 1
+
+    def close(self) -> None:
+        del self.flags, self.banks
+        self.shm.close()
+
+
+def create_segment(world: int, capacity: int) -> shared_memory.SharedMemory:
+    """The driver's segment (zeroed by the OS); it unlinks it when the ranks stop."""
+    return shared_memory.SharedMemory(create=True, size=segment_bytes(world, capacity))
+
+
+def abort_segment(segment: shared_memory.SharedMemory) -> None:
+    """Set the segment's abort flag from outside the ranks (the driver, when a rank died)."""
+    np.ndarray((1,), dtype=np.int64, buffer=segment.buf)[0] = 1

@@ -1,0 +1,74 @@
+"""One rank of a tensor-parallel ONNX Runtime artifact: its sessions, with the graph's all-reduce supplied.
+
+A rank graph's ``ai.onnx.contrib::AllReduce`` (``compiler/generative/collectives.py``) runs as an
+onnxruntime-extensions Python op that calls the host's shared-memory all-reduce
+(``targets/generative/shm_all_reduce.py``). Chosen over graphs cut at every all-reduce (61 sessions a step, each
+boundary tensor bound by hand) and over torch.distributed gloo (a TCP round trip a call): figures in
+docs/benchmarks.md (tools/tp_collectives.py). The rank is otherwise the unsharded engine
+(``decoder.OrtStepEngine``) over the rank's own graphs, weights and (1/N) cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aotforge.core.decoder import DecoderSpec
+from aotforge.core.errors import CompileError, TargetUnavailableError, describe
+from aotforge.core.target_record import TargetRecord
+from aotforge.targets.onnxruntime.decoder import OrtStepEngine
+from aotforge.targets.onnxruntime.target import session_options, stored_options
+
+#: The op the rank graphs call (``collectives.DOMAIN`` / ``OP_TYPE``: onnxruntime-extensions' Python-op domain).
+OP_TYPE = "AllReduce"
+
+
+def extensions_library() -> str:
+    """The onnxruntime-extensions library that runs Python ops, or a refusal naming the package."""
+    try:
+        from onnxruntime_extensions import get_library_path
+    except ImportError as e:
+        raise TargetUnavailableError(
+            "tensor-parallel onnxruntime artifacts run their all-reduce through onnxruntime-extensions: "
+            "pip install onnxruntime-extensions"
+        ) from e
+    return str(get_library_path())
+
+
+def register_all_reduce(reduce: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Make the rank graphs' AllReduce call ``reduce`` in this process (before its sessions open)."""
+    from onnxruntime_extensions import PyCustomOpDef, onnx_op
+
+    onnx_op(op_type=OP_TYPE, inputs=[PyCustomOpDef.dt_float], outputs=[PyCustomOpDef.dt_float])(reduce)
+
+
+def load_rank(rank_dir: Path, record: TargetRecord, spec: DecoderSpec) -> OrtStepEngine:
+    """Rank ``rank_dir``'s step engine; ``register_all_reduce`` must have run in this process."""
+    options = stored_options(rank_dir, record)
+    settings = session_options(options)
+    settings.register_custom_ops_library(extensions_library())
+    width = int(record.info.get("speculative", {}).get("verify_width", 0))
+    try:
+        return OrtStepEngine(rank_dir, spec, settings, list(options.providers), width, huge_pages=options.huge_pages)
+    except CompileError as e:
+        raise CompileError(f"rank {rank_dir.name}: {describe(e)}") from e
+
+
+def compile_rank(rank_dir: Path, options: Any) -> dict[str, Any]:
+    """The rank's session settings (``session.json``, as the unsharded artifact keeps them); the sessions are
+    opened by the build's load, in the rank processes that have the all-reduce."""
+    import dataclasses
+    import json
+
+    import onnxruntime as ort
+
+    from aotforge.targets.onnxruntime.target import SESSION_FILE
+
+    settings = dataclasses.asdict(options)
+    (rank_dir / SESSION_FILE).write_text(json.dumps(settings, sort_keys=True, indent=2) + "\n")
+    import onnxruntime_extensions
+
+    return {"onnxruntime": ort.__version__, "onnxruntime_extensions": onnxruntime_extensions.__version__}
