@@ -1,5 +1,6 @@
-"""Text-generation artifacts: prefill + decode graphs, generate / stream, token-exact vs transformers (their CLI:
-tests/test_generative_cli.py; their fused attention: tests/test_generative_fusions.py)."""
+"""Text-generation artifacts on onnxruntime: prefill + decode graphs over one weight file, the KV cache bound once
+(what both CPU targets do alike: tests/test_generative_targets.py; the CLI: tests/test_generative_cli.py; the fused
+attention: tests/test_generative_fusions.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,9 @@ import pytest
 import aotforge
 from aotforge.core.errors import InputSpecError, OptionsError, UnsupportedModelError
 from tests.llm_models import (
-    ARCHITECTURES,
     MAX_SEQ,
     NEW,
     PROMPTS,
-    assert_build_token_exact,
     left_padded,
     tiny_causal_lm,
     transformers_greedy,
@@ -25,19 +24,6 @@ from tests.llm_models import (
 from tests.llm_models import build_text_generation as _build
 
 # ``llama_ort`` (tests/conftest.py): the tiny Llama directory built for onnxruntime, benchmark included.
-
-
-def test_llama_directory_batch_is_token_exact_against_transformers(llama_ort: Any) -> None:
-    assert_build_token_exact(llama_ort, tiny_causal_lm("llama"))
-
-
-#: Each export costs ~25 s on 2 busy cores: Llama runs by default (above), the others behind slow.
-@pytest.mark.slow
-@pytest.mark.parametrize("arch", [a for a in ARCHITECTURES if a != "llama"] + ["llama-tied"])
-def test_greedy_batch_is_token_exact_against_transformers(arch: str, tmp_path: Path) -> None:
-    """Each architecture, built from the module itself."""
-    model = tiny_causal_lm(arch)
-    assert_build_token_exact(_build(model, tmp_path, name=arch), model)
 
 
 def test_one_token_prompt_beside_a_long_one(llama_ort: Any) -> None:
@@ -79,53 +65,6 @@ def test_benchmark_generation_record(llama_ort: Any) -> None:
     assert g["weight_bytes"] == llama_ort.manifest.file_sizes["weights.data"]
     card = (llama_ort.path / "MODEL_CARD.md").read_text()
     assert "Time to first token" in card and "token for token" in card
-
-
-def test_stops_at_eos_per_sequence(llama_ort: Any) -> None:
-    artifact = aotforge.load(llama_ort.path)
-    ids, mask = left_padded()
-    free = artifact.generate(ids, NEW, attention_mask=mask)[:, ids.shape[1] :]
-    eos = int(free[0, 3])  # the first sequence emits it at step 3 (or before)
-    out = artifact.generate(ids, NEW, attention_mask=mask, eos_token_id=eos)[:, ids.shape[1] :]
-    first_stop = [int(np.argmax(row == eos)) if (row == eos).any() else None for row in free]
-    steps = out.shape[1]
-    assert steps == max(s + 1 if s is not None else NEW for s in first_stop)
-    for row, stop in enumerate(first_stop):
-        if stop is None:
-            np.testing.assert_array_equal(out[row], free[row, :steps])
-        else:
-            np.testing.assert_array_equal(out[row, : stop + 1], free[row, : stop + 1])
-            assert (out[row, stop:] == eos).all(), "a finished sequence repeats eos"
-
-
-def test_end_of_cache_is_a_clear_error(llama_ort: Any) -> None:
-    artifact = aotforge.load(llama_ort.path)
-    with pytest.raises(InputSpecError, match="max_seq_len=64"):
-        artifact.generate(np.arange(60)[None, :], 6)
-    # Exactly full is fine: 60 + 5 new tokens write 64 positions.
-    assert artifact.generate(np.arange(60)[None, :], 5).shape == (1, 65)
-    with pytest.raises(InputSpecError, match="max_batch 2"):
-        artifact.generate(np.zeros((3, 4), dtype=np.int64), 2)
-
-
-def test_seeded_sampling_is_reproducible(llama_ort: Any) -> None:
-    artifact = aotforge.load(llama_ort.path)
-    ids, mask = left_padded()
-    kw = {"attention_mask": mask, "do_sample": True, "top_k": 50, "top_p": 0.9, "temperature": 1.3}
-    a = artifact.generate(ids, NEW, seed=7, **kw)
-    np.testing.assert_array_equal(a, artifact.generate(ids, NEW, seed=7, **kw))
-    assert not np.array_equal(a, artifact.generate(ids, NEW, seed=8, **kw))
-    assert not np.array_equal(a, artifact.generate(ids, NEW, attention_mask=mask))
-    top1 = artifact.generate(ids, NEW, attention_mask=mask, do_sample=True, top_k=1, seed=3)
-    np.testing.assert_array_equal(top1, artifact.generate(ids, NEW, attention_mask=mask))
-
-
-def test_stream_yields_what_generate_returns(llama_ort: Any) -> None:
-    artifact = aotforge.load(llama_ort.path)
-    ids, mask = left_padded()
-    steps = list(artifact.stream(ids, NEW, attention_mask=mask))
-    assert len(steps) == NEW and all(s.shape == (2,) for s in steps)
-    np.testing.assert_array_equal(np.stack(steps, axis=1), artifact.generate(ids, NEW, attention_mask=mask)[:, -NEW:])
 
 
 def test_kv_cache_is_not_reallocated_per_token(llama_ort: Any) -> None:

@@ -1,4 +1,5 @@
-"""Text-generation artifacts on tvm: prefill buckets + static decode in one lib.so, the cache updated in place."""
+"""Text-generation artifacts on tvm: prefill buckets + static decode in one lib.so, the cache updated in place
+(what both CPU targets do alike: tests/test_generative_targets.py)."""
 
 from __future__ import annotations
 
@@ -11,33 +12,17 @@ import pytest
 
 import aotforge
 from aotforge.core.decoder import DecoderSpec
-from aotforge.core.errors import InputSpecError, OptionsError
+from aotforge.core.errors import OptionsError
 from aotforge.targets.tvm.decoder.buckets import batch_buckets, prompt_buckets
 from tests.llm_models import (
-    ARCHITECTURES,
-    MAX_SEQ,
     NEW,
     PROMPTS,
-    assert_build_token_exact,
     left_padded,
     tiny_causal_lm,
 )
-from tests.llm_models import TVM_BUCKETS as BUCKETS
 from tests.llm_models import build_text_generation as _build
 
 # ``llama_tvm`` (tests/conftest.py): the tiny Llama directory built for tvm with BUCKETS, benchmark included.
-
-
-def test_llama_directory_batch_is_token_exact_against_transformers(llama_tvm: Any) -> None:
-    assert_build_token_exact(llama_tvm, tiny_causal_lm("llama"))
-
-
-#: Each build exports (~25 s) and compiles 4 Relax functions (~40 s) on 2 busy cores.
-@pytest.mark.slow
-@pytest.mark.parametrize("arch", [a for a in ARCHITECTURES if a != "llama"] + ["llama-tied"])
-def test_greedy_batch_is_token_exact_against_transformers(arch: str, tmp_path: Path) -> None:
-    model = tiny_causal_lm(arch)
-    assert_build_token_exact(_build(model, tmp_path, target="tvm", name=arch, target_options=BUCKETS), model)
 
 
 def test_one_library_over_the_shared_weight_file(llama_tvm: Any) -> None:
@@ -97,23 +82,6 @@ def test_the_manifest_names_the_weight_file_the_artifact_holds(llama_tvm: Any) -
     assert named == {"tvm_weights.data"}
     assert (path / "tvm_weights.data").is_file() and not (path / "weights.data").exists()
     assert weights["weights_file_bytes"] == m.file_sizes["tvm_weights.data"] != weights["exported_bytes"]
-
-
-def test_stream_eos_and_end_of_cache(llama_tvm: Any) -> None:
-    artifact = aotforge.load(llama_tvm.path)
-    ids, mask = left_padded()
-    free = artifact.generate(ids, NEW, attention_mask=mask)
-    steps = list(artifact.stream(ids, NEW, attention_mask=mask))
-    np.testing.assert_array_equal(np.stack(steps, axis=1), free[:, -NEW:])
-    eos = int(free[0, ids.shape[1] + 2])
-    stopped = artifact.generate(ids, NEW, attention_mask=mask, eos_token_id=eos)[:, ids.shape[1] :]
-    first = int(np.argmax(stopped[0] == eos))
-    assert first <= 2 and (stopped[0, first:] == eos).all()
-    with pytest.raises(InputSpecError, match=f"max_seq_len={MAX_SEQ}"):
-        artifact.generate(np.arange(60)[None, :], 6)
-    assert artifact.generate(np.arange(60)[None, :], 5).shape == (1, 65)  # exactly full: the 64 bucket
-    with pytest.raises(InputSpecError, match="max_batch 2"):
-        artifact.generate(np.zeros((3, 4), dtype=np.int64), 2)
 
 
 def test_kv_cache_is_not_reallocated_per_token(llama_tvm: Any) -> None:

@@ -206,8 +206,7 @@ README_CLAIMS = {
         "test_dim_defaults.py::test_a_dim_with_no_default_is_refused_by_name"
     ],
     "checks greedy generation token for token against transformers": [
-        "test_generative.py::test_llama_directory_batch_is_token_exact_against_transformers",
-        "test_generative_tvm.py::test_llama_directory_batch_is_token_exact_against_transformers",
+        "test_generative_targets.py::test_llama_directory_batch_is_token_exact_against_transformers",
     ],
     "--max-perplexity-increase": [
         "test_decoder_quality.py::test_a_build_over_the_quality_budget_fails_and_names_the_knobs"
