@@ -78,7 +78,12 @@ def test_options_of_graph_builds_are_refused_by_name(options: dict[str, Any], fl
 
 
 @pytest.mark.parametrize(
-    ("options", "flag"), [({"max_seq_len": 128}, "--max-seq-len"), ({"max_batch": 8}, "--max-batch")]
+    ("options", "flag"),
+    [
+        ({"max_seq_len": 128}, "--max-seq-len"),
+        ({"max_batch": 8}, "--max-batch"),
+        ({"tensor_parallel": 2}, "--tensor-parallel"),
+    ],
 )
 def test_text_generation_options_are_refused_for_graph_builds(options: dict[str, Any], flag: str) -> None:
     with pytest.raises(OptionsError, match=f"{flag} appl.* to text-generation builds only"):

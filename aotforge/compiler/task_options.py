@@ -28,6 +28,7 @@ TEXT_GENERATION_ONLY = {
     "min_token_agreement": "--min-token-agreement",
     "max_perplexity_increase": "--max-perplexity-increase",
     "eval_text": "--eval-text",
+    "tensor_parallel": "--tensor-parallel",
 }
 
 
