@@ -202,13 +202,8 @@ class TvmModelRunner:
         return np.from_dlpack(out[0]).reshape(rows, -1)
 
     def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
-        engine = self.engine
         n = len(token_ids)
-        size = next(p for p in engine.prompt_buckets if p >= n)
-        padded = [np.zeros((1, size), dtype=np.int64) for _ in range(3)]
-        padded[0][0, :n], padded[1][0, :n], padded[2][0, :n] = token_ids, 1, np.arange(n)
-        name = f"prefill_{size}"
-        logits, *present = engine._functions[name](*map(engine._tvm.runtime.tensor, padded), *engine._weights[name])
+        logits, present = prefill_one(self.engine, token_ids)
         bs = self.block_size
         full, rest = divmod(n, bs)
         for view, values in zip(self._views, present, strict=True):
@@ -234,6 +229,17 @@ class TvmModelRunner:
             out = engine._functions["paged_verify_1"](*arguments, table, *self.pool, *engine._weights["paged_verify_1"])
             logits = np.from_dlpack(out[0]).reshape(width, -1)[len(piece) - 1].copy()
         return logits
+
+
+def prefill_one(engine: TvmStepEngine, token_ids: np.ndarray) -> tuple[Any, list[Any]]:
+    """One prompt through the smallest prefill bucket that holds it: its logits and each layer's keys / values."""
+    n = len(token_ids)
+    size = next(p for p in engine.prompt_buckets if p >= n)
+    padded = [np.zeros((1, size), dtype=np.int64) for _ in range(3)]
+    padded[0][0, :n], padded[1][0, :n], padded[2][0, :n] = token_ids, 1, np.arange(n)
+    name = f"prefill_{size}"
+    logits, *present = engine._functions[name](*map(engine._tvm.runtime.tensor, padded), *engine._weights[name])
+    return logits, present
 
 
 class TvmRowsRunner:
@@ -294,13 +300,8 @@ class TvmRowsRunner:
         return np.from_dlpack(out[0]).reshape(rows, -1)[order]
 
     def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
-        engine = self.engine
         n = len(token_ids)
-        size = next(p for p in engine.prompt_buckets if p >= n)
-        padded = [np.zeros((1, size), dtype=np.int64) for _ in range(3)]
-        padded[0][0, :n], padded[1][0, :n], padded[2][0, :n] = token_ids, 1, np.arange(n)
-        name = f"prefill_{size}"
-        logits, *present = engine._functions[name](*map(engine._tvm.runtime.tensor, padded), *engine._weights[name])
+        logits, present = prefill_one(self.engine, token_ids)
         self._rows().scatter([np.from_dlpack(values)[0, :, :n] for values in present], block_table, 0)
         return logits.numpy()[0]
 
