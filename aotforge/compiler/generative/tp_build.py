@@ -71,14 +71,14 @@ def build_tensor_parallel(model: Any, opts: BuildOptions, say: Progress) -> Buil
     )
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
-    spec = decoder_spec(source.model, opts.max_seq_len, opts.max_batch)
+    spec = decoder_spec(source.model, opts.generation.max_seq_len, opts.generation.max_batch)
     why = unsupported(source.model.config, spec.max_seq_len)
     if why:
         raise UnsupportedModelError(f"{source.name} cannot be built for {opts.target}: {why}")
-    plan = layout(source.model, opts.tensor_parallel, source.name)
+    plan = layout(source.model, opts.generation.tensor_parallel, source.name)
     rank_spec = dataclasses.replace(spec, kv_heads=plan.kv_heads // plan.degree, vocab=plan.vocab_shard)
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=False)
-    verify_width = opts.speculative_k + 1 if opts.speculative_k else 0
+    verify_width = opts.generation.speculative_k + 1 if opts.generation.speculative_k else 0
     with staging_dir(opts.out) as stage:
         attention, plain_why = _decode_attention(backend, source.model, spec)
         ranks, weights, opset = [], {}, 0
@@ -109,7 +109,7 @@ def build_tensor_parallel(model: Any, opts: BuildOptions, say: Progress) -> Buil
             "tensor_parallel": _tp_record(plan, ranks, rank_spec, weights),
             "weights": {"weights_file_bytes": sum(weights.values()), "per_rank_bytes": weights},
             **(
-                {"speculative": {"max_tokens": opts.speculative_k, "verify_width": verify_width}}
+                {"speculative": {"max_tokens": opts.generation.speculative_k, "verify_width": verify_width}}
                 if verify_width
                 else {}
             ),
@@ -176,11 +176,11 @@ class RankWork:
         try:
             say("validating greedy generation against transformers (the unsharded model)")
             validation = validate_generation(
-                self.model, runner, self.spec, seed=opts.seed, tolerance=opts.tolerance,
-                min_agreement=opts.min_token_agreement, name=job.place.name, gate=True,
+                self.model, runner, self.spec, seed=opts.validation.seed, tolerance=opts.validation.tolerance,
+                min_agreement=opts.generation.min_token_agreement, name=job.place.name, gate=True,
             )  # fmt: skip
             bench = None
-            if opts.bench:
+            if opts.benchmark.bench:
                 say("benchmarking generation")
                 bench = {"generation": benchmark_generation(runner, self.spec, self.weight_bytes)}
         finally:
@@ -201,7 +201,7 @@ def _refuse(opts: BuildOptions) -> None:
             f"--tensor-parallel: {opts.target} has no rank runtime yet (only {', '.join(TP_TARGETS)}): "
             "build it with --tensor-parallel 1"
         )
-    if tuple(opts.passes) not in ((DEFAULT_PRESET,), ()):
+    if tuple(opts.passes.names) not in ((DEFAULT_PRESET,), ()):
         raise OptionsError(
             "--tensor-parallel builds are fp32 for now: drop --precision / --passes, or build with --tensor-parallel 1"
         )

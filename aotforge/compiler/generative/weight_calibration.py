@@ -9,7 +9,6 @@ fp32: the quality gate compares against it. The manifest gets a pass entry that 
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,7 +45,7 @@ def calibrated_source(
         )
     started = time.perf_counter()
     vocab = int(source.model.get_output_embeddings().weight.shape[0])
-    tokens = calibration_tokens(opts.eval_text, source.tokenizer_dir, vocab)
+    tokens = calibration_tokens(opts.generation.eval_text, source.tokenizer_dir, vocab)
     model, stats = source.model, {"method": params.method}
     if params.method in CALIBRATED:
         say(f"calibrating the int4 weights ({params.method}) on {min(len(tokens), 2048)} tokens of text")
@@ -83,8 +82,8 @@ def calibrated_source(
 def _with_params(opts: BuildOptions, extra: dict[str, Any]) -> BuildOptions:
     if not extra:
         return opts
-    params = {**opts.pass_params, PASS: {**opts.pass_params.get(PASS, {}), **extra}}
-    return dataclasses.replace(opts, pass_params=params)
+    params = {**opts.passes.params, PASS: {**opts.passes.params.get(PASS, {}), **extra}}
+    return opts.with_fields({"passes.params": params})
 
 
 def weight_only_params(passes: list[Any]) -> Any:
