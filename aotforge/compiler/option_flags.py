@@ -8,7 +8,7 @@ field has no flag or a flag no field. No click here: a direct cache hit goes thr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +118,34 @@ def _merge_ranges(value: Any, current: Mapping[str, tuple[float, float]]) -> dic
     return {**current, **dict(parse_value_range(r) for r in ([value] if isinstance(value, str) else value))}
 
 
-def _merge_precision(value: Any, current: tuple[str, ...]) -> tuple[str, ...]:
-    from aotforge.compiler.options import with_precision
+#: ``--precision`` -> the pass it appends to the pass list (Olive's ``--precision``); fp32 appends none.
+PRECISIONS: dict[str, str | None] = {
+    "fp32": None,
+    "fp16": "fp16",
+    "bf16": "bf16",
+    "int8": "int8",
+    "int8-dynamic": "int8-dynamic",
+    "int4": "weight-only",
+}
 
+
+def with_precision(passes: Sequence[str], precision: str | None) -> tuple[str, ...]:
+    """``passes`` with the precision's pass appended; a pass list that already sets a precision is refused."""
+    if precision is None:
+        return tuple(passes)
+    if precision not in PRECISIONS:
+        raise OptionsError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    chosen = PRECISIONS[precision]
+    clash = [p for p in passes if p in {v for v in PRECISIONS.values() if v}]
+    if clash:
+        raise OptionsError(
+            f"precision {precision} and the pass(es) {', '.join(clash)} in the pass list both set the precision: "
+            "give one of them"
+        )
+    return (*passes, chosen) if chosen else tuple(passes)
+
+
+def _merge_precision(value: Any, current: tuple[str, ...]) -> tuple[str, ...]:
     return with_precision(current, value)
 
 
@@ -185,7 +210,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("isolation.backend_memory_mb", "Memory limit of that worker (MB; default: none)."),
     Flag("passes.names", "Append the precision's pass to --passes: fp16, bf16, int8 (static QDQ, calibrated), "
          "int8-dynamic, int4 (weight-only, MatMulNBits).", name="precision",
-         choices=("fp32", "fp16", "bf16", "int8", "int8-dynamic", "int4"), merge=_merge_precision),
+         choices=tuple(PRECISIONS), merge=_merge_precision),
 )  # fmt: skip
 
 BY_KEYWORD: dict[str, Flag] = {flag.keyword: flag for flag in FLAGS}
@@ -200,11 +225,11 @@ def flag_name(path: str) -> str:
     return f"--{flag.keyword.replace('_', '-')}"
 
 
-def resolve_keys(data: Mapping[str, Any], paths: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_keys(
+    data: Mapping[str, Any], paths: Mapping[str, Any], field_default: Callable[[str], Any]
+) -> dict[str, Any]:
     """Loose keys -> ``{field path: value}``: groups and field paths, unique field names, then flag spellings
-    (their merges in table order, over the values so far)."""
-    from aotforge.compiler.options import field_default
-
+    (their merges in table order, over the values so far, or over ``field_default(path)``)."""
     by_name: dict[str, list[str]] = {}
     for path in paths:
         by_name.setdefault(path.rpartition(".")[2], []).append(path)

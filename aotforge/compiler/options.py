@@ -16,6 +16,7 @@ from typing import Any
 from aotforge.artifacts.names import check_name
 from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.frontend_transformers import Task
+from aotforge.compiler.option_flags import resolve_keys
 from aotforge.core.errors import OptionsError
 from aotforge.core.spec import DimRange
 
@@ -185,9 +186,7 @@ class BuildOptions:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildOptions:
         """Options from loose values (groups, field paths, field names, flag names); unknown keys are refused."""
-        from aotforge.compiler.option_flags import resolve_keys
-
-        return cls.from_fields(resolve_keys(data, field_paths()))
+        return cls.from_fields(resolve_keys(data, field_paths(), field_default))
 
     @classmethod
     def from_fields(cls, values: Mapping[str, Any]) -> BuildOptions:
@@ -255,30 +254,3 @@ def _assemble(obj: Any, values: Mapping[str, Any]) -> Any:
         elif nested:
             changes[field.name] = _assemble(getattr(obj, field.name), nested)
     return dataclasses.replace(obj, **changes) if changes else obj
-
-
-#: ``--precision`` -> the pass it appends to the pass list (Olive's ``--precision``); fp32 appends none.
-PRECISIONS: dict[str, str | None] = {
-    "fp32": None,
-    "fp16": "fp16",
-    "bf16": "bf16",
-    "int8": "int8",
-    "int8-dynamic": "int8-dynamic",
-    "int4": "weight-only",
-}
-
-
-def with_precision(passes: Sequence[str], precision: str | None) -> tuple[str, ...]:
-    """``passes`` with the precision's pass appended; a pass list that already sets a precision is refused."""
-    if precision is None:
-        return tuple(passes)
-    if precision not in PRECISIONS:
-        raise OptionsError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
-    chosen = PRECISIONS[precision]
-    clash = [p for p in passes if p in {v for v in PRECISIONS.values() if v}]
-    if clash:
-        raise OptionsError(
-            f"precision {precision} and the pass(es) {', '.join(clash)} in the pass list both set the precision: "
-            "give one of them"
-        )
-    return (*passes, chosen) if chosen else tuple(passes)
