@@ -19,16 +19,10 @@ from aotforge.compiler.frontend_transformers import Task
 from aotforge.compiler.option_flags import resolve_keys
 from aotforge.core.errors import OptionsError
 from aotforge.core.spec import DimRange
+from aotforge.passes import DEFAULT_PRESET
 
 #: Where artifacts go when no ``--out`` is given.
 DEFAULT_OUT = Path("out")
-
-
-def _default_preset() -> str:
-    # Imported on use: ``passes`` pulls in onnx_ir (~0.8 s), which a direct cache hit never needs.
-    from aotforge.passes import DEFAULT_PRESET
-
-    return DEFAULT_PRESET
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +40,7 @@ class FrontendOptions:
 class PassOptions:
     """The graph passes, their parameters and what the quantizing ones calibrate on."""
 
-    names: tuple[str, ...] = dataclasses.field(default_factory=lambda: (_default_preset(),))
+    names: tuple[str, ...] = (DEFAULT_PRESET,)
     params: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     #: int8 calibration data: a directory of .npy/.npz files or ``module.py:function`` (``compiler.calibration``).
     calibration: str | None = None
@@ -168,7 +162,7 @@ class BuildOptions:
     #: The target's own options (its ``options_type``, checked by it: ``core.options.options_from_dict``).
     target_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     frontend: FrontendOptions = FrontendOptions()
-    passes: PassOptions = dataclasses.field(default_factory=PassOptions)
+    passes: PassOptions = PassOptions()
     validation: ValidationOptions = ValidationOptions()
     benchmark: BenchmarkOptions = BenchmarkOptions()
     generation: GenerationOptions = GenerationOptions()
@@ -208,8 +202,7 @@ def field_paths() -> dict[str, dataclasses.Field[Any]]:
 
 
 def field_default(path: str) -> Any:
-    """The default of the field at ``path``, without making a whole ``BuildOptions`` where that can be avoided
-    (its pass list imports the passes: a direct cache hit must not)."""
+    """The default of the field at ``path`` (``"generation.max_seq_len"``), read from the dataclasses."""
     obj: Any = BuildOptions
     *groups, leaf = path.split(".")
     for group in groups:
