@@ -85,3 +85,5 @@ def test_unknown_keyword_and_bad_value_are_refused_by_name() -> None:
         BuildOptions.from_dict({"generation": {"max_seq": 3}})
     with pytest.raises(OptionsError, match="max_seq_len must be >= 2"):
         BuildOptions.from_dict({"max_seq_len": 1})
+    with pytest.raises(OptionsError, match="eval_text .* is not a file"):
+        BuildOptions.from_dict({"eval_text": "no-such-text.txt"})

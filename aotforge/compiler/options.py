@@ -16,6 +16,7 @@ from typing import Any
 from aotforge.artifacts.names import check_name
 from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.frontend_transformers import Task
+from aotforge.compiler.isolation import Isolation
 from aotforge.compiler.option_flags import resolve_keys
 from aotforge.core.errors import OptionsError
 from aotforge.core.spec import DimRange
@@ -112,6 +113,8 @@ class GenerationOptions:
             raise OptionsError(
                 f"speculative_k must be in 0..{self.max_seq_len - 2} (below max_seq_len - 1), got {self.speculative_k}"
             )
+        if self.eval_text is not None and not Path(self.eval_text).is_file():  # refused before minutes of compile
+            raise OptionsError(f"eval_text {self.eval_text} is not a file: give a UTF-8 text file, or leave it out")
         if self.tensor_parallel < 1:
             raise OptionsError(f"tensor_parallel is a number of ranks >= 1, got {self.tensor_parallel}")
         if not self.max_perplexity_increase >= 0:
@@ -124,18 +127,19 @@ class GenerationOptions:
 
 @dataclasses.dataclass(frozen=True)
 class IsolationOptions:
-    """Where the backend compile and the compiled artifact's validation runs happen, and their limits.
+    """Where the backend compile and the compiled artifact's validation runs happen, and their limits (the
+    defaults are the stage's own, ``compiler.isolation.Isolation``).
 
     A spawned worker (``compiler.isolation``), never a fork: forking a process that runs torch / ONNX Runtime
     threads deadlocked. ``isolate_backend=False`` runs them in this process (a backend under a debugger)."""
 
-    isolate_backend: bool = True
+    isolate_backend: bool = Isolation.enabled
     #: Seconds the backend compile and the artifact's validation runs may take together, in the worker.
-    backend_deadline_s: float = 3600.0
+    backend_deadline_s: float = Isolation.deadline_s
     #: Seconds each run of the source model (the reference) or of the artifact may take while validating.
-    run_deadline_s: float = 600.0
+    run_deadline_s: float = Isolation.run_deadline_s
     #: The worker's memory limit (MB); None: the host's.
-    backend_memory_mb: int | None = None
+    backend_memory_mb: int | None = Isolation.memory_mb
 
     def __post_init__(self) -> None:
         if not self.backend_deadline_s > 0 or not self.run_deadline_s > 0:
