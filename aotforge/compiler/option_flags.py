@@ -8,7 +8,7 @@ field has no flag or a flag no field. No click here: a direct cache hit goes thr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +226,7 @@ def flag_name(path: str) -> str:
 
 
 def resolve_keys(
-    data: Mapping[str, Any], paths: Mapping[str, Any], field_default: Callable[[str], Any]
+    data: Mapping[str, Any], paths: Collection[str], field_default: Callable[[str], Any]
 ) -> dict[str, Any]:
     """Loose keys -> ``{field path: value}``: groups and field paths, unique field names, then flag spellings
     (their merges in table order, over the values so far, or over ``field_default(path)``)."""
@@ -261,7 +261,7 @@ def resolve_keys(
     return values
 
 
-def _group_values(group: str, value: Any, paths: Mapping[str, Any]) -> dict[str, Any]:
+def _group_values(group: str, value: Any, paths: Collection[str]) -> dict[str, Any]:
     """A group given whole (its dataclass, or a mapping of its fields) as field paths."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if group in _READERS:
@@ -281,7 +281,7 @@ def _group_values(group: str, value: Any, paths: Mapping[str, Any]) -> dict[str,
     return values
 
 
-def _fields_of(group: str, paths: Mapping[str, Any]) -> list[str]:
+def _fields_of(group: str, paths: Collection[str]) -> list[str]:
     return sorted(p.removeprefix(group + ".") for p in paths if p.startswith(group + "."))
 
 

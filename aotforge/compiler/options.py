@@ -200,9 +200,9 @@ class BuildOptions:
         return _leaves(self)
 
 
-def field_paths() -> dict[str, dataclasses.Field[Any]]:
-    """Every field of :class:`BuildOptions` by its path, groups (and ``BenchOptions``) walked into."""
-    return _paths(BuildOptions, BuildOptions())
+def field_paths() -> tuple[str, ...]:
+    """The path of every field of :class:`BuildOptions`, groups (and ``BenchOptions``) walked into."""
+    return tuple(BuildOptions().fields())
 
 
 def field_default(path: str) -> Any:
@@ -217,17 +217,6 @@ def field_default(path: str) -> Any:
 
 def _default(field: dataclasses.Field[Any]) -> Any:
     return field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc,operator]
-
-
-def _paths(cls: type, instance: Any, prefix: str = "") -> dict[str, dataclasses.Field[Any]]:
-    paths: dict[str, dataclasses.Field[Any]] = {}
-    for field in dataclasses.fields(cls):
-        value = getattr(instance, field.name)
-        if dataclasses.is_dataclass(value):
-            paths.update(_paths(type(value), value, f"{prefix}{field.name}."))
-        else:
-            paths[prefix + field.name] = field
-    return paths
 
 
 def _leaves(obj: Any, prefix: str = "") -> dict[str, Any]:
