@@ -8,14 +8,14 @@ from typing import Any
 
 import click
 
-from aotforge.compiler.cli.build_flags import build_option_flags, given_options
+from aotforge.compiler.cli.build_flags import given_options, option_flags
 from aotforge.compiler.cli.common import manifest_summary, user_errors
 from aotforge.compiler.cli.progress import build_progress
 
 
 @click.command()
 @click.argument("model")
-@build_option_flags
+@option_flags()
 @click.option(
     "--explain-cache",
     is_flag=True,

@@ -14,11 +14,18 @@ import click
 from aotforge.compiler.option_flags import BY_KEYWORD, FLAGS, Flag
 
 
-def build_option_flags(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add a click option for every flag of the table (in table order, as ``--help`` lists them)."""
-    for flag in reversed([f for f in FLAGS if f.cli]):
-        command = _option(flag)(command)
-    return command
+def option_flags(*keywords: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A click option for each flag of the table named (every one where none is named), in table order."""
+    chosen = [f for f in FLAGS if f.cli and (not keywords or f.keyword in keywords)]
+    if keywords and len(chosen) != len(keywords):
+        raise ValueError(f"no build-option flag named {sorted(set(keywords) - {f.keyword for f in chosen})}")
+
+    def add(command: Callable[..., Any]) -> Callable[..., Any]:
+        for flag in reversed(chosen):
+            command = _option(flag)(command)
+        return command
+
+    return add
 
 
 def given_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:
