@@ -110,6 +110,10 @@ def build(
         if served is not None:
             return served
     if opts.task == TEXT_GENERATION:
+        if opts.pipeline_parallel > 1:  # stage graphs, a build line of their own
+            from aotforge.compiler.generative.pp_build import build_pipeline_parallel
+
+            return build_pipeline_parallel(model, opts, say)
         if opts.tensor_parallel > 1:  # rank graphs, a build line of their own
             from aotforge.compiler.generative.tp_build import build_tensor_parallel
 

@@ -77,6 +77,8 @@ class BuildOptions:
     speculative_k: int = 0
     #: text-generation: rank graphs over 1/N of the weights each, run as N processes (``generative.tp_build``).
     tensor_parallel: int = 1
+    #: text-generation: the layers in M stage graphs, run as M processes (``generative.pp_build``).
+    pipeline_parallel: int = 1
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildOptions:
@@ -118,6 +120,8 @@ class BuildOptions:
             )
         if options.tensor_parallel < 1:
             raise OptionsError(f"tensor_parallel is a number of ranks >= 1, got {options.tensor_parallel}")
+        if options.pipeline_parallel < 1:
+            raise OptionsError(f"pipeline_parallel is a number of stages >= 1, got {options.pipeline_parallel}")
         if not options.max_perplexity_increase >= 0:
             raise OptionsError(
                 "max_perplexity_increase is a relative increase >= 0 (0.05: +5%), "

@@ -29,6 +29,7 @@ TEXT_GENERATION_ONLY = {
     "max_perplexity_increase": "--max-perplexity-increase",
     "eval_text": "--eval-text",
     "tensor_parallel": "--tensor-parallel",
+    "pipeline_parallel": "--pipeline-parallel",
 }
 
 

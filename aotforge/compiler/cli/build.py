@@ -114,6 +114,13 @@ def _field_default(name: str) -> Any:
     show_default=True,
     help="text-generation (onnxruntime): N rank graphs over 1/N of the weights each, run as N processes.",
 )
+@click.option(
+    "--pipeline-parallel",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="text-generation (onnxruntime): the layers in M stage graphs, run as M processes, micro-batches in flight.",
+)
 @click.option("--prepare-only", is_flag=True, help="Write a build bundle for `aotforge finish` on the device host.")
 @click.option("--calibration", help="int8 calibration data: a directory of .npy/.npz files, or module.py:function.")
 @click.option(
@@ -192,6 +199,7 @@ def compile(model: str, **kw: Any) -> None:
             "eval_text": kw["eval_text"],
             "speculative_k": kw["speculative_k"],
             "tensor_parallel": kw["tensor_parallel"],
+            "pipeline_parallel": kw["pipeline_parallel"],
         }
     )
     if kw["recipe"]:
