@@ -3,7 +3,8 @@
 Load the causal LM -> the split into stages (``pipeline_parallel.plan``) -> for each stage: its layers of the
 model -> export -> the target's rewrites -> ``stages/<s>/`` with the stage's graphs and weights -> load the
 stages as one model (a process each) -> token-exact validation against the unsharded source model ->
-benchmark -> manifest -> store.
+benchmark -> manifest -> store: from the stages' session settings on, the one build tail
+(``compiler.build_tail.compile_and_store``) with :class:`StageWork`.
 """
 
 from __future__ import annotations
@@ -16,27 +17,28 @@ from pathlib import Path
 from typing import Any
 
 from aotforge.artifacts.hashing import sha256_file
-from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.store import staging_dir
 from aotforge.compiler.build_result import BuildResult
-from aotforge.compiler.build_tail import build_record, key_toolchain, place_artifact, store_artifact
-from aotforge.compiler.generative.benchmark import benchmark_generation
-from aotforge.compiler.generative.build import Progress, _backend, _decode_attention, _target_options
+from aotforge.compiler.build_tail import (
+    Progress,
+    TailJob,
+    compile_and_store,
+    key_toolchain,
+    place_artifact,
+)
+from aotforge.compiler.generative.build import _backend, _decode_attention, _target_options
 from aotforge.compiler.generative.export import decoder_spec, export_graphs, export_verify, save_shared
 from aotforge.compiler.generative.graphs import unsupported
 from aotforge.compiler.generative.pipeline_parallel import StagePlan, plan, stage_model
 from aotforge.compiler.generative.source import load_causal_lm
-from aotforge.compiler.generative.validation import validate_generation
+from aotforge.compiler.generative.tp_build import RankWork
 from aotforge.compiler.options import BuildOptions
-from aotforge.compiler.toolchain import toolchain_versions
-from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, VERIFY_FILE, DecoderSpec, prefill_io
+from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, VERIFY_FILE, DecoderSpec
 from aotforge.core.errors import OptionsError, UnsupportedModelError
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET
 from aotforge.targets import get_target
-from aotforge.targets.generative.runner import GenerativeRunner
 from aotforge.targets.generative.stages import StagedEngine
-from aotforge.targets.onnxruntime.pipeline_parallel import compile_stage
 
 #: Targets with a stage runtime (``targets/generative/stages.py``).
 PP_TARGETS = ("onnxruntime",)
@@ -63,7 +65,7 @@ def build_pipeline_parallel(model: Any, opts: BuildOptions, say: Progress) -> Bu
     verify_width = opts.speculative_k + 1 if opts.speculative_k else 0
     with staging_dir(opts.out) as stage_root:
         attention, plain_why = _decode_attention(backend, source.model, spec)
-        dirs, specs, weights, toolchain, opset = [], [], {}, {}, 0
+        dirs, specs, weights, opset = [], [], {}, 0
         for s in range(stages.degree):
             say(f"exporting stage {s} of {stages.degree} (layers {stages.bounds[s]} .. {stages.bounds[s + 1] - 1})")
             stage_dir = stage_root / "stages" / str(s)
@@ -78,16 +80,14 @@ def build_pipeline_parallel(model: Any, opts: BuildOptions, say: Progress) -> Bu
                 if step is not None:
                     step(graphs, stage_spec)
             weights[str(s)] = save_shared(graphs, stage_dir)["weights_file_bytes"]
-            toolchain = compile_stage(stage_dir, target_opts)
             dirs.append(f"stages/{s}")
             specs.append(stage_spec)
             del part, graphs
         for rel, file in sorted(source.files.items()):
             shutil.copyfile(file, stage_root / rel)
-        settings = dataclasses.asdict(target_opts)
         info = {
             "device": "cpu",
-            "options": settings,
+            "options": dataclasses.asdict(target_opts),
             "task": TEXT_GENERATION,
             "decoder": spec.to_dict(),
             "decode_attention": attention,
@@ -100,38 +100,37 @@ def build_pipeline_parallel(model: Any, opts: BuildOptions, say: Progress) -> Bu
                 else {}
             ),
         }
-        record = TargetRecord(target.name, settings, info)
-        say(f"starting {stages.degree} stage processes")
-        engine = StagedEngine(stage_root, record)
-        runner = GenerativeRunner(engine)
-        try:
-            say("validating greedy generation against transformers (the unsharded model)")
-            validation = validate_generation(
-                source.model, runner, spec, seed=opts.seed, tolerance=opts.tolerance,
-                min_agreement=opts.min_token_agreement, name=place.name, gate=True,
-            )  # fmt: skip
-            bench = None
-            if opts.bench:
-                say("benchmarking generation")
-                bench = {"generation": benchmark_generation(runner, spec, sum(weights.values()))}
-        finally:
-            engine.close()
-        manifest = Manifest(
-            name=place.name,
-            version=place.version,
-            target=record,
-            toolchain={**toolchain_versions(), **toolchain},
-            source={"format": source.format, "sha256": source.sha256, "task": TEXT_GENERATION},
+        work = StageWork(
+            spec=spec,
+            ranks=tuple(dirs),
+            info=info,
             ir={"sha256": _graphs_sha(stage_root, dirs), "opset": opset},
-            passes=[],
-            io=prefill_io(spec).to_dict(),
-            validation=validation,
-            benchmark=bench,
-            files={},
-            build=build_record(started, toolchain_key=key_toolchain(opts.target, target.probe())),
+            weight_bytes=sum(weights.values()),
+            model=source.model,
+            opts=opts,
         )
-        manifest = store_artifact(stage_root, manifest, place)
+        toolchain = key_toolchain(opts.target, target.probe())
+        job = TailJob(
+            place=place,
+            target=target,
+            target_options=target_opts,
+            work=work,
+            source={"format": source.format, "sha256": source.sha256, "task": TEXT_GENERATION},
+            passes=[],
+            toolchain=toolchain,
+            build_extra={"toolchain_key": toolchain},
+        )
+        manifest = compile_and_store(job, stage_root, started, say)
     return BuildResult(place.path_of(manifest), manifest)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageWork(RankWork):
+    """The build tail's work for a pipeline-parallel artifact: a tensor-parallel one's (each stage's session
+    settings, token-exact validation against the unsharded source model) with the stages loaded as one model."""
+
+    def start(self, stage: Path, record: TargetRecord) -> Any:
+        return StagedEngine(stage, record)
 
 
 def _stage_spec(spec: DecoderSpec, stages: StagePlan, stage: int) -> DecoderSpec:

@@ -140,10 +140,3 @@ class StageRunner(OrtModelRunner):
         self._bind_rows(binding, slice(first, first + rows))
         self._decodes[key] = (binding, ids, positions.reshape(rows), logits)
         return self._decodes[key]
-
-
-def compile_stage(stage_dir: Path, options: Any) -> dict[str, Any]:
-    """The stage's session settings (``session.json``); the sessions are opened by the build's load."""
-    from aotforge.targets.onnxruntime.tensor_parallel import compile_rank
-
-    return compile_rank(stage_dir, options)
