@@ -92,8 +92,8 @@ class StageEngine(OrtStepEngine):
 
 
 class StageRunner(OrtModelRunner):
-    """``OrtModelRunner`` whose decode runs as ``parts`` micro-batches, micro-batch ``k`` on working rows
-    ``k * ceil(max_rows / parts) ..``, so a sequence that stays in its micro-batch keeps its row."""
+    """``OrtModelRunner`` whose decode runs as ``parts`` micro-batches, each over the working rows of its
+    sequences' places in the batch, so a sequence that keeps its place keeps its row."""
 
     engine: StageEngine
 
@@ -102,10 +102,10 @@ class StageRunner(OrtModelRunner):
     ) -> np.ndarray:
         paged = self._rows()
         n, link = len(token_ids), self.engine.link
-        size, cap = -(-n // parts), -(-self.max_rows // parts)
+        size = -(-n // parts)
         out = []
-        for k, lo in enumerate(range(0, n, size)):
-            hi, first = min(lo + size, n), k * cap
+        for lo in range(0, n, size):
+            hi, first = min(lo + size, n), lo
             tables, where = block_tables[lo:hi], np.asarray(positions[lo:hi], dtype=np.int64)
             order = paged.assign(tables, first)
             for i, row in enumerate(order):
