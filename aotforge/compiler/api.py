@@ -80,6 +80,10 @@ def build(
         if served is not None:
             return served
     if opts.frontend.task == TEXT_GENERATION:
+        if opts.generation.pipeline_parallel > 1:  # stage graphs, a build line of their own
+            from aotforge.compiler.generative.pp_build import build_pipeline_parallel
+
+            return build_pipeline_parallel(model, opts, say)
         if opts.generation.tensor_parallel > 1:  # rank graphs, a build line of their own
             from aotforge.compiler.generative.tp_build import build_tensor_parallel
 

@@ -103,6 +103,8 @@ class GenerationOptions:
     speculative_k: int = 0
     #: Rank graphs over 1/N of the weights each, run as N processes (``generative.tp_build``).
     tensor_parallel: int = 1
+    #: The layers in M stage graphs, run as M processes (``generative.pp_build``).
+    pipeline_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.max_seq_len < 2 or self.max_batch < 1:
@@ -117,6 +119,8 @@ class GenerationOptions:
             raise OptionsError(f"eval_text {self.eval_text} is not a file: give a UTF-8 text file, or leave it out")
         if self.tensor_parallel < 1:
             raise OptionsError(f"tensor_parallel is a number of ranks >= 1, got {self.tensor_parallel}")
+        if self.pipeline_parallel < 1:
+            raise OptionsError(f"pipeline_parallel is a number of stages >= 1, got {self.pipeline_parallel}")
         if not self.max_perplexity_increase >= 0:
             raise OptionsError(
                 f"max_perplexity_increase is a relative increase >= 0 (0.05: +5%), got {self.max_perplexity_increase}"

@@ -168,9 +168,13 @@ class RankWork:
     def extra_passes(self, compiled: CompileResult) -> list[dict[str, Any]]:
         return []
 
+    def start(self, stage: Path, record: TargetRecord) -> Any:
+        """The ranks as one step engine, a process each (``pp_build.StageWork``: the stages)."""
+        return RankedEngine(stage, record)
+
     def check(self, job: TailJob, stage: Path, record: TargetRecord, compiled: Compiled, say: Progress) -> Checked:
-        say(f"starting {len(self.ranks)} rank processes")
-        engine = RankedEngine(stage, record)
+        say(f"starting {len(self.ranks)} processes")
+        engine = self.start(stage, record)
         runner = GenerativeRunner(engine)
         opts = self.opts
         try:
