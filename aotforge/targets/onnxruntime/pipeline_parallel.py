@@ -24,6 +24,9 @@ from aotforge.targets.onnxruntime.model_runner import OrtModelRunner
 from aotforge.targets.onnxruntime.target import session_options, stored_options
 from aotforge.targets.onnxruntime.tensor_parallel import extensions_library
 
+#: The ops a stage graph calls (``collectives.SEND_OP`` / ``RECV_OP``), in onnxruntime-extensions' Python-op domain.
+SEND_OP, RECV_OP = "StageSend", "StageRecv"
+
 
 class StageLink:
     """A stage's ends of the pipes to its neighbours, as the graph's send and receive ops call them.
@@ -60,8 +63,6 @@ class StageLink:
 def register_stage_ops(link: StageLink) -> None:
     """Make the stage graphs' StageSend / StageRecv call ``link`` in this process (before its sessions open)."""
     from onnxruntime_extensions import PyCustomOpDef, onnx_op
-
-    from aotforge.compiler.generative.collectives import RECV_OP, SEND_OP
 
     onnx_op(op_type=SEND_OP, inputs=[PyCustomOpDef.dt_float], outputs=[PyCustomOpDef.dt_float])(link.send)
     onnx_op(op_type=RECV_OP, inputs=[PyCustomOpDef.dt_int64, PyCustomOpDef.dt_float], outputs=[PyCustomOpDef.dt_float])(
