@@ -202,6 +202,11 @@ class TvmModelRunner:
         return np.from_dlpack(out[0]).reshape(rows, -1)
 
     def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
+        head = prefill_head(self.engine, len(token_ids), self.can_extend)
+        logits = self._prefill(token_ids[:head], block_table)
+        return self.extend(token_ids[head:], head, block_table) if head < len(token_ids) else logits
+
+    def _prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
         n = len(token_ids)
         logits, present = prefill_one(self.engine, token_ids)
         bs = self.block_size
@@ -229,6 +234,27 @@ class TvmModelRunner:
             out = engine._functions["paged_verify_1"](*arguments, table, *self.pool, *engine._weights["paged_verify_1"])
             logits = np.from_dlpack(out[0]).reshape(width, -1)[len(piece) - 1].copy()
         return logits
+
+
+#: What one token of an ``extend`` (a verify call of ``verify_width`` tokens) costs against one of a prefill bucket:
+#: a verify call reads every weight for a few tokens, a prefill streams them over its whole bucket.
+EXTEND_TOKEN_COST = 1.5
+
+
+def prefill_head(engine: TvmStepEngine, n: int, can_extend: bool) -> int:
+    """How many of a prompt's ``n`` tokens go through a prefill bucket, the rest through ``extend``: a prompt
+    just past a bucket (150 tokens: 128 + 22) would otherwise compute the whole next bucket (256), mostly
+    padding. The split whose padded tokens cost least, extension tokens weighted by :data:`EXTEND_TOKEN_COST`."""
+    buckets, width = engine.prompt_buckets, engine.verify_width
+    whole = next(b for b in buckets if b >= n)
+    if not can_extend or whole == n:
+        return n
+    best, cost = n, float(whole)
+    for head in (b for b in buckets if b < n):
+        split = head + EXTEND_TOKEN_COST * width * -(-(n - head) // width)
+        if split < cost:
+            best, cost = head, split
+    return best
 
 
 def prefill_one(engine: TvmStepEngine, token_ids: np.ndarray) -> tuple[Any, list[Any]]:
@@ -300,6 +326,11 @@ class TvmRowsRunner:
         return np.from_dlpack(out[0]).reshape(rows, -1)[order]
 
     def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
+        head = prefill_head(self.engine, len(token_ids), self.can_extend)
+        logits = self._prefill(token_ids[:head], block_table)
+        return self.extend(token_ids[head:], head, block_table) if head < len(token_ids) else logits
+
+    def _prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
         n = len(token_ids)
         logits, present = prefill_one(self.engine, token_ids)
         self._rows().scatter([np.from_dlpack(values)[0, :, :n] for values in present], block_table, 0)
