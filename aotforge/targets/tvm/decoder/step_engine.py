@@ -152,7 +152,8 @@ class TvmModelRunner:
     The pool is one tvm tensor ``[num_blocks, kv_heads, block_size, head_dim]`` per layer and kind. A decode of
     ``rows`` sequences calls the smallest batch bucket's ``paged_decode_<b>`` that holds them, which writes each
     row's new keys/values into its block and reads its attention through its table (``rewrites/paged_kv``). A
-    prompt runs through the smallest prompt bucket's (slot) prefill, its keys/values copied into its blocks;
+    prompt runs through a prompt bucket's (slot) prefill (:func:`prefill_head`), its keys/values copied into its
+    blocks, and the tokens past that bucket through ``extend``;
     ``extend`` (a prompt chunk, or the rest after a cached prefix) runs ``paged_verify_1`` (artifacts built with
     ``--speculative-k``), ``verify_width`` tokens a call, the last call padded (its padding writes positions past
     the sequence, in its own last block or the scratch block, which later tokens overwrite).
@@ -273,7 +274,8 @@ class TvmRowsRunner:
     ``targets/paged_rows`` keeps in step with a pool of blocks (as the onnxruntime runner does), ``top + 1`` rows
     of ``max_seq_len`` positions besides the pool (``top``: the smallest batch bucket that holds ``max_rows``;
     the last row is ``extend``'s). A decode of ``rows`` sequences calls the smallest bucket's ``decode_<b>`` over
-    views of the first rows; a prompt runs through the prefill function, ``extend`` through ``verify_1``."""
+    views of the first rows; a prompt runs through the prefill function (its tokens past :func:`prefill_head`
+    through ``extend``), ``extend`` through ``verify_1``."""
 
     def __init__(self, engine: TvmStepEngine, max_rows: int) -> None:
         self.engine = engine
