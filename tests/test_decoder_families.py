@@ -23,11 +23,14 @@ import numpy as np
 import pytest
 
 from aotforge.compiler.generative.graphs import kv_shape
-from tests.llm_models import TVM_BUCKETS, VOCAB, assert_build_token_exact, build_text_generation
+from aotforge.core.decoder import sliding_windows
+from tests.llm_models import MAX_SEQ, TVM_BUCKETS, VOCAB, assert_build_token_exact, build_text_generation
 
 TARGETS = ("onnxruntime", "tvm")
 _COMMON = {"vocab_size": VOCAB, "initializer_range": 0.2}
 _LLAMA_LIKE = {"num_hidden_layers": 2, "intermediate_size": 160}
+_HEADS_4_2 = {"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2}
+_ROPE = {"rope_theta": 10000.0}
 
 #: name -> (family, config values). Widths and heads per name: ``96x4`` is hidden 96 over 4 heads.
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -105,9 +108,89 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "opt-80x5-untied": ("opt", {"hidden_size": 80, "num_attention_heads": 5, "tie_word_embeddings": False}),
     "opt-96x4-proj64": ("opt", {"hidden_size": 96, "num_attention_heads": 4, "word_embed_proj_dim": 64}),
     "opt-112x4-postnorm": ("opt", {"hidden_size": 112, "num_attention_heads": 4, "do_layer_norm_before": False}),
+    # Llama's rope scalings (a dynamic one is refused: below), attention and MLP biases.
+    # no end token: greedy reaches it (2) within 20 tokens, where transformers' min_new_tokens would forbid it
+    "llama-96x4-kv2-linear": (
+        "llama",
+        {**_HEADS_4_2, "eos_token_id": None, "rope_parameters": {**_ROPE, "rope_type": "linear", "factor": 2.0}},
+    ),
+    "llama-80x4-d24-yarn-bias": (
+        "llama",
+        {
+            **_HEADS_4_2,
+            "hidden_size": 80,
+            "head_dim": 24,
+            "attention_bias": True,
+            "max_position_embeddings": 128,
+            "rope_parameters": {**_ROPE, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        },
+    ),
+    "llama-96x6-kv3-llama3": (
+        "llama",
+        {
+            "hidden_size": 96,
+            "num_attention_heads": 6,
+            "num_key_value_heads": 3,
+            "mlp_bias": True,
+            "rope_parameters": {
+                **_ROPE,
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        },
+    ),
+    # Qwen2: Q/K/V biases; its sliding window on the layers past max_window_layers, shorter than the cache.
+    "qwen2-96x4-kv2-bias": ("qwen2", {**_HEADS_4_2}),
+    "qwen2-96x4-window8": (
+        "qwen2",
+        {**_HEADS_4_2, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+    ),
+    # Mistral: every layer on a sliding window shorter than the cache (prompt + generation cross it).
+    "mistral-80x4-kv1-window8": (
+        "mistral",
+        {"hidden_size": 80, "num_attention_heads": 4, "num_key_value_heads": 1, "sliding_window": 8},
+    ),
+    # Gemma 2: soft-capped attention scores and logits, sliding and whole-cache layers alternating.
+    "gemma2-96x4-d32-window8": ("gemma2", {**_HEADS_4_2, "head_dim": 32, "sliding_window": 8}),
+    # Gemma 3: QK norms, a sliding layer on its local rope base beside a whole-cache one on the global base
+    # (head_dim 32: tvm's decode-attention kernel takes the whole-cache layer and declines the sliding one).
+    "gemma3-96x4-d32-window8": (
+        "gemma3_text",
+        {**_HEADS_4_2, "head_dim": 32, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+    # Falcon: the new decoder architecture (grouped KV, two norms), and Falcon-7B's multi-query parallel block.
+    "falcon-96x4-kv2-newarch": (
+        "falcon",
+        {"hidden_size": 96, "num_attention_heads": 4, "new_decoder_architecture": True, "num_kv_heads": 2},
+    ),
+    "falcon-96x4-mq-parallel": ("falcon", {"hidden_size": 96, "num_attention_heads": 4, "multi_query": True}),
+    "falcon-80x5-sequential-bias": (
+        "falcon",
+        {"hidden_size": 80, "num_attention_heads": 5, "multi_query": False, "parallel_attn": False, "bias": True},
+    ),
+    # Cohere: LayerNorm without bias, attention and MLP in parallel, logit_scale; QK norms.
+    "cohere-96x4-kv2": ("cohere", {**_HEADS_4_2, "logit_scale": 0.5}),
+    "cohere-96x4-qknorm-untied": ("cohere", {**_HEADS_4_2, "use_qk_norm": True, "tie_word_embeddings": False}),
+    # Phi (phi-2): partial rotary, attention and MLP in parallel off one LayerNorm, biases, GELU.
+    "phi-96x4-rot50": ("phi", {"hidden_size": 96, "num_attention_heads": 4, "partial_rotary_factor": 0.5}),
+    "phi-80x5-qk-layernorm": (
+        "phi",
+        {"hidden_size": 80, "num_attention_heads": 5, "partial_rotary_factor": 0.4, "qk_layernorm": True},
+    ),
 }
-#: One configuration per family in the default run: each failed on one of the targets before.
-DEFAULT = ("gpt2-120x5", "gemma-96x4-d40-kv1", "phi3-96x4-kv2", "granite-96x4-kv2", "opt-96x4")
+#: One configuration per family in the default run: each failed on one of the targets before, and a sliding
+#: window crossed by prompt and generation (Gemma 3: beside a whole-cache layer).
+DEFAULT = (
+    "gpt2-120x5",
+    "gemma-96x4-d40-kv1",
+    "phi3-96x4-kv2",
+    "granite-96x4-kv2",
+    "opt-96x4",
+    "gemma3-96x4-d32-window8",
+)
 
 
 def decoder(name: str) -> Any:
@@ -134,6 +217,10 @@ def decoder_of(family: str, values: dict[str, Any]) -> Any:
         return tf.GraniteForCausalLM(config).eval()
     if family == "phi3":
         return tf.Phi3ForCausalLM(tf.Phi3Config(**_COMMON, **_LLAMA_LIKE, pad_token_id=0, **values)).eval()
+    if family == "falcon":
+        return tf.FalconForCausalLM(tf.FalconConfig(**_COMMON, num_hidden_layers=2, **values)).eval()
+    if family in ("gemma2", "gemma3_text"):  # untied: the tied head of these (scaled embeddings) repeats its input
+        values = {"tie_word_embeddings": False, **values}
     classes = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
@@ -142,6 +229,10 @@ def decoder_of(family: str, values: dict[str, Any]) -> Any:
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
         "gpt_neox": (tf.GPTNeoXConfig, tf.GPTNeoXForCausalLM),
         "stablelm": (tf.StableLmConfig, tf.StableLmForCausalLM),
+        "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM),
+        "gemma3_text": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM),
+        "cohere": (tf.CohereConfig, tf.CohereForCausalLM),
+        "phi": (tf.PhiConfig, tf.PhiForCausalLM),
     }
     config_type, model_type = classes[family]
     return model_type(config_type(**_COMMON, **_LLAMA_LIKE, **values)).eval()
@@ -159,9 +250,33 @@ def test_family_is_token_exact_against_transformers(name: str, target: str, tmp_
     options = {"target_options": TVM_BUCKETS} if target == "tvm" else {}
     result = build_text_generation(model, tmp_path, target=target, name=name, **options)
     assert_build_token_exact(result, model)
-    if target == "onnxruntime":  # GroupQueryAttention where ORT's kernel takes the head_dim, else the plain one
+    windows = sliding_windows(model.config, MAX_SEQ)
+    info = result.manifest.target.info
+    if target == "onnxruntime":  # GroupQueryAttention where ORT's kernel takes the model, else the plain attention
         _, head_dim = kv_shape(model)
-        assert result.manifest.target.info["decode_attention"] == ("masked" if head_dim % 8 else "gqa")
+        plain = head_dim % 8 or getattr(model.config, "attn_logit_softcapping", None) or windows
+        assert info["decode_attention"] == ("masked" if plain else "gqa")
+    else:  # the decode-attention kernel reads no mask: it declines each sliding layer's banded one, in each
+        # decode function (batch buckets 1 and 2), and takes the others where it takes the head_dim
+        from aotforge.targets.tvm.kernels.decode_attention import supports
+
+        report = info["generative"]["decode_attention"]
+        sliding = _sliding_layers(model.config, windows)
+        banded = sum(n for reason, n in report["skipped"].items() if "sliding window" in reason)
+        _, head_dim = kv_shape(model)
+        if getattr(model.config, "attn_logit_softcapping", None):  # tanh between scores and softmax: not the kernel's
+            assert report["rewritten"] == banded == 0, report
+        else:
+            assert banded == 2 * sliding, report
+            taken = 0 if supports(head_dim) else 2 * (model.config.num_hidden_layers - sliding)
+            assert report["rewritten"] == taken, report
+
+
+def _sliding_layers(config: Any, windows: dict[str, int]) -> int:
+    """How many layers attend over a sliding window shorter than the cache (``sliding_windows``' answer)."""
+    if not windows or "" in windows:
+        return int(config.num_hidden_layers) if windows else 0
+    return sum(kind in windows for kind in config.layer_types)
 
 
 def test_ort_attention_is_plain_where_group_query_attention_refuses_the_model() -> None:
@@ -176,22 +291,69 @@ def test_ort_attention_is_plain_where_group_query_attention_refuses_the_model() 
     assert "soft-capped" in gqa_refusal(tf.Gemma2Config(attn_logit_softcapping=50.0), 32)
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_sliding_window_shorter_than_the_cache_is_refused_before_the_export(target: str, tmp_path: Path) -> None:
-    """The graphs' mask is ours: a window shorter than ``max_seq_len`` would go unapplied, so the build refuses
-    it in one line naming the model's family and the target, before any export (a second at most)."""
-    import torch
-    import transformers as tf
+#: What the exported graphs cannot compute, per family: config values -> the feature the refusal names.
+REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
+    "llama-dynamic-rope": (
+        "llama",
+        {**_HEADS_4_2, "rope_parameters": {**_ROPE, "rope_type": "dynamic", "factor": 2.0}},
+        "dynamic rope scaling",
+    ),
+    "falcon-alibi": ("falcon", {"hidden_size": 64, "num_attention_heads": 4, "alibi": True}, "ALiBi position bias"),
+}
 
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", REFUSED)
+def test_a_feature_the_graphs_cannot_compute_is_refused_before_the_export(
+    name: str, target: str, tmp_path: Path
+) -> None:
+    """A rope that recomputes its tables from the positions a call sees, or a position bias added to the mask
+    transformers builds, would not be in the exported graphs: the build refuses in one line naming the family,
+    the target and the feature, before any export (a second at most)."""
     from aotforge.core.errors import UnsupportedModelError
 
-    torch.manual_seed(0)
-    config = tf.MistralConfig(**_COMMON, **_LLAMA_LIKE, hidden_size=64, num_attention_heads=4, sliding_window=16)
-    with pytest.raises(
-        UnsupportedModelError, match=rf"\(mistral\) cannot be built for {target}: .*sliding window of 16"
-    ):
-        build_text_generation(tf.MistralForCausalLM(config).eval(), tmp_path, target=target)
+    family, values, feature = REFUSED[name]
+    with pytest.raises(UnsupportedModelError, match=rf"\({family}\) cannot be built for {target}: .*{feature}"):
+        build_text_generation(decoder_of(family, values), tmp_path, target=target)
     assert not any(tmp_path.rglob("*.onnx"))
+
+
+def test_cli_refusal_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """The same refusal through ``aotforge compile DIR --task text-generation``: exit 2, one line, nothing written."""
+    from tests.test_errors import run_cli
+
+    decoder_of(*REFUSED["falcon-alibi"][:2]).save_pretrained(tmp_path / "falcon")
+    proc = run_cli(
+        "compile",
+        str(tmp_path / "falcon"),
+        "--task",
+        "text-generation",
+        "--target",
+        "tvm",
+        "--out",
+        str(tmp_path / "out"),
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "(falcon) cannot be built for tvm" in line and "ALiBi" in line, line
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("manifest.json"))
+
+
+def test_unsupported_names_each_feature_it_refuses() -> None:
+    """``graphs.unsupported`` on configs alone: chunked attention layers (Llama 4), a longrope past its original
+    length; a sliding window, whatever its length, and a longrope within it are built."""
+    import transformers as tf
+
+    from aotforge.compiler.generative.graphs import unsupported
+
+    assert "chunked_attention" in unsupported(tf.Llama4TextConfig(num_hidden_layers=2), 64)
+    longrope = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    phi3 = tf.Phi3Config(
+        hidden_size=64, num_attention_heads=4, original_max_position_embeddings=32, rope_parameters=longrope
+    )
+    assert "longrope" in unsupported(phi3, 64) and unsupported(phi3, 32) == ""
+    assert unsupported(tf.MistralConfig(sliding_window=8), 64) == ""
+    assert unsupported(tf.Gemma2Config(sliding_window=8), 64) == ""
 
 
 def _tied_lookup_plus_positions(rows: int, k: int, vocab: int) -> Any:
@@ -264,3 +426,41 @@ def test_logits_scaled_as_the_family_forward_scales_them() -> None:
     assert head_scaling(tf.CohereConfig(logit_scale=0.25)) == (1.0, 0.25, 0.0)
     assert head_scaling(tf.Gemma2Config(final_logit_softcapping=30.0)) == (1.0, 1.0, 30.0)
     assert head_scaling(tf.LlamaConfig()) == (1.0, 1.0, 0.0)
+
+
+def _doc_table(heading: str, first_column: str) -> list[list[str]]:
+    """The cells of the table under ``heading`` in docs/text-generation.md whose header starts ``first_column``."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "text-generation.md").read_text()
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows, inside = [], False
+    for line in section.splitlines():
+        if line.startswith(f"| {first_column}"):
+            inside = True
+        elif inside and line.startswith("|") and not line.startswith("|---"):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif inside and not line.startswith("|"):
+            break
+    return rows
+
+
+def test_the_table_lists_the_families_tested() -> None:
+    """docs/text-generation.md's supported-decoders table cannot drift from the tests: each row's family and
+    configurations are those of ``CONFIGS`` (bold: the default run's), each target column says token-exact; the
+    refusals table names each case of ``REFUSED``."""
+    import re
+
+    rows = _doc_table("Supported decoders", "family")
+    documented: dict[str, set[str]] = {}
+    bold: set[str] = set()
+    for family_cell, _varies, configs, *targets in rows:
+        (family,) = re.findall(r"`([^`]+)`", family_cell)
+        documented[family] = set(re.findall(r"`([^`]+)`", configs))
+        bold |= set(re.findall(r"\*\*`([^`]+)`\*\*", configs))
+        assert targets == ["token-exact"] * len(TARGETS), family_cell
+    tested: dict[str, set[str]] = {}
+    for name, (family, _) in CONFIGS.items():
+        tested.setdefault(family, set()).add(name)
+    assert documented == tested
+    assert bold == set(DEFAULT)
+    refused = {row[-1].strip("`") for row in _doc_table("Supported decoders", "refused")}
+    assert set(REFUSED) <= refused

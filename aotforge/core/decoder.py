@@ -36,6 +36,19 @@ CARRIED_FILES = (*TOKENIZER_FILES, GENERATION_CONFIG_FILE)
 VERIFY_FILE = "verify.onnx"
 
 
+def sliding_windows(config: Any, max_seq_len: int | None) -> dict[str, int]:
+    """The window of each layer type that slides over fewer positions than ``max_seq_len`` (``None``: any window),
+    by ``layer_types``' name, ``""`` for a family without layer types whose every layer slides (Mistral, Phi-3);
+    ``{}`` when every layer attends over the whole cache."""
+    window = getattr(config, "sliding_window", None)
+    if not window or (max_seq_len is not None and int(window) >= max_seq_len):
+        return {}
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return {"": int(window)}
+    return {"sliding_attention": int(window)} if "sliding_attention" in types else {}
+
+
 @dataclasses.dataclass(frozen=True)
 class DecoderSpec:
     """Per-layer KV cache of ``[batch, kv_heads, max_seq_len, head_dim]`` float32, one slot per sequence."""

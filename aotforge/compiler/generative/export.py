@@ -59,7 +59,7 @@ def export_graphs(
         raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {decode_attention!r}")
     fused = decode_attention == "gqa"
     prefill = _export(
-        Prefill(model, fused_attention=fused),
+        Prefill(model, fused_attention=fused, max_seq_len=shape.max_seq_len),
         (ids, mask, pos),
         ["input_ids", "attention_mask", "position_ids"],
         prefill_out,

@@ -11,7 +11,9 @@
 
 Both run the model's own layers (RoPE, RMSNorm, GQA, Conv1D ... whatever the architecture has);
 only the cache and the mask are ours: a :class:`transformers.Cache` whose layers scatter into the
-static buffers, and a ready 4D additive mask (transformers uses a 4D mask as given).
+static buffers, and a ready 4D additive mask (transformers uses a 4D mask as given). A sliding window
+shorter than the cache is a banded mask of ours too: one for every layer (Mistral), or one per layer type
+(``{"full_attention": ..., "sliding_attention": ...}``, what Gemma 2 / 3, Qwen2, Cohere 2 take as given).
 
 ``Decode(model, fused_attention=True)`` is the same graph for a runtime that has a fused
 attention with an in-place slot cache (onnxruntime's GroupQueryAttention, ``slot_attention``):
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from aotforge.core.decoder import sliding_windows
 from aotforge.targets.onnxruntime import slot_attention
 
 
@@ -92,6 +95,17 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(allowed, zero, torch.tensor(torch.finfo(dtype).min, dtype=dtype))
 
 
+def _masks(allowed: torch.Tensor, distance: torch.Tensor, windows: dict[str, int], dtype: torch.dtype) -> Any:
+    """The additive mask(s) the layers take: ``allowed [batch, 1, q, k]`` as it is, and for each sliding layer type
+    also no key ``window`` or more positions behind its query (``distance [.., q, k]``: query minus key index),
+    as transformers' ``sliding_window_overlay`` masks them."""
+    full = _additive(allowed, dtype)
+    if not windows:
+        return full
+    banded = {kind: _additive(allowed & (distance < window), dtype) for kind, window in windows.items()}
+    return banded[""] if "" in banded else {"full_attention": full, **banded}
+
+
 def num_layers(model: Any) -> int:
     return int(model.config.num_hidden_layers)
 
@@ -123,17 +137,21 @@ def head_scaling(config: Any) -> tuple[float, float, float]:
 
 class Prefill(torch.nn.Module):
     """The prompt pass (see the module docstring); ``fused_attention``: each layer's attention one
-    GroupQueryAttention over the prompt (``slot_attention.prompt_gqa``), same inputs and outputs."""
+    GroupQueryAttention over the prompt (``slot_attention.prompt_gqa``), same inputs and outputs. ``max_seq_len``:
+    the cache the prompts go to, so that a sliding window no shorter than it is no mask of its own."""
 
-    def __init__(self, model: Any, fused_attention: bool = False) -> None:
+    def __init__(self, model: Any, fused_attention: bool = False, max_seq_len: int | None = None) -> None:
         super().__init__()
         self.model = model
         self.fused_attention = fused_attention
+        self.windows = sliding_windows(model.config, max_seq_len)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> Any:
         steps = input_ids.shape[1]
         causal = torch.ones(steps, steps, dtype=torch.bool).tril()
         allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]
+        at = torch.arange(steps)
+        distance = (at[:, None] - at[None, :])[None, None]
         layers = [_SlotLayer(None, None, None) for _ in range(num_layers(self.model))]
         for layer in layers:
             layer.prompt_mask = attention_mask
@@ -141,7 +159,7 @@ class Prefill(torch.nn.Module):
         with _fused_attention(self.model, layers) if self.fused_attention else nullcontext():
             out = self.model.base_model(
                 input_ids=input_ids,
-                attention_mask=_additive(allowed, self.model.dtype),
+                attention_mask=_masks(allowed, distance, self.windows, self.model.dtype),
                 position_ids=position_ids,
                 cache=cache,
                 use_cache=True,
@@ -181,10 +199,14 @@ class Decode(torch.nn.Module):
         cache = _SlotCache(layers)
         max_seq = past[0].shape[2]
         allowed = torch.arange(max_seq)[None, :] <= write_pos[:, None]
+        distance = (write_pos[:, None] - torch.arange(max_seq)[None, :])[:, None, None, :]
+        masks = _masks(
+            allowed[:, None, None, :], distance, sliding_windows(self.model.config, max_seq), self.model.dtype
+        )
         with _fused_attention(self.model, layers) if fused else nullcontext():
             out = self.model.base_model(
                 input_ids=input_ids,
-                attention_mask=_additive(allowed[:, None, None, :], self.model.dtype),
+                attention_mask=masks,
                 position_ids=position_ids,
                 cache=cache,
                 use_cache=True,
@@ -220,10 +242,12 @@ class Verify(torch.nn.Module):
         max_seq = past[0].shape[2]
         last = write_pos[:, None] + torch.arange(steps)[None, :]  # [batch, steps]
         allowed = torch.arange(max_seq)[None, None, :] <= last[:, :, None]
+        distance = last[:, None, :, None] - torch.arange(max_seq)[None, None, None, :]
+        masks = _masks(allowed[:, None], distance, sliding_windows(self.model.config, max_seq), self.model.dtype)
         with _fused_attention(self.model, layers) if fused else nullcontext():
             out = self.model.base_model(
                 input_ids=input_ids,
-                attention_mask=_additive(allowed[:, None], self.model.dtype),
+                attention_mask=masks,
                 position_ids=position_ids,
                 cache=cache,
                 use_cache=True,
@@ -233,18 +257,46 @@ class Verify(torch.nn.Module):
         return (logits, *kv)
 
 
+#: The layer types these graphs mask (``sliding_windows``); any other (chunked, linear attention) is refused.
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
 def unsupported(config: Any, max_seq_len: int) -> str:
     """Why these graphs would not compute what the model's own attention does ('' when they would): the mask is
-    ours, so a sliding window shorter than the cache (Mistral's ``sliding_window``, on the layers
-    ``layer_types`` names ``sliding_attention``) would go unapplied past its first ``window`` positions."""
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
-    if not window or int(window) >= max_seq_len or (types is not None and "sliding_attention" not in types):
-        return ""
-    return (
-        f"its sliding window of {window} positions is shorter than --max-seq-len {max_seq_len}, and the "
-        f"exported graphs attend over the whole cache on every CPU target: build with --max-seq-len {window}"
-    )
+    ours, and knows whole-cache and sliding-window layers only (no ALiBi bias, no chunked or linear attention);
+    the rotary tables are traced once, so no rope that recomputes them from the positions a call sees."""
+    other = sorted(set(getattr(config, "layer_types", None) or ()) - set(LAYER_TYPES))
+    if other:
+        return (
+            f"its layer types {', '.join(other)} are not attention over the cache or a sliding window of it, "
+            f"the two kinds of layer the exported graphs mask ({', '.join(LAYER_TYPES)})"
+        )
+    if getattr(config, "alibi", False):
+        return "its ALiBi position bias (alibi=True) is added to a mask the exported graphs build themselves"
+    ropes = _rope_parameters(config)
+    if any(p.get("rope_type") == "dynamic" for p in ropes):
+        return (
+            "its dynamic rope scaling (rope_type dynamic) recomputes the rotary frequencies from the longest "
+            "position seen so far, a state the exported graphs do not keep"
+        )
+    for p in ropes:
+        original = int(
+            p.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", 0) or 0
+        )
+        if p.get("rope_type") == "longrope" and original and max_seq_len > original:
+            return (
+                f"its longrope scaling switches the rotary frequencies past {original} positions by the longest "
+                f"position of a whole batch: build with --max-seq-len {original}"
+            )
+    return ""
+
+
+def _rope_parameters(config: Any) -> list[dict[str, Any]]:
+    """The config's rope parameters: one dict, or one per layer type (Gemma 3's local and global rope)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if params and all(isinstance(v, dict) for v in params.values()):
+        return list(params.values())
+    return [params] if isinstance(params, dict) else []
 
 
 def kv_shape(model: Any) -> tuple[int, int]:

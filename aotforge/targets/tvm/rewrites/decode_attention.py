@@ -10,8 +10,10 @@ broadcast / reshape / transpose). That is matched from the final matmul back to 
 replaced by one kernel that reads ``write_pos + 1`` positions of each slot, with each query head
 reading its KV head as stored (a verify step's query ``i``: ``write_pos + i + 1``). The mask is not
 read: only these graphs' masks, which the kernel's bound computes, make the rewrite exact, so it runs
-on generative decode / verify functions only. Which one a match is, and ``write_pos``, come from the
-cache update's index: ``write_pos`` itself (decode), or ``write_pos + [0 .. w-1]`` (verify).
+on generative decode / verify functions only, and declines a mask that is not ``where(position <= bound,
+...)`` alone (a sliding window's band, ``and``-ed to it: that layer keeps its masked attention). Which one a
+match is, and ``write_pos``, come from the cache update's index: ``write_pos`` itself (decode), or
+``write_pos + [0 .. w-1]`` (verify).
 """
 
 from __future__ import annotations
@@ -75,6 +77,16 @@ def _write_position(index: Any, bound: Callable[[Any], Any]) -> tuple[Any, int] 
     return None
 
 
+def _filled_prefix(mask: Any, bound: Callable[[Any], Any]) -> bool:
+    """Whether ``mask`` is a view of ``where(c, 0, min)`` with ``c`` a view of one ``<=`` comparison: the mask the
+    kernel's bound replaces. A sliding window's mask ands a second comparison to it."""
+    where = _trace(mask, bound, "relax.where")
+    if where is None:
+        return False
+    condition = bound(where).args[0]
+    return any(_trace(condition, bound, op) is not None for op in ("relax.less_equal", "relax.greater_equal"))
+
+
 def _scaled(expr: Any, bound: Callable[[Any], Any]) -> tuple[Any, float]:
     """``(x, c)`` for ``multiply(x, constant c)``, else ``(expr, 1.0)``."""
     value = bound(expr)
@@ -100,8 +112,8 @@ class DecodeAttention(Rule):
         total = bound(bound(call.args[0]).args[0])
         if op_name(total) != "relax.add":
             return MatchResult.fail("softmax of something else than scores + mask")
-        for term in total.args:
-            raw, after = _scaled(term, bound)
+        for side in (0, 1):
+            raw, after = _scaled(total.args[side], bound)
             if op_name(bound(raw)) == "relax.matmul":
                 break
         else:
@@ -115,6 +127,8 @@ class DecodeAttention(Rule):
         written = _write_position(bound(keys).args[1].fields[1], bound)
         if written is None:
             return MatchResult.fail("the cache index is neither write_pos nor write_pos + 0..w-1 of an input")
+        if not _filled_prefix(total.args[1 - side], bound):  # a decode / verify step's: is it the kernel's bound?
+            return MatchResult.fail("the mask is not position <= write_pos alone (a sliding window's band?)")
         pos, width = written
         return self._shapes(Attention(q, keys, values, pos, c1 * c2 * after, width))
 
