@@ -47,7 +47,7 @@ device-check: $(BIN)/.installed
 	$(BIN)/pip install --quiet --force-reinstall --no-deps "onnxruntime-gpu==$(call _version,onnxruntime-gpu)"
 	$(BIN)/python -c 'import onnxruntime as o; p = o.get_available_providers(); assert "CUDAExecutionProvider" in p, p'
 	$(BIN)/aotforge targets
-	AOTFORGE_REQUIRE=tensorrt $(BIN)/pytest -q -rs -m gpu tests/test_device_e2e.py tests/test_tensorrt_target.py tests/test_tensorrt_generative.py
+	AOTFORGE_REQUIRE=tensorrt $(BIN)/pytest -q -rs -m gpu tests/test_device_e2e.py tests/test_target_contract.py tests/test_tensorrt_target.py tests/test_tensorrt_generative.py
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check aotforge tests examples tools

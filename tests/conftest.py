@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
 import warnings
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
 import onnx
 import pytest
 
+from aotforge.artifacts.manifest import read_manifest
 from aotforge.compiler.api import BuildResult, build
 from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.isolation import keep_spare_workers
@@ -63,6 +65,27 @@ def assert_refused(result: Any, exit_code: int, match: str) -> None:
     assert "Traceback" not in result.output and "internal error" not in result.output, result.output
 
 
+def built_once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Path]) -> Path:
+    """``make(dir)``'s artifact, built once per run: under pytest-xdist every worker runs the session fixtures
+    of its own files, so the workers of one run share a directory (their basetemp's parent, this run's alone)
+    where the first to ask builds and the others wait on a lock and read what it built."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return make(factory.mktemp(name))
+    shared = factory.getbasetemp().parent / f"shared-{name}"
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = shared / "artifact-path"
+        if not done.is_file():
+            shared.mkdir(exist_ok=True)
+            done.write_text(str(make(shared / "out")))
+        return Path(done.read_text())
+
+
+def built_result(path: Path) -> BuildResult:
+    """The :class:`BuildResult` of an artifact on disk (what a worker that did not build it gets)."""
+    return BuildResult(path, read_manifest(path))
+
+
 @pytest.fixture(scope="session")
 def lm_pair() -> LmPair:
     """The trained target + draft Llama pair (``tests/lm_pair.py``): trained once, then loaded from its cache."""
@@ -80,16 +103,22 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def llama_ort(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
     """The tiny Llama for onnxruntime with a verify graph (``--speculative-k 4``) and the benchmark: built once,
     shared by the text-generation, speculative-decoding and failure-path tests (tests must not change it)."""
-    out = tmp_path_factory.mktemp("llama-ort")
-    return build_text_generation(llama_dir, out, bench=True, speculative_k=SPECULATIVE_K)
+
+    def make(out: Path) -> Path:
+        return Path(build_text_generation(llama_dir, out, bench=True, speculative_k=SPECULATIVE_K).path)
+
+    return built_result(built_once(tmp_path_factory, "llama-ort", make))
 
 
 @pytest.fixture(scope="session")
 def llama_tvm(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
     """The same for tvm (two prefill buckets); shared like ``llama_ort``."""
-    out = tmp_path_factory.mktemp("llama-tvm")
     kw = {"target_options": TVM_BUCKETS, "bench": True, "speculative_k": SPECULATIVE_K}
-    return build_text_generation(llama_dir, out, target="tvm", **kw)
+
+    def make(out: Path) -> Path:
+        return Path(build_text_generation(llama_dir, out, target="tvm", **kw).path)
+
+    return built_result(built_once(tmp_path_factory, "llama-tvm", make))
 
 
 @pytest.fixture(scope="session")
@@ -97,14 +126,18 @@ def llama_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An unrelated random Llama over the same vocabulary (other seed, 1 layer, narrower; onnxruntime, no verify
     graph): a bad draft for ``llama_ort`` / ``llama_tvm``, and an artifact that cannot verify a draft itself."""
     config = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
-    model = tiny_llama(123, **config, num_key_value_heads=1)
-    return Path(build_text_generation(model, tmp_path_factory.mktemp("bad"), name="bad").path)
+
+    def make(out: Path) -> Path:
+        model = tiny_llama(123, **config, num_key_value_heads=1)
+        return Path(build_text_generation(model, out, name="bad").path)
+
+    return built_once(tmp_path_factory, "llama-draft", make)
 
 
 @pytest.fixture(scope="session")
 def chat_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama with the byte tokenizer and a chat template, for onnxruntime (``tests/serving.py``)."""
-    return build_chat_llama(tmp_path_factory.mktemp("chat-llama"))
+    return built_once(tmp_path_factory, "chat-llama", build_chat_llama)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -112,6 +114,13 @@ def feeds_for(model: ir.Model, seed: int = 1) -> dict[str, np.ndarray]:
         assert value.name is not None and value.shape is not None
         feeds[value.name] = rng.standard_normal(value.shape.numpy()).astype(np.float32)
     return feeds
+
+
+#: The rel L2 an int8 rewrite of these models (two quantized layers on the output's path) may cost. int8 rounds a
+#: tensor to steps of 1/127 of its largest magnitude: for roughly normal values (largest ~4 standard deviations) an
+#: error of 4 / 127 / sqrt(12), ~0.9% of the tensor's RMS. Two layers round four tensors (weights and inputs); their
+#: errors taken as adding up (the worst case), with calibrated ranges up to half again wider than the data's.
+INT8_REL_L2 = 4 * (4 / 127 / math.sqrt(12)) * 1.5
 
 
 def rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:

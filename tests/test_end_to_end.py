@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import aotforge
+from aotforge.compiler.api import BuildResult
 from aotforge.compiler.numerics import compare
 from aotforge.compiler.sample_inputs import make_inputs
 from aotforge.core.spec import DimRange
@@ -22,14 +24,33 @@ TORCH_MODELS = {
 ONNX_MODELS = ["squeezenet", "shufflenet", "resnet50"]
 
 
+@pytest.fixture(scope="module")
+def torch_builds(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], BuildResult]:
+    """``(model, target) -> BuildResult`` of ``TORCH_MODELS``, each built once for the module: the real-sentence and
+    benchmark tests below read the artifacts the build-and-match test builds (with the short benchmark on)."""
+    built: dict[tuple[str, str], BuildResult] = {}
+
+    def get(model: str, target: str) -> BuildResult:
+        if (model, target) not in built:
+            file, dims = TORCH_MODELS[model]
+            if model == "tiny_transformer" and target == "tvm":
+                # No attention mask: padding its sequence would change the pooled features, so tvm (static
+                # shapes) runs only compiled sizes and refuses a 1..64 range (tests/test_tvm_shapes.py).
+                dims = (DimRange("batch", 1, 1, 8), DimRange("seq", 16, 16, 16))
+            out = tmp_path_factory.mktemp(f"{model}-{target}")
+            built[model, target] = quick_build(
+                str(EXAMPLES / file), out, target=target, dynamic=dims, bench=True, bench_options=FAST_BENCH
+            )
+        return built[model, target]
+
+    return get
+
+
 @pytest.mark.parametrize("model", list(TORCH_MODELS))
-def test_torch_model_builds_and_matches(model: str, cpu_target: str, tmp_path: Path) -> None:
-    file, dims = TORCH_MODELS[model]
-    if model == "tiny_transformer" and cpu_target == "tvm":
-        # No attention mask: padding its sequence would change the pooled features, so tvm (static
-        # shapes) runs only compiled sizes and refuses a 1..64 range (tests/test_tvm_shapes.py).
-        dims = (DimRange("batch", 1, 1, 8), DimRange("seq", 16, 16, 16))
-    result = quick_build(str(EXAMPLES / file), tmp_path, target=cpu_target, dynamic=dims)
+def test_torch_model_builds_and_matches(
+    model: str, cpu_target: str, torch_builds: Callable[[str, str], BuildResult]
+) -> None:
+    result = torch_builds(model, cpu_target)
     validation = result.manifest.validation
     assert validation["reference"] == "torch eager"
     assert all(m["rel_l2"] <= 1e-4 for m in validation["metrics"].values())
@@ -50,15 +71,13 @@ def test_larger_onnx_reference_models(model: str, cpu_target: str, tmp_path: Pat
     assert result.manifest.validation["reference"] == "onnxruntime on the unmodified ONNX"
 
 
-def test_minilm_embeddings_match_torch_on_real_sentences(tmp_path: Path) -> None:
+def test_minilm_embeddings_match_torch_on_real_sentences(torch_builds: Callable[[str, str], BuildResult]) -> None:
     """Real weights and real tokenized sentences: the artifact's embeddings equal torch's."""
     import torch
 
     from examples import minilm
 
-    result = quick_build(
-        str(EXAMPLES / "minilm.py"), tmp_path, target="onnxruntime", dynamic=(DimRange("seq", 1, 32, 64),)
-    )
+    result = torch_builds("minilm", "onnxruntime")
     inputs = {k: v.numpy() for k, v in minilm.tokenize(minilm.SENTENCES, seq=32).items()}
     # The artifact was built for batch 1 at opt; ONNX Runtime keeps dims symbolic, so batch 4 runs.
     got = aotforge.load(result.path).run(inputs)["embedding"]
@@ -68,11 +87,8 @@ def test_minilm_embeddings_match_torch_on_real_sentences(tmp_path: Path) -> None
     assert cosine.min() > 0.99999
 
 
-def test_benchmark_is_recorded(tmp_path: Path) -> None:
-    result = quick_build(
-        str(EXAMPLES / "mini_resnet.py"), tmp_path, target="onnxruntime", bench=True, bench_options=FAST_BENCH
-    )
-    bench = result.manifest.benchmark
+def test_benchmark_is_recorded(torch_builds: Callable[[str, str], BuildResult]) -> None:
+    bench = torch_builds("mini_resnet", "onnxruntime").manifest.benchmark
     assert bench is not None and bench["runs"] >= 3
     assert 0 < bench["p50_ms"] <= bench["p90_ms"] <= bench["p99_ms"]
     assert bench["throughput_per_s"] > 0 and bench["peak_rss_mb"] > 0

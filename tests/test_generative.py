@@ -129,7 +129,7 @@ def test_weight_only_int8_on_both_graphs(tmp_path: Path) -> None:
 
     model = tiny_causal_lm("llama")
     quant = {"passes": ["weight-only"], "pass_params": {"weight-only": {"bits": 8}}}
-    # int8 activations (the text-generation default) put this random model's worst step at rel L2 0.105
+    # int8 activations (the text-generation default) move logits past fp32's tolerance: the build gates on quality
     result = _build(model, tmp_path / "ok", **quant)
     decode = onnx.load(result.path / "decode.onnx", load_external_data=False)
     assert any(n.op_type == "MatMulNBits" for n in decode.graph.node)

@@ -27,22 +27,33 @@ def _compile(*args: str) -> tuple[Path, str]:
     return Path(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr
 
 
-def test_dump_ir_writes_the_graph_after_each_pass_and_the_last_is_the_artifacts(tmp_path: Path) -> None:
-    """One loadable ONNX file per pass the manifest records, numbered in order; the last computes what the
-    artifact computes."""
-    dump = tmp_path / "ir"
-    path, _ = _compile(
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Path]:
+    """One ``aotforge compile`` of the README's example with passes and ``--dump-ir``, without ``--verbose``: the
+    artifact, the terminal's output and the dump directory, read by the tests below (none changes them)."""
+    root = tmp_path_factory.mktemp("compiled")
+    dump = root / "ir"
+    path, output = _compile(
         str(EXAMPLES / "mini_resnet.py"),
         "--target",
         "onnxruntime",
         "--passes",
         "O1",
         "--out",
-        str(tmp_path / "out"),
+        str(root / "out"),
         "--no-bench",
         "--dump-ir",
         str(dump),
     )
+    return path, output, dump
+
+
+def test_dump_ir_writes_the_graph_after_each_pass_and_the_last_is_the_artifacts(
+    compiled: tuple[Path, str, Path],
+) -> None:
+    """One loadable ONNX file per pass the manifest records, numbered in order; the last computes what the
+    artifact computes."""
+    path, _, dump = compiled
     manifest = read_manifest(path)
     names = [p["name"] for p in manifest.passes]
     files = sorted(dump.glob("*.onnx"))
@@ -55,12 +66,11 @@ def test_dump_ir_writes_the_graph_after_each_pass_and_the_last_is_the_artifacts(
     np.testing.assert_allclose(load(path).run({"image": x})["logits"], dumped, rtol=1e-5, atol=1e-5)
 
 
-def test_a_build_prints_its_stage_summary_and_keeps_the_libraries_quiet(tmp_path: Path) -> None:
-    """The terminal of a default build: the per-stage summary, the artifact's path last, and no warning or
-    logging line from torch's exporter, onnxscript or the runtimes (``--verbose`` is how to see them)."""
-    path, output = _compile(
-        str(EXAMPLES / "mini_resnet.py"), "--target", "onnxruntime", "--out", str(tmp_path), "--no-bench"
-    )
+def test_a_build_prints_its_stage_summary_and_keeps_the_libraries_quiet(compiled: tuple[Path, str, Path]) -> None:
+    """The terminal of a build without ``--verbose``: the per-stage summary, the artifact's path last, and no
+    warning or logging line from torch's exporter, onnxscript (the O1 passes) or the runtimes (``--verbose`` is
+    how to see them)."""
+    path, output, _ = compiled
     assert "build stages" in output
     for stage in ("loading model", "running passes", "compiling for onnxruntime", "validating", "writing the artifact"):
         assert stage in output, (stage, output)
@@ -70,9 +80,8 @@ def test_a_build_prints_its_stage_summary_and_keeps_the_libraries_quiet(tmp_path
 
 
 @pytest.fixture(scope="module")
-def ort_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    result = quick_build(str(EXAMPLES / "mini_resnet.py"), tmp_path_factory.mktemp("art"), target="onnxruntime")
-    return result.path
+def ort_artifact(compiled: tuple[Path, str, Path]) -> Path:
+    return compiled[0]
 
 
 @pytest.mark.parametrize("max_runs", [3, 7])

@@ -1,7 +1,8 @@
 """Every target holds to the contract in ``aotforge.targets.base``: one test, parametrized over all four.
 
 What runs without the device runs for every target (probe, options, plan and its refusals,
-the optional hooks); compile -> load -> run runs where ``probe()`` says the target is available.
+the optional hooks); compile -> load -> run runs where ``probe()`` says the target is available (tensorrt and neuron
+under their device markers, so ``make device-check`` fails where the device is missing).
 """
 
 from __future__ import annotations
@@ -32,11 +33,16 @@ ROWS = IOSpec(
 )
 
 
+def _weights() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+
+
 def _linear_onnx() -> ir.Model:
     """y = relu(x @ W + b): small, standard ONNX, with a named dynamic batch."""
-    rng = np.random.default_rng(0)
-    w = helper.make_tensor("w", TensorProto.FLOAT, (8, 4), rng.standard_normal((8, 4)).astype(np.float32).ravel())
-    b = helper.make_tensor("b", TensorProto.FLOAT, (4,), rng.standard_normal(4).astype(np.float32))
+    w_value, b_value = _weights()
+    w = helper.make_tensor("w", TensorProto.FLOAT, (8, 4), w_value.ravel())
+    b = helper.make_tensor("b", TensorProto.FLOAT, (4,), b_value)
     graph = helper.make_graph(
         [
             helper.make_node("MatMul", ["x", "w"], ["h"]),
@@ -52,8 +58,14 @@ def _linear_onnx() -> ir.Model:
 
 
 def _torch_program() -> Any:
-    """What the torch frontend hands neuron: an exported program of the same shape of model."""
-    module = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    """What the torch frontend hands neuron: an exported program of the same model, weights included, so one
+    reference (ONNX Runtime on the ONNX model) checks every target's compile."""
+    w, b = _weights()
+    linear = torch.nn.Linear(8, 4)
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(w.T.copy()))
+        linear.bias.copy_(torch.from_numpy(b))
+    module = torch.nn.Sequential(linear, torch.nn.ReLU()).eval()
     return torch.export.export(module, (torch.zeros(2, 8),))
 
 
@@ -68,6 +80,15 @@ def _ctx(name: str, passes: tuple[str, ...] = (), contrib: tuple[str, ...] = ())
 @pytest.fixture(params=sorted(TARGETS))
 def target(request: pytest.FixtureRequest) -> Target:
     return get_target(str(request.param))
+
+
+#: Every (target, option) whose default is a number or a boolean: each one refuses a value of another type.
+TYPED_OPTIONS = [
+    (name, field.name)
+    for name in sorted(TARGETS)
+    for field in dataclasses.fields(get_target(name).options_type)
+    if isinstance(field.default, bool | int | float)
+]
 
 
 def test_target_is_named_as_in_the_table_and_subclasses_the_contract(target: Target) -> None:
@@ -125,35 +146,41 @@ def test_plan_refuses_contrib_op_passes_except_onnxruntime(target: Target, emitt
         target.plan(_linear_onnx(), options, ctx)
 
 
-def test_every_refusal_is_an_aotforge_error(target: Target) -> None:
+def test_every_target_has_typed_options_to_refuse() -> None:
+    """The parametrization below covers every target (none drops out for want of a numeric option)."""
+    assert {name for name, _ in TYPED_OPTIONS} == set(TARGETS)
+
+
+@pytest.mark.parametrize(("name", "option"), TYPED_OPTIONS)
+def test_every_refusal_is_an_aotforge_error(name: str, option: str) -> None:
     """A value of the wrong type, from the CLI, is one clear error (never a ValueError traceback)."""
-    fields = [f for f in dataclasses.fields(target.options_type) if isinstance(f.default, bool | int | float)]
-    if not fields:
-        pytest.skip(f"{target.name} has no numeric or boolean option")
-    with pytest.raises(AotforgeError, match=rf"{target.name} option {fields[0].name} expects"):
-        options_from_dict(target.options_type, {fields[0].name: "not-a-number"}, what=target.name)
+    with pytest.raises(AotforgeError, match=rf"{name} option {option} expects"):
+        options_from_dict(get_target(name).options_type, {option: "not-a-number"}, what=name)
 
 
 def test_optional_hooks_have_working_defaults(target: Target, tmp_path: Path) -> None:
     options = options_from_dict(target.options_type, {}, what=target.name)
-    if target.name != "tensorrt" or target.probe().available:  # tensorrt names its cache after the GPU it probes
-        assert isinstance(target.with_cache_dir(options, tmp_path), target.options_type)
+    assert isinstance(target.with_cache_dir(options, tmp_path), target.options_type)
     assert all(isinstance(v, dict) for v in target.pass_defaults.values())
     assert all(isinstance(p, str) and p for p in target.runtime_packages)
     assert all(isinstance(v, float) and v > 0 for v in target.build_resources.values())
     assert isinstance(target.runs_contrib_ops, bool)
     coverage = target.coverage(_linear_onnx(), ROWS, options)
     assert coverage is None or {"direct", "refused"} <= set(coverage)
-    if target.name != "tensorrt":  # tensorrt's plan checks Q/DQ placement: tests/test_tensorrt_target.py
-        plan = target.bundle_plan(_linear_onnx(), options, _ctx(target.name))
-        assert plan is None or json.loads(json.dumps(plan)) == plan
+    plan = target.bundle_plan(_linear_onnx(), options, _ctx(target.name))
+    assert plan is None or json.loads(json.dumps(plan)) == plan
 
 
-def test_compile_load_run_matches_the_source(target: Target, tmp_path: Path) -> None:
+#: The device targets' runs carry their marker: deselected by default, run (and failing where the device is
+#: missing) under ``make device-check``'s AOTFORGE_REQUIRE.
+DEVICE_MARKS = {"tensorrt": pytest.mark.gpu, "neuron": pytest.mark.neuron}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=DEVICE_MARKS.get(n, ())) for n in sorted(TARGETS)])
+def test_compile_load_run_matches_the_source(name: str, tmp_path: Path) -> None:
+    target = get_target(name)
     if not target.probe().available:
         pytest.skip(f"{target.name} is not available here: {target.probe().reason}")
-    if target.name == "neuron":
-        pytest.skip("neuron compiles torch programs: tests/test_neuron_target.py runs it on an Inf2/Trn host")
     model, options = _linear_onnx(), options_from_dict(target.options_type, {}, what=target.name)
     ctx = _ctx(target.name)
     target.plan(model, options, ctx)
