@@ -126,3 +126,22 @@ def test_qat_writes_a_model_whose_int4_build_is_what_training_computed(tiny_llam
         assert all(row.tobytes() in expected for row in got), node.name
         rows += n
     assert rows == len(expected)
+
+
+@pytest.mark.slow  # ten minutes of training on 2 cores, then an int4 build of the real model
+def test_qat_of_smollm2_recovers_int4_perplexity_on_held_out_text(tmp_path: Path) -> None:
+    """SmolLM2-135M-Instruct (tools/real_model.py), trained on stdlib docstrings, scored on the quality gate's corpus
+    (text it never trained on): the int4 model's held-out perplexity comes closer to the fp32 model's, and the
+    artifact built from it passes the default quality gate."""
+    from tools.real_model import smollm2_dir
+
+    out = tmp_path / "qat"
+    args = ["qat", str(smollm2_dir()), "--out", str(out), "--max-minutes", "10", "--seq-len", "256", "--json"]
+    ran = CliRunner().invoke(main, args)
+    assert ran.exit_code == 0, ran.output
+    report = json.loads(ran.output[ran.output.index("{") :])
+    assert report["after"]["student_perplexity"] < report["before"]["student_perplexity"]
+    assert report["gap_recovered"] > 0
+    print(json.dumps({k: report[k] for k in ("before", "after", "gap_recovered", "steps")}))  # noqa: T201
+    result = build_text_generation(out, tmp_path / "art", precision="int4", max_seq_len=512)
+    assert result.manifest.validation["quality"]["perplexity_increase"] < 0.05
