@@ -31,7 +31,7 @@ def _ort_rounding(w_nk: np.ndarray, bits: int, block: int) -> np.ndarray:
     from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
 
     n, k = w_nk.shape
-    blocks, per_byte = k // block, 8 // bits
+    blocks, per_byte = -(-k // block), 8 // bits
     packed = np.zeros((n, blocks, block // per_byte), np.uint8)
     zero_points = np.zeros((n, -(-blocks // per_byte)), np.uint8)
     scales = np.zeros((n, blocks), np.float32)
@@ -47,8 +47,8 @@ def _dequantized_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, n: int
         q = np.stack([packed & 15, packed >> 4], axis=-1).reshape(n, -1).astype(np.int32) - 8
     else:
         q = packed.astype(np.int32) - 128
-    q = q[:, :k].reshape(n, scales.size // n, -1)
-    return (q.astype(np.float32) * scales.reshape(n, -1, 1).astype(np.float32)).reshape(n, k)
+    q = q.reshape(n, scales.size // n, -1)
+    return (q.astype(np.float32) * scales.reshape(n, -1, 1).astype(np.float32)).reshape(n, -1)[:, :k]
 
 
 def _tvm_rounding(w_nk: np.ndarray, bits: int, block: int) -> np.ndarray:
@@ -67,6 +67,14 @@ def test_fake_quant_is_the_targets_own_rounding(target: str, rounding: Any, bits
     w[0, :32] *= 1e-6  # a block far below the rest: its own scale
     got = grid(target, bits, 32)(torch.from_numpy(w)).numpy()
     np.testing.assert_array_equal(got, rounding(w, bits, 32))
+
+
+def test_fake_quant_pads_a_partial_block_as_onnxruntime_does() -> None:
+    import torch
+
+    w = _random_weight(16, 112)  # K = 3.5 blocks of 32
+    got = grid("onnxruntime", 4, 32)(torch.from_numpy(w)).numpy()
+    np.testing.assert_array_equal(got, _ort_rounding(w, 4, 32))
 
 
 def test_the_gradient_passes_the_rounding_straight_through() -> None:

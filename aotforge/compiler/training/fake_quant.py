@@ -47,7 +47,8 @@ class Grid:
             amax = w.abs().amax(dim=1, keepdim=True)
             scale = torch.where(amax > 0, amax / self.levels, torch.ones_like(amax))
             return torch.clamp(torch.round(w / scale), -self.levels, self.levels) * scale
-        blocks = w.reshape(n, k // self.block, self.block)
+        pad = -k % self.block  # both targets pad K to whole blocks with zeros
+        blocks = torch.nn.functional.pad(w, (0, pad)).reshape(n, (k + pad) // self.block, self.block)
         extreme = torch.gather(blocks, 2, blocks.abs().argmax(dim=2, keepdim=True))
         scale = extreme / -float(self.levels)
         if self.float16_scales:
@@ -59,7 +60,7 @@ class Grid:
             q = whole + (shifted - whole >= 0.5).float() - self.levels
         else:
             q = torch.round(blocks / scale)
-        return (torch.clamp(q, -self.levels, self.levels - 1) * scale).reshape(n, k)
+        return (torch.clamp(q, -self.levels, self.levels - 1) * scale).reshape(n, k + pad)[:, :k]
 
 
 #: Per target (:data:`~aotforge.compiler.training.options.QAT_TARGETS`), the grid of each bit width given the block.
@@ -93,14 +94,12 @@ def add_fake_quant(model: Any, where: Placement) -> dict[str, int]:
     chosen: dict[str, int] = {}
     for i, layer in enumerate(layer_linears(model)):
         for lin in layer:
-            if int(lin.weight().shape[1]) % where.block_size:
-                continue  # the targets leave such a matmul unpacked (or at the head's width): so does training
             bits = 8 if i in where.layers_8bit else where.bits
             rounding = FakeQuant(grid(where.target, bits, where.block_size), lin.conv1d)
             parametrize.register_parametrization(lin.module, "weight", rounding)
             chosen[lin.name] = bits
     head = model.get_output_embeddings()
-    if head is not None and int(head.weight.shape[1]) % where.block_size == 0:
+    if head is not None:
         lin = Linear("lm_head", head)
         bits = where.head_bits or where.bits
         # A tied head: the parametrization holds the shared tensor, the embedding lookup keeps reading it in float.
