@@ -11,7 +11,7 @@ ARGS ?=
 # With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
 _flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
-.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-serve bench-quality bench-tensor-parallel bench-page targets clean device-check neuron-env tvm-ops-table
+.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-serve bench-quality bench-tensor-parallel bench-pipeline-parallel bench-page targets clean device-check neuron-env tvm-ops-table
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -103,6 +103,11 @@ bench-speculative: $(BIN)/.installed
 # bench-tensor-parallel: --tensor-parallel 2 vs the unsharded artifact on SmolLM2-135M (the bench-serve fp32 artifact).
 bench-tensor-parallel: $(BIN)/.installed
 	$(BIN)/python tools/bench_tensor_parallel.py $(ARGS)
+	$(BIN)/python tools/bench_page.py
+
+# bench-pipeline-parallel: --pipeline-parallel 2 vs the unsharded artifact on SmolLM2-135M, 8 concurrent requests.
+bench-pipeline-parallel: $(BIN)/.installed
+	$(BIN)/python tools/bench_pipeline_parallel.py $(ARGS)
 	$(BIN)/python tools/bench_page.py
 
 bench-page: $(BIN)/.installed

@@ -19,16 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aotforge.artifacts.loader import LoadedArtifact, load
-    from aotforge.compiler.api import build
+    from aotforge.compiler.api import build, build_matrix
     from aotforge.compiler.build_result import BuildResult
     from aotforge.compiler.options import BuildOptions
     from aotforge.core.errors import AotforgeError
 
-__all__ = ["AotforgeError", "BuildOptions", "BuildResult", "LoadedArtifact", "build", "load"]
+__all__ = ["AotforgeError", "BuildOptions", "BuildResult", "LoadedArtifact", "build", "build_matrix", "load"]
 
 #: Public name -> the module that defines it.
 _API = {
     "build": "aotforge.compiler.api",
+    "build_matrix": "aotforge.compiler.api",
     "BuildResult": "aotforge.compiler.build_result",
     "BuildOptions": "aotforge.compiler.options",
     "AotforgeError": "aotforge.core.errors",

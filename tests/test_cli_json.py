@@ -73,9 +73,10 @@ def test_api_takes_the_cli_option_names() -> None:
         {"bench_seconds": 2, "precision": "int4", "target_opt": ["mcpu=znver4"], "pass_opt": ["int8.method=minmax"],
          "input_range": ["ids=0:99"], "no_bench": True, "backend_deadline": 60, "tune_trials": 8}
     )  # fmt: skip
-    assert o.bench_options == BenchOptions(max_seconds=2.0) and o.bench is False and o.backend_deadline_s == 60
-    assert o.passes[-1] == "weight-only" and o.target_options == {"mcpu": "znver4", "tune_trials": "8"}
-    assert o.pass_params == {"int8": {"method": "minmax"}} and o.input_ranges == {"ids": (0.0, 99.0)}
+    assert o.benchmark.runs == BenchOptions(max_seconds=2.0) and o.benchmark.bench is False
+    assert o.isolation.backend_deadline_s == 60
+    assert o.passes.names[-1] == "weight-only" and o.target_options == {"mcpu": "znver4", "tune_trials": "8"}
+    assert o.passes.params == {"int8": {"method": "minmax"}} and o.frontend.input_ranges == {"ids": (0.0, 99.0)}
     with pytest.raises(OptionsError, match="both set the precision"):
         BuildOptions.from_dict({"passes": ["O1", "fp16"], "precision": "int8"})
     with pytest.raises(OptionsError, match="unknown precision"):

@@ -32,18 +32,18 @@ def test_precision_spells_the_decoder_passes(precision: str, passes: tuple[str, 
     """The default preset (O1) is dropped, int4 is calibrated by the default method and int8 is weight-only at 8 bits:
     what --precision means for a decoder."""
     opts = decoder_pass_options(BuildOptions.from_dict({"precision": precision}))
-    assert opts.passes == passes and opts.pass_params == params
+    assert opts.passes.names == passes and opts.passes.params == params
 
 
 def test_a_users_int4_method_is_kept() -> None:
     given = {"precision": "int4", "pass_opt": ["weight-only.method=rtn"]}
-    assert decoder_pass_options(BuildOptions.from_dict(given)).pass_params == {"weight-only": {"method": "rtn"}}
+    assert decoder_pass_options(BuildOptions.from_dict(given)).passes.params == {"weight-only": {"method": "rtn"}}
 
 
 def test_precision_int8_keeps_the_users_weight_only_params() -> None:
     given = {"precision": "int8", "pass_opt": ["weight-only.block_size=64"]}
     opts = decoder_pass_options(BuildOptions.from_dict(given))
-    assert opts.pass_params == {"weight-only": {"bits": 8, "block_size": "64"}}
+    assert opts.passes.params == {"weight-only": {"bits": 8, "block_size": "64"}}
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aotforge.compiler.api import build
+from aotforge.compiler.api import build_matrix
 from aotforge.compiler.farm import report
 from aotforge.compiler.farm.plan import load_plan
 from aotforge.compiler.farm.prepare import options_per_target
@@ -82,7 +82,9 @@ def test_plan_is_checked_before_anything_builds(tmp_path: Path) -> None:
 def test_two_targets_share_the_frontend_and_are_compared(tmp_path: Path) -> None:
     """tvm and onnxruntime from one frontend run: one IR (same sha256), one version, a comparison beside them."""
     model = relu_add(tmp_path / "m.onnx")
-    result = build(model, target=["tvm", "onnxruntime"], out=tmp_path / "out", bench=False, validation_samples=2)
+    result = build_matrix(
+        model, targets=["tvm", "onnxruntime"], out=tmp_path / "out", bench=False, validation_samples=2
+    )
     assert result.ok, result.table()
     assert [r["target"] for r in result.rows] == ["tvm", "onnxruntime"]
     assert len({r["ir_sha256"] for r in result.rows}) == 1
@@ -130,7 +132,7 @@ def test_crashed_worker_fails_its_row_only(tmp_path: Path) -> None:
 
     killer = threading.Thread(target=kill_first_worker)
     killer.start()
-    result = build(model, target="tvm,onnxruntime", out=tmp_path / "out", bench=False, validation_samples=2)
+    result = build_matrix(model, targets="tvm,onnxruntime", out=tmp_path / "out", bench=False, validation_samples=2)
     killer.join()
     rows = {r["target"]: r for r in result.rows}
     assert killed and rows["tvm"]["status"] == "failed" and rows["onnxruntime"]["status"] == "ok"

@@ -83,6 +83,7 @@ def test_options_of_graph_builds_are_refused_by_name(options: dict[str, Any], fl
         ({"max_seq_len": 128}, "--max-seq-len"),
         ({"max_batch": 8}, "--max-batch"),
         ({"tensor_parallel": 2}, "--tensor-parallel"),
+        ({"pipeline_parallel": 2}, "--pipeline-parallel"),
     ],
 )
 def test_text_generation_options_are_refused_for_graph_builds(options: dict[str, Any], flag: str) -> None:

@@ -14,11 +14,13 @@ import aotforge
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import OptionsError
 from aotforge.targets.tvm.decoder.buckets import batch_buckets, prompt_buckets
+from aotforge.targets.tvm.decoder.step_engine import prefill_head
 from tests.llm_models import (
     NEW,
     PROMPTS,
     left_padded,
     tiny_causal_lm,
+    transformers_greedy,
 )
 from tests.llm_models import build_text_generation as _build
 
@@ -117,6 +119,20 @@ def test_batch_one_runs_the_smallest_decode_bucket(llama_tvm: Any) -> None:
     assert artifact._generative().model_runner(1).decode_rows(1) == 1
     ids, mask = left_padded()
     np.testing.assert_array_equal(one[0, 3:], artifact.generate(ids, NEW, attention_mask=mask)[1, ids.shape[1] :])
+
+
+def test_a_prompt_just_past_a_bucket_extends_the_rest_token_exact(llama_tvm: Any) -> None:
+    """20 tokens: the 16-token bucket, then 4 through the verify function (not the 64-token bucket); greedy output
+    still equal to transformers'."""
+    artifact = aotforge.load(llama_tvm.path)
+    engine = artifact._generative().engine
+    assert (engine.prompt_buckets, engine.verify_width) == ((16, 64), 5)
+    assert prefill_head(engine, 20, can_extend=True) == 16
+    assert prefill_head(engine, 20, can_extend=False) == 20  # no verify function: the whole bucket
+    assert prefill_head(engine, 60, can_extend=True) == 60  # 16 + 9 verify calls would cost more than 64
+    prompt = np.random.default_rng(3).integers(0, 500, size=20).tolist()
+    got = artifact.generate(np.array([prompt]), NEW)[0, 20:].tolist()
+    assert got == transformers_greedy(tiny_causal_lm("llama"), prompt, NEW)
 
 
 def test_perplexity_equals_torch_on_the_same_windows(llama_tvm: Any) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx_ir as ir
 import pytest
 
-from aotforge.compiler.options import BuildOptions
+from aotforge.compiler.options import BuildOptions, PassOptions
 from aotforge.compiler.recipe import int8_shortcuts, load_recipe, recipe_options
 from aotforge.core.errors import OptionsError
 from tests.pass_models import mlp
@@ -35,9 +35,9 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 def test_good_recipe_fills_build_options(tmp_path: Path) -> None:
     opts = BuildOptions.from_dict(load_recipe(_write(tmp_path, GOOD)))
-    assert opts.passes == ("O2", "int8") and opts.target == "onnxruntime" and opts.tolerance == 0.2
-    assert opts.pass_params["int8"]["method"] == "percentile"
-    params = int8_shortcuts(opts, ("optimize", "int8"))
+    assert opts.passes.names == ("O2", "int8") and opts.target == "onnxruntime" and opts.validation.tolerance == 0.2
+    assert opts.passes.params["int8"]["method"] == "percentile"
+    params = int8_shortcuts(opts.passes, ("optimize", "int8"))
     assert params["int8"]["min_cosine"] == 0.99
 
 
@@ -79,12 +79,12 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
 
 def test_shortcuts_need_the_int8_pass() -> None:
     with pytest.raises(OptionsError, match=r"calibration given but no int8 pass \(int8, int8-dynamic\) is in passes"):
-        int8_shortcuts(BuildOptions(calibration="calib/"), ("fold",))
+        int8_shortcuts(PassOptions(calibration="calib/"), ("fold",))
 
 
 @pytest.mark.parametrize("passes", [("fold", "int8-dynamic"), ("int8", "int8-dynamic")])
 def test_shortcuts_reach_every_int8_pass(passes: tuple[str, ...]) -> None:
-    params = int8_shortcuts(BuildOptions(calibration="calib/", accuracy_budget=0.995), passes)
+    params = int8_shortcuts(PassOptions(calibration="calib/", accuracy_budget=0.995), passes)
     for name in {"int8", "int8-dynamic"} & set(passes):
         assert params[name] == {"calibration_dir": "calib/", "min_cosine": 0.995}
 

@@ -93,7 +93,9 @@ def test_text_generation_builds_default_to_int8_activations(target: str) -> None
     backend, tgt = generative_backend(target), get_target(target)
 
     def level(params: dict[str, Any]) -> int:
-        opts = BuildOptions(target=target, passes=("weight-only",), pass_params={"weight-only": params})
+        opts = BuildOptions.from_dict(
+            {"target": target, "passes": ("weight-only",), "pass_params": {"weight-only": params}}
+        )
         factory = _graph_passes(opts, tgt, backend)
         (weight_only,) = factory() if factory is not None else _compile_passes(opts, tgt, backend).values()
         weight_only = getattr(weight_only, "params", weight_only)
@@ -101,7 +103,7 @@ def test_text_generation_builds_default_to_int8_activations(target: str) -> None
 
     assert level({"bits": 4}) == 4
     assert level({"bits": 8, "accuracy_level": 0}) == 0
-    encoder = BuildOptions(target="onnxruntime", passes=("weight-only",))
+    encoder = BuildOptions.from_dict({"target": "onnxruntime", "passes": ("weight-only",)})
     assert target_passes(encoder, get_target("onnxruntime"))[1][0].params.accuracy_level == 0
 
 

@@ -1,8 +1,8 @@
 """What the runtime's engine costs a lone stream: TTFT and ITL at concurrency 1, engine paths vs the step engine.
 
-On the SmolLM2-135M artifacts of ``make bench-serve`` (``~/.cache/aotforge/bench-serve/artifacts``: onnxruntime and
-tvm, fp32), prompts of real English (``--prompt-len`` tokens, a new window each run), ``--new`` tokens greedy,
-timed three ways, each in a child process of this same script, the ways alternating round by round:
+On the SmolLM2-135M artifacts of ``make bench-serve`` (``~/.cache/aotforge/bench-serve/artifacts-paged``:
+onnxruntime and tvm, fp32), prompts of real English (``--prompt-len`` tokens, a new window each run), ``--new``
+tokens greedy, timed three ways, each in a child process of this same script, the ways alternating round by round:
 
 - ``step engine``: the artifact's own decoding loop over its per-call step engine (what ``generate()`` ran
   before it moved onto the runtime; speculative decoding still runs there);
@@ -31,10 +31,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools import bench_record  # noqa: E402
+from tools import bench_record, bench_serve  # noqa: E402
 from tools.bench_children import PREFIX, run_child  # noqa: E402
 
-ARTIFACTS = Path.home() / ".cache" / "aotforge" / "bench-serve" / "artifacts"
+ARTIFACTS = bench_serve.WORK / bench_serve.ARTIFACTS  # the very artifacts make bench-serve serves
 WAYS = ("step engine", "generate()", "served engine")
 
 

@@ -99,6 +99,15 @@ BENCHES = (
         "(the median of a 64-token generation's intervals). Beside it: what one all-reduce costs by each way a CPU "
         "rank could run it (tools/tp_collectives.py) and the bytes each rank stores (docs/parallel.md).",
     ),
+    Bench(
+        "pipeline_parallel",
+        "Pipeline parallelism",
+        "make bench-pipeline-parallel",
+        "tools/bench_pipeline_parallel.py builds SmolLM2-135M-Instruct (fp32) with --pipeline-parallel 2 at the "
+        "unsharded serving artifact's geometry and serves the same requests through the serving engine with each, "
+        "8 in flight, one thread a stage against the unsharded artifact on the host's cores, each in a process of "
+        "its own, alternating round by round: requests/s, and the stages' bubble against GPipe's (docs/parallel.md).",
+    ),
 )
 
 

@@ -35,12 +35,15 @@ PRECISIONS = {
     "int4": (["--precision", "int4", "--max-perplexity-increase", "1"], "Q4_0"),  # quality recorded, not gated
 }
 SLOTS, CONTEXT = 8, 2048
+#: Where the artifacts are cached; a new name when a build change matters to serving, so the next run rebuilds
+#: (``artifacts-paged``: tvm's functions over a paged KV cache, which earlier builds lack).
+ARTIFACTS = "artifacts-paged"
 
 
 def artifact(model_dir: Path, target: str, precision: str, work: Path) -> Path:
     """The text-generation artifact of ``target`` / ``precision``, built once under ``work`` (a verify graph of 16
     tokens: the runner extends prompts through it, for prefix reuse and chunked prefill)."""
-    out = work / "artifacts" / f"{target}-{precision}"
+    out = work / ARTIFACTS / f"{target}-{precision}"
     found = sorted(out.glob(f"smollm2-{precision}/*/{target}/manifest.json"))
     if found:
         return found[-1].parent

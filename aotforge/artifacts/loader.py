@@ -151,6 +151,10 @@ def load(
         from aotforge.targets.generative.ranks import load_ranked
 
         runner: Runner = load_ranked(path, manifest.target)
+    elif "pipeline_parallel" in manifest.target.info:  # stage graphs, a process each
+        from aotforge.targets.generative.stages import load_staged
+
+        runner = load_staged(path, manifest.target)
     elif manifest.target.info.get("task") == TEXT_GENERATION:  # prefill + decode graphs, not one model
         runner = generative_backend(manifest.target.name).load(path, manifest.target)
     else:

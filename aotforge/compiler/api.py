@@ -6,10 +6,9 @@ importing torch, onnx or any target; only a miss imports the build line (``compi
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 from aotforge.compiler import build_direct
 from aotforge.compiler.build_result import BuildResult
@@ -25,10 +24,9 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 
-__all__ = ["BuildResult", "build", "resolve_options"]
+__all__ = ["BuildResult", "build", "build_matrix", "resolve_options"]
 
 
-@overload
 def build(
     model: Any,
     options: BuildOptions | None = None,
@@ -39,63 +37,35 @@ def build(
     recipe: Path | str | None = None,
     direct_lookup: bool = True,
     **overrides: Any,
-) -> BuildResult: ...
-
-
-@overload
-def build(
-    model: Any,
-    options: BuildOptions | None = None,
-    *,
-    target: list[str] | tuple[str, ...],
-    example_inputs: Mapping[str, Any] | None = None,
-    progress: Progress | None = None,
-    recipe: Path | str | None = None,
-    direct_lookup: bool = True,
-    **overrides: Any,
-) -> MatrixResult: ...
-
-
-def build(
-    model: Any,
-    options: BuildOptions | None = None,
-    *,
-    target: str | list[str] | tuple[str, ...] | None = None,
-    example_inputs: Mapping[str, Any] | None = None,
-    progress: Progress | None = None,
-    recipe: Path | str | None = None,
-    direct_lookup: bool = True,
-    **overrides: Any,
-) -> BuildResult | MatrixResult:
+) -> BuildResult:
     """Compile ``model`` (a ``.onnx`` / ``.py`` path, a module name, or an ``nn.Module`` with
     ``example_inputs``) for ``options.target`` and write one artifact directory.
 
-    ``target=["tvm", "onnxruntime"]`` (or ``"tvm,onnxruntime"``, ``"all"``) builds for each of them
-    (``compiler.farm.multi``): the frontend and passes once, each target in its own worker process,
-    one artifact per target and their comparison; it returns a ``MatrixResult``.
-
-    Keyword ``overrides`` are :class:`BuildOptions` fields: ``build(m, target="onnxruntime")``.
-    A ``recipe`` TOML (``compiler.recipe``) gives defaults that ``options`` fields differing from
-    the defaults, and ``overrides``, replace. ``direct_lookup=False`` skips the direct cache
-    lookup (the IR-level key is then computed and explained); the build still refreshes its entry.
+    Keyword ``overrides`` are what ``BuildOptions.from_dict`` takes (a field's name, a group, a flag's name):
+    ``build(m, target="onnxruntime", max_seq_len=512)``. A ``recipe`` TOML (``compiler.recipe``) gives defaults
+    that ``options`` fields differing from the defaults, and ``overrides``, replace. ``direct_lookup=False`` skips
+    the direct cache lookup (the IR-level key is then computed and explained); the build still refreshes its entry.
+    Several targets are :func:`build_matrix`'s (one artifact each and their comparison).
     """
     from aotforge.compiler.farm.spec import is_multi
 
     spec = target if target is not None else (options.target if options else overrides.get("target", "tvm"))
     if is_multi(spec):
-        from aotforge.compiler.farm.multi import build_many  # the frontend, passes and worker processes
-
-        opts = resolve_options(options, recipe, {**overrides, "target": "tvm"})
-        return build_many(model, opts, spec, example_inputs=example_inputs, progress=progress)
+        raise OptionsError(
+            f"build() makes one artifact; for several targets ({spec}) call aotforge.build_matrix(model, "
+            "targets=[...]), which builds each and compares them"
+        )
     if target is not None:
         overrides = {**overrides, "target": target}
     opts = resolve_options(options, recipe, overrides)
     say = progress or (lambda _msg: None)
-    if opts.task is None and isinstance(model, (str, Path)) and str(model).endswith(".gguf"):
-        opts = dataclasses.replace(opts, task=parse_task(TEXT_GENERATION))  # a GGUF file holds a causal LM
-    if opts.speculative_k and opts.task != TEXT_GENERATION:  # a verify graph is a decoder's: refused, not dropped
+    if opts.frontend.task is None and isinstance(model, (str, Path)) and str(model).endswith(".gguf"):
+        opts = opts.with_fields({"frontend.task": parse_task(TEXT_GENERATION)})  # a GGUF file holds a causal LM
+    if (
+        opts.generation.speculative_k and opts.frontend.task != TEXT_GENERATION
+    ):  # a verify graph is a decoder's: refused, not dropped
         raise OptionsError(
-            f"--speculative-k {opts.speculative_k} compiles a verify graph for text-generation builds only: "
+            f"--speculative-k {opts.generation.speculative_k} compiles a verify graph for text-generation builds only: "
             "add --task text-generation for a causal LM, or drop --speculative-k"
         )
     refuse_inapplicable(opts)
@@ -109,8 +79,12 @@ def build(
         served = build_direct.serve(direct, opts, say)
         if served is not None:
             return served
-    if opts.task == TEXT_GENERATION:
-        if opts.tensor_parallel > 1:  # rank graphs, a build line of their own
+    if opts.frontend.task == TEXT_GENERATION:
+        if opts.generation.pipeline_parallel > 1:  # stage graphs, a build line of their own
+            from aotforge.compiler.generative.pp_build import build_pipeline_parallel
+
+            return build_pipeline_parallel(model, opts, say)
+        if opts.generation.tensor_parallel > 1:  # rank graphs, a build line of their own
             from aotforge.compiler.generative.tp_build import build_tensor_parallel
 
             return build_tensor_parallel(model, opts, say)
@@ -122,13 +96,32 @@ def build(
     return build_resolved(model, opts, example_inputs=example_inputs, progress=say, direct=direct)
 
 
+def build_matrix(
+    model: Any,
+    options: BuildOptions | None = None,
+    *,
+    targets: str | list[str] | tuple[str, ...] = "all",
+    example_inputs: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+    recipe: Path | str | None = None,
+    **overrides: Any,
+) -> MatrixResult:
+    """Build ``model`` for each of ``targets`` (``["tvm", "onnxruntime"]``, ``"tvm,onnxruntime"`` or ``"all"``;
+    ``compiler.farm.multi``): the frontend and passes once, each target in its own worker process, one artifact
+    per target and their comparison."""
+    from aotforge.compiler.farm.multi import build_many  # the frontend, passes and worker processes
+
+    opts = resolve_options(options, recipe, {**overrides, "target": "tvm"})
+    return build_many(model, opts, targets, example_inputs=example_inputs, progress=progress)
+
+
 def resolve_options(
     options: BuildOptions | None, recipe: Path | str | None, overrides: Mapping[str, Any]
 ) -> BuildOptions:
     """``options`` over the recipe's values (only fields that differ from the defaults), then ``overrides``."""
-    given = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)} if options else {}
+    given = options.fields() if options else {}
     if recipe is not None:
-        defaults = BuildOptions()
-        given = {k: v for k, v in given.items() if v != getattr(defaults, k)}
+        defaults = BuildOptions().fields()
+        given = {k: v for k, v in given.items() if v != defaults[k]}
         given = {**load_recipe(recipe), **given}
     return BuildOptions.from_dict({**given, **overrides})

@@ -46,16 +46,7 @@ Progress = Callable[[str], None]
 #: An IR-level entry holding one of these holds the IR it was compiled from: a whole artifact (a graph's; a decoder's).
 IR_FILES = {MODEL_FILE, PREFILL_FILE}
 #: Options that decide where the artifact goes, not what it holds.
-_UNKEYED = (
-    "out",
-    "name",
-    "version",
-    "cache_dir",
-    "isolate_backend",
-    "backend_deadline_s",
-    "backend_memory_mb",
-    "run_deadline_s",
-)
+_UNKEYED = ("out", "name", "version", "cache_dir", "isolation.")
 
 
 @dataclasses.dataclass
@@ -71,17 +62,17 @@ class DirectPlan:
 def plan(model: Any, opts: BuildOptions) -> DirectPlan:
     if opts.cache_dir is None:
         return DirectPlan(None, "no --cache-dir")
-    generative = opts.task == TEXT_GENERATION
+    generative = opts.frontend.task == TEXT_GENERATION
     if not isinstance(model, (str, Path)) or not (Path(model).suffix in (".py", ".onnx") or generative):
         return DirectPlan(None, "direct mode needs a .py or .onnx model file (or a causal LM: a directory or file)")
-    if opts.sample_inputs is not None and not isinstance(opts.sample_inputs, (str, Path)):
+    if opts.validation.sample_inputs is not None and not isinstance(opts.validation.sample_inputs, (str, Path)):
         return DirectPlan(None, "direct mode needs sample inputs as a file or directory, not arrays")
-    if opts.prepare_only or opts.dump_ir is not None:
+    if opts.prepare_only or opts.passes.dump_ir is not None:
         return DirectPlan(None, "direct mode is off for --prepare-only and --dump-ir")
     path = Path(model)
     if not (path.is_file() or (generative and path.is_dir())):
         return DirectPlan(None, f"{path} is not a file{' or directory' if generative else ''}")
-    options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in _UNKEYED}
+    options = {k: v for k, v in opts.fields().items() if not k.startswith(_UNKEYED)}
     toolchain = toolchain_fingerprint()
     parts = {
         "source": [str(path.resolve()), tree_digest(path) if path.is_dir() else sha256_file(path)],

@@ -76,7 +76,7 @@ def build_resolved(
         if opts.prepare_only:
             return prepare_bundle(planned, opts, name)
         # Placed before the compile: an existing version costs the user no compile time.
-        place = place_artifact(opts.out, name, opts.version, opts.target, plots=opts.plots)
+        place = place_artifact(opts.out, name, opts.version, opts.target, plots=opts.benchmark.plots)
         return _compile_and_store(planned, opts, place, worker, direct, reads, started, say)
 
 
@@ -120,7 +120,7 @@ def plan_and_transform(
     ctx = build_context(loaded, pass_names)
     target.plan(loaded.source.ir, target_opts, ctx)
     say(f"running passes: {', '.join(pass_names) or 'none'}")
-    records = run_passes(loaded.source.ir, graph_passes, opts.dump_ir)
+    records = run_passes(loaded.source.ir, graph_passes, opts.passes.dump_ir)
     return PlannedBuild(
         loaded.source, target, probe, target_opts, ctx, loaded.samples, loaded.sizes, records, loaded.record
     )
@@ -144,9 +144,9 @@ def load_and_sample(
     say("loading model")
     source = _load(model, opts, example_inputs)
     io = dataclasses.replace(source.io, dims=_declared_dims(source.io, opts))
-    check_dims_used(opts.dynamic, io)
+    check_dims_used(opts.frontend.dynamic, io)
     examples = {k: v.shape for k, v in (source.example_inputs or {}).items()}
-    if opts.sample_inputs is None:
+    if opts.validation.sample_inputs is None:
         # Every symbolic dim gets a range (--dynamic, else a documented default), never a silent 1.
         io = resolve_dims(io, io.dims, examples)
         # Declared shapes no input can have (negative, terabytes) before any input is drawn.
@@ -154,14 +154,20 @@ def load_and_sample(
     # Validation inputs before the passes, so every build of a model sees the same ones, and before
     # the target plans: sample inputs bind the dims no --dynamic names, and a source model that
     # rejects its inputs fails here, before any compile (compiler.sample_inputs).
-    chosen = validation_inputs(io, opts.sample_inputs, source.reference, seed=opts.seed, count=opts.validation_samples)
+    chosen = validation_inputs(
+        io,
+        opts.validation.sample_inputs,
+        source.reference,
+        seed=opts.validation.seed,
+        count=opts.validation.validation_samples,
+    )
     if chosen.record["source"] == "generated":  # the user's own data may produce empty outputs: shapes still compare
         check_compares_something(chosen.samples, chosen.reference, source.name)
     # The reference now answers the validation samples from the outputs computed while checking them.
     source = dataclasses.replace(source, reference=chosen.reference)
     # Dims the samples bound get their kind (targets pad or split by it); nothing is left unranged.
     io = resolve_dims(chosen.io, chosen.io.dims, examples)
-    if opts.sample_inputs is not None:
+    if opts.validation.sample_inputs is not None:
         check_io(io, io.bound_sizes("opt"), source.name)
     return LoadedSource(source, io, chosen.samples, chosen.sizes, chosen.record)
 
@@ -185,7 +191,12 @@ def _worker(opts: BuildOptions) -> Worker | None:
 
 
 def isolation_of(opts: BuildOptions) -> Isolation:
-    return Isolation(opts.backend_deadline_s, opts.backend_memory_mb, opts.run_deadline_s, enabled=opts.isolate_backend)
+    return Isolation(
+        opts.isolation.backend_deadline_s,
+        opts.isolation.backend_memory_mb,
+        opts.isolation.run_deadline_s,
+        enabled=opts.isolation.isolate_backend,
+    )
 
 
 def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
@@ -196,9 +207,14 @@ def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:
         samples=planned.samples,
         reference=source.reference,
         validation=validation_plan(
-            source.format, opts.tolerance, planned.samples, opts.seed, planned.sizes, planned.inputs
+            source.format,
+            opts.validation.tolerance,
+            planned.samples,
+            opts.validation.seed,
+            planned.sizes,
+            planned.inputs,
         ),
-        bench=opts.bench_options if opts.bench else None,
+        bench=opts.benchmark.runs if opts.benchmark.bench else None,
         batch=int(planned.sizes.get("batch", 1)),
     )
     return TailJob(
@@ -220,13 +236,13 @@ def target_passes(
 ) -> tuple[tuple[str, ...], list[GraphPass]]:
     """The pass names (presets expanded) and the passes, with the target's pass defaults (and ``defaults``, a
     text-generation backend's, over them) under the user's."""
-    pass_names = expand(list(opts.passes))
-    stray = sorted(set(opts.pass_params) - set(pass_names))
+    pass_names = expand(list(opts.passes.names))
+    stray = sorted(set(opts.passes.params) - set(pass_names))
     if stray:
         raise OptionsError(
             f"parameters given for pass(es) {', '.join(stray)} that are not in --passes {','.join(pass_names)}"
         )
-    pass_params = int8_shortcuts(opts, pass_names)
+    pass_params = int8_shortcuts(opts.passes, pass_names)
     # A target may need other pass defaults (TensorRT: signed symmetric Q/DQ); the user's win.
     for pass_name in pass_names:
         layered = {**target.pass_defaults.get(pass_name, {}), **(defaults or {}).get(pass_name, {})}
@@ -239,27 +255,31 @@ def _load(model: Any, opts: BuildOptions, example_inputs: Mapping[str, Any] | No
     if isinstance(model, (str, Path)):
         text = str(model)
         if Path(text).is_dir():
-            return load_transformers_dir(Path(text), opts.task, opts.dynamic, opts.input_ranges)
-        if opts.task is not None:
-            raise OptionsError(f"task {opts.task.value} is for a transformers model directory; {text} is not one")
+            return load_transformers_dir(
+                Path(text), opts.frontend.task, opts.frontend.dynamic, opts.frontend.input_ranges
+            )
+        if opts.frontend.task is not None:
+            raise OptionsError(
+                f"task {opts.frontend.task.value} is for a transformers model directory; {text} is not one"
+            )
         if text.endswith(".onnx"):
-            return load_onnx(Path(text), opts.input_ranges, run_deadline_s=opts.run_deadline_s)
-        return load_torch_file(text, opts.dynamic, opts.input_ranges)
+            return load_onnx(Path(text), opts.frontend.input_ranges, run_deadline_s=opts.isolation.run_deadline_s)
+        return load_torch_file(text, opts.frontend.dynamic, opts.frontend.input_ranges)
     if example_inputs is None:
         raise InputSpecError("build() of an nn.Module needs example_inputs={name: tensor, ...}")
     return load_torch_module(
         model,
         example_inputs,
         name=opts.name or type(model).__name__.lower(),
-        dims=opts.dynamic,
-        ranges=opts.input_ranges,
+        dims=opts.frontend.dynamic,
+        ranges=opts.frontend.input_ranges,
     )
 
 
 def _declared_dims(io: IOSpec, opts: BuildOptions) -> tuple[DimRange, ...]:
     """The frontend's default dim ranges (a transformers directory's batch, seq), ``--dynamic``'s by name over them."""
-    given = {d.name for d in opts.dynamic}
-    return tuple(d for d in io.dims if d.name not in given) + tuple(opts.dynamic)
+    given = {d.name for d in opts.frontend.dynamic}
+    return tuple(d for d in io.dims if d.name not in given) + tuple(opts.frontend.dynamic)
 
 
 def _copy_source_files(source: SourceModel, stage: Path) -> None:

@@ -128,7 +128,7 @@ def prepare_bundle(planned: PlannedBuild, opts: BuildOptions, name: str) -> Buil
     """Write a build bundle for ``aotforge finish`` instead of compiling here; the result holds its draft."""
     source = planned.source
     validation = validation_plan(
-        source.format, opts.tolerance, planned.samples, opts.seed, planned.sizes, planned.inputs
+        source.format, opts.validation.tolerance, planned.samples, opts.validation.seed, planned.sizes, planned.inputs
     )
     draft = BundleDraft(
         model=source.ir,
@@ -141,7 +141,7 @@ def prepare_bundle(planned: PlannedBuild, opts: BuildOptions, name: str) -> Buil
         source={"format": source.format, "sha256": source.sha256, **source.details},
         pass_entries=planned.pass_entries,
         validation=validation,
-        bench=dataclasses.asdict(opts.bench_options) if opts.bench else None,
+        bench=dataclasses.asdict(opts.benchmark.runs) if opts.benchmark.bench else None,
         samples=planned.samples,
         reference=source.reference,
         files=source.files,

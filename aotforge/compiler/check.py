@@ -34,10 +34,10 @@ def check_model(
         checked = [n for n in TARGETS if has_coverage(get_target(n))]
         raise UnsupportedModelError(f"no op coverage check for target {target!r} yet (only {', '.join(checked)})")
     options = options_from_dict(chosen.options_type, dict(target_options or {}), what=target)
-    opts = BuildOptions(target=target, dynamic=tuple(dynamic), bench=False)
+    opts = BuildOptions.from_fields({"target": target, "frontend.dynamic": tuple(dynamic), "benchmark.bench": False})
     source = _load(model, opts, None)  # the frontend, as a build runs it; no validation inputs are drawn
     io = dataclasses.replace(source.io, dims=_declared_dims(source.io, opts))
-    check_dims_used(opts.dynamic, io)
+    check_dims_used(opts.frontend.dynamic, io)
     io = resolve_dims(io, io.dims, {})
     return chosen.coverage(source.ir, io, options) or {}
 

@@ -11,13 +11,17 @@ import onnx_ir.external_data
 import onnx_ir.passes.common as common
 
 from aotforge.artifacts.hashing import sha256_file
+from aotforge.compiler.isolation import Isolation
 from aotforge.compiler.source import Arrays, SourceModel, numpy_dtype, spec_shape, vocab_ranges
 from aotforge.core.errors import ModelLoadError, UnsupportedModelError, ValidationFailedError, describe
 from aotforge.core.spec import IOSpec, TensorSpec
 
 
 def load_onnx(
-    path: Path, ranges: Mapping[str, tuple[float, float]] | None = None, *, run_deadline_s: float = 600.0
+    path: Path,
+    ranges: Mapping[str, tuple[float, float]] | None = None,
+    *,
+    run_deadline_s: float = Isolation.run_deadline_s,
 ) -> SourceModel:
     """Load ``path`` as the IR; refuse missing, non-ONNX or truncated files with a clear message.
     Each run of the reference stops after ``run_deadline_s`` (a Loop of 2^30 iterations would not)."""

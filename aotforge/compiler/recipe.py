@@ -98,12 +98,13 @@ def _check_nested(out: Mapping[str, Any], where: str) -> None:
 
 
 def int8_shortcuts(opts: Any, pass_names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """``pass_params`` with ``calibration`` / ``accuracy_budget`` folded into the int8 passes' options.
+    """The pass parameters (``PassOptions.params``) with ``calibration`` / ``accuracy_budget`` folded into the
+    int8 passes' options.
 
     They fill ``calibration_dir`` / ``min_cosine`` of every INT8 pass in ``pass_names`` (``int8``,
     ``int8-dynamic``); an explicit, different ``<pass>.calibration_dir`` / ``<pass>.min_cosine`` conflicts.
     """
-    params = {name: dict(values) for name, values in opts.pass_params.items()}
+    params = {name: dict(values) for name, values in opts.params.items()}
     shortcuts = {"calibration_dir": opts.calibration, "min_cosine": opts.accuracy_budget}
     given = {k: v for k, v in shortcuts.items() if v is not None}
     if not given:

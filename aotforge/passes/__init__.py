@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aotforge.core.errors import OptionsError
-from aotforge.passes.base import GraphPass
+
+if TYPE_CHECKING:  # only named: the table and presets stay importable without onnx_ir (a direct cache hit)
+    from aotforge.passes.base import GraphPass
 
 PASSES: dict[str, str] = {
     "fold": "aotforge.passes.fold_constants:FoldConstantsPass",

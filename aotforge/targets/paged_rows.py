@@ -48,12 +48,12 @@ class PagedRows:
             same += 1
         return same
 
-    def assign(self, tables: np.ndarray) -> np.ndarray:
-        """A row of ``0 .. len(tables)-1`` for each table: the one that holds most of it where one does, so a
-        sequence keeps its row when one before it has ended (rather than every later one moving up)."""
+    def assign(self, tables: np.ndarray, first: int = 0) -> np.ndarray:
+        """A row of ``first .. first+len(tables)-1`` for each table: the one that holds most of it where one does,
+        so a sequence keeps its row when one before it has ended (rather than every later one moving up)."""
         n = len(tables)
         rows = np.full(n, -1, dtype=np.int64)
-        free = list(range(n))
+        free = list(range(first, first + n))
         for i in range(n):
             best = max(free, key=lambda r: self._same(r, tables[i]))
             if self._same(best, tables[i]):

@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from aotforge.compiler.cli.common import DimRangeParam, KeyValueParam, manifest_summary, user_errors
+from aotforge.compiler.cli.build_flags import given_options, option_flags
+from aotforge.compiler.cli.common import manifest_summary, user_errors
 from aotforge.core.errors import InputSpecError
 
 
@@ -82,18 +83,19 @@ def run(artifact: Path, inputs_path: Path, save: Path | None) -> None:
 
 @click.command()
 @click.argument("model", type=click.Path(exists=True, path_type=Path))
-@click.option("--target", default="tvm", show_default=True, help="Target whose importer is checked.")
-@click.option("--target-opt", multiple=True, type=KeyValueParam(), help="Target option, e.g. buckets=seq=32/64.")
-@click.option("--dynamic", multiple=True, type=DimRangeParam(), help="Dynamic dim range, e.g. batch=1:32.")
+@option_flags("target", "target_opt", "dynamic")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @user_errors
-def check(model: Path, target: str, target_opt: Any, dynamic: Any, as_json: bool) -> None:
+def check(model: Path, as_json: bool, **kw: Any) -> None:
     """Say in seconds which ops TARGET imports, which aotforge rewrites, and which it cannot take (exit 1)."""
     import json
 
     from aotforge.compiler.check import check_model
+    from aotforge.compiler.options import BuildOptions
 
-    report = check_model(str(model), target, dict(target_opt), tuple(dynamic))
+    options = BuildOptions.from_dict(given_options(click.get_current_context(), kw))
+    target = options.target
+    report = check_model(str(model), target, dict(options.target_options), options.frontend.dynamic)
     if as_json:
         click.echo(json.dumps(report, indent=2, sort_keys=True))
     else:

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.cli.common import user_errors
 from aotforge.compiler.cli.serve import bench_serve
 
@@ -30,6 +31,10 @@ class BenchCommand(click.Command):
         return super().make_context(info_name, args, parent=parent, **extra)
 
 
+#: The benchmark's defaults (``BenchOptions``), which the flags show and pass on.
+_RUNS = BenchOptions()
+
+
 @click.command(cls=BenchCommand)
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option(
@@ -41,9 +46,11 @@ class BenchCommand(click.Command):
 )
 @click.option("--batch", type=click.IntRange(min=1), help="Batch size of the generated inputs (the batch dim's).")
 @click.option("--threads", default="0", show_default=True, help="Runtime threads, one run each: 1,2,4 (0: default).")
-@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed calls first.")
-@click.option("--max-runs", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=_RUNS.max_seconds, show_default=True)
+@click.option(
+    "--warmup", type=click.IntRange(min=0), default=_RUNS.warmup, show_default=True, help="Untimed calls first."
+)
+@click.option("--max-runs", type=click.IntRange(min=1), default=_RUNS.max_runs, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @user_errors
 def bench(
@@ -62,13 +69,14 @@ def bench(
     `aotforge bench serve --base-url URL ...` loads a running OpenAI-compatible server instead (its --help)."""
     from aotforge.artifacts.signing import verified_manifest
     from aotforge.compiler.bench import bench_artifact, bench_inputs
-    from aotforge.compiler.benchmark import BenchOptions
     from aotforge.core.spec import IOSpec
 
     counts = (0,) if threads.strip() == "0" else _threads(threads)
     manifest = verified_manifest(artifact)
     inputs, size = bench_inputs(IOSpec.from_dict(manifest.io), inputs_file=inputs_file, batch=batch)
-    options = BenchOptions(warmup=warmup, min_runs=min(30, max_runs), max_runs=max_runs, max_seconds=seconds)
+    options = BenchOptions(
+        warmup=warmup, min_runs=min(_RUNS.min_runs, max_runs), max_runs=max_runs, max_seconds=seconds
+    )
     runs = bench_artifact(artifact, inputs, batch=size, options=options, threads=counts)
     report: dict[str, Any] = {
         "path": str(artifact),

@@ -1,4 +1,4 @@
-"""What every ``aotforge`` command shares: the user-error exit, click parameter types, manifest summaries."""
+"""What every ``aotforge`` command shares: the user-error exit and manifest summaries."""
 
 from __future__ import annotations
 
@@ -10,33 +10,6 @@ from typing import Any
 import click
 
 from aotforge.core.errors import EXIT_INTERNAL, AotforgeError, describe
-from aotforge.core.spec import DimRange
-
-
-class DimRangeParam(click.ParamType):
-    """``NAME=MIN:MAX`` (or ``NAME=MIN:OPT:MAX``), parsed by :meth:`DimRange.parse`."""
-
-    name = "NAME=MIN:MAX"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> DimRange:
-        if isinstance(value, DimRange):
-            return value
-        try:
-            return DimRange.parse(value)
-        except AotforgeError as e:
-            self.fail(str(e), param, ctx)
-
-
-class KeyValueParam(click.ParamType):
-    """``KEY=VALUE`` -> ``(key, value)``, both stripped."""
-
-    name = "KEY=VALUE"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, str]:
-        key, sep, val = str(value).partition("=")
-        if not sep or not key:
-            self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
-        return key.strip(), val.strip()
 
 
 def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -56,7 +56,7 @@ def build_many(
     """Build ``model`` for every target in ``targets``; a failed target fails its row, after the others finished."""
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
-    if opts.prepare_only or opts.task == TEXT_GENERATION:
+    if opts.prepare_only or opts.frontend.task == TEXT_GENERATION:
         what = "--prepare-only" if opts.prepare_only else "--task text-generation"
         raise OptionsError(f"{what} builds one target at a time: give one --target")
     wanted, skipped = resolve_targets(targets)
@@ -93,7 +93,7 @@ def _build_all(
     with LocalExecutor(jobs) as pool:
         futures = {}
         for target, bundle in prep.bundles.items():
-            job = finish_job(bundle, opts.out, work / f"{target}.outputs.npz", opts.cache_dir, opts.bench)
+            job = finish_job(bundle, opts.out, work / f"{target}.outputs.npz", opts.cache_dir, opts.benchmark.bench)
             futures[target] = pool.submit(job, work, target)
         for target, future in futures.items():
             say(f"{target}: compiling, validating and benchmarking in a worker process")

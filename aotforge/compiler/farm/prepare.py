@@ -114,7 +114,7 @@ def prepare(
             continue
         first = plans[members[0]]
         say(f"running passes for {', '.join(members)}: {', '.join(first.pass_names) or 'none'}")
-        records = run_passes(model_ir, first.passes, opts.dump_ir)
+        records = run_passes(model_ir, first.passes, opts.passes.dump_ir)
         source = dataclasses.replace(loaded.source, ir=model_ir)
         for t in members:
             p = plans[t]

@@ -90,27 +90,27 @@ def _export(
     tail's job for them."""
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
-    spec = decoder_spec(source.model, opts.max_seq_len, opts.max_batch)
+    spec = decoder_spec(source.model, opts.generation.max_seq_len, opts.generation.max_batch)
     why = unsupported(source.model.config, spec.max_seq_len)
     if why:  # refused before the export: a wrong artifact would only fail validation minutes later
         family = getattr(source.model.config, "model_type", type(source.model).__name__)
         raise UnsupportedModelError(f"{source.name} ({family}) cannot be built for {opts.target}: {why}")
     if backend.plan is not None:  # options the target cannot honour are refused before the export
         backend.plan(spec, target_opts)
-    if opts.speculative_k and not backend.speculative:
+    if opts.generation.speculative_k and not backend.speculative:
         raise OptionsError(f"--speculative-k: {opts.target} text-generation artifacts have no verify graph yet")
     # Calibrated int4 changes the weights exported (the source stays the fp32 reference) and may set per-layer bits.
     weight_only = weight_only_params(_target_passes(opts, target, backend)[1])
     exported, opts, pass_entries = calibrated_source(source, opts, weight_only, say)
     graph_passes, compile_passes = _graph_passes(opts, target, backend), _compile_passes(opts, target, backend)
-    place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.plots)
+    place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.benchmark.plots)
     say("exporting the prefill and decode graphs")
     attention, plain_why = _decode_attention(backend, exported, spec)
     prefill, decode = export_graphs(exported, spec, place.name, decode_attention=attention)
     graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
-    verify_width = opts.speculative_k + 1 if opts.speculative_k else 0
+    verify_width = opts.generation.speculative_k + 1 if opts.generation.speculative_k else 0
     if verify_width:
-        say(f"exporting the verify graph (speculative decoding, up to {opts.speculative_k} draft tokens)")
+        say(f"exporting the verify graph (speculative decoding, up to {opts.generation.speculative_k} draft tokens)")
         graphs[VERIFY_FILE] = export_verify(exported, spec, place.name, decode_attention=attention)
     # The target's own graph rewrites (onnxruntime: MatMul packing before the passes, contrib ops after them).
     prepare, rewrite = backend.prepare_graphs, backend.rewrite_graphs
@@ -119,13 +119,13 @@ def _export(
         graph_name = file_name.removesuffix(".onnx")
         if graph_passes:
             say(f"running passes on the {graph_name} graph: {', '.join(p.name for p in graph_passes())}")
-            dump = opts.dump_ir / graph_name if opts.dump_ir is not None else None
+            dump = opts.passes.dump_ir / graph_name if opts.passes.dump_ir is not None else None
             records = run_passes(graph, graph_passes(), dump)
             pass_entries += [{**pass_entry(r), "graph": graph_name} for r in records]
     for name, counts in (rewrite(graphs, spec) if rewrite is not None else {}).items():
         rewrites[name] = {**rewrites.get(name, {}), **counts}
-    if opts.dump_ir is not None:
-        _dump_compiled(graphs, opts.dump_ir, say)
+    if opts.passes.dump_ir is not None:
+        _dump_compiled(graphs, opts.passes.dump_ir, say)
     # The passes are deterministic, so equal weights stay equal and save_shared still stores them once.
     weights = save_shared(graphs, stage)
     for rel, file in sorted(source.files.items()):
@@ -134,7 +134,11 @@ def _export(
         "decode_attention": attention,
         **({"decode_attention_plain_because": plain_why} if plain_why else {}),
         **({"fusions": rewrites} if rewrites else {}),
-        **({"speculative": {"max_tokens": opts.speculative_k, "verify_width": verify_width}} if verify_width else {}),
+        **(
+            {"speculative": {"max_tokens": opts.generation.speculative_k, "verify_width": verify_width}}
+            if verify_width
+            else {}
+        ),
     }
     # A build that changes numerics is gated on quality (held-out perplexity), an fp32 one on exact tokens.
     quantized = any(e.get("changes_numerics") for e in pass_entries) or bool(compile_passes)
@@ -147,7 +151,7 @@ def _export(
         info=info,
         ir={"sha256": _graphs_sha(stage), "opset": prefill.opset_imports.get("", 0)},
         validate=_validator(source, spec, opts, quantized),
-        bench=opts.bench,
+        bench=opts.benchmark.bench,
         stored_weights=lambda staged: _stored_weights(staged, weights, backend.weights_file),
     )
     toolchain = key_toolchain(opts.target, target.probe())
@@ -177,9 +181,9 @@ def _validator(
             source.model,
             runner,
             spec,
-            seed=opts.seed,
-            tolerance=opts.tolerance,
-            min_agreement=opts.min_token_agreement,
+            seed=opts.validation.seed,
+            tolerance=opts.validation.tolerance,
+            min_agreement=opts.generation.min_token_agreement,
             name=name,
             gate=not quantized,
         )
@@ -219,9 +223,9 @@ def _quality_validation(
         source.model,
         runner,
         spec,
-        text_file=opts.eval_text,
+        text_file=opts.generation.eval_text,
         tokenizer_dir=source.tokenizer_dir,
-        max_increase=opts.max_perplexity_increase,
+        max_increase=opts.generation.max_perplexity_increase,
         name=name,
     )
     return {
@@ -249,7 +253,7 @@ def _compile_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend)
     """Parameters of the passes the backend applies itself (tvm packs weight-only weights in its own
     format from the same parameters, so one recipe means the same on both targets); refused early."""
     handled = backend.compile_passes
-    if not handled or tuple(opts.passes) in ((DEFAULT_PRESET,), ()):
+    if not handled or tuple(opts.passes.names) in ((DEFAULT_PRESET,), ()):
         return {}
     passes = {p.name: p.params for p in _target_passes(opts, target, backend)[1] if p.name in handled}
     if backend.check_compile_passes is not None:
@@ -262,7 +266,7 @@ def _graph_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -
 
     Weight-only quantization is what a memory-bound decoder wants, and it needs no calibration; the build's
     quality validation (``quality``: held-out perplexity, ``--max-perplexity-increase``) gates its numerics."""
-    if tuple(opts.passes) in ((DEFAULT_PRESET,), ()):
+    if tuple(opts.passes.names) in ((DEFAULT_PRESET,), ()):
         return None
     names, _ = _target_passes(opts, target, backend)
     if names and all(n in backend.compile_passes for n in names):

@@ -62,7 +62,7 @@ Progress = Callable[[str], None]
 def build_bundled(model: Any, opts: BuildOptions, say: Progress) -> BuildResult:
     """``--prepare-only``: write the bundle. Otherwise refuse without the device, else prepare and finish here."""
     _bundle_plan(opts.target)
-    if opts.speculative_k:
+    if opts.generation.speculative_k:
         raise OptionsError(f"--speculative-k: {opts.target} text-generation artifacts have no verify graph yet")
     if opts.prepare_only:
         return prepare_generative(model, opts, say, cpu_check=True)
@@ -74,7 +74,13 @@ def build_bundled(model: Any, opts: BuildOptions, say: Progress) -> BuildResult:
         prepared = prepare_generative(model, dataclasses.replace(opts, out=tmp), say, cpu_check=False)
         data = read_bundle(prepared.path)
         return finish_generative(
-            prepared.path, data, opts.out, bench=opts.bench, progress=say, plots=opts.plots, cache_dir=opts.cache_dir
+            prepared.path,
+            data,
+            opts.out,
+            bench=opts.benchmark.bench,
+            progress=say,
+            plots=opts.benchmark.plots,
+            cache_dir=opts.cache_dir,
         )
 
 
@@ -96,11 +102,11 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
     target_opts = options_from_dict(target.options_type, opts.target_options, what=opts.target)
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
-    spec = decoder_spec(source.model, opts.max_seq_len, opts.max_batch)
+    spec = decoder_spec(source.model, opts.generation.max_seq_len, opts.generation.max_batch)
     plan = _bundle_plan(opts.target)(spec, target_opts)  # refuses options the target cannot honour first
     graphs_from = backend.graphs_from
     inputs = bundle_inputs(graphs_from)
-    if tuple(opts.passes) not in ((DEFAULT_PRESET,), ()):
+    if tuple(opts.passes.names) not in ((DEFAULT_PRESET,), ()):
         # The one text-generation pass, weight-only, emits ONNX Runtime contrib ops (MatMulNBits).
         raise OptionsError(
             f"text-generation builds for {opts.target} take no passes (weight-only emits ONNX Runtime's MatMulNBits, "
@@ -118,7 +124,7 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
         for rel, file in sorted(source.files.items()):
             shutil.copyfile(file, stage / rel)
         say("greedy reference tokens from the source model")
-        prompts, new = validation_prompts(spec, opts.seed)
+        prompts, new = validation_prompts(spec, opts.validation.seed)
         references = [reference_greedy(source.model, p, new) for p in prompts]
         arrays: dict[str, np.ndarray] = {}
         for i, (prompt, (tokens, logits)) in enumerate(zip(prompts, references, strict=True)):
@@ -126,9 +132,9 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
             arrays[f"logits_{i}"] = np.stack(logits).astype(np.float32)
         np.savez(stage / VALIDATION_NPZ, **arrays)  # type: ignore[arg-type]
         validation = {
-            "seed": opts.seed,
-            "tolerance": opts.tolerance,
-            "min_token_agreement": opts.min_token_agreement,
+            "seed": opts.validation.seed,
+            "tolerance": opts.validation.tolerance,
+            "min_token_agreement": opts.generation.min_token_agreement,
             "prompts": len(prompts),
             "new_tokens": new,
         }
@@ -146,7 +152,7 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
             "graphs_from": graphs_from,
             "decode_attention": attention,
             "weights": weights,
-            "passes": list(opts.passes),
+            "passes": list(opts.passes.names),
             "validation": validation,
             "cpu_check": check,
             "manifest_draft": {
@@ -157,7 +163,7 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
                 "toolchain_prepared": toolchain_versions(),
                 "ir_opset": opset,
             },
-            "bench": opts.bench,
+            "bench": opts.benchmark.bench,
             "prepared": {"host": socket.gethostname(), "machine": platform.machine()},
             "files": hash_tree(stage),
         }
@@ -200,9 +206,9 @@ def _cpu_check(
         references,
         GenerativeRunner(engine),
         spec,
-        seed=opts.seed,
-        tolerance=opts.tolerance,
-        min_agreement=opts.min_token_agreement,
+        seed=opts.validation.seed,
+        tolerance=opts.validation.tolerance,
+        min_agreement=opts.generation.min_token_agreement,
         name=name,
     )
     out = {k: record[k] for k in ("token_agreement", "max_logits_rel_l2", "new_tokens", "passed")}

@@ -60,7 +60,7 @@ def calibrated_source(
         )
     started = time.perf_counter()
     vocab = int(source.model.get_output_embeddings().weight.shape[0])
-    tokens = calibration_tokens(opts.eval_text, source.tokenizer_dir, vocab)
+    tokens = calibration_tokens(opts.generation.eval_text, source.tokenizer_dir, vocab)
     model, stats = source.model, {"method": params.method, **skipped}
     if params.method in CALIBRATED:
         say(f"calibrating the int4 weights ({params.method}) on {min(len(tokens), 2048)} tokens of text")
@@ -114,8 +114,8 @@ def _entry(params: Any, stats: dict[str, Any], changes_numerics: bool) -> dict[s
 def _with_params(opts: BuildOptions, extra: dict[str, Any]) -> BuildOptions:
     if not extra:
         return opts
-    params = {**opts.pass_params, PASS: {**opts.pass_params.get(PASS, {}), **extra}}
-    return dataclasses.replace(opts, pass_params=params)
+    params = {**opts.passes.params, PASS: {**opts.passes.params.get(PASS, {}), **extra}}
+    return opts.with_fields({"passes.params": params})
 
 
 def weight_only_params(passes: list[Any]) -> Any:

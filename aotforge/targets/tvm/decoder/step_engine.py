@@ -152,7 +152,8 @@ class TvmModelRunner:
     The pool is one tvm tensor ``[num_blocks, kv_heads, block_size, head_dim]`` per layer and kind. A decode of
     ``rows`` sequences calls the smallest batch bucket's ``paged_decode_<b>`` that holds them, which writes each
     row's new keys/values into its block and reads its attention through its table (``rewrites/paged_kv``). A
-    prompt runs through the smallest prompt bucket's (slot) prefill, its keys/values copied into its blocks;
+    prompt runs through a prompt bucket's (slot) prefill (:func:`prefill_head`), its keys/values copied into its
+    blocks, and the tokens past that bucket through ``extend``;
     ``extend`` (a prompt chunk, or the rest after a cached prefix) runs ``paged_verify_1`` (artifacts built with
     ``--speculative-k``), ``verify_width`` tokens a call, the last call padded (its padding writes positions past
     the sequence, in its own last block or the scratch block, which later tokens overwrite).
@@ -202,6 +203,11 @@ class TvmModelRunner:
         return np.from_dlpack(out[0]).reshape(rows, -1)
 
     def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
+        head = prefill_head(self.engine, len(token_ids), self.can_extend)
+        logits = self._prefill(token_ids[:head], block_table)
+        return self.extend(token_ids[head:], head, block_table) if head < len(token_ids) else logits
+
+    def _prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
         n = len(token_ids)
         logits, present = prefill_one(self.engine, token_ids)
         bs = self.block_size
@@ -231,6 +237,27 @@ class TvmModelRunner:
         return logits
 
 
+#: What one token of an ``extend`` (a verify call of ``verify_width`` tokens) costs against one of a prefill bucket:
+#: a verify call reads every weight for a few tokens, a prefill streams them over its whole bucket.
+EXTEND_TOKEN_COST = 1.5
+
+
+def prefill_head(engine: TvmStepEngine, n: int, can_extend: bool) -> int:
+    """How many of a prompt's ``n`` tokens go through a prefill bucket, the rest through ``extend``: a prompt
+    just past a bucket (150 tokens: 128 + 22) would otherwise compute the whole next bucket (256), mostly
+    padding. The split whose padded tokens cost least, extension tokens weighted by :data:`EXTEND_TOKEN_COST`."""
+    buckets, width = engine.prompt_buckets, engine.verify_width
+    whole = next(b for b in buckets if b >= n)
+    if not can_extend or whole == n:
+        return n
+    best, cost = n, float(whole)
+    for head in (b for b in buckets if b < n):
+        split = head + EXTEND_TOKEN_COST * width * -(-(n - head) // width)
+        if split < cost:
+            best, cost = head, split
+    return best
+
+
 def prefill_one(engine: TvmStepEngine, token_ids: np.ndarray) -> tuple[Any, list[Any]]:
     """One prompt through the smallest prefill bucket that holds it: its logits and each layer's keys / values."""
     n = len(token_ids)
@@ -247,7 +274,8 @@ class TvmRowsRunner:
     ``targets/paged_rows`` keeps in step with a pool of blocks (as the onnxruntime runner does), ``top + 1`` rows
     of ``max_seq_len`` positions besides the pool (``top``: the smallest batch bucket that holds ``max_rows``;
     the last row is ``extend``'s). A decode of ``rows`` sequences calls the smallest bucket's ``decode_<b>`` over
-    views of the first rows; a prompt runs through the prefill function, ``extend`` through ``verify_1``."""
+    views of the first rows; a prompt runs through the prefill function (its tokens past :func:`prefill_head`
+    through ``extend``), ``extend`` through ``verify_1``."""
 
     def __init__(self, engine: TvmStepEngine, max_rows: int) -> None:
         self.engine = engine
@@ -300,6 +328,11 @@ class TvmRowsRunner:
         return np.from_dlpack(out[0]).reshape(rows, -1)[order]
 
     def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
+        head = prefill_head(self.engine, len(token_ids), self.can_extend)
+        logits = self._prefill(token_ids[:head], block_table)
+        return self.extend(token_ids[head:], head, block_table) if head < len(token_ids) else logits
+
+    def _prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
         n = len(token_ids)
         logits, present = prefill_one(self.engine, token_ids)
         self._rows().scatter([np.from_dlpack(values)[0, :, :n] for values in present], block_table, 0)

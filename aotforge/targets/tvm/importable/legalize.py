@@ -109,5 +109,5 @@ class LegalizePass(ImportStep):
         infer_types(model)
         run = RuleRun({n for n in graph if n.op_type in RULE_OPS}, graph, opset(model))
         pattern.RewriteRuleSet([r for rule in self.rules for r in rule.rules(run)]).apply_to_model(model)
-        self.stats = dict(run.counts)
+        self.stats = {**run.counts, **({"declined": dict(sorted(run.declined.items()))} if run.declined else {})}
         return onnx_ir.passes.PassResult(model, modified=bool(run.counts))

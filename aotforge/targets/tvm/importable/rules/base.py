@@ -3,7 +3,10 @@
 A rule's pattern is its op (any inputs, attributes; a fixed count of outputs, as onnxscript's patterns
 have: a rule taking several counts is one rewrite rule per count). ``check_node`` says whether it
 applies, or why not (``MatchResult.fail(reason)``), and may keep what it found for ``rewrite_node``,
-which builds the replacement with the rewriter's op builder. Each rule runs once per node the graph
+which builds the replacement with the rewriter's op builder. What most rules need first (an input's type, its
+static shape, its constant value) is declared (``typed``, ``shaped``, ``constants``) and checked here; every
+reason a rule declines a node is counted (``RuleRun.declined``) and lands in the step's report, so the manifest
+says why a node the importer lacks was left alone. Each rule runs once per node the graph
 had before the legalize step (never on what a rule made), only in the main graph, first match wins.
 """
 
@@ -32,6 +35,8 @@ class RuleRun:
     #: The model's ai.onnx opset: where ``axes`` is an attribute or an input.
     opset: int
     counts: Counter[str] = dataclasses.field(default_factory=Counter)
+    #: ``"rule: reason"`` -> how many nodes of the rule's op it declined for that reason.
+    declined: Counter[str] = dataclasses.field(default_factory=Counter)
 
 
 class NodeRule(pattern.RewriteRuleClassBase):
@@ -42,6 +47,11 @@ class NodeRule(pattern.RewriteRuleClassBase):
     ops: ClassVar[tuple[str, ...]]
     #: The output counts it takes (one rewrite rule each).
     outputs: ClassVar[Sequence[int]] = (1,)
+    #: Inputs (by position) whose type, static shape or constant value the rule reads: a node lacking one is
+    #: declined with that reason before ``check_node`` runs.
+    typed: ClassVar[tuple[int, ...]] = ()
+    shaped: ClassVar[tuple[int, ...]] = ()
+    constants: ClassVar[tuple[int, ...]] = ()
 
     def __init__(self, run: RuleRun, op_type: str, outputs: int) -> None:
         super().__init__(f"{self.report_name}:{op_type}:{outputs}")
@@ -62,7 +72,23 @@ class NodeRule(pattern.RewriteRuleClassBase):
         if node.domain not in ("", "ai.onnx") or len(node.outputs) != self.num_outputs:
             return MatchResult().fail("another domain or count of outputs")
         self.node = node
-        return self.check_node(node)
+        result = self._unknown_inputs(node) or self.check_node(node)
+        if not result:
+            self.run.declined[f"{self.report_name}: {result.reason}"] += 1
+        return result
+
+    def _unknown_inputs(self, node: ir.Node) -> MatchResult | None:
+        """The first declared input the node does not give as the rule needs it, as a decline; else None."""
+        for k in self.typed:
+            if dtype(input_(node, k)) is None:
+                return MatchResult().fail(f"input {k}'s type unknown")
+        for k in self.shaped:
+            if shape(input_(node, k)) is None:
+                return MatchResult().fail(f"input {k}'s shape unknown")
+        for k in self.constants:
+            if const(input_(node, k)) is None:
+                return MatchResult().fail(f"input {k} not constant")
+        return None
 
     def rewrite(self, op: Any, *args: Any, **kwargs: Any) -> Any:
         assert self.node is not None  # check ran first
@@ -75,7 +101,8 @@ class NodeRule(pattern.RewriteRuleClassBase):
         return [v if v is not None else op.Constant(value=ir.tensor(np.zeros(0, np.float32))) for v in outputs]
 
     def check_node(self, node: ir.Node) -> MatchResult:
-        raise NotImplementedError
+        """Whether the rule takes ``node``, beyond the declared inputs (default: it does)."""
+        return MatchResult()
 
     def rewrite_node(self, op: Any, node: ir.Node) -> Any:
         raise NotImplementedError

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from aotforge.targets.tvm.importable.rules.base import MatchResult, NodeRule, attr, constant, dtype, np_dtype, shape
+from aotforge.targets.tvm.importable.rules.base import MatchResult, NodeRule, attr, constant, np_dtype, shape
 
 
 class BatchNormTraining(NodeRule):
@@ -16,14 +16,14 @@ class BatchNormTraining(NodeRule):
     ``given * momentum + batch * (1 - momentum)``."""
 
     report_name, ops = "batch_norm_training", ("BatchNormalization",)
+    typed, shaped = (0,), (0,)
     outputs = (1, 2, 3)
 
     def check_node(self, node: ir.Node) -> MatchResult:
         if not attr(node, "training_mode", 0):
             return MatchResult().fail("inference mode: TVM's own")
-        given = shape(node.inputs[0])
-        if given is None or len(given) < 2 or dtype(node.inputs[0]) is None:
-            return MatchResult().fail("input shape / type unknown")
+        if len(shape(node.inputs[0]) or ()) < 2:
+            return MatchResult().fail("input of rank < 2")
         return MatchResult()
 
     def rewrite_node(self, op: Any, node: ir.Node) -> Any:

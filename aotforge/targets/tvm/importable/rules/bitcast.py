@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from aotforge.targets.tvm.importable.rules.base import MatchResult, NodeRule, attr, constant, dtype, np_dtype
+from aotforge.targets.tvm.importable.rules.base import MatchResult, NodeRule, attr, constant, np_dtype
 
 INT64, DOUBLE = onnx.TensorProto.INT64, onnx.TensorProto.DOUBLE
 
@@ -47,10 +47,9 @@ class BitCast(NodeRule):
     """BitCast between same-width integer types, or between float32 / float64 and integers of their width."""
 
     report_name, ops = "bitcast", ("BitCast",)
+    typed = (0,)
 
     def check_node(self, node: ir.Node) -> MatchResult:
-        if dtype(node.inputs[0]) is None:
-            return MatchResult().fail("input type unknown")
         given, to = np.dtype(np_dtype(node.inputs[0])), np.dtype(onnx.helper.tensor_dtype_to_np_dtype(attr(node, "to")))
         if given.itemsize != to.itemsize or given.kind not in "iuf" or to.kind not in "iuf":
             return MatchResult().fail("not integers or floats of one width")

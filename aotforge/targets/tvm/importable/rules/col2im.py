@@ -13,7 +13,6 @@ from aotforge.targets.tvm.importable.rules.base import (
     attr,
     const,
     constant,
-    dtype,
     np_dtype,
     shape,
 )
@@ -31,11 +30,12 @@ class Col2Im(NodeRule):
     """
 
     report_name, ops = "col2im", ("Col2Im",)
+    typed, shaped, constants = (0,), (0,), (1, 2)
 
     def check_node(self, node: ir.Node) -> MatchResult:
         x, image, block = shape(node.inputs[0]), const(node.inputs[1]), const(node.inputs[2])
-        if x is None or image is None or block is None or len(x) != 3 or dtype(node.inputs[0]) is None:
-            return MatchResult().fail("shapes unknown or image / block shapes not constant")
+        if x is None or image is None or block is None or len(x) != 3:
+            return MatchResult().fail("input of rank other than 3")
         self.sources = _col2im_sources(node, [int(d) for d in image], [int(d) for d in block], x[2])
         if self.sources is None:
             return MatchResult().fail(f"blocks do not add up, or more than {MAX_COL2IM} columns")

@@ -19,10 +19,11 @@ class ConvTransposeOutputShape(NodeRule):
     """ConvTranspose's ``output_shape`` as the pads (and output_padding) it implies (TVM ignores it)."""
 
     report_name, ops = "conv_transpose_output_shape", ("ConvTranspose",)
+    shaped = (0, 1)
 
     def check_node(self, node: ir.Node) -> MatchResult:
-        if not attr(node, "output_shape") or shape(node.inputs[0]) is None or shape(node.inputs[1]) is None:
-            return MatchResult().fail("no output_shape, or input / weight shapes unknown")
+        if not attr(node, "output_shape"):
+            return MatchResult().fail("no output_shape")
         return MatchResult()
 
     def rewrite_node(self, op: Any, node: ir.Node) -> Any:

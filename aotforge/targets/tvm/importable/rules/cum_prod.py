@@ -8,12 +8,10 @@ import numpy as np
 import onnx_ir as ir
 
 from aotforge.targets.tvm.importable.rules.base import (
-    MatchResult,
     NodeRule,
     attr,
     const,
     constant,
-    dtype,
     np_dtype,
     shape,
 )
@@ -23,11 +21,7 @@ class CumProd(NodeRule):
     """CumProd over a static axis: a triangular Where of x against 1, then ReduceProd (not in the importer)."""
 
     report_name, ops = "cum_prod", ("CumProd",)
-
-    def check_node(self, node: ir.Node) -> MatchResult:
-        if shape(node.inputs[0]) is None or const(node.inputs[1]) is None or dtype(node.inputs[0]) is None:
-            return MatchResult().fail("shape / type unknown, or axis not constant")
-        return MatchResult()
+    typed, shaped, constants = (0,), (0,), (1,)
 
     def rewrite_node(self, op: Any, node: ir.Node) -> Any:
         x = node.inputs[0]

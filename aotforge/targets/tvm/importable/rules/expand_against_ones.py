@@ -20,11 +20,11 @@ class ExpandAgainstOnes(NodeRule):
     """Expand broadcasts both ways (a 1 in ``shape`` keeps the input's dim); TVM takes ``shape`` as the result."""
 
     report_name, ops = "expand_against_ones", ("Expand",)
+    shaped, constants = (0,), (1,)
 
     def check_node(self, node: ir.Node) -> MatchResult:
         wanted, given = const(node.inputs[1]), shape(node.inputs[0])
-        if wanted is None or given is None:
-            return MatchResult().fail("shape not constant, or input shape unknown")
+        assert wanted is not None and given is not None  # declared
         self.full = tuple(int(d) for d in np.broadcast_shapes(given, tuple(int(d) for d in wanted)))
         if self.full == tuple(int(d) for d in wanted):
             return MatchResult().fail("shape is the result: TVM's own")

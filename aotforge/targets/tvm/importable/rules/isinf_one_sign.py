@@ -22,12 +22,11 @@ class IsInfOneSign(NodeRule):
     """IsInf with one of detect_positive / detect_negative off is an Equal to that infinity (TVM ignores both)."""
 
     report_name, ops = "isinf_one_sign", ("IsInf",)
+    typed = (0,)
 
     def check_node(self, node: ir.Node) -> MatchResult:
         if attr(node, "detect_positive", 1) and attr(node, "detect_negative", 1):
             return MatchResult().fail("both signs detected: TVM's own")
-        if dtype(node.inputs[0]) is None:
-            return MatchResult().fail("input type unknown")
         return MatchResult()
 
     def rewrite_node(self, op: Any, node: ir.Node) -> Any:

@@ -12,7 +12,6 @@ from aotforge.targets.tvm.importable.rules.base import (
     NodeRule,
     attr,
     constant,
-    dtype,
     np_dtype,
     shape,
 )
@@ -22,10 +21,11 @@ class LpNormalization(NodeRule):
     """LpNormalization as x / ReduceL1|L2(x, axis, keepdims) (not in the importer)."""
 
     report_name, ops = "lp_normalization", ("LpNormalization",)
+    typed, shaped = (0,), (0,)
 
     def check_node(self, node: ir.Node) -> MatchResult:
-        if int(attr(node, "p", 2)) not in (1, 2) or dtype(node.inputs[0]) is None or shape(node.inputs[0]) is None:
-            return MatchResult().fail("p other than 1 or 2, or input type / shape unknown")
+        if int(attr(node, "p", 2)) not in (1, 2):
+            return MatchResult().fail("p other than 1 or 2")
         return MatchResult()
 
     def rewrite_node(self, op: Any, node: ir.Node) -> Any:

@@ -9,7 +9,6 @@ import onnx
 import onnx_ir as ir
 
 from aotforge.targets.tvm.importable.rules.base import (
-    MatchResult,
     NodeRule,
     attr,
     const,
@@ -22,11 +21,7 @@ class OneHot(NodeRule):
     """OneHot with constant depth / values as Equal against a range, then Where (TVM wants int on/off values)."""
 
     report_name, ops = "one_hot", ("OneHot",)
-
-    def check_node(self, node: ir.Node) -> MatchResult:
-        if const(node.inputs[1]) is None or const(node.inputs[2]) is None or shape(node.inputs[0]) is None:
-            return MatchResult().fail("depth / values not constant, or indices' shape unknown")
-        return MatchResult()
+    shaped, constants = (0,), (1, 2)
 
     def rewrite_node(self, op: Any, node: ir.Node) -> Any:
         depth, values, given = const(node.inputs[1]), const(node.inputs[2]), shape(node.inputs[0])

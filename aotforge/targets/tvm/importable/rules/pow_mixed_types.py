@@ -21,11 +21,10 @@ class PowMixedTypes(NodeRule):
     """Pow with an exponent of another type (TVM wants one), or of integers (TVM's power is float only)."""
 
     report_name, ops = "pow_mixed_types", ("Pow",)
+    typed = (0, 1)
 
     def check_node(self, node: ir.Node) -> MatchResult:
         base, exponent = dtype(node.inputs[0]), dtype(node.inputs[1])
-        if base is None or exponent is None:
-            return MatchResult().fail("input types unknown")
         if base in FLOATS and exponent == base:
             return MatchResult().fail("float base and exponent of one type: TVM's own")
         return MatchResult()

@@ -21,10 +21,10 @@ class ReverseSequence(NodeRule):
     position t of row b reads ``lens[b] - 1 - t`` below that row's length, t itself from there on."""
 
     report_name, ops = "reverse_sequence", ("ReverseSequence",)
+    shaped = (0,)
 
     def check_node(self, node: ir.Node) -> MatchResult:
-        given = shape(node.inputs[0])
-        return MatchResult() if given is not None and len(given) >= 2 else MatchResult().fail("shape unknown")
+        return MatchResult() if len(shape(node.inputs[0]) or ()) >= 2 else MatchResult().fail("input of rank < 2")
 
     def rewrite_node(self, op: Any, node: ir.Node) -> Any:
         given = shape(node.inputs[0])

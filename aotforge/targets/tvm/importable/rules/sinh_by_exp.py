@@ -9,7 +9,6 @@ import onnx
 import onnx_ir as ir
 
 from aotforge.targets.tvm.importable.rules.base import (
-    MatchResult,
     NodeRule,
     constant,
     dtype,
@@ -20,9 +19,7 @@ class SinhByExp(NodeRule):
     """Sinh / Cosh as (exp(x) -/+ exp(-x)) / 2 (TVM's LLVM backend has no sinh / cosh intrinsic)."""
 
     report_name, ops = "sinh_by_exp", ("Sinh", "Cosh")
-
-    def check_node(self, node: ir.Node) -> MatchResult:
-        return MatchResult() if dtype(node.inputs[0]) is not None else MatchResult().fail("input type unknown")
+    typed = (0,)
 
     def rewrite_node(self, op: Any, node: ir.Node) -> Any:
         x = node.inputs[0]

@@ -13,7 +13,6 @@ from aotforge.targets.tvm.importable.rules.base import (
     attr,
     const,
     constant,
-    dtype,
     input_,
     np_dtype,
     shape,
@@ -25,12 +24,13 @@ class SplitEmptyParts(NodeRule):
     strictly rising indices)."""
 
     report_name, ops = "split_empty_parts", ("Split",)
+    typed, shaped, constants = (0,), (0,), (1,)
     outputs = range(1, 65)
 
     def check_node(self, node: ir.Node) -> MatchResult:
         parts, given = const(input_(node, 1)), shape(node.inputs[0])
-        if parts is None or given is None or dtype(node.inputs[0]) is None or not (parts == 0).any():
-            return MatchResult().fail("no constant split with a zero-size part over a known shape")
+        if parts is None or given is None or not (parts == 0).any():
+            return MatchResult().fail("no zero-size part")
         return MatchResult()
 
     def rewrite_node(self, op: Any, node: ir.Node) -> Any:

@@ -23,11 +23,12 @@ class UpsampleNearest(NodeRule):
     scaled axis (each element repeated ``scale`` times, as onnx's reference does)."""
 
     report_name, ops = "upsample_nearest", ("Upsample",)
+    shaped = (0,)
 
     def check_node(self, node: ir.Node) -> MatchResult:
         given = shape(node.inputs[0])
         if attr(node, "mode", "nearest") != "nearest" or given is None:
-            return MatchResult().fail("not nearest, or input shape unknown")
+            return MatchResult().fail("not nearest")
         self.scales = const(input_(node, 1)) if len(node.inputs) > 1 else np.array(attr(node, "scales") or [])
         if self.scales is None or len(self.scales) != len(given) or (self.scales != np.round(self.scales)).any():
             return MatchResult().fail("scales not whole constants, one per axis")

@@ -1,0 +1,246 @@
+"""The stages of a pipeline-parallel artifact as one model: a process per stage on this host, micro-batches in flight.
+
+Every call goes to all stages at once; stage ``s`` runs its layers and hands the hidden states to stage ``s+1``
+over a pipe from inside its graph (``targets/onnxruntime/pipeline_parallel.py``), so the stages pipeline by
+themselves: while stage ``s + 1`` runs micro-batch ``k``, stage ``s`` runs ``k + 1``. A serving decode of ``b``
+sequences goes as ``min(b, micro_batches)`` micro-batches; the last stage returns the logits.
+:class:`StagedEngine` is the ``StepEngine`` (``generate``) and its ``model_runner`` the serving runtime's
+``ModelRunner``, so ``aotforge generate`` / ``serve`` drive a staged artifact as they drive any other.
+
+A stage that dies or fails stops the whole group (a stage waiting on its neighbour would otherwise wait
+forever): the call raises :class:`RankFailedError` naming it, and so does every later call, since the KV cache
+of its layers went with it. Whoever supervises the server restarts it, as for tensor-parallel ranks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import multiprocessing.connection
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aotforge.core.decoder import DecoderSpec
+from aotforge.core.errors import RankFailedError, describe
+from aotforge.core.target_record import TargetRecord
+from aotforge.targets.generative.runner import GenerativeRunner
+
+#: Target -> module with ``StageLink``, ``register_stage_ops(link)`` and ``load_stage(dir, record, spec, link)``.
+STAGE_BACKENDS = {"onnxruntime": "aotforge.targets.onnxruntime.pipeline_parallel"}
+#: Target -> what its stages import, imported once by the process the stages are forked from.
+STAGE_PRELOAD = {"onnxruntime": ("aotforge.targets.onnxruntime.pipeline_parallel", "onnxruntime_extensions")}
+
+
+def _stage_main(conn: Any, artifact_dir: str, record: dict[str, Any], stage: int, recv: Any, send: Any) -> None:
+    """A stage process: load the stage, then serve ``(where, method, args)`` calls until the driver hangs up."""
+    pp = record["info"]["pipeline_parallel"]
+    try:
+        backend = importlib.import_module(STAGE_BACKENDS[record["name"]])
+        link = backend.StageLink(recv, send)
+        backend.register_stage_ops(link)
+        spec = DecoderSpec.from_dict(pp["decoders"][stage])
+        stage_dir = Path(artifact_dir) / pp["stages"][stage]
+        engine = backend.load_stage(stage_dir, TargetRecord.from_dict(record), spec, link)
+        conn.send(("ok", None))
+    except Exception as e:
+        conn.send(("error", describe(e, last=True)))
+        return
+    runner: Any = None
+    busy = 0.0
+    while True:
+        try:
+            where, method, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        started, waited = time.perf_counter(), link.waited
+        try:
+            if where == "new_runner":
+                runner, result = engine.model_runner(*args), None
+            elif where == "busy":
+                result = busy
+            else:
+                result = getattr(engine if where == "engine" else runner, method)(*args)
+        except Exception as e:
+            result, e_text = None, describe(e, last=True)
+        else:
+            e_text = ""
+        busy += time.perf_counter() - started - (link.waited - waited)
+        if where in ("engine", "runner") and stage != len(pp["stages"]) - 1:
+            result = None  # only the last stage's logits mean anything
+        try:
+            conn.send(("error", e_text) if e_text else ("ok", result))
+        except OSError:  # the driver is gone (it stops the group on a failure)
+            return
+
+
+class StageGroup:
+    """The stage processes of one artifact, the pipes from the driver to each, and between neighbours."""
+
+    def __init__(self, artifact_dir: Path, record: TargetRecord) -> None:
+        pp = record.info["pipeline_parallel"]
+        self.degree = int(pp["degree"])
+        if record.name not in STAGE_BACKENDS:
+            raise RankFailedError(f"{record.name} has no pipeline-parallel runtime (only {', '.join(STAGE_BACKENDS)})")
+        self.failed = ""
+        context = multiprocessing.get_context("forkserver")  # as tensor-parallel ranks start (ranks.py)
+        context.set_forkserver_preload(list(STAGE_PRELOAD[record.name]))
+        links = [context.Pipe(duplex=False) for _ in range(self.degree - 1)]  # (stage s+1 reads, stage s writes)
+        self.conns: list[Any] = []
+        self.procs: list[Any] = []
+        payload = {"name": record.name, "options": record.options, "info": record.info}
+        for stage in range(self.degree):
+            here, there = context.Pipe()
+            recv = links[stage - 1][0] if stage > 0 else None
+            send = links[stage][1] if stage < self.degree - 1 else None
+            proc = context.Process(
+                target=_stage_main, args=(there, str(artifact_dir), payload, stage, recv, send), daemon=True
+            )
+            proc.start()
+            there.close()
+            self.conns.append(here)
+            self.procs.append(proc)
+        for reader, writer in links:  # the stages hold them now: a dead stage's neighbour sees its pipe close
+            reader.close()
+            writer.close()
+        self._gather()
+
+    def call(self, where: str, method: str, *args: Any) -> Any:
+        """``method(*args)`` on every stage's engine (``where="engine"``) or runner; the last stage's result."""
+        if self.failed:
+            raise RankFailedError(self.failed)
+        for stage in reversed(range(self.degree)):  # the last stage first: it is the one the others feed
+            try:
+                self.conns[stage].send((where, method, args))
+            except OSError:
+                self._fail(f"stage {stage}: its pipe is closed")
+        return self._gather()[-1]
+
+    def busy_seconds(self) -> list[float]:
+        """Each stage's seconds computing so far (not waiting on a neighbour): the bubble is the rest."""
+        return [float(b) for b in self.call_each("busy", "")]
+
+    def call_each(self, where: str, method: str) -> list[Any]:
+        """``method()`` on every stage's runner (``where="each"``), or its busy seconds; every stage's result."""
+        if self.failed:
+            raise RankFailedError(self.failed)
+        for conn in self.conns:
+            conn.send((where, method, ()))
+        return self._gather()
+
+    def _gather(self) -> list[Any]:
+        """Each stage's reply; a stage that dies meanwhile fails the call at once."""
+        results: list[Any] = [None] * self.degree
+        errors: list[str] = []
+        pending = set(range(self.degree))
+        while pending:
+            handles = {self.conns[s]: s for s in pending} | {self.procs[s].sentinel: s for s in pending}
+            for stage in sorted({handles[h] for h in multiprocessing.connection.wait(list(handles))}):
+                try:
+                    status, value = self.conns[stage].recv()  # what a stage sent before it died is still read
+                except (EOFError, OSError):
+                    self.procs[stage].join(timeout=5)
+                    self._fail(f"stage {stage}: its process exited with code {self.procs[stage].exitcode}")
+                pending.discard(stage)
+                if status == "ok":
+                    results[stage] = value
+                else:
+                    errors.append(f"stage {stage}: {value}")
+                    break  # its neighbours may wait on it forever: stop the group now
+            if errors:
+                self._fail("; ".join(errors))
+        return results
+
+    def _fail(self, why: str) -> None:
+        self.failed = (
+            f"pipeline-parallel stage failed ({why}); its requests fail and the group cannot go on without the KV "
+            "cache of that stage's layers: restart the server or reload the artifact"
+        )
+        self.close()
+        raise RankFailedError(self.failed)
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        for proc in self.procs:  # a stage blocked on a dead neighbour's pipe sees it close and exits
+            proc.join(timeout=2)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self.conns, self.procs = [], []
+
+    def __del__(self) -> None:
+        if self.procs:
+            self.close()
+
+
+class StagedEngine:
+    """The ``StepEngine`` of a pipeline-parallel artifact (``GenerativeRunner``'s engine)."""
+
+    def __init__(self, artifact_dir: Path, record: TargetRecord) -> None:
+        self.spec = DecoderSpec.from_dict(record.info["decoder"])
+        self.verify_width = int(record.info.get("speculative", {}).get("verify_width", 0))
+        self.micro_batches = int(record.info["pipeline_parallel"]["micro_batches"])
+        self.group = StageGroup(artifact_dir, record)
+
+    def start(self, batch: int, prompt_len: int) -> None:
+        self.group.call("engine", "start", batch, prompt_len)
+
+    def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        return self.group.call("engine", "prefill", input_ids, attention_mask, position_ids)
+
+    def decode(self, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
+        return self.group.call("engine", "decode", input_ids, write_pos)
+
+    def verify(self, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
+        return self.group.call("engine", "verify", input_ids, write_pos)
+
+    def verify_positions(self, width: int) -> int:
+        return width
+
+    def model_runner(self, max_rows: int) -> StagedModelRunner:
+        self.group.call("new_runner", "", max_rows)
+        return StagedModelRunner(self, max_rows)
+
+    def close(self) -> None:
+        self.group.close()
+
+
+class StagedModelRunner:
+    """The serving runtime's ``ModelRunner`` over the stages' runners: each holds the KV pool of its layers under
+    the same block tables (the engine's); a decode goes through the stages as micro-batches."""
+
+    def __init__(self, engine: StagedEngine, max_rows: int) -> None:
+        self.engine, self.spec, self.max_rows = engine, engine.spec, max_rows
+        self.can_extend = engine.verify_width > 0
+
+    @property
+    def failure(self) -> str:
+        """Why the stages cannot serve any more ('' while they can): a server's health check reads it."""
+        return self.engine.group.failed
+
+    def allocate(self, num_blocks: int, block_size: int) -> None:
+        self.engine.group.call("runner", "allocate", num_blocks, block_size)
+
+    def kv_cache_bytes(self) -> int:
+        return int(sum(self.engine.group.call_each("each", "kv_cache_bytes")))
+
+    def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
+        return self.engine.group.call("runner", "prefill", token_ids, block_table)
+
+    def extend(self, token_ids: np.ndarray, start: int, block_table: np.ndarray) -> np.ndarray:
+        return self.engine.group.call("runner", "extend", token_ids, start, block_table)
+
+    def decode_rows(self, rows: int) -> int:
+        return rows
+
+    def decode(self, token_ids: np.ndarray, positions: np.ndarray, block_tables: np.ndarray) -> np.ndarray:
+        parts = min(len(token_ids), self.engine.micro_batches)
+        return self.engine.group.call("runner", "decode", token_ids, positions, block_tables, parts)
+
+
+def load_staged(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:
+    """A pipeline-parallel artifact's runner: its stages started, driven as one model."""
+    return GenerativeRunner(StagedEngine(artifact_dir, record))

@@ -1,0 +1,126 @@
+"""The sizing model of docs/parallel.md, checked against this host's measurements (the bench JSON files).
+
+    python tools/parallel_model.py [--tp docs/bench/tensor_parallel.json] [--pp docs/bench/pipeline_parallel.json]
+
+Prints, for each measured layout, what the model predicts from the *other* measured terms beside what was measured:
+
+* tensor parallelism, decode at batch 1: ``ITL(N) = t1 * C1 / min(N, C) + A * t_ar`` — the unsharded ITL ``t1`` on
+  ``C1`` cores spread over the ranks' cores, plus ``A`` all-reduces of ``t_ar`` each (the bench's shm-in-ort
+  median); ranks beyond the host's cores ``C`` add a scheduler hand-off to every all-reduce.
+* pipeline parallelism, a serving decode step of ``m`` micro-batches over ``M`` stages:
+  ``wall = (m + M - 1) / m * max_s busy_s`` (GPipe's schedule over the stages' measured busy time) and the bubble
+  ``(M-1)/(m+M-1)``; and the throughput against the unsharded artifact from first principles, between two bounds
+  of a memory-bound step: one core drawing the host's whole bandwidth (``m/(m+M-1) * W / (m * W_max)``) or only
+  its share (that times ``cores_per_stage / C1``).
+* and what the same formulas give for a host with more cores and for two hosts (``--cores``, ``--link-us``,
+  ``--link-gbps``): the terms a user puts in to size a deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+TOOLS = Path(__file__).resolve().parent
+BENCH = TOOLS.parent / "docs" / "bench"
+#: SmolLM2-135M: all-reduces a decode step (2 a layer and the vocabulary-parallel embedding), hidden size.
+ALL_REDUCES, HIDDEN = 61, 576
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def split(rounds: dict[str, Any]) -> tuple[str, str]:
+    """``(the unsharded runtime's name, the sharded one's)`` in a bench's rounds (stored with sorted keys)."""
+    whole = next(name for name in rounds if name.startswith("unsharded"))
+    return whole, next(name for name in rounds if name != whole)
+
+
+def tensor_parallel(data: dict[str, Any], host_cores: int) -> list[str]:
+    results = data["results"]
+    rounds = {name: [r["itl_ms"] for r in runs if "itl_ms" in r] for name, runs in results["rounds"].items()}
+    whole_name, tp_name = split(rounds)
+    degree = int(results["bytes"]["degree"])
+    t1, measured = median(rounds[whole_name]), median(rounds[tp_name])
+    t_ar = median(results["collectives_us"]["shm-in-ort"]) / 1e3
+    compute = t1 * host_cores / min(degree, host_cores)
+    predicted = compute + ALL_REDUCES * t_ar
+    return [
+        f"tensor parallel {degree}, ITL at batch 1: predicted {predicted:.1f} ms "
+        f"(weights {compute:.1f} + {ALL_REDUCES} all-reduces x {t_ar:.3f} ms), measured {measured:.1f} ms "
+        f"(unsharded {t1:.1f} ms)"
+        + (
+            f"; {degree} ranks on {host_cores} cores: every all-reduce also waits for a descheduled rank"
+            if degree > host_cores
+            else ""
+        )
+    ]
+
+
+def pipeline_parallel(data: dict[str, Any], host_cores: int) -> list[str]:
+    results = data["results"]
+    whole_name, pp_name = split(results["rounds"])
+    whole = [r for r in results["rounds"][whole_name] if "requests_per_s" in r]
+    staged = [r for r in results["rounds"][pp_name] if "requests_per_s" in r]
+    bounds, m = results["bounds"], int(results["micro_batches"])
+    stages = len(bounds) - 1
+    fill = (m + stages - 1) / m
+    lines = []
+    wall = [fill * max(r["stage_busy_s"]) for r in staged]
+    lines.append(
+        f"pipeline parallel {stages}, {m} micro-batches: wall predicted from the stages' busy time "
+        f"{median(wall):.2f} s, measured {median([r['wall_s'] for r in staged]):.2f} s; bubble theory "
+        f"{results['bubble_theory']:.3f}, measured {median([r['bubble'] for r in staged]):.3f}"
+    )
+    layers = bounds[-1]
+    # The largest stage's share of the weights, the head (~8 layers of SmolLM2) counted with the last stage.
+    head = 8
+    shares = [(bounds[s + 1] - bounds[s] + (head if s == stages - 1 else 0)) / (layers + head) for s in range(stages)]
+    best = 1 / fill / (m * max(shares))
+    worst = best * 1 / host_cores
+    ratio = median([p["requests_per_s"] / w["requests_per_s"] for w, p in zip(whole, staged, strict=False)])
+    lines.append(
+        f"pipeline parallel {stages}, throughput / unsharded: predicted {worst:.2f} .. {best:.2f} "
+        f"(a stage's one core drawing its share .. all of the host's bandwidth), measured {ratio:.2f}"
+    )
+    return lines
+
+
+def sizing(cores: int, link_us: float, link_gbps: float) -> list[str]:
+    """What the formulas give elsewhere (no measurement to check: the inputs a user sizes a deployment with)."""
+    bytes_ar = 4 * HIDDEN
+    two_hosts = 2 * link_us + bytes_ar / (link_gbps * 1e9 / 8) * 1e6
+    return [
+        f"two hosts, one all-reduce of [1, {HIDDEN}]: ~{two_hosts:.0f} us (2 x {link_us:.0f} us latency + "
+        f"{bytes_ar} B at {link_gbps:g} Gb/s): {ALL_REDUCES} a step = {ALL_REDUCES * two_hosts / 1e3:.1f} ms of ITL "
+        "for tensor parallelism; a pipeline boundary pays it once per micro-batch",
+        f"a host of {cores} cores: ranks/stages of {cores // 2} cores each keep the bubble and all-reduce terms "
+        "and divide the weight term by the bandwidth each rank draws",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tp", type=Path, default=BENCH / "tensor_parallel.json")
+    parser.add_argument("--pp", type=Path, default=BENCH / "pipeline_parallel.json")
+    parser.add_argument("--host-cores", type=int, default=2, help="cores of the host the benches ran on")
+    parser.add_argument("--cores", type=int, default=32)
+    parser.add_argument("--link-us", type=float, default=25.0, help="one-way latency between two hosts")
+    parser.add_argument("--link-gbps", type=float, default=25.0)
+    args = parser.parse_args()
+    lines: list[str] = []
+    if args.tp.is_file():
+        lines += tensor_parallel(json.loads(args.tp.read_text()), args.host_cores)
+    if args.pp.is_file():
+        lines += pipeline_parallel(json.loads(args.pp.read_text()), args.host_cores)
+    lines += sizing(args.cores, args.link_us, args.link_gbps)
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
