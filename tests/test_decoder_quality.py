@@ -13,6 +13,7 @@ from aotforge.compiler.generative.pass_list import decoder_pass_options
 from aotforge.compiler.generative.quality import BYTE_RULE, byte_ids, default_corpus
 from aotforge.compiler.options import BuildOptions
 from aotforge.core.errors import OptionsError, ValidationFailedError
+from aotforge.passes.quantize_weight_only import DECODER_INT4_METHOD
 from tests.llm_models import build_text_generation, tiny_llama
 
 #: A budget no int4 build of a random tiny model should reach (its perplexity is near the vocabulary's).
@@ -22,15 +23,21 @@ GENEROUS = 10.0
 @pytest.mark.parametrize(
     ("precision", "passes", "params"),
     [
-        ("int4", ("weight-only",), {}),
+        ("int4", ("weight-only",), {"weight-only": {"method": DECODER_INT4_METHOD}}),
         ("int8", ("weight-only",), {"weight-only": {"bits": 8}}),
         ("fp32", (), {}),
     ],
 )
 def test_precision_spells_the_decoder_passes(precision: str, passes: tuple[str, ...], params: dict[str, Any]) -> None:
-    """The default preset (O1) is dropped and int8 is weight-only at 8 bits: what --precision means for a decoder."""
+    """The default preset (O1) is dropped, int4 is calibrated by the default method and int8 is weight-only at 8 bits:
+    what --precision means for a decoder."""
     opts = decoder_pass_options(BuildOptions.from_dict({"precision": precision}))
     assert opts.passes.names == passes and opts.passes.params == params
+
+
+def test_a_users_int4_method_is_kept() -> None:
+    given = {"precision": "int4", "pass_opt": ["weight-only.method=rtn"]}
+    assert decoder_pass_options(BuildOptions.from_dict(given)).passes.params == {"weight-only": {"method": "rtn"}}
 
 
 def test_precision_int8_keeps_the_users_weight_only_params() -> None:
@@ -68,13 +75,17 @@ def _quality(result: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("target", ["onnxruntime", "tvm"])
 def test_precision_int4_builds_a_decoder_gated_on_quality(target: str, llama_dir: Path, tmp_path: Path) -> None:
     """Before: refused ("passes fold, dce do not apply to text-generation builds"). The budget is generous: a random
-    model's perplexity moves either way under int4; the figures are what the manifest must carry."""
+    model's perplexity moves either way under int4; the figures are what the manifest must carry. The weights are
+    calibrated by the default method first, each matmul's method recorded."""
     result = build_text_generation(
         llama_dir, tmp_path, target=target, precision="int4", max_perplexity_increase=GENEROUS, plots=False
     )
-    assert [p["name"] for p in result.manifest.passes][0] == "weight-only"
-    assert all(p["params"]["bits"] == 4 and p["params"]["head_bits"] == 8 for p in result.manifest.passes)
-    assert all(p["stats"]["head_bits"] == 8 for p in result.manifest.passes)  # the head at 8 bits by default
+    calibration, *packing = result.manifest.passes
+    assert calibration["name"] == "calibrate-int4" and calibration["stats"]["method"] == DECODER_INT4_METHOD
+    methods = calibration["stats"]["method_by_matmul"]
+    assert len(methods) == 15 and sum(m == DECODER_INT4_METHOD for m in methods.values()) == 14  # the head: rtn
+    assert all(p["params"]["bits"] == 4 and p["params"]["head_bits"] == 8 for p in packing)
+    assert all(p["stats"]["head_bits"] == 8 for p in packing)  # the head at 8 bits by default
     quality = _quality(result)
     assert quality["perplexity"] > 1 and quality["reference_perplexity"] > 1 and quality["mean_kl"] > 0
     want = quality["perplexity"] / quality["reference_perplexity"] - 1
@@ -94,16 +105,22 @@ def test_precision_int8_builds_a_decoder_close_to_fp32(llama_dir: Path, tmp_path
 
 
 def test_a_build_over_the_quality_budget_fails_and_names_the_knobs(tmp_path: Path) -> None:
-    """A near-uniform tiny model (transformers' default initializer): int4 noise in its logits can only raise its
-    perplexity on average (+0.6% here), which a 0.1% budget refuses; nothing is stored."""
+    """A near-uniform tiny model (transformers' default initializer): int4 noise in its logits (rounded to nearest,
+    uncalibrated) can only raise its perplexity on average, which a 0.1% budget refuses; nothing is stored."""
     out = tmp_path / "out"
     with pytest.raises(ValidationFailedError) as failed:
         build_text_generation(
-            tiny_llama(initializer_range=0.02), out, precision="int4", max_perplexity_increase=0.001, plots=False
+            tiny_llama(initializer_range=0.02),
+            out,
+            precision="int4",
+            pass_opt=["weight-only.method=rtn"],
+            max_perplexity_increase=0.001,
+            plots=False,
         )
     message = str(failed.value)
     assert "quality budget --max-perplexity-increase 0.001" in message and "mean KL" in message
     assert "block_size" in message and "--precision int8" in message and "head" in message
+    assert "method=awq+gptq" in message and "aotforge qat" in message
     assert "miscompiles" not in message
     assert not any(p.is_file() for p in out.rglob("*"))
 

@@ -142,7 +142,7 @@ def test_quality_gates_on_the_trained_target(lm_pair: LmPair, tmp_path: Path) ->
     import transformers
 
     def check(name: str, result: Any) -> None:
-        for entry in result.manifest.passes:
+        for entry in [p for p in result.manifest.passes if p["name"] == "weight-only"]:
             # 4 layers x (qkv, o, gate+up, down: decoder_fusions packs q/k/v and gate/up) + the head
             assert entry["stats"]["nodes_quantized"] == 4 * 4 + 1, (name, entry)
 

@@ -11,6 +11,7 @@ import pytest
 
 import aotforge
 from aotforge.core.errors import OptionsError
+from aotforge.passes.quantize_weight_only import DECODER_INT4_METHOD
 from aotforge.targets.tvm.kernels import weight_only as wo
 from tests.int8_graphs import needs_vnni
 from tests.llm_models import MAX_SEQ, PROMPTS, build_text_generation, tiny_llama
@@ -144,7 +145,8 @@ def test_tiny_llama_int4_through_tvm(tmp_path: Path) -> None:
     assert any("(read transposed)" in v for v in taken.values())
     # prefill's two attention matmuls a layer (decode's attention runs on its kernel, the dead matmuls it left gone)
     assert report["matmuls_skipped"] == {"the right operand is not a weight argument": 2 * 2}
-    (entry,) = result.manifest.passes
+    calibration, entry = result.manifest.passes  # the weights calibrated by the default int4 method, then packed
+    assert calibration["name"] == "calibrate-int4" and calibration["stats"]["method"] == DECODER_INT4_METHOD
     assert entry["name"] == "weight-only" and entry["params"]["bits"] == 4 and entry["stats"] == report
     assert "token_agreement" in result.manifest.validation  # measured and recorded, though not gated here
     info = json.loads((result.path / "tvm_generative.json").read_text())

@@ -29,15 +29,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from aotforge.passes.quantize_weight_only import DECODER_INT4_METHOD  # noqa: E402
 from tools import bench_record, llama_cpp  # noqa: E402
 from tools.bench_children import PREFIX, run_child  # noqa: E402
 from tools.real_model import smollm2_dir  # noqa: E402
 
 THREADS = 2
 #: The configurations: a name and its ``--pass-opt`` values over ``--precision int4`` (head at 8 bits, block 32);
-#: ``mixed-4``: the 4 layers most sensitive to 4 bits kept at 8.
+#: ``mixed-4``: the 4 layers most sensitive to 4 bits kept at 8. Every one names its method: the build's default
+#: is one of them (``DECODER_INT4_METHOD``).
 CONFIGS: dict[str, list[str]] = {
-    "rtn": [],
+    "rtn": ["weight-only.method=rtn"],
     "hqq": ["weight-only.method=hqq"],
     "awq": ["weight-only.method=awq"],
     "gptq": ["weight-only.method=gptq"],
@@ -132,11 +134,16 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/aotforge-quality-bench"))
     parser.add_argument("--target", default="onnxruntime")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="names of CONFIGS, comma-separated")
-    parser.add_argument("--itl-config", default="awq mixed-4", help="the configuration whose decode ITL is timed")
+    parser.add_argument(
+        "--itl-config",
+        default=DECODER_INT4_METHOD,
+        help="the configuration whose decode ITL is timed (built if not in --configs)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=bench_record.BENCH_DIR / "quality.json")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: build / score / time one thing, print JSON
     args = parser.parse_args()
+    configs = config_names(args.configs, args.itl_config)
     model_dir = smollm2_dir()
     gguf = llama_cpp.gguf("Q4_0")
     if args.one:
@@ -156,17 +163,28 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--work", str(args.work), "--target", args.target, "--one", what]
         return run_child(cmd, env=env)
 
-    configs = [c for c in args.configs.split(",") if c]
     built = {c: child(f"build:{c}") for c in configs}
     q4_0 = child("gguf:")
     itl: dict[str, list[float]] = {"aotforge": [], "llama.cpp Q4_0": []}
-    if args.itl_config in built and "path" in built[args.itl_config]:
-        for _ in range(args.rounds):  # alternating: each round runs both once
-            itl["aotforge"].append(child(f"aotforge:{built[args.itl_config]['path']}").get("itl_p50_ms"))
-            itl["llama.cpp Q4_0"].append(child("llama:").get("itl_ms"))
+    timed = built[args.itl_config]
+    for _ in range(args.rounds if "path" in timed else 0):  # alternating: each round runs both once
+        itl["aotforge"].append(child(f"aotforge:{timed['path']}").get("itl_p50_ms"))
+        itl["llama.cpp Q4_0"].append(child("llama:").get("itl_ms"))
     results = {"configs": built, "llama.cpp Q4_0": q4_0, "itl_ms": itl, "target": args.target}
+    if "path" not in timed:
+        results["itl_not_timed"] = f"{args.itl_config} did not build: {timed}"
     print(json.dumps(results, indent=2))
     bench_record.write(args.json, "quality", run, tables(results, args), results)
+
+
+def config_names(value: str, itl_config: str) -> list[str]:
+    """The configurations ``--configs`` names (stripped), then ``--itl-config`` if it is not among them; an unknown
+    name stops the run before anything is built."""
+    names = [c.strip() for c in value.split(",") if c.strip()]
+    unknown = [c for c in [*names, itl_config] if c not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"unknown configuration {', '.join(map(repr, unknown))}: choose from {', '.join(CONFIGS)}")
+    return names + ([itl_config] if itl_config not in names else [])
 
 
 def tables(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:

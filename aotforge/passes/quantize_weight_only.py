@@ -34,6 +34,9 @@ from aotforge.passes.ort_quantization import op_counts, quantize_through_files
 METHODS = ("rtn", "hqq", "awq", "gptq", "awq+gptq")
 #: Methods that change the source model's weights before the export.
 CALIBRATED = ("awq", "gptq", "awq+gptq")
+#: A text-generation build's int4 method when none is given: the one of least held-out perplexity measured on a
+#: real model at the same decode speed (docs/benchmarks.md#low-bit-quality); ``method=rtn`` skips calibration.
+DECODER_INT4_METHOD = "awq"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ COMMANDS = (
     generate.generate,
     generate.perplexity,
     train.distill,
+    train.qat,
     integrity.keygen,
     integrity.sign,
     integrity.verify,

@@ -1,5 +1,6 @@
 """``aotforge distill``: a smaller student of a causal LM (a draft for speculative decoding), trained on the
-teacher's outputs on CPU for a bounded time, written as a transformers directory that ``aotforge compile`` takes."""
+teacher's outputs on CPU for a bounded time, written as a transformers directory that ``aotforge compile`` takes;
+``aotforge qat``: the model itself trained through a target's int4 rounding, on the same training loop."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ from typing import Any
 import click
 
 from aotforge.compiler.cli.common import user_errors
-from aotforge.compiler.training.options import DistillOptions
+from aotforge.compiler.training.options import QAT_OPTIONS, QAT_TARGETS, DistillOptions, Placement
 
-_DEFAULTS = DistillOptions()
 _HELP = {
     "max_minutes": "Wall-clock budget of the training loop.",
     "max_steps": "At most this many optimizer steps.",
@@ -28,18 +28,31 @@ _HELP = {
 }
 
 
-def _option_flags(command: Any) -> Any:
-    """A click option per :class:`DistillOptions` field, its default the field's (written once, there)."""
-    for field in reversed(dataclasses.fields(DistillOptions)):
-        default = getattr(_DEFAULTS, field.name)
-        command = click.option(
-            f"--{field.name.replace('_', '-')}",
-            type=type(default),
-            default=default,
-            show_default=True,
-            help=_HELP[field.name],
-        )(command)
-    return command
+def _option_flags(defaults: DistillOptions) -> Any:
+    """A click option per :class:`DistillOptions` field, its default ``defaults``' (written once, there)."""
+
+    def decorate(command: Any) -> Any:
+        for field in reversed(dataclasses.fields(DistillOptions)):
+            default = getattr(defaults, field.name)
+            command = click.option(
+                f"--{field.name.replace('_', '-')}",
+                type=type(default),
+                default=default,
+                show_default=True,
+                help=_HELP[field.name],
+            )(command)
+        return command
+
+    return decorate
+
+
+_TEXT = click.option(
+    "--text",
+    "text",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    help="Training text (repeat for more files; the last tokens are held out); default: stdlib docstrings.",
+)
 
 
 @click.command()
@@ -53,15 +66,9 @@ def _option_flags(command: Any) -> Any:
 @click.option(
     "--student-layers", type=click.IntRange(min=1), help="The student: the teacher cut to N evenly spaced layers."
 )
-@click.option(
-    "--text",
-    "text",
-    type=click.Path(path_type=Path),
-    multiple=True,
-    help="Training text (repeat for more files; the last tokens are held out); default: stdlib docstrings.",
-)
+@_TEXT
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@_option_flags
+@_option_flags(DistillOptions())
 @user_errors
 def distill(
     teacher: Path,
@@ -91,5 +98,66 @@ def distill(
         f"perplexity teacher {after['teacher_perplexity']:.2f}, student {before['student_perplexity']:.2f} -> "
         f"{after['student_perplexity']:.2f}; greedy agreement {before['greedy_agreement']:.1%} -> "
         f"{after['greedy_agreement']:.1%}"
+    )
+    click.echo(str(out))
+
+
+@click.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="A new directory for the trained model.")
+@click.option(
+    "--target",
+    type=click.Choice(QAT_TARGETS),
+    default="onnxruntime",
+    show_default=True,
+    help="Whose int4 / int8 rounding to train through.",
+)
+@click.option("--block-size", type=int, default=Placement.block_size, show_default=True, help="weight-only.block_size")
+@click.option(
+    "--head-bits",
+    type=click.Choice(["4", "8"]),
+    default=str(Placement.head_bits),
+    show_default=True,
+    help="The LM head's bits (weight-only.head_bits).",
+)
+@click.option(
+    "--method",
+    help="How the starting int4 weights are calibrated: rtn, awq, gptq, awq+gptq (default: the int4 build's).",
+)
+@_TEXT
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_option_flags(QAT_OPTIONS)
+@user_errors
+def qat(
+    model: Path,
+    out: Path,
+    target: str,
+    block_size: int,
+    head_bits: str,
+    method: str | None,
+    text: tuple[Path, ...],
+    as_json: bool,
+    **kw: Any,
+) -> None:
+    """Train MODEL (a causal-LM directory, GGUF or .py file) through --target's int4 rounding into --out.
+
+    Quantization-aware distillation: the fake-quantized model learns the fp32 model's next-token distribution
+    (straight-through estimator). Compile --out as usual with --precision int4; the report gives the held-out
+    perplexity at int4 before and after."""
+    from aotforge.compiler.training.qat import qat_model
+
+    where = Placement(target, block_size=block_size, head_bits=int(head_bits))
+    options = DistillOptions(**kw)
+    report = qat_model(model, out, where=where, method=method, text=text, options=options, progress=click.echo)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    before, after = report["before"], report["after"]
+    recovered = report["gap_recovered"]
+    click.echo(
+        f"{report['steps']} steps in {report['train_seconds']:.0f} s ({report['tokens_seen']} tokens); held-out "
+        f"perplexity fp32 {after['teacher_perplexity']:.3f}, int4 {before['student_perplexity']:.3f} -> "
+        f"{after['student_perplexity']:.3f}"
+        + (f" ({recovered:.0%} of the int4 gap recovered)" if recovered is not None else "")
     )
     click.echo(str(out))

@@ -36,8 +36,11 @@ EVAL_TOKENS = 2048
 MAX_WINDOW = 513
 #: What a user can turn when a build is over budget, each giving up some speed or size for quality.
 KNOBS = (
-    "8-bit weights (--precision int8), a smaller quantization block (--pass-opt weight-only.block_size=16 on "
-    "onnxruntime), the LM head at 8 bits (--pass-opt weight-only.head_bits=8, the text-generation default)"
+    "8-bit weights (--precision int8), the layers most sensitive to 4 bits at 8 (--pass-opt "
+    "weight-only.sensitive_layers_8bit=N), a smaller quantization block (--pass-opt weight-only.block_size=16 on "
+    "onnxruntime), the LM head at 8 bits (--pass-opt weight-only.head_bits=8, the text-generation default); "
+    "at the same speed: another calibration (--pass-opt weight-only.method=awq+gptq), or training the model for "
+    "the target's int4 first (aotforge qat)"
 )
 BYTE_RULE = "UTF-8 bytes, each byte's value modulo the vocabulary size"
 

@@ -1,6 +1,7 @@
 """``aotforge distill`` as a function: load the teacher, make the student, distill, and write the student as a
 transformers directory (weights, config, the teacher's tokenizer, chat template and generation config, and
-``distill_report.json``) in one rename, so a run that fails or is interrupted leaves nothing behind."""
+``distill_report.json``) in one rename, so a run that fails or is interrupted leaves nothing behind. ``aotforge
+qat`` (``qat.py``) loads and writes through the same functions."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from aotforge.compiler.generative.source import load_causal_lm
+from aotforge.compiler.generative.source import CausalLM, load_causal_lm
 from aotforge.compiler.training.distill import Progress, distill
 from aotforge.compiler.training.options import DistillOptions
 from aotforge.compiler.training.students import student_from_layers, student_from_path
@@ -31,16 +32,10 @@ def distill_model(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Distill ``teacher`` (a causal-LM directory, GGUF or ``.py`` file) into ``out``; the report."""
-    from transformers import AutoTokenizer
-
     if (student is None) == (student_layers is None):
         raise OptionsError("give exactly one of --student (a directory or config.json) and --student-layers N")
-    if out.exists() and any(out.iterdir()):
-        raise InputSpecError(f"--out {out} exists and is not empty: give a new directory")
-    source = load_causal_lm(teacher)
-    if source.tokenizer_dir is None:
-        raise InputSpecError(f"{teacher} has no tokenizer files: the training text cannot be tokenized")
-    tokenizer = AutoTokenizer.from_pretrained(source.tokenizer_dir, local_files_only=True)
+    check_out(out)
+    source, tokenizer = load_teacher(teacher)
     model = source.model
     if student is not None:
         made = student_from_path(student, model)
@@ -50,15 +45,37 @@ def distill_model(
     streams = token_streams(text, tokenizer, options.held_out_tokens)
     report = {"teacher": str(teacher), "student": str(student) if student else f"{student_layers} teacher layers"}
     report |= distill(model, made, streams, options, progress)
+    write_model(out, made, source, report, REPORT_FILE)
+    return report
+
+
+def check_out(out: Path) -> None:
+    """Refuse an ``--out`` that holds something (nothing is ever written over)."""
+    if out.exists() and any(out.iterdir()):
+        raise InputSpecError(f"--out {out} exists and is not empty: give a new directory")
+
+
+def load_teacher(teacher: Any) -> tuple[CausalLM, Any]:
+    """The causal LM at ``teacher`` and its tokenizer (training text needs one)."""
+    from transformers import AutoTokenizer
+
+    source = load_causal_lm(teacher)
+    if source.tokenizer_dir is None:
+        raise InputSpecError(f"{teacher} has no tokenizer files: the training text cannot be tokenized")
+    return source, AutoTokenizer.from_pretrained(source.tokenizer_dir, local_files_only=True)
+
+
+def write_model(out: Path, model: Any, source: CausalLM, report: dict[str, Any], report_file: str) -> None:
+    """``model`` as a transformers directory at ``out`` with ``source``'s tokenizer files and the report, in one
+    rename."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as tmp:
-        staged = Path(tmp) / "student"
-        made.save_pretrained(staged)
+        staged = Path(tmp) / "model"
+        model.save_pretrained(staged)
         for name, file in source.files.items():
             if name != "config.json":
                 shutil.copyfile(file, staged / name)
-        (staged / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        (staged / report_file).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         if out.exists():
-            out.rmdir()  # empty (checked above): the rename takes its place
+            out.rmdir()  # empty (checked before training): the rename takes its place
         staged.rename(out)
-    return report

@@ -1,4 +1,5 @@
-"""What a distillation run may spend and how it learns: the typed options ``aotforge distill``'s flags come from."""
+"""What a distillation run may spend and how it learns, and which grid a quantization-aware one trains through: the
+typed options ``aotforge distill``'s and ``aotforge qat``'s flags come from."""
 
 from __future__ import annotations
 
@@ -27,3 +28,34 @@ class DistillOptions:
     seed: int = 0
     #: Tokens the report scores on (never trained on).
     held_out_tokens: int = 2048
+
+
+#: Quantization-aware training's defaults: a trained model fine-tuned (a small learning rate), its logits unsoftened,
+#: a short warm-up, smaller batches (the fp32 teacher and the student both hold a full vocabulary's logits).
+QAT_OPTIONS = DistillOptions(lr=1e-5, temperature=1.0, warmup_steps=5, batch=4)
+#: The targets whose weight-only rounding quantization-aware training reproduces (``fake_quant.GRIDS``).
+QAT_TARGETS = ("onnxruntime", "tvm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Which grid each weight of a decoder trains through: the layers' matmuls at ``bits`` (``layers_8bit`` at 8),
+    the LM head at ``head_bits``: what a ``weight-only`` build of ``target`` with the same parameters packs."""
+
+    target: str = "onnxruntime"
+    bits: int = 4
+    block_size: int = 32
+    head_bits: int = 8
+    layers_8bit: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        from aotforge.core.errors import OptionsError
+
+        if self.target not in QAT_TARGETS:
+            raise OptionsError(
+                f"--target: quantization-aware training knows {', '.join(QAT_TARGETS)}, not {self.target!r}"
+            )
+        if self.bits not in (4, 8) or self.head_bits not in (4, 8):
+            raise OptionsError(f"--bits / --head-bits are 4 or 8, got {self.bits} / {self.head_bits}")
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise OptionsError(f"--block-size is a power of two >= 16, got {self.block_size}")

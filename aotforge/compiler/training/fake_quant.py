@@ -1,0 +1,119 @@
+"""The targets' weight-only rounding as a differentiable forward: what quantization-aware training trains through.
+
+Each weight a target packs is replaced, in the forward pass, by the value the target will compute with: rounded on
+that target's grid (:data:`GRIDS`), the gradient passed through the rounding unchanged (the straight-through
+estimator, ``w + (q(w) - w).detach()``). The grids are the targets' own rules, not an approximation of them
+(``tests/test_qat.py`` checks each against ONNX Runtime's ``quantize_matmul_{4,8}bits`` and tvm's packing):
+
+- int4: symmetric blocks along K, the value of largest magnitude mapped to ``-8`` (step ``max|w| / 8``); tvm stores
+  the scale as float16 and rounds halfway values to even, ONNX Runtime keeps float32 and rounds as MLAS does;
+- int8: ONNX Runtime's MatMulNBits the same in blocks (``-128``), tvm's kernel one scale per output channel
+  (``max|w| / 127``).
+
+They hang on the modules as ``torch.nn.utils.parametrize`` parametrizations, so the model trains, saves and is
+scored as usual; :func:`remove_fake_quant` leaves the float weights the target will round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch.nn.utils import parametrize
+
+from aotforge.compiler.generative.calibrate import Linear, layer_linears
+from aotforge.compiler.training.options import QAT_TARGETS, Placement
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """One target's rounding of a ``[N, K]`` weight at some bits."""
+
+    #: The value of largest magnitude maps to ``-levels`` (symmetric blocks) or to ``levels`` (per channel).
+    levels: int
+    #: Values along K sharing a scale; 0: one scale per output channel.
+    block: int
+    #: tvm: the scale as stored, in float16; values halfway between levels round to even.
+    float16_scales: bool = False
+    #: ONNX Runtime (MLAS): ``roundf(w * (1 / scale) + zero_point)``, halfway rounding away from the zero point.
+    mlas: bool = False
+
+    def __call__(self, w_nk: torch.Tensor) -> torch.Tensor:
+        """``w_nk`` rounded to this grid and dequantized (float32)."""
+        n, k = w_nk.shape
+        w = w_nk.float()
+        if self.block == 0:
+            amax = w.abs().amax(dim=1, keepdim=True)
+            scale = torch.where(amax > 0, amax / self.levels, torch.ones_like(amax))
+            return torch.clamp(torch.round(w / scale), -self.levels, self.levels) * scale
+        pad = -k % self.block  # both targets pad K to whole blocks with zeros
+        blocks = torch.nn.functional.pad(w, (0, pad)).reshape(n, (k + pad) // self.block, self.block)
+        extreme = torch.gather(blocks, 2, blocks.abs().argmax(dim=2, keepdim=True))
+        scale = extreme / -float(self.levels)
+        if self.float16_scales:
+            scale = scale.half().float()
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        if self.mlas:
+            shifted = blocks * (1.0 / scale) + self.levels
+            whole = torch.trunc(shifted)
+            q = whole + (shifted - whole >= 0.5).float() - self.levels
+        else:
+            q = torch.round(blocks / scale)
+        return (torch.clamp(q, -self.levels, self.levels - 1) * scale).reshape(n, k + pad)[:, :k]
+
+
+#: Per target (:data:`~aotforge.compiler.training.options.QAT_TARGETS`), the grid of each bit width given the block.
+GRIDS = {
+    "onnxruntime": {4: lambda block: Grid(8, block, mlas=True), 8: lambda block: Grid(128, block, mlas=True)},
+    "tvm": {4: lambda block: Grid(8, block, float16_scales=True), 8: lambda _block: Grid(127, 0)},
+}
+
+
+def grid(target: str, bits: int, block: int) -> Grid:
+    """``target``'s rounding at ``bits`` in blocks of ``block`` (both checked by :class:`Placement`)."""
+    return GRIDS[target][bits](block)
+
+
+class FakeQuant(torch.nn.Module):
+    """A parametrization: the weight as the target rounds it, the gradient straight through (GPT-2's ``[K, N]``
+    Conv1D weights transposed around the rounding)."""
+
+    def __init__(self, rounding: Grid, transposed: bool) -> None:
+        super().__init__()
+        self.rounding, self.transposed = rounding, transposed
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        w_nk = w.t() if self.transposed else w
+        q = self.rounding(w_nk.detach()).to(w.dtype)
+        return w + ((q.t() if self.transposed else q) - w).detach()
+
+
+def add_fake_quant(model: Any, where: Placement) -> dict[str, int]:
+    """Parametrize ``model``'s packed weights with their target's rounding; the bits of each, by name."""
+    chosen: dict[str, int] = {}
+    for i, layer in enumerate(layer_linears(model)):
+        for lin in layer:
+            bits = 8 if i in where.layers_8bit else where.bits
+            rounding = FakeQuant(grid(where.target, bits, where.block_size), lin.conv1d)
+            parametrize.register_parametrization(lin.module, "weight", rounding)
+            chosen[lin.name] = bits
+    head = model.get_output_embeddings()
+    if head is not None:
+        lin = Linear("lm_head", head)
+        bits = where.head_bits or where.bits
+        # A tied head: the parametrization holds the shared tensor, the embedding lookup keeps reading it in float.
+        rounding = FakeQuant(grid(where.target, bits, where.block_size), lin.conv1d)
+        parametrize.register_parametrization(head, "weight", rounding)
+        chosen[lin.name] = bits
+    return chosen
+
+
+def remove_fake_quant(model: Any) -> None:
+    """Every parametrization off, each module keeping its float (trained) weight."""
+    for module in model.modules():
+        if parametrize.is_parametrized(module, "weight"):
+            parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
+
+
+assert set(GRIDS) == set(QAT_TARGETS)
