@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from aotforge.core.decoder import DecoderSpec
-from aotforge.targets.paged_rows import PagedRows
+from aotforge.targets.paged_rows import PagedRows, resident_zeros
 
 
 class OrtModelRunner:
@@ -35,7 +35,7 @@ class OrtModelRunner:
     def allocate(self, num_blocks: int, block_size: int) -> None:
         spec = self.spec
         shape = (self.max_rows + 1, spec.kv_heads, spec.max_seq_len, spec.head_dim)
-        rows = [np.zeros(shape, dtype=np.float32) for _ in self._past]
+        rows = [resident_zeros(shape) for _ in self._past]
         self.paged = PagedRows(num_blocks, block_size, rows)
         self._decodes = {}
 
