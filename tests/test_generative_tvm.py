@@ -14,7 +14,7 @@ import aotforge
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import OptionsError
 from aotforge.targets.tvm.decoder.buckets import batch_buckets, prompt_buckets
-from aotforge.targets.tvm.decoder.step_engine import prefill_head
+from aotforge.targets.tvm.decoder.model_runner import prefill_head
 from tests.llm_models import (
     NEW,
     PROMPTS,
