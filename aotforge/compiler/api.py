@@ -83,11 +83,11 @@ def build(
         if opts.generation.pipeline_parallel > 1:  # stage graphs, a build line of their own
             from aotforge.compiler.generative.pp_build import build_pipeline_parallel
 
-            return build_pipeline_parallel(model, opts, say)
+            return build_pipeline_parallel(model, opts, say, direct)
         if opts.generation.tensor_parallel > 1:  # rank graphs, a build line of their own
             from aotforge.compiler.generative.tp_build import build_tensor_parallel
 
-            return build_tensor_parallel(model, opts, say)
+            return build_tensor_parallel(model, opts, say, direct)
         from aotforge.compiler.generative.build import build_generative  # torch, transformers, the target
 
         return build_generative(model, opts, say, direct=direct)

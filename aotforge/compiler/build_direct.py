@@ -26,7 +26,7 @@ import platform
 import sys
 import sysconfig
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,14 @@ from aotforge.core.decoder import PREFILL_FILE, TEXT_GENERATION
 from aotforge.core.errors import ArtifactError
 
 Progress = Callable[[str], None]
-#: An IR-level entry holding one of these holds the IR it was compiled from: a whole artifact (a graph's; a decoder's).
+#: An IR-level entry holding one of these holds the IR it was compiled from: a whole artifact (a graph's; a decoder's,
+#: or a sharded decoder's with one in each rank's or stage's folder).
 IR_FILES = {MODEL_FILE, PREFILL_FILE}
+
+
+def holds_ir(files: Iterable[str]) -> bool:
+    """Whether an IR-level entry's ``files`` include the IR it was compiled from (:data:`IR_FILES`)."""
+    return any(Path(f).name in IR_FILES for f in files)
 #: Options that decide where the artifact goes, not what it holds.
 _UNKEYED = ("out", "name", "version", "cache_dir", "isolation.")
 
@@ -115,7 +121,7 @@ def serve(direct: DirectPlan, opts: BuildOptions, say: Progress) -> BuildResult 
     place = place_artifact(opts.out, opts.name or safe_name(name), opts.version, opts.target, plots=False)
     with staging_dir(opts.out) as stage:
         hit = build_cache.lookup(opts.cache_dir, entry.key, stage)
-        if hit is None or not IR_FILES & set(hit.files):
+        if hit is None or not holds_ir(hit.files):
             direct.reason = f"IR-level entry {entry.key[:12]} is missing or corrupt"
             return None
         cache = {
@@ -159,7 +165,7 @@ def remember(
 ) -> None:
     """After a full build (before ``finalize``), store its direct entry; one that read an unhashable file gets none."""
     assert direct.key is not None and opts.cache_dir is not None
-    if not IR_FILES & build_cache.entry_files(opts.cache_dir, key):
+    if not holds_ir(build_cache.entry_files(opts.cache_dir, key)):
         direct.reason = f"{direct.reason}; IR-level entry {key[:12]} predates direct mode (no {MODEL_FILE})"
         return
     skip = (str(opts.out), str(opts.cache_dir))  # the build's own outputs, not its inputs

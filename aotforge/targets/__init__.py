@@ -10,7 +10,15 @@ from __future__ import annotations
 import importlib
 
 from aotforge.core.errors import OptionsError, UnsupportedModelError
-from aotforge.targets.base import BuildContext, CompileResult, GenerativeBackend, ProbeResult, Runner, Target
+from aotforge.targets.base import (
+    BuildContext,
+    CompileResult,
+    GenerativeBackend,
+    ProbeResult,
+    Runner,
+    ShardRuntime,
+    Target,
+)
 
 #: Target name -> "module:Class". A table, not an import-time registry.
 TARGETS: dict[str, str] = {
@@ -49,14 +57,37 @@ def generative_backend(name: str) -> GenerativeBackend:
     return backend
 
 
+#: The kinds of sharded text-generation artifacts (``GenerativeBackend`` fields, ``target.info`` keys, and
+#: ``GenerationOptions`` fields giving their degree).
+SHARD_KINDS = ("tensor_parallel", "pipeline_parallel")
+
+
+def shard_runtime(name: str, kind: str) -> ShardRuntime | None:
+    """Target ``name``'s runtime of ``kind`` (``SHARD_KINDS``) artifacts, None where it has none."""
+    if kind not in SHARD_KINDS:
+        raise ValueError(f"unknown shard kind {kind!r}; one of {', '.join(SHARD_KINDS)}")
+    backend = get_target(name).generative() if name in TARGETS else None
+    runtime: ShardRuntime | None = getattr(backend, kind) if backend is not None else None
+    return runtime
+
+
+def sharded_targets(kind: str) -> list[str]:
+    """The targets that build and run ``kind`` artifacts, in the registry's order."""
+    return [name for name in generative_targets() if shard_runtime(name, kind) is not None]
+
+
 __all__ = [
     "TARGETS",
     "BuildContext",
     "CompileResult",
     "ProbeResult",
     "Runner",
+    "SHARD_KINDS",
+    "ShardRuntime",
     "Target",
     "generative_backend",
     "generative_targets",
     "get_target",
+    "shard_runtime",
+    "sharded_targets",
 ]

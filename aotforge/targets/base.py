@@ -33,6 +33,7 @@ __all__ = [
     "GenerativeBackend",
     "ProbeResult",
     "Runner",
+    "ShardRuntime",
     "Target",
     "TargetRecord",
     "refuse_contrib_ops",
@@ -94,6 +95,21 @@ GraphRewrite = Callable[[dict[str, Any], DecoderSpec], dict[str, dict[str, int]]
 
 
 @dataclasses.dataclass(frozen=True)
+class ShardRuntime:
+    """How a target runs a sharded text-generation artifact: one rank (tensor parallel) or one stage (pipeline
+    parallel) a process, each over its own graphs in ``ranks/<r>/`` or ``stages/<s>/``."""
+
+    #: ``(shard dir, target options) -> CompileResult`` of the shard's staged graphs, its files relative to the
+    #: shard's folder: the build's compile of each shard (through the build cache, in the isolated worker)
+    compile: Callable[[Path, Any], CompileResult]
+    #: the module of the target's folder a shard's process loads it with (ranks: ``register_all_reduce`` and
+    #: ``load_rank``; stages: ``StageLink``, ``register_stage_ops`` and ``load_stage``)
+    module: str
+    #: what the shards' processes import ahead, once, in the process they are forked from
+    preload: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerativeBackend:
     """A target's compile and load of the prefill / decode (/ verify) graphs, and what its build path takes.
 
@@ -135,6 +151,9 @@ class GenerativeBackend:
     graphs_from: str = ""
     #: finishes another target's bundle of ONNX graphs (``graphs_from="onnx"``), running them as they are
     finishes_onnx_bundles: bool = False
+    #: runs ``--tensor-parallel`` rank graphs and ``--pipeline-parallel`` stage graphs (None: refused by name)
+    tensor_parallel: ShardRuntime | None = None
+    pipeline_parallel: ShardRuntime | None = None
 
 
 class Runner(Protocol):

@@ -1,16 +1,18 @@
 """A text-generation compile as one isolated request (``compiler.isolation``): the backend compiles the staged
 graphs (through the build cache) in a spawned worker with the build's deadline and memory limit, so a crash or a
 hang there is an error, not the end of the build. The artifact is loaded and validated in the build's process,
-against the source model, which the worker never holds.
+against the source model, which the worker never holds. A sharded artifact's compile (:func:`compile_shards`) is
+the same request over each rank's or stage's folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aotforge.compiler.compile_cache import compile_cached
-from aotforge.targets import generative_backend, get_target
+from aotforge.compiler.compile_cache import CacheKey, compile_cached
+from aotforge.targets import generative_backend, get_target, shard_runtime
 from aotforge.targets.base import CompileResult
 
 if TYPE_CHECKING:
@@ -25,6 +27,42 @@ def compile_decoder(request: DecoderRequest, channel: Any) -> dict[str, Any]:
 
     def run(options: Any) -> CompileResult:
         return backend.compile(request.stage, request.spec, options, channel.say, request.inputs)
+
+    compiled, cache = compile_cached(
+        target, request.options, request.stage, request.cache_dir, request.key, run, channel.say
+    )
+    return {"compiled": dataclasses.asdict(compiled), "cache": cache}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRequest:
+    """The isolated compile of a sharded artifact: each shard's folder (``ranks/<r>``, ``stages/<s>``) in the stage,
+    compiled by the target's runtime of ``kind`` (``targets.SHARD_KINDS``)."""
+
+    target: str
+    kind: str
+    options: Any
+    stage: Path
+    cache_dir: Path | None
+    key: CacheKey
+    shards: tuple[str, ...]
+
+
+def compile_shards(request: ShardRequest, channel: Any) -> dict[str, Any]:
+    """In the worker: every shard's compile (``ShardRuntime.compile``), through the build cache as one entry."""
+    target = get_target(request.target)
+    runtime = shard_runtime(request.target, request.kind)
+    assert runtime is not None, "the build refused a target without this runtime before the export"
+    channel.phase(f"the {target.name} compile")
+
+    def run(options: Any) -> CompileResult:
+        files: list[str] = []
+        toolchain: dict[str, str] = {}
+        for shard in request.shards:
+            compiled = runtime.compile(request.stage / shard, options)
+            files += [f"{shard}/{name}" for name in compiled.files]
+            toolchain.update(compiled.toolchain)
+        return CompileResult(tuple(files), {}, toolchain)
 
     compiled, cache = compile_cached(
         target, request.options, request.stage, request.cache_dir, request.key, run, channel.say

@@ -25,15 +25,22 @@ import numpy as np
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import RankFailedError, describe
 from aotforge.core.target_record import TargetRecord
+from aotforge.targets import shard_runtime, sharded_targets
+from aotforge.targets.base import ShardRuntime
 from aotforge.targets.generative.runner import GenerativeRunner
 from aotforge.targets.generative.shm_all_reduce import ShmAllReduce, abort_segment, create_segment
 
-#: Target -> module with ``register_all_reduce(reduce)`` and ``load_rank(rank_dir, record, spec)``.
-RANK_BACKENDS = {"onnxruntime": "aotforge.targets.onnxruntime.tensor_parallel"}
-#: Target -> what its ranks import, imported once by the process the ranks are forked from.
-RANK_PRELOAD = {"onnxruntime": ("aotforge.targets.onnxruntime.tensor_parallel", "onnxruntime_extensions")}
 #: Floats an all-reduce moves per barrier (larger inputs, e.g. a long prompt's, go in chunks): 4 MiB a rank.
 CAPACITY = 1 << 20
+
+
+def _runtime(target: str) -> ShardRuntime:
+    """The target's rank runtime (``GenerativeBackend.tensor_parallel``), or a refusal naming those that have one."""
+    runtime = shard_runtime(target, "tensor_parallel")
+    if runtime is None:
+        have = ", ".join(sharded_targets("tensor_parallel"))
+        raise RankFailedError(f"{target} has no tensor-parallel runtime (only {have})")
+    return runtime
 
 
 def _rank_main(conn: Any, artifact_dir: str, record: dict[str, Any], rank: int, shm_name: str) -> None:
@@ -42,7 +49,7 @@ def _rank_main(conn: Any, artifact_dir: str, record: dict[str, Any], rank: int, 
     comm: ShmAllReduce | None = None
     try:
         comm = ShmAllReduce(shm_name, rank, int(tp["degree"]), CAPACITY)
-        backend = importlib.import_module(RANK_BACKENDS[record["name"]])
+        backend = importlib.import_module(_runtime(record["name"]).module)
         backend.register_all_reduce(comm)
         rank_dir = Path(artifact_dir) / tp["ranks"][rank]
         engine = backend.load_rank(rank_dir, TargetRecord.from_dict(record), DecoderSpec.from_dict(tp["decoder"]))
@@ -80,14 +87,13 @@ class RankGroup:
     def __init__(self, artifact_dir: Path, record: TargetRecord) -> None:
         tp = record.info["tensor_parallel"]
         self.degree = int(tp["degree"])
-        if record.name not in RANK_BACKENDS:
-            raise RankFailedError(f"{record.name} has no tensor-parallel runtime (only {', '.join(RANK_BACKENDS)})")
+        runtime = _runtime(record.name)
         self.segment = create_segment(self.degree, CAPACITY)
         self.failed = ""
         # Forked from a clean server process (never from this one, whose thread pools may be running), which has
         # imported the rank runtime once: onnxruntime-extensions imports transformers and torch, seconds a start.
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(list(RANK_PRELOAD[record.name]))
+        context.set_forkserver_preload(list(runtime.preload))
         self.conns: list[Any] = []
         self.procs: list[Any] = []
         payload = {"name": record.name, "options": record.options, "info": record.info}

@@ -26,19 +26,25 @@ import numpy as np
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import RankFailedError, describe
 from aotforge.core.target_record import TargetRecord
+from aotforge.targets import shard_runtime, sharded_targets
+from aotforge.targets.base import ShardRuntime
 from aotforge.targets.generative.runner import GenerativeRunner
 
-#: Target -> module with ``StageLink``, ``register_stage_ops(link)`` and ``load_stage(dir, record, spec, link)``.
-STAGE_BACKENDS = {"onnxruntime": "aotforge.targets.onnxruntime.pipeline_parallel"}
-#: Target -> what its stages import, imported once by the process the stages are forked from.
-STAGE_PRELOAD = {"onnxruntime": ("aotforge.targets.onnxruntime.pipeline_parallel", "onnxruntime_extensions")}
+
+def _runtime(target: str) -> ShardRuntime:
+    """The target's stage runtime (``GenerativeBackend.pipeline_parallel``), or a refusal naming those that have one."""
+    runtime = shard_runtime(target, "pipeline_parallel")
+    if runtime is None:
+        have = ", ".join(sharded_targets("pipeline_parallel"))
+        raise RankFailedError(f"{target} has no pipeline-parallel runtime (only {have})")
+    return runtime
 
 
 def _stage_main(conn: Any, artifact_dir: str, record: dict[str, Any], stage: int, recv: Any, send: Any) -> None:
     """A stage process: load the stage, then serve ``(where, method, args)`` calls until the driver hangs up."""
     pp = record["info"]["pipeline_parallel"]
     try:
-        backend = importlib.import_module(STAGE_BACKENDS[record["name"]])
+        backend = importlib.import_module(_runtime(record["name"]).module)
         link = backend.StageLink(recv, send)
         backend.register_stage_ops(link)
         spec = DecoderSpec.from_dict(pp["decoders"][stage])
@@ -82,11 +88,10 @@ class StageGroup:
     def __init__(self, artifact_dir: Path, record: TargetRecord) -> None:
         pp = record.info["pipeline_parallel"]
         self.degree = int(pp["degree"])
-        if record.name not in STAGE_BACKENDS:
-            raise RankFailedError(f"{record.name} has no pipeline-parallel runtime (only {', '.join(STAGE_BACKENDS)})")
+        runtime = _runtime(record.name)
         self.failed = ""
         context = multiprocessing.get_context("forkserver")  # as tensor-parallel ranks start (ranks.py)
-        context.set_forkserver_preload(list(STAGE_PRELOAD[record.name]))
+        context.set_forkserver_preload(list(runtime.preload))
         links = [context.Pipe(duplex=False) for _ in range(self.degree - 1)]  # (stage s+1 reads, stage s writes)
         self.conns: list[Any] = []
         self.procs: list[Any] = []

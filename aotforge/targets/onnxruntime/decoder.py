@@ -20,7 +20,7 @@ import numpy as np
 from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, VERIFY_FILE, DecoderSpec, sliding_windows
 from aotforge.core.errors import CompileError, describe
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets.base import CompileResult, DecoderInputs, GenerativeBackend
+from aotforge.targets.base import CompileResult, DecoderInputs, GenerativeBackend, ShardRuntime
 from aotforge.targets.generative.runner import GenerativeRunner
 from aotforge.targets.huge_pages import huge_pages as advise_huge_pages
 from aotforge.targets.onnxruntime.model_runner import OrtModelRunner
@@ -76,6 +76,19 @@ def compile_generative(
     )
 
 
+def compile_shard(shard_dir: Path, options: Any) -> CompileResult:
+    """A rank's or a stage's compile: its session settings only (``tensor_parallel.compile_rank``); its sessions
+    open in the shard processes, which supply the graphs' collective ops (the build's validation opens them)."""
+    from aotforge.targets.onnxruntime.tensor_parallel import compile_rank
+
+    return CompileResult(files=(SESSION_FILE,), target_info={}, toolchain=compile_rank(shard_dir, options))
+
+
+#: What a rank's or a stage's process imports ahead: the all-reduce and stage links run as onnxruntime-extensions
+#: Python ops.
+_SHARD_PRELOAD = ("onnxruntime_extensions",)
+
+
 def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:
     options = stored_options(artifact_dir, record)
     spec = DecoderSpec.from_dict(record.info["decoder"])
@@ -115,6 +128,16 @@ BACKEND = GenerativeBackend(
     pass_defaults=PASS_DEFAULTS,
     target_defaults=TARGET_DEFAULTS,
     finishes_onnx_bundles=True,
+    tensor_parallel=ShardRuntime(
+        compile_shard,
+        "aotforge.targets.onnxruntime.tensor_parallel",
+        ("aotforge.targets.onnxruntime.tensor_parallel", *_SHARD_PRELOAD),
+    ),
+    pipeline_parallel=ShardRuntime(
+        compile_shard,
+        "aotforge.targets.onnxruntime.pipeline_parallel",
+        ("aotforge.targets.onnxruntime.pipeline_parallel", *_SHARD_PRELOAD),
+    ),
 )
 
 

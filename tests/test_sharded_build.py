@@ -1,0 +1,78 @@
+"""Sharded text-generation builds (``--tensor-parallel``, ``--pipeline-parallel``) go through the one build tail like
+every build: the build cache (a rebuild with nothing changed is a direct hit), ``--dump-ir``, the isolated compile
+and its deadline; what they cannot do is refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aotforge
+from aotforge.core.errors import CompileError, OptionsError
+from tests.llm_models import PROMPTS, build_text_generation, tiny_causal_lm, transformers_greedy
+
+DEGREE = 2
+#: Each kind's option and the folder its shards' graphs are in.
+KINDS = {"tensor_parallel": "ranks", "pipeline_parallel": "stages"}
+
+
+def _artifact_files(result: Any) -> dict[str, str]:
+    return {k: v for k, v in result.manifest.files.items() if not k.startswith("MODEL_CARD")}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_rebuild_is_a_cache_hit_and_dump_ir_writes_each_shards_graphs(
+    kind: str, llama_dir: Path, tmp_path: Path
+) -> None:
+    folder = KINDS[kind]
+    kw: dict[str, Any] = {kind: DEGREE, "cache_dir": tmp_path / "cache", "plots": False}
+    first = build_text_generation(str(llama_dir), tmp_path / "out", **kw)
+    cache = first.manifest.build["cache"]
+    assert cache["hit"] is False and "direct entry stored" in cache["direct"]
+    # The IR-level key: the export runs again, the compile is served from the cache; --dump-ir turns the direct mode
+    # off and writes each shard's graphs as the target compiles them.
+    dumped = build_text_generation(str(llama_dir), tmp_path / "out", dump_ir=tmp_path / "ir", direct_lookup=False, **kw)
+    assert dumped.manifest.build["cache"] == {"hit": True, "key": cache["key"]}
+    for shard in range(DEGREE):
+        for graph in ("prefill", "decode"):
+            assert (tmp_path / "ir" / folder / str(shard) / graph / "compiled.onnx").is_file()
+    # Nothing changed: the direct mode serves the whole artifact without loading the model.
+    second = build_text_generation(str(llama_dir), tmp_path / "out", **kw)
+    assert second.manifest.build["cache"]["hit"] is True and second.manifest.build["cache"]["direct"] is True
+    for hit in (dumped, second):  # the model card names the build (its cache record): every other file is equal
+        assert _artifact_files(hit) == _artifact_files(first)
+        assert hit.manifest.target.info[kind]["degree"] == DEGREE
+    assert any(f.startswith(f"{folder}/1/") for f in second.manifest.files)
+    runner = aotforge.load(second.path)
+    try:
+        out = runner.generate(np.asarray([PROMPTS[0]], dtype=np.int64), 6)
+    finally:
+        runner._generative().engine.close()
+    assert out[0, len(PROMPTS[0]) :].tolist() == transformers_greedy(tiny_causal_lm("llama"), PROMPTS[0], 6)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_compile_runs_isolated_under_the_backend_deadline(kind: str, llama_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(CompileError, match=r"onnxruntime compile did not finish within 0.001 s.*--backend-deadline"):
+        build_text_generation(str(llama_dir), tmp_path / "out", backend_deadline_s=0.001, **{kind: DEGREE})
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("manifest.json"))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [
+        ({"target": "tvm"}, "tvm has no .* runtime yet \\(only onnxruntime\\)"),
+        ({"precision": "int4"}, "builds are fp32 for now"),
+        ({"prepare_only": True}, "builds are not bundled \\(--prepare-only\\)"),
+    ],
+)
+def test_what_a_sharded_build_cannot_do_is_refused_by_name(
+    kind: str, options: dict[str, Any], refusal: str, llama_dir: Path, tmp_path: Path
+) -> None:
+    flag = "--" + kind.replace("_", "-")
+    with pytest.raises(OptionsError, match=f"{flag}.*{refusal}"):
+        build_text_generation(str(llama_dir), tmp_path / "out", **{kind: DEGREE, **options})
