@@ -7,7 +7,9 @@ under their device markers, so ``make device-check`` fails where the device is m
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -19,12 +21,13 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
+import aotforge
 from aotforge.core.errors import AotforgeError, OptionsError, UnsupportedModelError
 from aotforge.core.options import options_from_dict
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets import TARGETS, generative_backend, get_target
-from aotforge.targets.base import BuildContext, GenerativeBackend, ProbeResult, Target
+from aotforge.targets import SHARD_KINDS, TARGETS, generative_backend, get_target, shard_runtime
+from aotforge.targets.base import BuildContext, GenerativeBackend, ProbeResult, ShardRuntime, Target, WeightGrid
 
 ROWS = IOSpec(
     inputs=(TensorSpec("x", "float32", ("batch", 8)),),
@@ -106,6 +109,64 @@ def test_generative_backend_is_a_module_of_the_targets_folder(target: Target) ->
     assert folder != "aotforge.targets" and target.generative_module.startswith(folder + "."), folder
     backend = target.generative()
     assert isinstance(backend, GenerativeBackend) and backend is generative_backend(target.name)
+
+
+def test_shard_runtimes_are_modules_of_the_targets_folder(target: Target) -> None:
+    """A target's tensor- and pipeline-parallel runtimes (``GenerativeBackend.tensor_parallel`` /
+    ``pipeline_parallel``) are modules of its folder: the sharded build and the rank / stage processes read them
+    from there, never from a table of targets."""
+    folder = type(target).__module__.rpartition(".")[0]
+    for kind in SHARD_KINDS:
+        runtime = shard_runtime(target.name, kind)
+        if runtime is None:
+            continue
+        assert isinstance(runtime, ShardRuntime)
+        assert runtime.module.startswith(folder + ".") and runtime.compile.__module__.startswith(folder + ".")
+        for module in (runtime.module, *runtime.preload):
+            importlib.import_module(module)
+
+
+def test_weight_grids_are_typed_per_bit_width(target: Target) -> None:
+    """The weight-only rounding ``aotforge qat`` trains through is the target's own declaration."""
+    assert all(bits in (4, 8) and isinstance(g, WeightGrid) and g.levels > 0 for bits, g in target.weight_grids.items())
+
+
+def _target_name_tables(path: Path, rel: Path) -> list[str]:
+    """Where ``path`` names a target in a dict's keys, a tuple / list / set or a comparison: a per-target table."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Dict):
+            values: list[Any] = [k for k in node.keys if k is not None]
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+            values = list(node.elts)
+        elif isinstance(node, ast.Compare):
+            values = [node.left, *node.comparators]
+        else:
+            continue
+        found += [
+            f"{rel}:{node.lineno} {v.value!r}" for v in values if isinstance(v, ast.Constant) and v.value in TARGETS
+        ]
+    return found
+
+
+#: Names of libraries that happen to be targets' names too (the CLI quiets their loggers).
+LIBRARY_LOGGERS = {"aotforge/compiler/cli/progress.py"}
+
+
+def test_a_new_target_is_one_folder_and_one_registry_line() -> None:
+    """No module outside a target's folder and the registry (``targets/__init__.py``) keeps a table of targets: what
+    differs between targets is a field of the ``Target`` contract or of its ``GenerativeBackend``."""
+    package = Path(aotforge.__file__).parent
+    tables = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package.parent)
+        if rel.parts[1] == "targets" and (
+            len(rel.parts) == 3 and rel.parts[2] == "__init__.py" or rel.parts[2] in TARGETS
+        ):
+            continue
+        if rel.as_posix() not in LIBRARY_LOGGERS:
+            tables += _target_name_tables(path, rel)
+    assert tables == []
 
 
 def test_probe_says_why_when_unavailable(target: Target) -> None:

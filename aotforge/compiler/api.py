@@ -80,14 +80,13 @@ def build(
         if served is not None:
             return served
     if opts.frontend.task == TEXT_GENERATION:
-        if opts.generation.pipeline_parallel > 1:  # stage graphs, a build line of their own
-            from aotforge.compiler.generative.pp_build import build_pipeline_parallel
+        if opts.generation.pipeline_parallel > 1 or opts.generation.tensor_parallel > 1:  # rank or stage graphs
+            from aotforge.compiler.generative import pp_build, tp_build
+            from aotforge.compiler.generative.sharded_build import build_sharded
 
-            return build_pipeline_parallel(model, opts, say, direct)
-        if opts.generation.tensor_parallel > 1:  # rank graphs, a build line of their own
-            from aotforge.compiler.generative.tp_build import build_tensor_parallel
-
-            return build_tensor_parallel(model, opts, say, direct)
+            pipeline = opts.generation.pipeline_parallel > 1
+            sharding = pp_build.PIPELINE_PARALLEL if pipeline else tp_build.TENSOR_PARALLEL
+            return build_sharded(model, opts, say, sharding, direct)
         from aotforge.compiler.generative.build import build_generative  # torch, transformers, the target
 
         return build_generative(model, opts, say, direct=direct)

@@ -51,6 +51,8 @@ IR_FILES = {MODEL_FILE, PREFILL_FILE}
 def holds_ir(files: Iterable[str]) -> bool:
     """Whether an IR-level entry's ``files`` include the IR it was compiled from (:data:`IR_FILES`)."""
     return any(Path(f).name in IR_FILES for f in files)
+
+
 #: Options that decide where the artifact goes, not what it holds.
 _UNKEYED = ("out", "name", "version", "cache_dir", "isolation.")
 

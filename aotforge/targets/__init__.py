@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from aotforge.core.errors import OptionsError, UnsupportedModelError
+from aotforge.core.errors import OptionsError, RankFailedError, UnsupportedModelError
 from aotforge.targets.base import (
     BuildContext,
     CompileResult,
@@ -71,6 +71,15 @@ def shard_runtime(name: str, kind: str) -> ShardRuntime | None:
     return runtime
 
 
+def loaded_shard_runtime(name: str, kind: str) -> ShardRuntime:
+    """``shard_runtime`` for an artifact being loaded: one of a target without that runtime is refused by name."""
+    runtime = shard_runtime(name, kind)
+    if runtime is None:
+        what = kind.replace("_", "-")
+        raise RankFailedError(f"{name} has no {what} runtime (only {', '.join(sharded_targets(kind))})")
+    return runtime
+
+
 def sharded_targets(kind: str) -> list[str]:
     """The targets that build and run ``kind`` artifacts, in the registry's order."""
     return [name for name in generative_targets() if shard_runtime(name, kind) is not None]
@@ -88,6 +97,7 @@ __all__ = [
     "generative_backend",
     "generative_targets",
     "get_target",
+    "loaded_shard_runtime",
     "shard_runtime",
     "sharded_targets",
 ]

@@ -36,6 +36,7 @@ __all__ = [
     "ShardRuntime",
     "Target",
     "TargetRecord",
+    "WeightGrid",
     "refuse_contrib_ops",
 ]
 
@@ -92,6 +93,21 @@ class DecoderInputs:
 
 #: ``(graphs by file name, spec) -> counts by rewrite``: a backend's own rewrites of the exported ONNX graphs
 GraphRewrite = Callable[[dict[str, Any], DecoderSpec], dict[str, dict[str, int]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightGrid:
+    """How a target's kernels round a weight-only quantized ``[N, K]`` weight at one bit width: what
+    quantization-aware training trains through (``compiler.training.fake_quant``)."""
+
+    #: The value of largest magnitude maps to ``-levels`` (symmetric blocks) or to ``levels`` (per channel).
+    levels: int
+    #: A scale per block along K (the build's ``block_size``); False: one scale per output channel.
+    blocked: bool = True
+    #: The scale as stored, in float16; values halfway between levels round to even (tvm).
+    float16_scales: bool = False
+    #: ``roundf(w * (1 / scale) + zero_point)``, halfway rounding away from the zero point (ONNX Runtime's MLAS).
+    mlas: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +217,8 @@ class Target:
     #: The module of this target's folder whose ``BACKEND`` builds text-generation artifacts ('' : none yet),
     #: imported only when a text-generation build or load asks for it (``generative``).
     generative_module: ClassVar[str] = ""
+    #: The weight-only rounding of its kernels by bit width, which ``aotforge qat`` trains through (empty: none).
+    weight_grids: ClassVar[Mapping[int, WeightGrid]] = {}
 
     def probe(self) -> ProbeResult:
         """Whether this host can compile / run for the target, and if not exactly why."""

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from aotforge.compiler.cli.common import user_errors
-from aotforge.compiler.training.options import QAT_OPTIONS, QAT_TARGETS, DistillOptions, Placement
+from aotforge.compiler.training.options import QAT_OPTIONS, DistillOptions, Placement
 
 _HELP = {
     "max_minutes": "Wall-clock budget of the training loop.",
@@ -107,10 +107,9 @@ def distill(
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="A new directory for the trained model.")
 @click.option(
     "--target",
-    type=click.Choice(QAT_TARGETS),
     default="onnxruntime",
     show_default=True,
-    help="Whose int4 / int8 rounding to train through.",
+    help="Whose int4 / int8 rounding to train through (a target without one is refused, naming those with one).",
 )
 @click.option("--block-size", type=int, default=Placement.block_size, show_default=True, help="weight-only.block_size")
 @click.option(

@@ -53,10 +53,28 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress, direct: Dire
 
         return build_bundled(model, opts, say)
     started = time.perf_counter()
-    direct = direct or DirectPlan(None, "not planned")
     opts = decoder_pass_options(opts)
     backend = _backend(opts, target)
     target_opts = _target_options(opts, target, backend)
+
+    def export(stage: Path) -> tuple[CausalLM, TailJob]:
+        return _export(model, opts, say, target, target_opts, backend, stage)
+
+    return export_and_store(opts, target, direct, started, say, export)
+
+
+def export_and_store(
+    opts: BuildOptions,
+    target: Target,
+    direct: DirectPlan | None,
+    started: float,
+    say: Progress,
+    export: Callable[[Path], tuple[CausalLM, TailJob]],
+) -> BuildResult:
+    """Every text-generation build around its ``export`` (of the graphs into the stage, and the tail's job for
+    them): the compile's worker started first, the export recorded for the direct cache, the one tail, and the
+    direct cache's entry before the artifact is stored."""
+    direct = direct or DirectPlan(None, "not planned")
     with contextlib.ExitStack() as resources:
         # The compile's worker starts now: its imports overlap loading and exporting the model.
         worker = start_worker(target, isolation_of(opts), (*STAGE_PRELOAD, target.generative_module))
@@ -65,7 +83,7 @@ def build_generative(model: Any, opts: BuildOptions, say: Progress, direct: Dire
         stage = resources.enter_context(staging_dir(opts.out))
         # Everything before the compile is what the direct mode skips: record the files it reads.
         with read_tracker.recording(enabled=direct.key is not None) as reads:
-            source, job = _export(model, opts, say, target, target_opts, backend, stage)
+            source, job = export(stage)
         job = dataclasses.replace(job, worker=worker)
 
         def remember(manifest: Manifest, cache: dict[str, Any]) -> None:

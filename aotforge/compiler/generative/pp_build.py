@@ -10,22 +10,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from aotforge.compiler.build_direct import DirectPlan
-from aotforge.compiler.build_result import BuildResult
-from aotforge.compiler.build_tail import Progress
 from aotforge.compiler.generative.pipeline_parallel import StagePlan, plan, stage_model
-from aotforge.compiler.generative.sharded_build import Sharding, Split, build_sharded
+from aotforge.compiler.generative.sharded_build import Sharding, Split
 from aotforge.compiler.options import BuildOptions
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import OptionsError
 from aotforge.targets.generative.stages import StagedEngine
-
-
-def build_pipeline_parallel(
-    model: Any, opts: BuildOptions, say: Progress, direct: DirectPlan | None = None
-) -> BuildResult:
-    """Compile a causal LM as ``opts.generation.pipeline_parallel`` stage graphs in one artifact."""
-    return build_sharded(model, opts, say, PIPELINE_PARALLEL, direct)
 
 
 def _split(model: Any, spec: DecoderSpec, degree: int, name: str) -> Split:

@@ -11,7 +11,6 @@ direct cache hit (``compiler.build_direct``) that runs none of it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import shutil
@@ -21,11 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aotforge.artifacts.hashing import sha256_file
-from aotforge.artifacts.manifest import Manifest
-from aotforge.artifacts.store import staging_dir
-from aotforge.compiler import read_tracker
 from aotforge.compiler.build_direct import DirectPlan
-from aotforge.compiler.build_direct import remember as remember_direct
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import (
     ArtifactPlace,
@@ -33,17 +28,20 @@ from aotforge.compiler.build_tail import (
     Compiled,
     Progress,
     TailJob,
-    compile_and_store,
     key_toolchain,
     place_artifact,
-    start_worker,
 )
 from aotforge.compiler.builder import isolation_of
 from aotforge.compiler.compile_cache import CacheKey
 from aotforge.compiler.generative.benchmark import benchmark_generation
-from aotforge.compiler.generative.build import _backend, _decode_attention, _dump_compiled, _target_options
+from aotforge.compiler.generative.build import (
+    _backend,
+    _decode_attention,
+    _dump_compiled,
+    _target_options,
+    export_and_store,
+)
 from aotforge.compiler.generative.decoder_stage import ShardRequest
-from aotforge.compiler.generative.decoder_work import STAGE_PRELOAD
 from aotforge.compiler.generative.export import decoder_spec, export_graphs, export_verify, save_shared
 from aotforge.compiler.generative.graphs import unsupported
 from aotforge.compiler.generative.source import CausalLM, load_causal_lm
@@ -109,7 +107,6 @@ def build_sharded(
 ) -> BuildResult:
     """Compile a causal LM as ``opts.generation.<kind>`` shard graphs in one artifact (``load(path).generate``)."""
     started = time.perf_counter()
-    direct = direct or DirectPlan(None, "not planned")
     target = get_target(opts.target)
     _refuse(opts, sharding)
     backend = _backend(opts, target)
@@ -117,24 +114,11 @@ def build_sharded(
     target_opts = _target_options(
         dataclasses.replace(opts, target_options={"intra_op_threads": 1, **opts.target_options}), target, backend
     )
-    with contextlib.ExitStack() as resources:
-        # The compile's worker starts now: its imports overlap loading and exporting the model.
-        worker = start_worker(target, isolation_of(opts), (*STAGE_PRELOAD, target.generative_module))
-        if worker is not None:
-            resources.enter_context(worker)
-        stage = resources.enter_context(staging_dir(opts.out))
-        # Everything before the compile is what the direct mode skips: record the files it reads.
-        with read_tracker.recording(enabled=direct.key is not None) as reads:
-            source, job = _export(model, opts, say, sharding, target, target_opts, backend, stage)
-        job = dataclasses.replace(job, worker=worker)
 
-        def remember(manifest: Manifest, cache: dict[str, Any]) -> None:
-            if direct.key is not None:
-                remember_direct(direct, reads, cache["key"], manifest, source.name, opts, stage)
-                cache["direct"] = direct.reason
+    def export(stage: Path) -> tuple[CausalLM, TailJob]:
+        return _export(model, opts, say, sharding, target, target_opts, backend, stage)
 
-        manifest = compile_and_store(job, stage, started, say, before_store=remember)
-    return BuildResult(job.place.path_of(manifest), manifest)
+    return export_and_store(opts, target, direct, started, say, export)
 
 
 def _export(

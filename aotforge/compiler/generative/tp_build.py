@@ -9,21 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from aotforge.compiler.build_direct import DirectPlan
-from aotforge.compiler.build_result import BuildResult
-from aotforge.compiler.build_tail import Progress
-from aotforge.compiler.generative.sharded_build import Sharding, Split, build_sharded
+from aotforge.compiler.generative.sharded_build import Sharding, Split
 from aotforge.compiler.generative.tensor_parallel import layout, rank_model
-from aotforge.compiler.options import BuildOptions
 from aotforge.core.decoder import DecoderSpec
 from aotforge.targets.generative.ranks import RankedEngine
-
-
-def build_tensor_parallel(
-    model: Any, opts: BuildOptions, say: Progress, direct: DirectPlan | None = None
-) -> BuildResult:
-    """Compile a causal LM as ``opts.generation.tensor_parallel`` rank graphs in one artifact."""
-    return build_sharded(model, opts, say, TENSOR_PARALLEL, direct)
 
 
 def _split(model: Any, spec: DecoderSpec, degree: int, name: str) -> Split:

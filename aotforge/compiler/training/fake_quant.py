@@ -1,7 +1,7 @@
 """The targets' weight-only rounding as a differentiable forward: what quantization-aware training trains through.
 
 Each weight a target packs is replaced, in the forward pass, by the value the target will compute with: rounded on
-that target's grid (:data:`GRIDS`), the gradient passed through the rounding unchanged (the straight-through
+that target's grid (``Target.weight_grids``), the gradient passed through the rounding unchanged (the straight-through
 estimator, ``w + (q(w) - w).detach()``). The grids are the targets' own rules, not an approximation of them
 (``tests/test_qat.py`` checks each against ONNX Runtime's ``quantize_matmul_{4,8}bits`` and tvm's packing):
 
@@ -23,7 +23,8 @@ import torch
 from torch.nn.utils import parametrize
 
 from aotforge.compiler.generative.calibrate import Linear, layer_linears
-from aotforge.compiler.training.options import QAT_TARGETS, Placement
+from aotforge.compiler.training.options import Placement
+from aotforge.targets import get_target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,16 +64,10 @@ class Grid:
         return (torch.clamp(q, -self.levels, self.levels - 1) * scale).reshape(n, k + pad)[:, :k]
 
 
-#: Per target (:data:`~aotforge.compiler.training.options.QAT_TARGETS`), the grid of each bit width given the block.
-GRIDS = {
-    "onnxruntime": {4: lambda block: Grid(8, block, mlas=True), 8: lambda block: Grid(128, block, mlas=True)},
-    "tvm": {4: lambda block: Grid(8, block, float16_scales=True), 8: lambda _block: Grid(127, 0)},
-}
-
-
 def grid(target: str, bits: int, block: int) -> Grid:
     """``target``'s rounding at ``bits`` in blocks of ``block`` (both checked by :class:`Placement`)."""
-    return GRIDS[target][bits](block)
+    rule = get_target(target).weight_grids[bits]
+    return Grid(rule.levels, block if rule.blocked else 0, float16_scales=rule.float16_scales, mlas=rule.mlas)
 
 
 class FakeQuant(torch.nn.Module):
@@ -114,6 +109,3 @@ def remove_fake_quant(model: Any) -> None:
     for module in model.modules():
         if parametrize.is_parametrized(module, "weight"):
             parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
-
-
-assert set(GRIDS) == set(QAT_TARGETS)

@@ -33,8 +33,13 @@ class DistillOptions:
 #: Quantization-aware training's defaults: a trained model fine-tuned (a small learning rate), its logits unsoftened,
 #: a short warm-up, smaller batches (the fp32 teacher and the student both hold a full vocabulary's logits).
 QAT_OPTIONS = DistillOptions(lr=1e-5, temperature=1.0, warmup_steps=5, batch=4)
-#: The targets whose weight-only rounding quantization-aware training reproduces (``fake_quant.GRIDS``).
-QAT_TARGETS = ("onnxruntime", "tvm")
+
+
+def qat_targets() -> list[str]:
+    """The targets whose weight-only rounding quantization-aware training reproduces (``Target.weight_grids``)."""
+    from aotforge.targets import TARGETS, get_target
+
+    return [name for name in TARGETS if get_target(name).weight_grids]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +56,9 @@ class Placement:
     def __post_init__(self) -> None:
         from aotforge.core.errors import OptionsError
 
-        if self.target not in QAT_TARGETS:
-            raise OptionsError(
-                f"--target: quantization-aware training knows {', '.join(QAT_TARGETS)}, not {self.target!r}"
-            )
+        known = qat_targets()
+        if self.target not in known:
+            raise OptionsError(f"--target: quantization-aware training knows {', '.join(known)}, not {self.target!r}")
         if self.bits not in (4, 8) or self.head_bits not in (4, 8):
             raise OptionsError(f"--bits / --head-bits are 4 or 8, got {self.bits} / {self.head_bits}")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):

@@ -25,22 +25,12 @@ import numpy as np
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import RankFailedError, describe
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets import shard_runtime, sharded_targets
-from aotforge.targets.base import ShardRuntime
+from aotforge.targets import loaded_shard_runtime
 from aotforge.targets.generative.runner import GenerativeRunner
 from aotforge.targets.generative.shm_all_reduce import ShmAllReduce, abort_segment, create_segment
 
 #: Floats an all-reduce moves per barrier (larger inputs, e.g. a long prompt's, go in chunks): 4 MiB a rank.
 CAPACITY = 1 << 20
-
-
-def _runtime(target: str) -> ShardRuntime:
-    """The target's rank runtime (``GenerativeBackend.tensor_parallel``), or a refusal naming those that have one."""
-    runtime = shard_runtime(target, "tensor_parallel")
-    if runtime is None:
-        have = ", ".join(sharded_targets("tensor_parallel"))
-        raise RankFailedError(f"{target} has no tensor-parallel runtime (only {have})")
-    return runtime
 
 
 def _rank_main(conn: Any, artifact_dir: str, record: dict[str, Any], rank: int, shm_name: str) -> None:
@@ -49,7 +39,7 @@ def _rank_main(conn: Any, artifact_dir: str, record: dict[str, Any], rank: int, 
     comm: ShmAllReduce | None = None
     try:
         comm = ShmAllReduce(shm_name, rank, int(tp["degree"]), CAPACITY)
-        backend = importlib.import_module(_runtime(record["name"]).module)
+        backend = importlib.import_module(loaded_shard_runtime(record["name"], "tensor_parallel").module)
         backend.register_all_reduce(comm)
         rank_dir = Path(artifact_dir) / tp["ranks"][rank]
         engine = backend.load_rank(rank_dir, TargetRecord.from_dict(record), DecoderSpec.from_dict(tp["decoder"]))
@@ -87,7 +77,7 @@ class RankGroup:
     def __init__(self, artifact_dir: Path, record: TargetRecord) -> None:
         tp = record.info["tensor_parallel"]
         self.degree = int(tp["degree"])
-        runtime = _runtime(record.name)
+        runtime = loaded_shard_runtime(record.name, "tensor_parallel")
         self.segment = create_segment(self.degree, CAPACITY)
         self.failed = ""
         # Forked from a clean server process (never from this one, whose thread pools may be running), which has

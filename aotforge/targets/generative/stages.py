@@ -26,25 +26,15 @@ import numpy as np
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import RankFailedError, describe
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets import shard_runtime, sharded_targets
-from aotforge.targets.base import ShardRuntime
+from aotforge.targets import loaded_shard_runtime
 from aotforge.targets.generative.runner import GenerativeRunner
-
-
-def _runtime(target: str) -> ShardRuntime:
-    """The target's stage runtime (``GenerativeBackend.pipeline_parallel``), or a refusal naming those that have one."""
-    runtime = shard_runtime(target, "pipeline_parallel")
-    if runtime is None:
-        have = ", ".join(sharded_targets("pipeline_parallel"))
-        raise RankFailedError(f"{target} has no pipeline-parallel runtime (only {have})")
-    return runtime
 
 
 def _stage_main(conn: Any, artifact_dir: str, record: dict[str, Any], stage: int, recv: Any, send: Any) -> None:
     """A stage process: load the stage, then serve ``(where, method, args)`` calls until the driver hangs up."""
     pp = record["info"]["pipeline_parallel"]
     try:
-        backend = importlib.import_module(_runtime(record["name"]).module)
+        backend = importlib.import_module(loaded_shard_runtime(record["name"], "pipeline_parallel").module)
         link = backend.StageLink(recv, send)
         backend.register_stage_ops(link)
         spec = DecoderSpec.from_dict(pp["decoders"][stage])
@@ -88,7 +78,7 @@ class StageGroup:
     def __init__(self, artifact_dir: Path, record: TargetRecord) -> None:
         pp = record.info["pipeline_parallel"]
         self.degree = int(pp["degree"])
-        runtime = _runtime(record.name)
+        runtime = loaded_shard_runtime(record.name, "pipeline_parallel")
         self.failed = ""
         context = multiprocessing.get_context("forkserver")  # as tensor-parallel ranks start (ranks.py)
         context.set_forkserver_preload(list(runtime.preload))

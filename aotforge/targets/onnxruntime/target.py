@@ -25,7 +25,16 @@ from aotforge.core.errors import (
     describe,
 )
 from aotforge.core.spec import IOSpec
-from aotforge.targets.base import Arrays, BuildContext, BuiltArtifact, CompileResult, ProbeResult, Target, TargetRecord
+from aotforge.targets.base import (
+    Arrays,
+    BuildContext,
+    BuiltArtifact,
+    CompileResult,
+    ProbeResult,
+    Target,
+    TargetRecord,
+    WeightGrid,
+)
 from aotforge.targets.huge_pages import huge_pages
 from aotforge.targets.onnxruntime.session_io import run_session
 
@@ -65,6 +74,8 @@ class OrtTarget(Target):
     generative_module = "aotforge.targets.onnxruntime.decoder"
     worker_preload = ("onnxruntime",)
     runs_contrib_ops = True
+    #: MatMulNBits: symmetric blocks along K at both widths, rounded as MLAS does.
+    weight_grids = {4: WeightGrid(8, mlas=True), 8: WeightGrid(128, mlas=True)}
     runtime_packages = ("onnxruntime",)
 
     def probe(self) -> ProbeResult:

@@ -38,6 +38,7 @@ from aotforge.targets.base import (
     ProbeResult,
     Target,
     TargetRecord,
+    WeightGrid,
     refuse_contrib_ops,
 )
 from aotforge.targets.tvm.bucket_runner import run_bucketed
@@ -53,6 +54,8 @@ class TvmTarget(Target):
     name = "tvm"
     options_type = TvmOptions
     generative_module = "aotforge.targets.tvm.decoder.engine"
+    #: Its weight-only kernels: int4 in blocks with float16 scales, int8 one scale per output channel.
+    weight_grids = {4: WeightGrid(8, float16_scales=True), 8: WeightGrid(127, blocked=False)}
     worker_preload = ("tvm", "tvm.relax.frontend.onnx", "aotforge.targets.tvm.pipeline")
     runtime_packages = ("apache-tvm",)
 
