@@ -138,7 +138,7 @@ img {{ max-width: 100%; }}
 
 @functools.cache
 def _model_card_template() -> jinja2.Template:
-    # Compiled once per process: parsing and compiling the template was half of a small build (~190 ms).
+    # Compiled once per process: parsing and compiling the template was half of a small build.
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("aotforge.artifacts", "templates"), keep_trailing_newline=True, autoescape=False
     )

@@ -21,7 +21,7 @@ def toolchain_versions() -> dict[str, str]:
 @functools.cache
 def _distribution_version(dist: str) -> str:
     """Read once per process: the modules a build runs are those imported, which a later reinstall
-    does not change; importlib.metadata parses METADATA as an email on every call (~80 ms a build)."""
+    does not change; importlib.metadata parses METADATA as an email on every call."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

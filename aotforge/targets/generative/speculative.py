@@ -259,8 +259,8 @@ def generate_speculative(
     stats: dict[str, Any] | None = None,
 ) -> np.ndarray:
     """``input_ids`` as given, then the new tokens (``decoding.generate_tokens`` with a draft): what
-    ``stream_speculative`` yields, assembled once at the end, not a column per token (that costs ~1.3 us a
-    token of the loop's ~6, instant stand-in engines)."""
+    ``stream_speculative`` yields, assembled once at the end, not a column per token (a copy of the whole
+    batch per token, a large share of the loop's own cost)."""
     ids = np.asarray(input_ids)
     ids = ids[None, :] if ids.ndim == 1 else ids
     args = (max_new_tokens, num_speculative_tokens, attention_mask, sampling, eos_token_id, stats)

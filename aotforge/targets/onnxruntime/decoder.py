@@ -65,8 +65,7 @@ def compile_generative(
     Both graphs are opened here once, so an op ORT lacks fails the build, not the serving host."""
     import onnxruntime as ort
 
-    settings = dataclasses.asdict(options)
-    (workdir / SESSION_FILE).write_text(json.dumps(settings, sort_keys=True, indent=2) + "\n")
+    settings = _write_settings(workdir, options)
     # Opened only to check them: no huge pages (the load that serves does that).
     OrtStepEngine(workdir, spec, session_options(options), list(options.providers), inputs.verify_width)
     return CompileResult(
@@ -77,11 +76,21 @@ def compile_generative(
 
 
 def compile_shard(shard_dir: Path, options: Any) -> CompileResult:
-    """A rank's or a stage's compile: its session settings only (``tensor_parallel.compile_rank``); its sessions
-    open in the shard processes, which supply the graphs' collective ops (the build's validation opens them)."""
-    from aotforge.targets.onnxruntime.tensor_parallel import compile_rank
+    """A rank's or a stage's compile: its session settings only; its sessions open in the shard processes, which
+    supply the graphs' collective ops (the build's validation opens them)."""
+    import onnxruntime as ort
+    import onnxruntime_extensions
 
-    return CompileResult(files=(SESSION_FILE,), target_info={}, toolchain=compile_rank(shard_dir, options))
+    _write_settings(shard_dir, options)
+    versions = {"onnxruntime": ort.__version__, "onnxruntime_extensions": onnxruntime_extensions.__version__}
+    return CompileResult(files=(SESSION_FILE,), target_info={}, toolchain=versions)
+
+
+def _write_settings(workdir: Path, options: Any) -> dict[str, Any]:
+    """The session settings the artifact keeps (``SESSION_FILE``), which its load reads back."""
+    settings = dataclasses.asdict(options)
+    (workdir / SESSION_FILE).write_text(json.dumps(settings, sort_keys=True, indent=2) + "\n")
+    return settings
 
 
 #: What a rank's or a stage's process imports ahead: the all-reduce and stage links run as onnxruntime-extensions

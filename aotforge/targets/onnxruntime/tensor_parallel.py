@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -55,20 +54,3 @@ def load_rank(rank_dir: Path, record: TargetRecord, spec: DecoderSpec) -> OrtSte
         return OrtStepEngine(rank_dir, spec, settings, list(options.providers), width, huge_pages=options.huge_pages)
     except CompileError as e:
         raise CompileError(f"rank {rank_dir.name}: {describe(e)}") from e
-
-
-def compile_rank(rank_dir: Path, options: Any) -> dict[str, Any]:
-    """The rank's session settings (``session.json``, as the unsharded artifact keeps them); the sessions are
-    opened by the build's load, in the rank processes that have the all-reduce."""
-    import dataclasses
-    import json
-
-    import onnxruntime as ort
-
-    from aotforge.targets.onnxruntime.target import SESSION_FILE
-
-    settings = dataclasses.asdict(options)
-    (rank_dir / SESSION_FILE).write_text(json.dumps(settings, sort_keys=True, indent=2) + "\n")
-    import onnxruntime_extensions
-
-    return {"onnxruntime": ort.__version__, "onnxruntime_extensions": onnxruntime_extensions.__version__}

@@ -4,8 +4,7 @@ Every parallel loop a tvm kernel runs calls ``TVMBackendParallelLaunch``, which 
 ``threading::MaxConcurrency()`` how many threads to use. With neither ``TVM_NUM_THREADS`` nor
 ``OMP_NUM_THREADS`` set, that calls ``std::thread::hardware_concurrency()``, which glibc answers by
 opening and reading ``/sys/devices/system/cpu/online``: three system calls per kernel launch. For a
-small decoder that is most of a step (the 2-layer x 64 draft of ``tests/lm_pair.py``: 89 us of CPU
-per decode call, 18 us with the variable set; AMD EPYC, 2 cores). And tvm then halves that count on
+small decoder that is most of a step (the 2-layer draft of ``tests/lm_pair.py``). And tvm then halves that count on
 x86-64, assuming every core runs two hardware threads: on a machine without SMT (a 2-vCPU cloud VM that
 reports 2 cores of 1 thread) it ran on one core of two, half of what ONNX Runtime and llama.cpp use.
 So a tvm runner, before it runs anything, sets ``TVM_NUM_THREADS`` to the physical cores this process

@@ -9,8 +9,8 @@ test check that they never move).
 
 A decode or verify call is small (tens of microseconds for a draft model), so its inputs are tvm tensors made
 in ``start`` that each call refills through numpy views, its arguments one list made there too, and its logits
-come back as a view of the function's output: ``tvm.runtime.tensor`` of a numpy array took ~15 us a call,
-``.numpy()`` ~6 us and unpacking the returned tuple ~4 us (the 2-layer draft's whole VM call: ~18 us).
+come back as a view of the function's output: making a tvm tensor of a numpy array, ``.numpy()`` and unpacking
+the returned tuple each cost about as much as a draft model's whole VM call.
 """
 
 from __future__ import annotations

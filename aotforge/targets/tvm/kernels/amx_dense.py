@@ -3,9 +3,8 @@
 """A u8 x s8 -> i32 dense kernel on Intel AMX (``tdpbusd``), on the VNNI kernel's packed weights.
 
 One ``tdpbusd`` multiplies a 16 x 64 u8 tile by a 64 x 16 s8 tile into a 16 x 16 i32 tile:
-16,384 multiply-adds, 64 ``vpdpbusd``'s worth. Measured on a 2-core Xeon with AMX (1 thread,
-CPU time): 256 x 768 x 3072 0.67 ms (VNNI kernel 1.91, ONNX Runtime's MLAS 0.75), 256 x 3072 x 768
-0.46 (1.80, 0.71), 256 x 768 x 768 0.09 (0.39, 0.14).
+16,384 multiply-adds, 64 ``vpdpbusd``'s worth, so at BERT-sized shapes it beats the VNNI kernel and
+ONNX Runtime's MLAS (figures: docs/benchmarks.md).
 
 The B tile wants 16 rows of 16 columns x 4 k-bytes: ``vnni_dense.pack_weight``'s
 ``[N/16, K/4, 16, 4]`` gives exactly that, 1 KiB contiguous per (16 columns, 64 k) block. A tiles

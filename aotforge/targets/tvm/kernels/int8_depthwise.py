@@ -11,8 +11,8 @@ channels of one tap are 16 contiguous bytes instead: each input vector is one wi
 
 The multiply-adds are fp32 FMAs on integer values, which is exact: every product and partial
 sum is an integer below ``KH * KW * 255 * 128`` in magnitude, far under 2^24 for any window
-this kernel takes (``supports``), and measured 1.5x faster than ``vpmulld`` + ``vpaddd`` (two
-uops, one port, 10-cycle latency on Intel). The output is tiled as ``TILE_X`` pixels along a
+this kernel takes (``supports``), and faster than ``vpmulld`` + ``vpaddd`` (two uops, one port,
+10-cycle latency on Intel). The output is tiled as ``TILE_X`` pixels along a
 row by 16 channels, whose accumulators stay in registers through the window; the write-back
 turns them to int32 and subtracts the zero-point correction, as ``vnni_conv`` does.
 """

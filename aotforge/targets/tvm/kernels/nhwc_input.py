@@ -3,9 +3,9 @@
 The first integer convolution of a graph (the stem) reads the model's NCHW input, quantized.
 Left to fusion, the quantize, the transpose to channels-last, the spatial padding with the zero
 point and the channel padding to 4 became one injective loop that the default schedule
-vectorized over 16 flattened output elements: 16 gathers with a division and a modulo each,
-110 us for a 3 x 96 x 96 image (1 thread). Here the same values come from a loop nest that keeps
-each output pixel's channels as one unrolled scalar run: 8 us.
+vectorized over 16 flattened output elements: 16 gathers with a division and a modulo each. Here the
+same values come from a loop nest that keeps each output pixel's channels as one unrolled scalar run,
+an order of magnitude faster.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from tvm import s_tir, te, tirx
 
 VECTOR = 16
 #: Below this many output bytes these copies run on the calling thread. They move a pixel's
-#: channels as one vector (~1-2 us for the 50 x 50 x 32 pad of a 96 x 96 MobileNet, 1 thread);
-#: split over 2 threads they took 3-4x as long (the fork/join, and a descheduled worker's time
-#: slice on a loaded machine). The injective rule's element count (``PARALLEL_MIN``) is for
+#: channels as one vector in microseconds; split over 2 threads they took longer (the fork/join, and a
+#: descheduled worker's time slice). The injective rule's element count (``PARALLEL_MIN``) is for
 #: float kernels doing arithmetic, not byte copies.
 PARALLEL_MIN_BYTES = 1 << 20
 
@@ -72,7 +71,7 @@ def pad_nhwc(shape: tuple[int, int, int, int], padding: tuple[int, int, int, int
     """The scheduled PrimFunc ``(x u8[n,h,w,c], zero u8[]) -> u8[n, h', w', channels]``: zero-point padding.
 
     Fused into the requantizing epilogue before it, the padding's bounds test ran per element of a
-    loop flattened over pixels and channels (2x the epilogue's time); here it is one test per pixel,
+    loop flattened over pixels and channels (as long as the epilogue's own work); here it is one test per pixel,
     with the channels a vector.
     """
     n, h, w, c = shape

@@ -1,11 +1,10 @@
 """``out[m, n] = sum_k x[m, k] * w[k, n]`` with ``w`` packed as ``[N / tj, K, tj]`` panels: any number of rows.
 
-A generative build passes its weights as arguments, so the register-tiled schedule cannot pack
-them at compile time (``schedules/weight_packing.pack_weight`` folds constants only) and reads each
-``K x tj`` panel as ``tj`` columns at the row stride of N: the prefill's 128-row matmuls ran at
-~190 GFLOP/s on 2 cores, and a decode step's few rows at ~20 GB/s. Here the weight is stored
-packed (``pack``, at build time, ``rewrites/panel_weights``): each panel is one contiguous run,
-which the hardware prefetchers stream, and one kernel serves every row count:
+A generative build passes its weights as arguments, so the register-tiled schedule cannot pack them at compile time
+(``schedules/weight_packing.pack_weight`` folds constants only) and reads each ``K x tj`` panel as ``tj`` columns
+at the row stride of N, which the prefetchers cannot stream. Here the weight is stored packed (``pack``, at build
+time, ``rewrites/panel_weights``): each panel is one contiguous run, which the hardware prefetchers stream, and one
+kernel serves every row count:
 
 - the j panels (outer) and the tiles of ``mt`` rows (inner) are fused and run in parallel, so a
   panel stays in L2 while the row tiles of a long prompt pass over it;
@@ -13,14 +12,13 @@ which the hardware prefetchers stream, and one kernel serves every row count:
   each ``k`` loads ``tj / 16`` weight vectors and broadcasts ``mt`` values of ``x``; at a decode
   step's 1-8 rows every weight byte is read once for all rows, from memory, as it is stored.
 
-How a decode step's 2-8 rows tile a panel is the one choice measured to flip between hosts (``FewRows``):
-on Intel, 4 rows in two tiles of 2 with 4 runs of K each beat one 4-row tile with 2 runs (186 against 228
-us a 576 x 1536 call); on AMD Zen 4 the same split made a step's 121 weight calls 1.30x the 1-row step's
-and one tile with one run 0.86-0.99x (below). No ISA flag or cache size tells the two apart: the difference is
-in how each core streams memory (not established further: on Intel more sequential runs in flight helped
-a core's bandwidth, on Zen 4 one run is streamed as fast and the extra runs and tiles cost time), so the
-choice follows the target's CPU family, its LLVM ``mcpu``, which the build records (a build for another
-``mcpu`` tiles for that one); a family not measured keeps the Intel tiling.
+How a decode step's 2-8 rows tile a panel is the one choice measured to flip between hosts (``FewRows``): on Intel,
+4 rows in two tiles of 2 with 4 runs of K each beat one 4-row tile with 2 runs; on AMD Zen 4 one tile with one run
+won (below; figures: docs/benchmarks.md). No ISA flag or cache size tells the two apart: the difference is in how
+each core streams memory (not established further: on Intel more sequential runs in flight helped a core's
+bandwidth, on Zen 4 one run is streamed as fast and the extra runs and tiles cost time), so the choice follows the
+target's CPU family, its LLVM ``mcpu``, which the build records (a build for another ``mcpu`` tiles for that one);
+a family not measured keeps the Intel tiling.
 """
 
 from __future__ import annotations

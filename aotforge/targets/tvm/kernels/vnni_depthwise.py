@@ -152,12 +152,12 @@ def _accumulate(
     masked weight vectors of the phase. The weights must change from one iteration of the innermost
     loop to the next: where they are invariant in the tile loop (the window unrolled, or one phase),
     LLVM hoists all 36 of a 3x3 window out of it into the registers the 16 accumulators need
-    (spilled: 1.3x the fp32 kernel's time). So the phases are the innermost loop, at least 2 of
+    (spilled, slower than the fp32 kernel). So the phases are the innermost loop, at least 2 of
     them (``period``: a copy of the weights per phase), and the window's rows a loop.
 
     The kernel must keep ``tirx.noalias`` all the same: one PrimFunc without it and TVM's LLVM codegen
     drops the noalias compute functions of every kernel in the module (the MobileNet-style CNN's
-    1x1 VNNI convolutions then took 2.3x as long)."""
+    1x1 VNNI convolutions then ran much slower)."""
     row, phase, runs = where
     kh, kw = k_size
     accs = [T.alloc_buffer((len(runs) * 16,), "int32") for _ in range(4)]  # registers, after LLVM's SROA

@@ -128,7 +128,7 @@ def _quantize_by_reciprocal(rw: Rewriter, x: Any, scale: Any, zero: Any, *, out_
     """``quantize(x, scale, zero)`` with a constant ``scale`` as ``quantize(x * (1 / scale), 1, zero)``.
 
     Relax's quantize divides every element by the scale: a ``vdivps`` per 16 elements made each
-    requantizing epilogue 3x slower than its memory traffic. ONNX Runtime's integer kernels
+    requantizing epilogue bound by the divider, not by its memory traffic. ONNX Runtime's integer kernels
     requantize with a multiplier too; the two differ only where ``x / scale`` lies within a
     rounding error of a half-integer (one step, rarely).
     """

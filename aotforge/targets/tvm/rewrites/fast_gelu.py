@@ -3,13 +3,10 @@
 ``relax.nn.gelu`` on fp32 -> ``0.5 x (1 + fast_erf(x / sqrt 2))``: TVM's vectorized erf
 polynomial (~5e-6 max abs error) instead of a scalar libm call per element.
 
-``relax.sigmoid`` / ``relax.nn.silu`` on fp32 -> ``1 / (1 + exp(-x))`` (times ``x``) as Relax ops,
-whose ``exp`` ``FastMathTransform`` (run next) turns into ``fast_exp``. The legalized sigmoid
-lowers to LLVM's ``exp`` intrinsic, which has no vector form here: a scalar ``expf`` call per
-lane. SiLU alone: ~3 ns an element against ~0.3 (one thread); in the epilogue of the tiled
-matmul (a SwiGLU gate, batch-4 decode on the SmolLM-135M shape, kernels timed alone) 12.1 ms a
-step against 4.1 for the same matmul without it. ``fast_exp`` clamps its argument to +-88.4, so
-the sigmoid saturates at 0 / 1.
+``relax.sigmoid`` / ``relax.nn.silu`` on fp32 -> ``1 / (1 + exp(-x))`` (times ``x``) as Relax ops, whose ``exp``
+``FastMathTransform`` (run next) turns into ``fast_exp``. The legalized sigmoid lowers to LLVM's ``exp`` intrinsic,
+which has no vector form here: a scalar ``expf`` call per lane, which in the epilogue of a SwiGLU gate's matmul
+cost more than the matmul itself. ``fast_exp`` clamps its argument to +-88.4, so the sigmoid saturates at 0 / 1.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ int32 GEMM, slower than fp32. Where the weight is a constant with zero (or no) z
 the activation is uint8 with a scalar zero point, the call becomes
 ``targets.tvm.kernels.vnni_dense`` on the weight packed at compile time, or, on a target with
 AMX int8 tiles (``amx=True``) and a shape they take, ``targets.tvm.kernels.amx_dense`` on the
-same packed weight (4x the VNNI kernel's speed at BERT-base's shapes).
+same packed weight (AMX multiplies a tile per instruction where VNNI multiplies a vector).
 """
 
 from __future__ import annotations

@@ -3,10 +3,9 @@
 
 The panel kernel is a hand-scheduled PrimFunc, opaque to Relax's FuseOps, so a residual added to a projection's
 output (a decoder layer's attention output and its MLP's down projection) was a kernel of its own: one more
-launch per add, reading the product and the residual back from memory. On a loaded machine each parallel launch's
-fork / join can wait out a descheduled worker's time slice, so on a prompt pass these small kernels cost far more
-than their bytes (a SmolLM-135M-shaped prompt of 128, 60 such adds: ~65 ms of the profile's ~580 ms inside calls);
-a decode step's 60 are small serial kernels, each a VM call and an allocation.
+launch per add, reading the product and the residual back from memory. Each parallel launch's fork / join can
+wait out a descheduled worker's time slice, so on a prompt pass these small kernels cost far more than their bytes;
+a decode step's are small serial kernels, each a VM call and an allocation.
 
 The rule is over the graph, not a model: an ``add`` whose one operand is the panel kernel's whole output
 (through a reshape, nothing else reading either) and whose other operand has the add's own shape (no

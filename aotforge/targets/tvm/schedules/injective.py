@@ -29,8 +29,8 @@ def schedule_spatial_block(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) 
 
     Only the innermost loop is split for vectors, by the widest width that divides it: a vector
     that spans several output rows (a transpose onto 37 columns, NCHW -> NHWC onto 3 channels)
-    indexes each lane with its own division and modulo, a gather ~10x slower than the scalar loop
-    (ViT's K^T: 12.6 -> ~1 us). An innermost loop no width divides is one vector when it is short
+    indexes each lane with its own division and modulo, a gather far slower than the scalar loop
+    (ViT's K^T). An innermost loop no width divides is one vector when it is short
     (``ODD_ROW_MAX``: LLVM splits it into full and masked ones) and every operand is read along
     it (rows copied or padded whole), else a scalar loop.
     """

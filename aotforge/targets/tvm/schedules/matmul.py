@@ -44,10 +44,9 @@ VECTOR = 16
 K_BLOCK = 256
 ACC_BLOCK_BYTES = 64 * 1024
 MIN_PARALLEL_CHUNKS = 8
-#: Below this many multiply-adds (~10-15 us on one AVX-512 core) a kernel runs on the calling
-#: thread: TVM splits a parallel loop statically, so every launch is a fork/join that waits for
-#: the slowest thread (ViT's 37-token kernels: 64 launches per call, 2 threads slower than 1; on a
-#: loaded machine a descheduled worker stalls each join by a time slice).
+#: Below this many multiply-adds (microseconds on one core) a kernel runs on the calling thread: TVM
+#: splits a parallel loop statically, so every launch is a fork/join that waits for the slowest thread
+#: (ViT's 37-token kernels ran slower on 2 threads than on 1), and a descheduled worker stalls the join.
 PARALLEL_MIN_MACS = 1 << 21
 
 
@@ -100,7 +99,7 @@ def _i_tile(m: int) -> int:
     """The i tile: the largest divisor of ``m`` up to 8, or 8 with a ragged last tile when that is < 4.
 
     A prime ``m`` (ViT's 37 tokens: 36 patches + CLS) would otherwise get 1-row tiles, which
-    load the weight panel once per row (ViT: ~8x slower matmuls); the ragged tile is padded
+    load the weight panel once per row (ViT's matmuls several times slower); the ragged tile is padded
     (``_pad``).
     """
     ti = _largest_divisor(m, TILE_I)
@@ -110,9 +109,8 @@ def _i_tile(m: int) -> int:
 def _pad_columns(n: int) -> int:
     """The vector-axis extent to pad ``n`` to (``n`` itself when no padding is worth it).
 
-    An ``n`` only narrow vectors divide (attention scores over 37 or 77 keys: scalar code at
-    ~30 GFLOP/s) is padded to a multiple of the full width, a few zero columns being cheaper than
-    4x-16x narrower vectors.
+    An ``n`` only narrow vectors divide (attention scores over 37 or 77 keys: scalar code) is padded to a
+    multiple of the full width, a few zero columns being cheaper than 4x-16x narrower vectors.
     """
     if n <= VECTOR or _vector_width(n) >= 8:
         return n
@@ -200,7 +198,7 @@ def _tile(sch: s_tir.Schedule, mm: Matmul, tj: int, ti: int) -> tuple[Any, list[
         io, ii = sch.split(s_loops[i], [None, ti])
         # j tiles outside i tiles: one K x tj panel of the j-dependent operand (weights)
         # stays in L2 while every i tile streams past it; i outside j re-streamed the whole
-        # weight matrix per i tile (MiniLM's 384x1536 FFN: 150 -> 270 GFLOP/s on 2 cores).
+        # weight matrix per i tile.
         outer += [jo, io]
         inner = [ii, ji]
     else:
@@ -208,8 +206,7 @@ def _tile(sch: s_tir.Schedule, mm: Matmul, tj: int, ti: int) -> tuple[Any, list[
         inner = [ji]
     if i >= 0 and _split_k(sch, outer, r_loops, mm.m, tj):
         # k blocks outside i tiles: an i tile's A rows and the weight panel's k block stay
-        # in L1/L2; the accumulator becomes an m x tj local block (BERT-base's 768x3072 FFN:
-        # 130 -> 240 GFLOP/s on 2 cores).
+        # in L1/L2; the accumulator becomes an m x tj local block.
         ko, ki = sch.split(r_loops[0], [None, K_BLOCK])
         sch.reorder(*outer[:-1], ko, outer[-1], ki, *inner)
         fused = sch.fuse(*outer[:-1])

@@ -4,8 +4,8 @@ A constant ``W[K, N]`` is read as ``[N / tj, K, tj]``: each j tile's K x tj pane
 copy is a layout-rewrite block that ``SplitLayoutRewritePreproc`` + ``FoldConstant`` move out and
 run at compile time (``steps._prepack_weights``), as MLAS pre-packs B. A model whose weights do not
 stay in L2 streams them from L3 every call; read with the row stride of N, a panel is tj columns of
-K rows, packed it is one contiguous run (ViT's 7 MB of weights, 2 threads: 1.06x -> 0.91x ORT;
-flushed caches: its big matmuls 20-27% faster; unchanged when the weights are in L2).
+K rows, packed it is one contiguous run that the prefetchers stream (no gain when the weights stay in L2;
+figures: docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Running MetaSchedule on a small host for ``targets.tvm.tuning.tune``: building, timing, searching.
 
 Candidates are built in this process: the stock ``LocalBuilder`` starts a fresh worker for every
-batch, and each worker spends ~30 s importing TVM's tensor intrinsics (measured on a 2-core host:
-40 s to build two tiny kernels), which also made its 30 s timeout kill most builds. They still
+batch, and each worker spends tens of seconds importing TVM's tensor intrinsics, which also made its
+30 s timeout kill most builds. They still
 run in a separate process (``LocalRunner``), so a crashing candidate cannot take the build down.
 The cost model is xgboost (``pip install xgboost-cpu``: plain ``xgboost`` pulls ~470 MB of NVIDIA
 libraries).
@@ -79,8 +79,8 @@ def _import_tensor_intrinsics() -> None:
 
     Each of their ~500 TVMScript functions calls ``inspect.stack()``, which looks up the module of
     every frame; the frozen importlib frames of the import have no file, so each lookup scans all
-    of ``sys.modules`` (measured: 39 s with only TVM loaded, 110-130 s inside a build with torch
-    loaded). Naming those frames' modules in ``inspect``'s own cache makes it ~10 s.
+    of ``sys.modules`` (the more modules a build has loaded, torch's included, the longer). Naming those
+    frames' modules in ``inspect``'s own cache skips the scans.
     """
     import inspect
 
