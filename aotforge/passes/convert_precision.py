@@ -32,7 +32,7 @@ _FP16_MAX = 65504.0
 @dataclasses.dataclass(frozen=True)
 class ConvertPrecisionParams:
     #: Ops left in fp32 (their reductions lose too much in 16 bits: ReduceL2 summing squares in
-    #: bf16, as tvm does, left MiniLM's normalised embedding 3% short of unit length).
+    #: bf16, as tvm does, left MiniLM's normalised embedding visibly short of unit length).
     keep_fp32_ops: tuple[str, ...] = (
         "LayerNormalization",
         "Softmax",

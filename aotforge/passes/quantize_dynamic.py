@@ -55,9 +55,8 @@ class QuantizeDynamicParams:
     exclude_weight_shapes: tuple[str, ...] = ()
     #: Make com.microsoft Attention quantizable to QAttention (fold its weight, mask_index).
     qattention: bool = True
-    #: Undo the SkipLayerNormalization fusion (ORT's CPU kernel for it is slow; see quantize_prepare):
-    #: exact; a user's MiniLM export after fuse-ort ran at 0.38-0.42x its fp32 artifact with the split
-    #: and QAttention, 0.62x with neither.
+    #: Undo the SkipLayerNormalization fusion (ORT's CPU kernel for it is slow; see quantize_prepare): exact,
+    #: and with QAttention what makes a fuse-ort export's int8 artifact fast (figures: docs/benchmarks.md).
     split_skip_layer_norm: bool = True
     #: SmoothQuant migration strength in (0, 1); 0 turns smoothing off. Needs calibration_dir.
     smooth_alpha: float = 0.0

@@ -8,9 +8,9 @@ Graphs already holding QDQ (from QAT) pass through untouched.
 
 Activations default to uint8 (U8S8, MLAS's fast path on x86). With int8 activations ONNX Runtime
 1.32's CPU optimizer left every Conv reading a ResNet block input (the output of a residual Add or
-the stem's MaxPool) a float Conv between DQ and Q, 11 of 20, and no Add became QLinearAdd (1.3-1.5x
-over fp32); neither ``DedicatedQDQPair`` (a DQ per reader) nor symmetric activations changed that.
-uint8 activations fused all 20 Convs and the 8 Adds (2x). Pick int8 for QDQ consumers that need it.
+the stem's MaxPool) a float Conv between DQ and Q, 11 of 20, and no Add became QLinearAdd; neither
+``DedicatedQDQPair`` (a DQ per reader) nor symmetric activations changed that. uint8 activations fused
+all 20 Convs and the 8 Adds, and ran much faster (docs/benchmarks.md). Pick int8 for QDQ consumers that need it.
 
 With ``min_cosine`` (and ``min_sample_cosine``) set, the pass searches (passes/quantization_search.py):
 the configured method, the other activation type, per-channel weights, SmoothQuant smoothing at each

@@ -1,6 +1,6 @@
 """The quality gate of a text-generation build whose passes change numerics (weight-only int4 / int8).
 
-Greedy agreement on random ids says little about a quantized decoder: on a real model int4 agrees on ~1% of
+Greedy agreement on random ids says little about a quantized decoder: on a real model int4 agrees on few of the
 greedy tokens while its perplexity rises by a few percent. What a user keeps is the next-token distribution
 on real text, so both models score the same held-out windows: the fp32 source model in torch over each whole
 window, the artifact through its own prefill and decode steps (``targets.generative.perplexity``). The build

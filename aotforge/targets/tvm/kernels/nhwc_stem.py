@@ -3,8 +3,8 @@
 """A CNN's NCHW input (3 channels, float or uint8) -> padded 4-channel NHWC uint8, 16 pixels at a time.
 
 ``nhwc_input.to_nhwc_padded`` writes one output pixel per step, its channels an unrolled scalar run:
-a 96 x 96 image is ~9,600 steps of 4 scalar quantizes and 4 byte stores, ~5% of a MobileNet-style
-int8 call. With 4 channels a run of 16 pixels is 64 output bytes: each channel's 16 pixels are one
+a 96 x 96 image is ~9,600 steps of 4 scalar quantizes and 4 byte stores, a visible share of a
+MobileNet-style int8 call. With 4 channels a run of 16 pixels is 64 output bytes: each channel's 16 pixels are one
 contiguous NCHW load and one vector quantize, and the 4 results interleave into the 64 bytes
 (``byte_lanes``, byte ``4i + k`` = channel ``k`` of pixel ``i``), so a run is ~20 vector instructions.
 The padding (the zero point) is written around the runs, never under them.

@@ -37,7 +37,7 @@ INTRIN = "aotforge_vnni_dot_16x4_local"
 INTRIN_STACK = "aotforge_vnni_dot_16x4_global"
 #: TVM puts a kernel's buffer on the stack only when it is global-scope and under 1 KiB
 #: (``kMaxStackAlloca``); a local-scope one, or a bigger one, is a ``TVMBackendAllocWorkspace`` /
-#: ``FreeWorkspace`` pair around every tile (MobileNet-style int8: ~1,000 pairs, 15% of a call).
+#: ``FreeWorkspace`` pair around every tile (MobileNet-style int8: ~1,000 pairs a call).
 STACK_BYTES = 1024
 
 
@@ -69,8 +69,7 @@ def _dot_16x4(scope: str) -> tuple[Any, Any]:
             T.reads(C[0:16], A[0:4], B[0:16, 0:4])
             T.writes(C[0:16])
             # The 4 activation bytes as one int32, inline: bound to a name, TVM 0.27 gives it a 4-byte
-            # workspace (a TVMBackendAllocWorkspace / FreeWorkspace pair per tile: MobileNet-style
-            # int8, ~15% of a call).
+            # workspace (a TVMBackendAllocWorkspace / FreeWorkspace pair per tile).
             C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
                 C.vload([0], dtype="int32x16"),

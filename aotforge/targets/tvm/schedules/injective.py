@@ -73,7 +73,7 @@ def _same_layout(block: tirx.SBlock) -> bool:
     A copy between a padded and an unpadded buffer (a matmul's 37 rows padded to 40, its output's
     37 key columns padded to 48) indexes both alike, but their rows differ in length; fused, each
     lane would compute its own row and column (and, for a pad, its own bounds test) by division
-    and modulo (ViT's attention-probability pad: 70% of its P @ V kernel).
+    and modulo (ViT's attention-probability pad: most of its P @ V kernel).
     """
     if len(block.writes) != 1 or "if_then_else" in str(block.body):
         return False

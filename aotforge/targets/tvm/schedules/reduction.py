@@ -118,7 +118,7 @@ class FullReduction(CpuRule):
     """A reduction of a whole tensor to a scalar (``max(x)`` / ``min(x)`` of dynamic quantization).
 
     DLight's rules want a spatial axis to parallelize; with none, the reduction stayed one scalar
-    loop over every element (MiniLM int8: 48 of them, 29% of the run). The innermost axis (all
+    loop over every element (MiniLM int8: 48 of them, a large share of the run). The innermost axis (all
     axes fused, when it does not divide) is ``rfactor``-ed into 4 x 16 lanes of partial results,
     reduced to the scalar at the end; one core streams it.
     """
