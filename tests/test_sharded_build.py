@@ -23,29 +23,21 @@ def _artifact_files(result: Any) -> dict[str, str]:
     return {k: v for k, v in result.manifest.files.items() if not k.startswith("MODEL_CARD")}
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
-def test_rebuild_is_a_cache_hit_and_dump_ir_writes_each_shards_graphs(
-    kind: str, llama_dir: Path, tmp_path: Path
-) -> None:
-    folder = KINDS[kind]
+#: Both kinds build through ``sharded_build``; the default run builds the ranks, the slow one the stages too.
+BOTH = ["tensor_parallel", pytest.param("pipeline_parallel", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("kind", BOTH)
+def test_rebuild_with_nothing_changed_is_a_direct_cache_hit(kind: str, llama_dir: Path, tmp_path: Path) -> None:
     kw: dict[str, Any] = {kind: DEGREE, "cache_dir": tmp_path / "cache", "plots": False}
     first = build_text_generation(str(llama_dir), tmp_path / "out", **kw)
     cache = first.manifest.build["cache"]
     assert cache["hit"] is False and "direct entry stored" in cache["direct"]
-    # The IR-level key: the export runs again, the compile is served from the cache; --dump-ir turns the direct mode
-    # off and writes each shard's graphs as the target compiles them.
-    dumped = build_text_generation(str(llama_dir), tmp_path / "out", dump_ir=tmp_path / "ir", direct_lookup=False, **kw)
-    assert dumped.manifest.build["cache"] == {"hit": True, "key": cache["key"]}
-    for shard in range(DEGREE):
-        for graph in ("prefill", "decode"):
-            assert (tmp_path / "ir" / folder / str(shard) / graph / "compiled.onnx").is_file()
     # Nothing changed: the direct mode serves the whole artifact without loading the model.
     second = build_text_generation(str(llama_dir), tmp_path / "out", **kw)
     assert second.manifest.build["cache"]["hit"] is True and second.manifest.build["cache"]["direct"] is True
-    for hit in (dumped, second):  # the model card names the build (its cache record): every other file is equal
-        assert _artifact_files(hit) == _artifact_files(first)
-        assert hit.manifest.target.info[kind]["degree"] == DEGREE
-    assert any(f.startswith(f"{folder}/1/") for f in second.manifest.files)
+    assert _artifact_files(second) == _artifact_files(first)  # the model card names the build: every other file
+    assert any(f.startswith(f"{KINDS[kind]}/{DEGREE - 1}/") for f in second.manifest.files)
     runner = aotforge.load(second.path)
     try:
         out = runner.generate(np.asarray([PROMPTS[0]], dtype=np.int64), 6)
@@ -54,11 +46,31 @@ def test_rebuild_is_a_cache_hit_and_dump_ir_writes_each_shards_graphs(
     assert out[0, len(PROMPTS[0]) :].tolist() == transformers_greedy(tiny_causal_lm("llama"), PROMPTS[0], 6)
 
 
-def test_the_compile_runs_isolated_under_the_backend_deadline(llama_dir: Path, tmp_path: Path) -> None:
-    """Both kinds' compile is ``ShardWork.compile``'s: one kind shows the worker and its deadline."""
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_rebuild_without_the_direct_mode_is_a_compile_cache_hit(kind: str, llama_dir: Path, tmp_path: Path) -> None:
+    """The IR-level key: the export runs again (``--dump-ir`` turns the direct mode off), the compile is served."""
+    kw: dict[str, Any] = {kind: DEGREE, "cache_dir": tmp_path / "cache", "plots": False, "bench": False}
+    first = build_text_generation(str(llama_dir), tmp_path / "out", **kw)
+    dumped = build_text_generation(str(llama_dir), tmp_path / "out", dump_ir=tmp_path / "ir", **kw)
+    assert dumped.manifest.build["cache"] == {"hit": True, "key": first.manifest.build["cache"]["key"]}
+    assert _artifact_files(dumped) == _artifact_files(first)
+
+
+@pytest.mark.parametrize("kind", BOTH)
+def test_dump_ir_writes_each_shards_graphs_and_the_compile_runs_under_the_deadline(
+    kind: str, llama_dir: Path, tmp_path: Path
+) -> None:
+    """``--dump-ir`` writes each rank's or stage's graphs as the target compiles them; the compile then runs in the
+    isolated worker, whose deadline stops it: nothing is stored."""
     with pytest.raises(CompileError, match=r"onnxruntime compile did not finish within 0.001 s.*--backend-deadline"):
-        build_text_generation(str(llama_dir), tmp_path / "out", backend_deadline_s=0.001, tensor_parallel=DEGREE)
-    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("manifest.json"))
+        build_text_generation(
+            str(llama_dir), tmp_path / "out", dump_ir=tmp_path / "ir", backend_deadline_s=0.001, **{kind: DEGREE}
+        )
+    for shard in range(DEGREE):
+        for graph in ("prefill", "decode"):
+            assert (tmp_path / "ir" / KINDS[kind] / str(shard) / graph / "compiled.onnx").is_file()
+    assert not list((tmp_path / "out").rglob("manifest.json"))
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
