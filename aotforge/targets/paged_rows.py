@@ -37,7 +37,8 @@ class PagedRows:
         #: (views of one stacked array when the rows are stacked)
         shape = (num_blocks, kv_heads, block_size, head_dim)
         self._stacked_pool = resident_zeros((len(self.rows), *shape)) if self._stacked is not None else None
-        self.pool = list(self._stacked_pool) if self._stacked_pool is not None else [resident_zeros(shape) for _ in rows]
+        stacked_pool = self._stacked_pool
+        self.pool = list(stacked_pool) if stacked_pool is not None else [resident_zeros(shape) for _ in self.rows]
         self.epoch = np.zeros(num_blocks, dtype=np.int64)
         #: per row: the (block, epoch) pairs it holds, in table order, and how many positions of them are valid
         self._held: list[list[tuple[int, int]]] = [[] for _ in range(rows_count)]
