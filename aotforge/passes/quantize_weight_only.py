@@ -10,7 +10,8 @@ zero points, no calibration). ``layers_8bit``: the decoder layers whose matmuls 
 decoder's weight matmuls come layer by layer in graph order, the head last). MatMulNBits is an ONNX
 Runtime contrib op: other targets refuse this pass at planning time (``passes.CONTRIB_OP_PASSES``).
 The stats name each MatMul / Gemm taken, its bits, and why each other one was not (``survey``): a
-decoder's LM head is a Gemm, tied to the embedding or not.
+decoder's LM head is a Gemm, tied to the embedding or not, or over a 3-D activation (a verify graph's logits at
+every position) a MatMul against a Transpose of the tied embedding, taken as the Gemm is.
 """
 
 from __future__ import annotations
