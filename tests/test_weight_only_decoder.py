@@ -71,6 +71,40 @@ def test_tied_head_is_taken_and_the_embedding_stays_float(bits: int, block: int,
     assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < tolerance
 
 
+def tied_lm_3d() -> ir.Model:
+    """ids [1, 5] -> Gather(embed) -> MatMul(h, Transpose(embed)) -> logits [1, 5, vocab]: how the exporter writes a
+    tied head over every position (a verify graph's), the weight a Transpose of the embedding."""
+    rng = np.random.default_rng(0)
+    embed = numpy_helper.from_array((rng.standard_normal((VOCAB, HIDDEN)) * 0.3).astype(np.float32), "embed")
+    nodes = [
+        helper.make_node("Gather", ["embed", "ids"], ["h"], name="embedding"),
+        helper.make_node("Transpose", ["embed"], ["embed_t"], name="head_transpose", perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "embed_t"], ["logits"], name="lm_head"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tied3d",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 5, VOCAB])],
+        [embed],
+    )
+    return _finish(graph)
+
+
+def test_a_head_over_a_transposed_embedding_is_taken_as_the_2d_head_is() -> None:
+    """The 3-D tied head quantizes to the same MatMulNBits (same weight bytes, same logits) as the 2-D Gemm head, so
+    a verify graph's logits are those of the decode graph's, not a float head's."""
+    ids = np.array([0, 5, 17, 42, 95], dtype=np.int64)
+    flat, deep = tied_lm(), tied_lm_3d()
+    (flat_record,) = run_passes(flat, [make_pass("weight-only", {"head_bits": "8"})])
+    (deep_record,) = run_passes(deep, [make_pass("weight-only", {"head_bits": "8"})])
+    assert deep_record.stats["taken"] == ["lm_head"] and deep_record.stats["head"] == ["lm_head"]
+    assert op_counts(deep) == {"MatMulNBits": 1} and not any(n.op_type == "Transpose" for n in deep.graph)
+    packed = [_producer(m, "logits").inputs[1] for m in (flat, deep)]
+    assert np.array_equal(*(v.const_value.numpy() for v in packed if v is not None and v.const_value is not None))
+    np.testing.assert_array_equal(run(deep, {"ids": ids[None]})[0][0], run(flat, {"ids": ids})[0])
+
+
 def test_a_gemm_it_cannot_take_is_reported_with_its_reason() -> None:
     model = tied_lm()
     head = next(n for n in model.graph if n.op_type == "Gemm")

@@ -10,7 +10,8 @@ zero points, no calibration). ``layers_8bit``: the decoder layers whose matmuls 
 decoder's weight matmuls come layer by layer in graph order, the head last). MatMulNBits is an ONNX
 Runtime contrib op: other targets refuse this pass at planning time (``passes.CONTRIB_OP_PASSES``).
 The stats name each MatMul / Gemm taken, its bits, and why each other one was not (``survey``): a
-decoder's LM head is a Gemm, tied to the embedding or not.
+decoder's LM head is a Gemm, tied to the embedding or not, or over a 3-D activation (a verify graph's logits at
+every position) a MatMul against a Transpose of the tied embedding, taken as the Gemm is.
 """
 
 from __future__ import annotations
@@ -137,6 +138,39 @@ def head_nodes(model: ir.Model, names: list[str]) -> list[str]:
     return heads
 
 
+def transposed_weights_as_constants(model: ir.Model) -> int:
+    """``MatMul(A, Transpose(W))`` with ``W`` a constant 2-D weight as ``MatMul(A, W^T)`` against a constant: how
+    the exporter writes a tied LM head over a 3-D activation (a verify graph's logits at every position), which
+    would otherwise stay float as a weight "computed at run time". ``W^T`` is named as ``gemms_as_matmuls`` names
+    the 2-D head's, so every graph of a build quantizes the same bytes. Returns the MatMuls rewritten."""
+    graph, done = model.graph, 0
+    for node in [n for n in graph if n.op_type == "MatMul" and n.domain in ("", "ai.onnx")]:
+        transpose = node.inputs[1].producer() if len(node.inputs) == 2 and node.inputs[1] is not None else None
+        if transpose is None or transpose.op_type != "Transpose" or transpose.domain not in ("", "ai.onnx"):
+            continue
+        weight, perm = transpose.inputs[0], transpose.attributes.get_ints("perm", None)
+        if weight is None or weight.const_value is None or len(weight.const_value.shape) != 2:
+            continue
+        if perm is not None and list(perm) != [1, 0]:
+            continue
+        name = f"{weight.name}_kn"
+        if name not in graph.initializers:
+            array = np.ascontiguousarray(weight.const_value.numpy().T)
+            graph.register_initializer(
+                ir.Value(
+                    name=name,
+                    shape=ir.Shape(array.shape),
+                    type=ir.TensorType(weight.const_value.dtype),
+                    const_value=ir.tensor(array, name=name),
+                )
+            )
+        node.replace_input_with(1, graph.initializers[name])
+        if not transpose.outputs[0].uses() and not transpose.outputs[0].is_graph_output():
+            graph.remove(transpose, safe=True)
+        done += 1
+    return done
+
+
 def gemms_as_matmuls(model: ir.Model, names: list[str]) -> None:
     """Rewrite the named Gemms as ``MatMul(A, B or B^T)`` (+ ``Add(C)``), the MatMul keeping the Gemm's name."""
     graph = model.graph
@@ -175,6 +209,7 @@ class QuantizeWeightOnlyPass(GraphPass):
         unknown = sorted(set(p.nodes_to_exclude) - {str(n.name) for n in model.graph})
         if unknown:
             raise OptionsError(f"pass weight-only: nodes_to_exclude names no node of the graph: {', '.join(unknown)}")
+        transposed_weights_as_constants(model)
         candidates, not_taken = survey(model, p.nodes_to_exclude)
         if op_counts(model) or not candidates:
             reason = "already quantized" if op_counts(model) else "no MatMul or Gemm with a constant 2-D weight"

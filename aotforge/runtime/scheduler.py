@@ -62,11 +62,15 @@ class Scheduler:
         return plan
 
     def _chunk(self, seq: Sequence, budget: int, others: bool) -> int:
-        """Tokens of ``seq``'s prompt to compute now: a chunk within the budget, or (a runner without ``extend``)
-        all of it: within the budget, or alone in the step even past it (else a long prompt would never start)."""
+        """Tokens of ``seq``'s prompt to compute now: a chunk within the budget (a rest that a whole step holds only
+        whole, or first in the step), or (a runner without ``extend``) all of it: within the budget, or alone in
+        the step even past it (else a long prompt would never start)."""
         left = seq.num_tokens - seq.num_computed
-        if self.can_extend:
+        if self.can_extend and (left <= budget or not others or left > self.config.max_num_batched_tokens):
             return min(left, budget)
+        # The rest of a prompt that one step's budget holds is not cut to fill this step's leftover: it waits
+        # for the next step whole, since a cut costs an extension (the runners' costlier path per token: a
+        # verify graph computes logits at every position) for no token sooner.
         return left if left <= budget or not others else 0
 
     def _fit(self, seq: Sequence, n: int) -> int:

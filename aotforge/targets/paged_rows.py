@@ -25,14 +25,20 @@ def resident_zeros(shape: tuple[int, ...]) -> np.ndarray:
 
 
 class PagedRows:
-    def __init__(self, num_blocks: int, block_size: int, rows: list[np.ndarray]) -> None:
+    def __init__(self, num_blocks: int, block_size: int, rows: list[np.ndarray] | np.ndarray) -> None:
         """``rows``: what the graph reads and writes, one ``[rows, kv_heads, max_seq_len, head_dim]`` array per
-        layer and kind (the caller's: a runtime's own buffers seen through numpy)."""
+        layer and kind (the caller's: a runtime's own buffers seen through numpy), or all of them stacked in one
+        array, which lets a step's store copy every layer's new position in one indexing call."""
         self.block_size = block_size
-        self.rows = rows
-        rows_count, kv_heads, _, head_dim = rows[0].shape
+        self._stacked = rows if isinstance(rows, np.ndarray) else None
+        self.rows = list(rows)
+        rows_count, kv_heads, _, head_dim = self.rows[0].shape
         #: the cache of record: one ``[num_blocks, kv_heads, block_size, head_dim]`` array per layer and kind
-        self.pool = [resident_zeros((num_blocks, kv_heads, block_size, head_dim)) for _ in rows]
+        #: (views of one stacked array when the rows are stacked)
+        shape = (num_blocks, kv_heads, block_size, head_dim)
+        self._stacked_pool = resident_zeros((len(self.rows), *shape)) if self._stacked is not None else None
+        stacked_pool = self._stacked_pool
+        self.pool = list(stacked_pool) if stacked_pool is not None else [resident_zeros(shape) for _ in self.rows]
         self.epoch = np.zeros(num_blocks, dtype=np.int64)
         #: per row: the (block, epoch) pairs it holds, in table order, and how many positions of them are valid
         self._held: list[list[tuple[int, int]]] = [[] for _ in range(rows_count)]
@@ -64,8 +70,11 @@ class PagedRows:
         rows = np.full(n, -1, dtype=np.int64)
         free = list(range(first, first + n))
         for i in range(n):
-            best = max(free, key=lambda r: self._same(r, tables[i]))
-            if self._same(best, tables[i]):
+            # Only a row whose first block is the table's can hold any of it: the others are not compared.
+            start = int(tables[i][0])
+            holders = [r for r in free if self._held[r] and self._held[r][0][0] == start]
+            best = max(holders, key=lambda r: self._same(r, tables[i]), default=-1)
+            if best >= 0 and self._same(best, tables[i]):
                 rows[i] = best
                 free.remove(best)
         for unheld in np.flatnonzero(rows < 0):
@@ -93,8 +102,11 @@ class PagedRows:
         bs = self.block_size
         blocks = tables[np.arange(len(rows)), positions // bs]
         offsets = positions % bs
-        for row_array, pool in zip(self.rows, self.pool, strict=True):
-            pool[blocks, :, offsets] = row_array[rows, :, positions]
+        if self._stacked is not None and self._stacked_pool is not None:
+            self._stacked_pool[:, blocks, :, offsets] = self._stacked[:, rows, :, positions]
+        else:
+            for row_array, pool in zip(self.rows, self.pool, strict=True):
+                pool[blocks, :, offsets] = row_array[rows, :, positions]
         self.epoch[blocks] += 1
         for row, block, position in zip(rows.tolist(), blocks.tolist(), positions.tolist(), strict=True):
             held, j = self._held[row], position // bs

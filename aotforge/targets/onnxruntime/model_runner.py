@@ -34,9 +34,8 @@ class OrtModelRunner:
 
     def allocate(self, num_blocks: int, block_size: int) -> None:
         spec = self.spec
-        shape = (self.max_rows + 1, spec.kv_heads, spec.max_seq_len, spec.head_dim)
-        rows = [resident_zeros(shape) for _ in self._past]
-        self.paged = PagedRows(num_blocks, block_size, rows)
+        shape = (len(self._past), self.max_rows + 1, spec.kv_heads, spec.max_seq_len, spec.head_dim)
+        self.paged = PagedRows(num_blocks, block_size, resident_zeros(shape))  # each layer's rows a view of one
         self._decodes = {}
 
     def kv_cache_bytes(self) -> int:
