@@ -28,7 +28,8 @@ from aotforge.core.target_record import TargetRecord
 from aotforge.targets.generative.runner import GenerativeRunner
 from aotforge.targets.generative.shm_all_reduce import ShmAllReduce, abort_segment, create_segment
 
-#: Target -> module with ``register_all_reduce(reduce)`` and ``load_rank(rank_dir, record, spec)``.
+#: Target -> module with ``prepare_all_reduce()``, ``register_all_reduce(comm, library)`` and
+#: ``load_rank(rank_dir, record, spec, library)``.
 RANK_BACKENDS = {"onnxruntime": "aotforge.targets.onnxruntime.tensor_parallel"}
 #: Target -> what its ranks import, imported once by the process the ranks are forked from.
 RANK_PRELOAD = {"onnxruntime": ("aotforge.targets.onnxruntime.tensor_parallel", "onnxruntime_extensions")}
@@ -36,16 +37,19 @@ RANK_PRELOAD = {"onnxruntime": ("aotforge.targets.onnxruntime.tensor_parallel", 
 CAPACITY = 1 << 20
 
 
-def _rank_main(conn: Any, artifact_dir: str, record: dict[str, Any], rank: int, shm_name: str) -> None:
+def _rank_main(
+    conn: Any, artifact_dir: str, record: dict[str, Any], rank: int, shm_name: str, library: str
+) -> None:
     """A rank process: load the rank, then serve ``(where, method, args)`` calls until the driver hangs up."""
     tp = record["info"]["tensor_parallel"]
     comm: ShmAllReduce | None = None
     try:
         comm = ShmAllReduce(shm_name, rank, int(tp["degree"]), CAPACITY)
         backend = importlib.import_module(RANK_BACKENDS[record["name"]])
-        backend.register_all_reduce(comm)
+        backend.register_all_reduce(comm, library)
         rank_dir = Path(artifact_dir) / tp["ranks"][rank]
-        engine = backend.load_rank(rank_dir, TargetRecord.from_dict(record), DecoderSpec.from_dict(tp["decoder"]))
+        spec = DecoderSpec.from_dict(tp["decoder"])
+        engine = backend.load_rank(rank_dir, TargetRecord.from_dict(record), spec, library)
         conn.send(("ok", None))
     except Exception as e:
         if comm is not None:
@@ -63,6 +67,7 @@ def _rank_main(conn: Any, artifact_dir: str, record: dict[str, Any], rank: int, 
                 runner, result = engine.model_runner(*args), None
             else:
                 result = getattr(engine if where == "engine" else runner, method)(*args)
+            comm.check()  # a native all-reduce cannot fail its run: it leaves the abort flag set instead
         except Exception as e:
             comm.abort()  # the others may wait in an all-reduce this rank never reaches
             result, e_text = None, describe(e, last=True)
@@ -82,6 +87,8 @@ class RankGroup:
         self.degree = int(tp["degree"])
         if record.name not in RANK_BACKENDS:
             raise RankFailedError(f"{record.name} has no tensor-parallel runtime (only {', '.join(RANK_BACKENDS)})")
+        backend = importlib.import_module(RANK_BACKENDS[record.name])
+        library, self.collective = backend.prepare_all_reduce()  # before the segment: nothing to leak if it fails
         self.segment = create_segment(self.degree, CAPACITY)
         self.failed = ""
         # Forked from a clean server process (never from this one, whose thread pools may be running), which has
@@ -94,7 +101,9 @@ class RankGroup:
         for rank in range(self.degree):
             here, there = context.Pipe()
             proc = context.Process(
-                target=_rank_main, args=(there, str(artifact_dir), payload, rank, self.segment.name), daemon=True
+                target=_rank_main,
+                args=(there, str(artifact_dir), payload, rank, self.segment.name, library),
+                daemon=True,
             )
             proc.start()
             there.close()
