@@ -4,8 +4,9 @@ A rank graph's ``ai.onnx.contrib::AllReduce`` (``compiler/generative/collectives
 shared-memory all-reduce (``targets/generative/shm_all_reduce.py``'s segment) as a native custom-op library
 (``native_all_reduce.py``), or, on a host without a C compiler, as an onnxruntime-extensions Python op. Chosen
 over graphs cut at every all-reduce (61 sessions a step, each boundary tensor bound by hand) and over
-torch.distributed gloo (a TCP round trip a call): figures in docs/benchmarks.md (tools/tp_collectives.py). The rank is otherwise the unsharded engine
-(``decoder.OrtStepEngine``) over the rank's own graphs, weights and (1/N) cache.
+torch.distributed gloo (a TCP round trip a call): figures in docs/benchmarks.md (tools/tp_collectives.py).
+The rank is otherwise the unsharded engine (``decoder.OrtStepEngine``) over the rank's own graphs, weights and
+(1/N) cache.
 """
 
 from __future__ import annotations
