@@ -106,6 +106,9 @@ int aotforge_all_reduce_attach(void* base, int rank, int world, int64_t capacity
   return 0;
 }
 
+/* Forget the segment (before it is unmapped): a run after this leaves its output unwritten, never touches it. */
+void aotforge_all_reduce_detach(void) { memset(&comm, 0, sizeof comm); }
+
 static double now_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);

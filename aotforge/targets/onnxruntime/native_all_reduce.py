@@ -68,10 +68,15 @@ def build_library(cache: Path = CACHE) -> Path:
 def attach(library: Path, comm: ShmAllReduce) -> None:
     """Point this process's copy of the library at rank ``comm.rank``'s end of the segment, before the sessions
     open. ONNX Runtime's ``register_custom_ops_library`` loads the same file, so it shares this state."""
-    lib = ctypes.CDLL(str(library))
+    lib = ctypes.CDLL(str(library))  # dlopen: the same handle as ONNX Runtime's, once either loaded it
     lib.aotforge_all_reduce_attach.argtypes = [
         ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_double,
     ]  # fmt: skip
     lib.aotforge_all_reduce_attach.restype = ctypes.c_int
     base = comm.flags.ctypes.data  # the segment's first byte: the header's abort flag
     lib.aotforge_all_reduce_attach(base, comm.rank, comm.world, comm.capacity, comm.timeout_s)
+
+
+def detach(library: Path) -> None:
+    """Make this process's copy of the library forget its segment, before the segment is unmapped."""
+    ctypes.CDLL(str(library)).aotforge_all_reduce_detach()
