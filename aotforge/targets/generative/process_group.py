@@ -15,7 +15,7 @@ import multiprocessing.connection
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from aotforge.core.errors import AotforgeError, RankFailedError, describe
+from aotforge.core.errors import RankFailedError, describe
 
 
 class ProcessGroup:
@@ -137,9 +137,9 @@ class GroupEngine:
                 self.group.call("new_runner", "", self.runner_rows)
             if self.pool:
                 self.group.call("runner", "allocate", *self.pool)
-        except AotforgeError as e:
-            return f"restarting them failed too ({describe(e, last=True)}): restart the server or reload the artifact"
-        return "they were restarted with an empty KV cache, and the next requests run"
+        except Exception as e:  # whatever stops the new group (a rank's load, a fork), the caller's error says it
+            return f"restarting the group failed too ({describe(e, last=True)}): restart the server or reload the artifact"
+        return "the group was restarted with an empty KV cache, and the next requests run"
 
     def close(self) -> None:
         self.group.close()
