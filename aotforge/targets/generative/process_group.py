@@ -138,7 +138,8 @@ class GroupEngine:
             if self.pool:
                 self.group.call("runner", "allocate", *self.pool)
         except Exception as e:  # whatever stops the new group (a rank's load, a fork), the caller's error says it
-            return f"restarting the group failed too ({describe(e, last=True)}): restart the server or reload the artifact"
+            why = describe(e, last=True)
+            return f"restarting the group failed too ({why}): restart the server or reload the artifact"
         return "the group was restarted with an empty KV cache, and the next requests run"
 
     def close(self) -> None:
