@@ -32,8 +32,10 @@ from aotforge.targets.generative.shm_all_reduce import ShmAllReduce, abort_segme
 #: Target -> module with ``prepare_all_reduce()``, ``register_all_reduce(comm, library)`` and
 #: ``load_rank(rank_dir, record, spec, library)``.
 RANK_BACKENDS = {"onnxruntime": "aotforge.targets.onnxruntime.tensor_parallel"}
-#: Target -> what its ranks import, imported once by the process the ranks are forked from.
-RANK_PRELOAD = {"onnxruntime": ("aotforge.targets.onnxruntime.tensor_parallel", "onnxruntime_extensions")}
+#: Target -> what its ranks import, imported once by the process the ranks are forked from; and what ranks that
+#: fell back to the Python all-reduce import besides (onnxruntime-extensions imports transformers and torch).
+RANK_PRELOAD = {"onnxruntime": ("aotforge.targets.onnxruntime.tensor_parallel",)}
+PYTHON_OP_PRELOAD = {"onnxruntime": ("onnxruntime_extensions",)}
 #: Floats an all-reduce moves per barrier (larger inputs, e.g. a long prompt's, go in chunks): 4 MiB a rank.
 CAPACITY = 1 << 20
 
@@ -94,7 +96,11 @@ class RankGroup:
         try:
             # A rank that fails makes the others stop waiting for it in an all-reduce (the segment's abort flag).
             self.workers = ProcessGroup(
-                "tensor-parallel rank", _rank_main, args, RANK_PRELOAD[record.name], self._abort
+                "tensor-parallel rank",
+                _rank_main,
+                args,
+                RANK_PRELOAD[record.name] + (() if library else PYTHON_OP_PRELOAD[record.name]),
+                self._abort,
             )
             self.workers.gather()  # each rank says it loaded (and has the segment mapped)
         finally:  # the ranks keep their mappings; no name is left behind, even if this process is killed
