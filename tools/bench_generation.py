@@ -53,17 +53,17 @@ SMOLLM = {  # HuggingFaceTB/SmolLM-135M's config.json shape
 }
 
 
-def prepare(work: Path, layers: int) -> Path:
-    """The model directory (config + safetensors + a word-level tokenizer stand-in)."""
+def prepare(work: Path, layers: int, shape: Mapping[str, Any] = SMOLLM, name: str = "smollm-shaped") -> Path:
+    """The model directory (config + safetensors + a word-level tokenizer stand-in) of ``shape``."""
     import torch
     from tokenizers import Tokenizer, models
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    model_dir = work / f"smollm-shaped-{layers}"
+    model_dir = work / f"{name}-{layers}"
     if (model_dir / "config.json").is_file():
         return model_dir
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**SMOLLM, num_hidden_layers=layers, bos_token_id=0, eos_token_id=0))
+    model = LlamaForCausalLM(LlamaConfig(**shape, num_hidden_layers=layers, bos_token_id=0, eos_token_id=0))
     model.save_pretrained(model_dir)
     vocab = {f"w{i}": i for i in range(SMOLLM["vocab_size"])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))

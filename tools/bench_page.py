@@ -93,8 +93,9 @@ BENCHES = (
         "tensor_parallel",
         "Tensor parallelism",
         "make bench-tensor-parallel",
-        "tools/bench_tensor_parallel.py builds SmolLM2-135M-Instruct (fp32) with --tensor-parallel 3 (its 3 "
-        "key/value heads allow 1 or 3) and times it, one thread a rank, against the unsharded fp32 artifact on the "
+        "tools/bench_tensor_parallel.py builds a random-weight model shaped like SmolLM2-135M but with 4 key/value "
+        "heads (12 query heads of 48: SmolLM2's 3 allow only 1 or 3 ranks) as an fp32 artifact with "
+        "--tensor-parallel 2 and unsharded, and times them, one thread a rank against the unsharded artifact on the "
         "host's cores, each in a process of its own, alternating round by round: inter-token latency at batch 1 "
         "(the median of a 64-token generation's intervals). Beside it: what one all-reduce costs by each way a CPU "
         "rank could run it (tools/tp_collectives.py) and the bytes each rank stores (docs/parallel.md).",

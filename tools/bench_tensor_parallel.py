@@ -1,14 +1,16 @@
-"""Tensor parallelism against the unsharded artifact on SmolLM2-135M-Instruct (``make bench-tensor-parallel``).
+"""Tensor parallelism against the unsharded artifact (``make bench-tensor-parallel``).
 
-SmolLM2 has 3 key/value heads, so its degrees are 1 and 3 (2 is refused, as vLLM refuses it): the default is 3.
-Builds the real model as a ``--tensor-parallel D`` onnxruntime artifact (one intra-op thread a rank) unless it is
-already in ``--work``, then, round by round and alternating, times in a process of its own each: the unsharded
-fp32 artifact (``--whole``, ONNX Runtime's default threads: the host's cores) and the two ranks; each
-decodes ``--new`` greedy tokens after a ``--prompt``-token prompt at batch 1, and the figure is the median
-inter-token latency. Also: what one all-reduce of a ``[1, 576]`` vector costs by each way a rank could run it
-(``tools/tp_collectives.py``), and the bytes each rank stores. Writes docs/bench/tensor_parallel.json.
+By default a random-weight model shaped like SmolLM2-135M (hidden 576, 30 layers, vocabulary 49152) but with
+12 query / 4 key-value heads of 48 (SmolLM2's 9 / 3 of 64 allow degrees 1 and 3 only; this keeps its GQA ratio
+and its KV bytes), at ``--degree 2``; ``--model DIR --degree 3`` runs the real SmolLM2. Builds, once into
+``--work``, the ``--tensor-parallel D`` onnxruntime artifact (one intra-op thread a rank) and the unsharded one
+(``--whole``, else built: ONNX Runtime's default threads, the host's cores), then, round by round and
+alternating, times each in a process of its own: ``--new`` greedy tokens after a ``--prompt``-token prompt at
+batch 1; the figure is the median inter-token latency. Also: what one all-reduce of a ``[1, 576]`` vector costs
+by each way a rank could run it (``tools/tp_collectives.py``), and the bytes each rank stores. Writes
+docs/bench/tensor_parallel.json.
 
-    python tools/bench_tensor_parallel.py [--model DIR] [--whole ARTIFACT] [--rounds 3]
+    python tools/bench_tensor_parallel.py [--model DIR --degree 3] [--whole ARTIFACT] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -29,21 +31,41 @@ sys.path.insert(0, str(TOOLS))
 import bench_record  # noqa: E402
 import tp_collectives  # noqa: E402
 
-CACHE = Path.home() / ".cache" / "aotforge"
-MODEL = CACHE / "models" / "SmolLM2-135M-Instruct-fp32-b179c9523d0e6a0f"
-WHOLE = CACHE / "bench-serve" / "artifacts" / "onnxruntime-fp32" / "smollm2-fp32" / "1" / "onnxruntime"
 PREFIX = "RESULT "
+WHOLE_ROW = "unsharded (ORT default threads)"
+LAYERS = 30
+#: SmolLM2-135M's shape with key/value heads that 2 divides (bench_generation.SMOLLM is SmolLM's).
+SHAPE = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "head_dim": 48,
+    "vocab_size": 49152,
+    "max_position_embeddings": 2048,
+    "rope_theta": 100000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+}
+
+
+def model_dir(work: Path) -> Path:
+    """The random-weight model (made once into ``work``)."""
+    from bench_generation import prepare
+
+    return prepare(work, LAYERS, SHAPE, "smollm2-kv4")
 
 
 def build(model: Path, work: Path, max_seq_len: int, degree: int) -> Path:
-    """The tensor-parallel artifact (built once into ``work``)."""
+    """The artifact at tensor parallelism ``degree`` (1: unsharded), built once into ``work``."""
     import aotforge
 
-    found = sorted(work.glob(f"out/smollm2-tp{degree}/*/onnxruntime/manifest.json"))
+    name = f"{model.name.lower()}-tp{degree}"
+    found = sorted(work.glob(f"out/{name}/*/onnxruntime/manifest.json"))
     if found:
         return found[-1].parent
     result = aotforge.build(
-        model, target="onnxruntime", task="text-generation", out=work / "out", name=f"smollm2-tp{degree}",
+        model, target="onnxruntime", task="text-generation", out=work / "out", name=name,
         tensor_parallel=degree, max_seq_len=max_seq_len, max_batch=1, bench=False,
     )  # fmt: skip
     return Path(result.path)
@@ -56,6 +78,7 @@ def child(artifact: Path, prompt: int, new: int) -> dict[str, Any]:
     import aotforge
 
     loaded = aotforge.load(artifact)
+    group = getattr(loaded._generative().engine, "group", None)
     ids = np.arange(100, 100 + prompt, dtype=np.int64)[None, :]
     loaded.generate(ids, 4)
     stamps = []
@@ -67,6 +90,7 @@ def child(artifact: Path, prompt: int, new: int) -> dict[str, Any]:
         "ttft_ms": (stamps[0] - started) * 1e3,
         "itl_ms": float(np.median(gaps)),
         "p90_itl_ms": float(np.percentile(gaps, 90)),
+        "all_reduce": getattr(group, "collective", ""),
     }
 
 
@@ -97,14 +121,16 @@ def rank_bytes(artifact: Path, whole: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=MODEL)
-    parser.add_argument("--whole", type=Path, default=WHOLE, help="the unsharded fp32 artifact (same model)")
+    parser.add_argument(
+        "--model", type=Path, help="a causal LM directory (default: the SmolLM2-shaped one, 4 KV heads)"
+    )
+    parser.add_argument("--whole", type=Path, help="the unsharded fp32 artifact of the same model (default: built)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/aotforge-tp-bench"))
-    parser.add_argument("--degree", type=int, default=3, help="ranks (SmolLM2: 1 or 3)")
+    parser.add_argument("--degree", type=int, default=2, help="ranks (a divisor of the model's KV heads)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=64)
-    parser.add_argument("--max-seq-len", type=int, default=2048)
+    parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--json", type=Path, default=bench_record.BENCH_DIR / "tensor_parallel.json")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -112,9 +138,11 @@ def main() -> None:
         print(PREFIX + json.dumps(child(args.child, args.prompt, args.new)))
         return
     run = bench_record.start({k: v for k, v in vars(args).items() if k != "child"})
-    artifact = build(args.model, args.work, args.max_seq_len, args.degree)
+    model = args.model or model_dir(args.work)
+    artifact = build(model, args.work, args.max_seq_len, args.degree)
+    whole = args.whole or build(model, args.work, args.max_seq_len, 1)
     runtimes = {
-        "unsharded (ORT default threads)": args.whole,
+        WHOLE_ROW: whole,
         f"tensor-parallel {args.degree} (1 thread a rank)": artifact,
     }
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in runtimes}
@@ -124,7 +152,7 @@ def main() -> None:
             rounds[name].append(_run(path, args.prompt, args.new))
         for method in tp_collectives.METHODS:
             collectives[method].append(tp_collectives.measure(method, 576, 1000))
-    sizes = rank_bytes(artifact, args.whole)
+    sizes = rank_bytes(artifact, whole)
     results = {"rounds": rounds, "collectives_us": collectives, "bytes": sizes}
     print(json.dumps(results, indent=1))
     bench_record.write(args.json, "tensor_parallel", run, tables(rounds, collectives, sizes), results)
@@ -133,10 +161,11 @@ def main() -> None:
 def tables(rounds: dict[str, list[dict[str, Any]]], collectives: dict[str, list[float]], sizes: dict[str, Any]) -> list:
     fig = bench_record.figure
     ok = {name: [r for r in runs if "itl_ms" in r] for name, runs in rounds.items()}
-    whole, tp = list(ok)
-    ratios = [t["itl_ms"] / w["itl_ms"] for w, t in zip(ok[whole], ok[tp], strict=False)]
+    tp = next(name for name in ok if name != WHOLE_ROW)
+    ratios = [t["itl_ms"] / w["itl_ms"] for w, t in zip(ok[WHOLE_ROW], ok[tp], strict=False)]
+    kinds = sorted({r.get("all_reduce", "") for r in ok[tp]})
     latency = bench_record.table(
-        "Decode latency at batch 1, SmolLM2-135M-Instruct fp32",
+        "Decode latency at batch 1, fp32",
         ("runtime", "ITL ms", "p90 ITL ms", "TTFT ms", "ITL / unsharded (per round)"),
         [
             [
@@ -148,14 +177,16 @@ def tables(rounds: dict[str, list[dict[str, Any]]], collectives: dict[str, list[
             ]
             for name, runs in ok.items()
         ],  # fmt: skip
-        "Each runtime in a process of its own, alternating round by round; the ratio is taken within each round.",
+        "Each runtime in a process of its own, alternating round by round; the ratio is taken within each round. "
+        f"The ranks' all-reduce: {', '.join(kinds)}.",
     )
     allreduce = bench_record.table(
         "One all-reduce of a [1, 576] float vector between two one-thread processes",
         ("method", "us per all-reduce", "x 61 a decode step, ms"),
         [[m, fig(v, 1), round(statistics.median(v) * 61 / 1e3, 2)] for m, v in collectives.items()],
         "shm: the shared-memory all-reduce called from Python; shm-in-ort: the same called from inside an ONNX "
-        "Runtime session as the rank graphs call it (an onnxruntime-extensions Python op); gloo: "
+        "Runtime session (an onnxruntime-extensions Python op, the fallback); native-in-ort: the native custom-op "
+        "library the rank graphs run (targets/onnxruntime/native_all_reduce.py); gloo: "
         "torch.distributed over loopback TCP. A SmolLM2 rank graph all-reduces 61 times a decode step (2 a layer, "
         "and the vocabulary-parallel embedding).",
     )

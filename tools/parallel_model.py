@@ -5,8 +5,9 @@
 Prints, for each measured layout, what the model predicts from the *other* measured terms beside what was measured:
 
 * tensor parallelism, decode at batch 1: ``ITL(N) = t1 * C1 / min(N, C) + A * t_ar`` — the unsharded ITL ``t1`` on
-  ``C1`` cores spread over the ranks' cores, plus ``A`` all-reduces of ``t_ar`` each (the bench's shm-in-ort
-  median); ranks beyond the host's cores ``C`` add a scheduler hand-off to every all-reduce.
+  ``C1`` cores spread over the ranks' cores, plus ``A`` all-reduces of ``t_ar`` each (the bench's median of the
+  all-reduce the ranks ran: native-in-ort, or shm-in-ort where they fell back to the Python op); ranks beyond
+  the host's cores ``C`` add a scheduler hand-off to every all-reduce.
 * pipeline parallelism, a serving decode step of ``m`` micro-batches over ``M`` stages:
   ``wall = (m + M - 1) / m * max_s busy_s`` (GPipe's schedule over the stages' measured busy time) and the bubble
   ``(M-1)/(m+M-1)``; and the throughput against the unsharded artifact from first principles, between two bounds
@@ -47,7 +48,9 @@ def tensor_parallel(data: dict[str, Any], host_cores: int) -> list[str]:
     whole_name, tp_name = split(rounds)
     degree = int(results["bytes"]["degree"])
     t1, measured = median(rounds[whole_name]), median(rounds[tp_name])
-    t_ar = median(results["collectives_us"]["shm-in-ort"]) / 1e3
+    ran = {r.get("all_reduce", "") for r in results["rounds"][tp_name]}
+    method = "native-in-ort" if ran == {"native"} and "native-in-ort" in results["collectives_us"] else "shm-in-ort"
+    t_ar = median(results["collectives_us"][method]) / 1e3
     compute = t1 * host_cores / min(degree, host_cores)
     predicted = compute + ALL_REDUCES * t_ar
     return [

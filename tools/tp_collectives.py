@@ -3,8 +3,10 @@
 Two processes (one thread each) all-reduce a ``[1, hidden]`` float vector ``--calls`` times:
 ``shm`` (``targets/generative/shm_all_reduce.py`` called from Python), ``shm-in-ort`` (the same, called from
 inside an ONNX Runtime session as the rank graphs call it: an onnxruntime-extensions Python op between two
-Adds, so the op's own crossing is in the figure) and ``gloo`` (``torch.distributed.all_reduce`` over loopback
-TCP). Used by tools/bench_tensor_parallel.py; run alone it prints microseconds per call.
+Adds, so the op's own crossing is in the figure), ``native-in-ort`` (the native custom-op library the rank
+graphs run, ``targets/onnxruntime/native_all_reduce.py``, in the same chain) and ``gloo``
+(``torch.distributed.all_reduce`` over loopback TCP). Used by tools/bench_tensor_parallel.py; run alone it
+prints microseconds per call.
 
     python tools/tp_collectives.py [--hidden 576] [--calls 2000]
 """
@@ -19,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-METHODS = ("shm", "shm-in-ort", "gloo")
+METHODS = ("shm", "shm-in-ort", "native-in-ort", "gloo")
 
 
 def _graph(calls: int, hidden: int) -> bytes:
@@ -60,12 +62,14 @@ def _rank(method: str, rank: int, shm_name: str, port: int, hidden: int, calls: 
         else:
             import onnxruntime as ort
 
+            from aotforge.targets.onnxruntime import native_all_reduce
             from aotforge.targets.onnxruntime.tensor_parallel import extensions_library, register_all_reduce
 
-            register_all_reduce(comm)
+            library = str(native_all_reduce.build_library()) if method == "native-in-ort" else ""
+            register_all_reduce(comm, library)
             options = ort.SessionOptions()
             options.intra_op_num_threads = 1
-            options.register_custom_ops_library(extensions_library())
+            options.register_custom_ops_library(library or extensions_library())
             session = ort.InferenceSession(_graph(100, hidden), options, ["CPUExecutionProvider"])
             calls //= 100
             run = lambda: session.run(None, {"x": x})  # noqa: E731
@@ -74,7 +78,7 @@ def _rank(method: str, rank: int, shm_name: str, port: int, hidden: int, calls: 
     started = time.perf_counter()
     for _ in range(calls):
         run()
-    per = (time.perf_counter() - started) / (calls * (100 if method == "shm-in-ort" else 1))
+    per = (time.perf_counter() - started) / (calls * (100 if method.endswith("in-ort") else 1))
     out.put((rank, per * 1e6))
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from aotforge.core.errors import InputSpecError, describe
+from aotforge.core.errors import InputSpecError, RankFailedError, describe
 from aotforge.runtime.detokenizer import Detokenizer
 from aotforge.runtime.kv_blocks import SCRATCH_BLOCK, KVBlockManager
 from aotforge.runtime.outputs import FinishedRequestStats, FinishReason, RequestOutput, StepStats
@@ -135,7 +135,9 @@ class LLMEngine:
             if seq.scheduled_at is None:
                 seq.scheduled_at = now
         for seq, n in plan.prefills:
-            outputs += self._run_prefill(seq, n)
+            if not seq.finished:  # a lost KV cache (below) ends the step's other sequences too
+                outputs += self._run_prefill(seq, n)
+        plan.decodes = [seq for seq in plan.decodes if not seq.finished]
         if plan.decodes:
             outputs += self._run_decode(plan)
         self._finish_stats()
@@ -160,6 +162,8 @@ class LLMEngine:
                 logits = self.runner.prefill(tokens, self._table(seq))
             else:
                 logits = self.runner.extend(tokens, start, self._table(seq))
+        except RankFailedError as e:
+            return self._lost_cache(e)
         except Exception as e:  # one request's fault, not the server's
             return [self._finish(seq, FinishReason.ERROR, f"the model runner failed: {describe(e, last=True)}")]
         self._computed(seq, n)
@@ -177,6 +181,8 @@ class LLMEngine:
             ids[row], positions[row], tables[row] = seq.all_ids[-1], seq.num_computed, self._table(seq)
         try:
             logits = self.runner.decode(ids, positions, tables)
+        except RankFailedError as e:
+            return self._lost_cache(e)
         except Exception as e:
             why = f"the model runner failed: {describe(e, last=True)}"
             return [self._finish(seq, FinishReason.ERROR, why) for seq in plan.decodes]
@@ -184,6 +190,14 @@ class LLMEngine:
         for row, seq in enumerate(plan.decodes):
             self._computed(seq, 1)
             outputs.append(self._append(seq, logits[row]))
+        return outputs
+
+    def _lost_cache(self, e: RankFailedError) -> list[RequestOutput]:
+        """A rank or stage of a sharded runner died, and its KV cache with it (the runner restarts it empty):
+        every sequence with keys and values in the pool fails, and the prefix cache forgets what it held."""
+        why = f"the model runner failed: {describe(e, last=True)}"
+        outputs = [self._finish(seq, FinishReason.ERROR, why) for seq in list(self.scheduler.running)]
+        self.blocks.drop_cached()
         return outputs
 
     def _append(self, seq: Sequence, logits: np.ndarray) -> RequestOutput:

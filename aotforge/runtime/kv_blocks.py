@@ -111,6 +111,11 @@ class KVBlockManager:
             if h not in self._block_of and block not in self._hash_of:
                 self._block_of[h], self._hash_of[block] = block, h
 
+    def drop_cached(self) -> None:
+        """Forget every cached block (the runner lost the pool's contents): no later prompt reuses them."""
+        self._hash_of.clear()
+        self._block_of.clear()
+
     def free(self, seq_id: str) -> None:
         """``seq_id``'s blocks back to the pool: uncached ones to be taken first, cached ones last, the end of a
         sequence before its start (a later prompt shares a prefix more often than the whole)."""

@@ -123,6 +123,8 @@ class ShardRuntime:
     module: str
     #: what the shards' processes import ahead, once, in the process they are forked from
     preload: tuple[str, ...] = ()
+    #: what they import besides when the native collective is missing and they fall back to the Python one
+    fallback_preload: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,6 +70,14 @@ class ShmAllReduce:
                 )
             os.sched_yield()
 
+    def check(self) -> None:
+        """Raise if the group's all-reduces were abandoned (a rank failed, or one gave up waiting)."""
+        if self.flags[0]:
+            raise RankFailedError(
+                f"rank {self.rank}: an all-reduce was abandoned (another rank failed, or one waited "
+                f"{self.timeout_s:.0f} s for the others)"
+            )
+
     def abort(self) -> None:
         """Make every rank waiting in (or entering) an all-reduce raise."""
         self.flags[0] = 1

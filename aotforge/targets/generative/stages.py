@@ -8,15 +8,14 @@ sequences goes as ``min(b, micro_batches)`` micro-batches; the last stage return
 ``ModelRunner``, so ``aotforge generate`` / ``serve`` drive a staged artifact as they drive any other.
 
 A stage that dies or fails stops the whole group (a stage waiting on its neighbour would otherwise wait
-forever): the call raises :class:`RankFailedError` naming it, and so does every later call, since the KV cache
-of its layers went with it. Whoever supervises the server restarts it, as for tensor-parallel ranks.
+forever): the call raises :class:`RankFailedError` naming it, after a new group was started with an empty KV
+cache, as for tensor-parallel ranks (``process_group.GroupEngine``).
 """
 
 from __future__ import annotations
 
 import importlib
 import multiprocessing
-import multiprocessing.connection
 import time
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from aotforge.core.decoder import DecoderSpec
-from aotforge.core.errors import RankFailedError, describe
+from aotforge.core.errors import describe
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets import loaded_shard_runtime
+from aotforge.targets.generative.process_group import GroupEngine, ProcessGroup
 from aotforge.targets.generative.runner import GenerativeRunner
 
 
@@ -79,39 +79,31 @@ class StageGroup:
         pp = record.info["pipeline_parallel"]
         self.degree = int(pp["degree"])
         runtime = loaded_shard_runtime(record.name, "pipeline_parallel")
-        self.failed = ""
-        context = multiprocessing.get_context("forkserver")  # as tensor-parallel ranks start (ranks.py)
-        context.set_forkserver_preload(list(runtime.preload))
-        links = [context.Pipe(duplex=False) for _ in range(self.degree - 1)]  # (stage s+1 reads, stage s writes)
-        self.conns: list[Any] = []
-        self.procs: list[Any] = []
+        links = [multiprocessing.Pipe(duplex=False) for _ in range(self.degree - 1)]  # (s+1 reads, s writes)
         payload = {"name": record.name, "options": record.options, "info": record.info}
-        for stage in range(self.degree):
-            here, there = context.Pipe()
-            recv = links[stage - 1][0] if stage > 0 else None
-            send = links[stage][1] if stage < self.degree - 1 else None
-            proc = context.Process(
-                target=_stage_main, args=(there, str(artifact_dir), payload, stage, recv, send), daemon=True
+        args = [
+            (
+                str(artifact_dir), payload, stage,
+                links[stage - 1][0] if stage > 0 else None,
+                links[stage][1] if stage < self.degree - 1 else None,
             )
-            proc.start()
-            there.close()
-            self.conns.append(here)
-            self.procs.append(proc)
+            for stage in range(self.degree)
+        ]  # fmt: skip
+        self.workers = ProcessGroup("pipeline-parallel stage", _stage_main, args, runtime.preload)
         for reader, writer in links:  # the stages hold them now: a dead stage's neighbour sees its pipe close
             reader.close()
             writer.close()
-        self._gather()
+        self.workers.gather(stop_at_error=True)
+
+    @property
+    def failed(self) -> str:
+        return self.workers.failed
 
     def call(self, where: str, method: str, *args: Any) -> Any:
-        """``method(*args)`` on every stage's engine (``where="engine"``) or runner; the last stage's result."""
-        if self.failed:
-            raise RankFailedError(self.failed)
-        for stage in reversed(range(self.degree)):  # the last stage first: it is the one the others feed
-            try:
-                self.conns[stage].send((where, method, args))
-            except OSError:
-                self._fail(f"stage {stage}: its pipe is closed")
-        return self._gather()[-1]
+        """``method(*args)`` on every stage's engine (``where="engine"``) or runner; the last stage's result.
+        The last stage is told first: it is the one the others feed."""
+        order = range(self.degree - 1, -1, -1)
+        return self.workers.call((where, method, args), order, stop_at_error=True)[-1]
 
     def busy_seconds(self) -> list[float]:
         """Each stage's seconds computing so far (not waiting on a neighbour): the bubble is the rest."""
@@ -119,88 +111,45 @@ class StageGroup:
 
     def call_each(self, where: str, method: str) -> list[Any]:
         """``method()`` on every stage's runner (``where="each"``), or its busy seconds; every stage's result."""
-        if self.failed:
-            raise RankFailedError(self.failed)
-        for conn in self.conns:
-            conn.send((where, method, ()))
-        return self._gather()
-
-    def _gather(self) -> list[Any]:
-        """Each stage's reply; a stage that dies meanwhile fails the call at once."""
-        results: list[Any] = [None] * self.degree
-        errors: list[str] = []
-        pending = set(range(self.degree))
-        while pending:
-            handles = {self.conns[s]: s for s in pending} | {self.procs[s].sentinel: s for s in pending}
-            for stage in sorted({handles[h] for h in multiprocessing.connection.wait(list(handles))}):
-                try:
-                    status, value = self.conns[stage].recv()  # what a stage sent before it died is still read
-                except (EOFError, OSError):
-                    self.procs[stage].join(timeout=5)
-                    self._fail(f"stage {stage}: its process exited with code {self.procs[stage].exitcode}")
-                pending.discard(stage)
-                if status == "ok":
-                    results[stage] = value
-                else:
-                    errors.append(f"stage {stage}: {value}")
-                    break  # its neighbours may wait on it forever: stop the group now
-            if errors:
-                self._fail("; ".join(errors))
-        return results
-
-    def _fail(self, why: str) -> None:
-        self.failed = (
-            f"pipeline-parallel stage failed ({why}); its requests fail and the group cannot go on without the KV "
-            "cache of that stage's layers: restart the server or reload the artifact"
-        )
-        self.close()
-        raise RankFailedError(self.failed)
+        return self.workers.call((where, method, ()), stop_at_error=True)
 
     def close(self) -> None:
-        for conn in self.conns:
-            conn.close()
-        for proc in self.procs:  # a stage blocked on a dead neighbour's pipe sees it close and exits
-            proc.join(timeout=2)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        self.conns, self.procs = [], []
-
-    def __del__(self) -> None:
-        if self.procs:
-            self.close()
+        self.workers.close()
 
 
-class StagedEngine:
+class StagedEngine(GroupEngine):
     """The ``StepEngine`` of a pipeline-parallel artifact (``GenerativeRunner``'s engine)."""
 
     def __init__(self, artifact_dir: Path, record: TargetRecord) -> None:
+        super().__init__()
+        self.artifact_dir, self.record = artifact_dir, record
         self.spec = DecoderSpec.from_dict(record.info["decoder"])
         self.verify_width = int(record.info.get("speculative", {}).get("verify_width", 0))
         self.micro_batches = int(record.info["pipeline_parallel"]["micro_batches"])
-        self.group = StageGroup(artifact_dir, record)
+        self.group = self.start_group()
+
+    def start_group(self) -> StageGroup:
+        return StageGroup(self.artifact_dir, self.record)
 
     def start(self, batch: int, prompt_len: int) -> None:
-        self.group.call("engine", "start", batch, prompt_len)
+        self.call("engine", "start", batch, prompt_len)
 
     def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
-        return self.group.call("engine", "prefill", input_ids, attention_mask, position_ids)
+        return self.call("engine", "prefill", input_ids, attention_mask, position_ids)
 
     def decode(self, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
-        return self.group.call("engine", "decode", input_ids, write_pos)
+        return self.call("engine", "decode", input_ids, write_pos)
 
     def verify(self, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
-        return self.group.call("engine", "verify", input_ids, write_pos)
+        return self.call("engine", "verify", input_ids, write_pos)
 
     def verify_positions(self, width: int) -> int:
         return width
 
     def model_runner(self, max_rows: int) -> StagedModelRunner:
-        self.group.call("new_runner", "", max_rows)
+        self.call("new_runner", "", max_rows)
+        self.runner_rows = max_rows
         return StagedModelRunner(self, max_rows)
-
-    def close(self) -> None:
-        self.group.close()
 
 
 class StagedModelRunner:
@@ -217,23 +166,24 @@ class StagedModelRunner:
         return self.engine.group.failed
 
     def allocate(self, num_blocks: int, block_size: int) -> None:
-        self.engine.group.call("runner", "allocate", num_blocks, block_size)
+        self.engine.call("runner", "allocate", num_blocks, block_size)
+        self.engine.pool = (num_blocks, block_size)
 
     def kv_cache_bytes(self) -> int:
         return int(sum(self.engine.group.call_each("each", "kv_cache_bytes")))
 
     def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
-        return self.engine.group.call("runner", "prefill", token_ids, block_table)
+        return self.engine.call("runner", "prefill", token_ids, block_table)
 
     def extend(self, token_ids: np.ndarray, start: int, block_table: np.ndarray) -> np.ndarray:
-        return self.engine.group.call("runner", "extend", token_ids, start, block_table)
+        return self.engine.call("runner", "extend", token_ids, start, block_table)
 
     def decode_rows(self, rows: int) -> int:
         return rows
 
     def decode(self, token_ids: np.ndarray, positions: np.ndarray, block_tables: np.ndarray) -> np.ndarray:
         parts = min(len(token_ids), self.engine.micro_batches)
-        return self.engine.group.call("runner", "decode", token_ids, positions, block_tables, parts)
+        return self.engine.call("runner", "decode", token_ids, positions, block_tables, parts)
 
 
 def load_staged(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:

@@ -93,9 +93,9 @@ def _write_settings(workdir: Path, options: Any) -> dict[str, Any]:
     return settings
 
 
-#: What a rank's or a stage's process imports ahead: the all-reduce and stage links run as onnxruntime-extensions
-#: Python ops.
-_SHARD_PRELOAD = ("onnxruntime_extensions",)
+#: What a stage's process imports ahead (its links run as onnxruntime-extensions Python ops), and a rank's when it
+#: falls back from the native all-reduce to the Python op.
+_PYTHON_OPS = ("onnxruntime_extensions",)
 
 
 def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:
@@ -140,12 +140,13 @@ BACKEND = GenerativeBackend(
     tensor_parallel=ShardRuntime(
         compile_shard,
         "aotforge.targets.onnxruntime.tensor_parallel",
-        ("aotforge.targets.onnxruntime.tensor_parallel", *_SHARD_PRELOAD),
+        ("aotforge.targets.onnxruntime.tensor_parallel",),
+        fallback_preload=_PYTHON_OPS,
     ),
     pipeline_parallel=ShardRuntime(
         compile_shard,
         "aotforge.targets.onnxruntime.pipeline_parallel",
-        ("aotforge.targets.onnxruntime.pipeline_parallel", *_SHARD_PRELOAD),
+        ("aotforge.targets.onnxruntime.pipeline_parallel", *_PYTHON_OPS),
     ),
 )
 

@@ -1,11 +1,12 @@
 """One rank of a tensor-parallel ONNX Runtime artifact: its sessions, with the graph's all-reduce supplied.
 
-A rank graph's ``ai.onnx.contrib::AllReduce`` (``compiler/generative/collectives.py``) runs as an
-onnxruntime-extensions Python op that calls the host's shared-memory all-reduce
-(``targets/generative/shm_all_reduce.py``). Chosen over graphs cut at every all-reduce (61 sessions a step, each
-boundary tensor bound by hand) and over torch.distributed gloo (a TCP round trip a call): figures in
-docs/benchmarks.md (tools/tp_collectives.py). The rank is otherwise the unsharded engine
-(``decoder.OrtStepEngine``) over the rank's own graphs, weights and (1/N) cache.
+A rank graph's ``ai.onnx.contrib::AllReduce`` (``compiler/generative/collectives.py``) runs the host's
+shared-memory all-reduce (``targets/generative/shm_all_reduce.py``'s segment) as a native custom-op library
+(``native_all_reduce.py``), or, on a host without a C compiler, as an onnxruntime-extensions Python op. Chosen
+over graphs cut at every all-reduce (61 sessions a step, each boundary tensor bound by hand) and over
+torch.distributed gloo (a TCP round trip a call): figures in docs/benchmarks.md (tools/tp_collectives.py).
+The rank is otherwise the unsharded engine (``decoder.OrtStepEngine``) over the rank's own graphs, weights and
+(1/N) cache.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from aotforge.core.decoder import DecoderSpec
-from aotforge.core.errors import CompileError, TargetUnavailableError, describe
+from aotforge.core.errors import AotforgeError, CompileError, TargetUnavailableError, describe
 from aotforge.core.target_record import TargetRecord
+from aotforge.targets.generative.shm_all_reduce import ShmAllReduce
+from aotforge.targets.onnxruntime import native_all_reduce
 from aotforge.targets.onnxruntime.decoder import OrtStepEngine
 from aotforge.targets.onnxruntime.target import session_options, stored_options
 
@@ -37,18 +40,32 @@ def extensions_library() -> str:
     return str(get_library_path())
 
 
-def register_all_reduce(reduce: Callable[[np.ndarray], np.ndarray]) -> None:
-    """Make the rank graphs' AllReduce call ``reduce`` in this process (before its sessions open)."""
+def prepare_all_reduce() -> tuple[str, str]:
+    """``(library, how)``: the native all-reduce library the ranks load ('' for the Python op) and a line saying
+    which one they run and why. Called once by the driver, before the ranks start."""
+    try:
+        return str(native_all_reduce.build_library()), "native"
+    except AotforgeError as e:  # no compiler, or it failed: the Python op still runs the ranks, slower
+        extensions_library()  # and without onnxruntime-extensions, nothing can: say so now
+        return "", f"python op (the native all-reduce is unavailable: {describe(e)})"
+
+
+def register_all_reduce(comm: ShmAllReduce, library: str) -> None:
+    """Make the rank graphs' AllReduce run ``comm``'s all-reduce in this process (before its sessions open)."""
+    if library:
+        native_all_reduce.attach(Path(library), comm)
+        return
     from onnxruntime_extensions import PyCustomOpDef, onnx_op
 
+    reduce: Callable[[np.ndarray], np.ndarray] = comm
     onnx_op(op_type=OP_TYPE, inputs=[PyCustomOpDef.dt_float], outputs=[PyCustomOpDef.dt_float])(reduce)
 
 
-def load_rank(rank_dir: Path, record: TargetRecord, spec: DecoderSpec) -> OrtStepEngine:
-    """Rank ``rank_dir``'s step engine; ``register_all_reduce`` must have run in this process."""
+def load_rank(rank_dir: Path, record: TargetRecord, spec: DecoderSpec, library: str = "") -> OrtStepEngine:
+    """Rank ``rank_dir``'s step engine; ``register_all_reduce(..., library)`` must have run in this process."""
     options = stored_options(rank_dir, record)
     settings = session_options(options)
-    settings.register_custom_ops_library(extensions_library())
+    settings.register_custom_ops_library(library or extensions_library())
     width = int(record.info.get("speculative", {}).get("verify_width", 0))
     try:
         return OrtStepEngine(rank_dir, spec, settings, list(options.providers), width, huge_pages=options.huge_pages)

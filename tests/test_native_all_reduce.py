@@ -1,0 +1,122 @@
+"""The native all-reduce library (``targets/onnxruntime/native_all_reduce.py``) inside ONNX Runtime sessions.
+
+A one-node graph ``AllReduce(x) * 2`` run by two rank processes over one segment sums their inputs exactly, in
+chunks when the input is larger than a buffer; a rank whose peer never arrives, or whose group was aborted,
+returns from the run and raises on its check. The rank graphs' own use is tested end to end in
+``test_tensor_parallel.py``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from aotforge.core.errors import RankFailedError
+from aotforge.targets.generative.shm_all_reduce import ShmAllReduce, abort_segment, create_segment
+from aotforge.targets.onnxruntime import native_all_reduce
+
+HIDDEN = 576
+
+
+def _graph(path: Path) -> Path:
+    nodes = [
+        helper.make_node("AllReduce", ["x"], ["r"], domain="ai.onnx.contrib"),
+        helper.make_node("Mul", ["r", "two"], ["y"]),
+    ]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["rows", HIDDEN]) for n in ("x", "y")]
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    graph = helper.make_graph(nodes, "all_reduce", io[:1], io[1:], [two])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.contrib", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), path)
+    return path
+
+
+def _session(library: Path, graph: Path) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.register_custom_ops_library(str(library))
+    return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+
+
+def _rank(library: Path, graph: Path, segment: str, rank: int, capacity: int, out: Any) -> None:
+    comm = ShmAllReduce(segment, rank, 2, capacity)
+    native_all_reduce.attach(library, comm)
+    session = _session(library, graph)
+    x = np.random.default_rng(rank).standard_normal((3, HIDDEN)).astype(np.float32)
+    y = [session.run(None, {"x": x[: i + 1]})[0] for i in range(3)]  # three calls: both banks, then the first again
+    comm.check()
+    out.put((rank, x, y))
+
+
+@pytest.fixture(scope="module")
+def library() -> Path:
+    return native_all_reduce.build_library()
+
+
+def test_two_ranks_sum_their_inputs_exactly(library: Path, tmp_path: Path) -> None:
+    capacity = 600  # a row of 576 goes whole, two and three rows in chunks (the last one short)
+    graph = _graph(tmp_path / "all_reduce.onnx")
+    segment = create_segment(2, capacity)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    procs = [context.Process(target=_rank, args=(library, graph, segment.name, r, capacity, queue)) for r in (0, 1)]
+    try:
+        for proc in procs:
+            proc.start()
+        results = sorted((queue.get(timeout=120) for _ in procs), key=lambda r: r[0])
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+        segment.close()
+        segment.unlink()
+    (_, x0, y0), (_, x1, y1) = results
+    for i in range(3):
+        want = 2 * (x0[: i + 1] + x1[: i + 1])
+        np.testing.assert_array_equal(y0[i], want)
+        np.testing.assert_array_equal(y1[i], y0[i])
+
+
+def test_a_rank_whose_peer_never_arrives_returns_and_raises_on_its_check(library: Path, tmp_path: Path) -> None:
+    segment = create_segment(2, 1 << 10)
+    try:
+        comm = ShmAllReduce(segment.name, 0, 2, 1 << 10, timeout_s=0.5)
+        native_all_reduce.attach(library, comm)
+        session = _session(library, _graph(tmp_path / "all_reduce.onnx"))
+        session.run(None, {"x": np.ones((1, HIDDEN), dtype=np.float32)})  # rank 1 never comes: gives up after 0.5 s
+        with pytest.raises(RankFailedError, match="abandoned"):
+            comm.check()
+        native_all_reduce.detach(library)
+        comm.close()
+    finally:
+        segment.close()
+        segment.unlink()
+
+
+def test_an_aborted_group_returns_at_once(library: Path, tmp_path: Path) -> None:
+    segment = create_segment(2, 1 << 10)
+    try:
+        comm = ShmAllReduce(segment.name, 0, 2, 1 << 10, timeout_s=600)
+        native_all_reduce.attach(library, comm)
+        session = _session(library, _graph(tmp_path / "all_reduce.onnx"))
+        abort_segment(segment)  # as the driver does when a rank died
+        session.run(None, {"x": np.ones((1, HIDDEN), dtype=np.float32)})  # would wait 600 s otherwise
+        with pytest.raises(RankFailedError):
+            comm.check()
+        native_all_reduce.detach(library)
+        comm.close()
+    finally:
+        segment.close()
+        segment.unlink()
+
+
+def test_the_library_is_built_once_per_source(library: Path) -> None:
+    assert native_all_reduce.build_library() == library
+    assert library.parent.parent == native_all_reduce.CACHE and library.is_file()
