@@ -19,6 +19,7 @@ from aotforge.compiler.api import BuildResult, build
 from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.isolation import keep_spare_workers
 from aotforge.targets import get_target
+from tests.in_process import ISOLATE_BACKEND
 from tests.llm_models import SPECULATIVE_K, TVM_BUCKETS, build_text_generation, save_tiny_causal_lm, tiny_llama
 from tests.lm_pair import LmPair, trained_pair
 from tests.serving import API_KEY, MAX_BATCH, Served, build_chat_llama, serving
@@ -42,6 +43,7 @@ def quick_build(model: Any, out: Path, **overrides: Any) -> BuildResult:
     overrides.setdefault("validation_samples", 2)
     overrides.setdefault("bench_options", FAST_BENCH)
     overrides.setdefault("plots", False)  # matplotlib costs ~1 s a build; tests/test_model_card.py draws them
+    overrides.setdefault("isolate_backend", ISOLATE_BACKEND)
     return build(model, out=out, **overrides)
 
 
