@@ -26,8 +26,8 @@ from tests.serving import API_KEY, MAX_BATCH, Served, build_chat_llama, serving
 
 warnings.filterwarnings("ignore")
 # No spare isolated worker started ahead: the helpers' builds run in the test's process (tests/in_process.py), so a
-# spare started after a CLI build mostly waits for a build that never comes, and its start (tvm: ~5 s of CPU) is
-# the default run's time on 2 cores. AOTFORGE_SPARE_WORKERS=1 keeps one (compiler/isolation.py).
+# spare started after a CLI build mostly waits for a build that never comes, and its start (an interpreter and the
+# backend's imports) is the default run's time on 2 cores. AOTFORGE_SPARE_WORKERS=1 keeps one (compiler/isolation.py).
 keep_spare_workers(os.environ.get("AOTFORGE_SPARE_WORKERS", "0") == "1")
 
 ROOT = Path(__file__).resolve().parent.parent
