@@ -19,14 +19,16 @@ from aotforge.compiler.api import BuildResult, build
 from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.isolation import keep_spare_workers
 from aotforge.targets import get_target
+from tests.in_process import ISOLATE_BACKEND
 from tests.llm_models import SPECULATIVE_K, TVM_BUCKETS, build_text_generation, save_tiny_causal_lm, tiny_llama
 from tests.lm_pair import LmPair, trained_pair
 from tests.serving import API_KEY, MAX_BATCH, Served, build_chat_llama, serving
 
 warnings.filterwarnings("ignore")
-# A session builds hundreds of artifacts: each build's isolated worker (tvm: ~3.5 s of imports) is
-# started ahead, while the previous build runs. AOTFORGE_SPARE_WORKERS=0 measures without.
-keep_spare_workers(os.environ.get("AOTFORGE_SPARE_WORKERS", "1") == "1")
+# No spare isolated worker started ahead: the helpers' builds run in the test's process (tests/in_process.py), so a
+# spare started after a CLI build mostly waits for a build that never comes, and its start (an interpreter and the
+# backend's imports) is the default run's time on 2 cores. AOTFORGE_SPARE_WORKERS=1 keeps one (compiler/isolation.py).
+keep_spare_workers(os.environ.get("AOTFORGE_SPARE_WORKERS", "0") == "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -42,6 +44,7 @@ def quick_build(model: Any, out: Path, **overrides: Any) -> BuildResult:
     overrides.setdefault("validation_samples", 2)
     overrides.setdefault("bench_options", FAST_BENCH)
     overrides.setdefault("plots", False)  # matplotlib costs ~1 s a build; tests/test_model_card.py draws them
+    overrides.setdefault("isolate_backend", ISOLATE_BACKEND)
     return build(model, out=out, **overrides)
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from tests.in_process import ISOLATE_BACKEND
+
 VOCAB = 500
 ARCHITECTURES = ("llama", "qwen2", "gpt2")
 #: The cache length and batch every tiny text-generation artifact is built with.
@@ -93,7 +95,7 @@ def build_text_generation(model: Any, out: Path, target: str = "onnxruntime", **
     """``aotforge.build`` of a causal LM at the tests' geometry, without the benchmark unless asked."""
     import aotforge
 
-    kw = {"bench": False, "max_seq_len": MAX_SEQ, "max_batch": MAX_BATCH, **kw}
+    kw = {"bench": False, "max_seq_len": MAX_SEQ, "max_batch": MAX_BATCH, "isolate_backend": ISOLATE_BACKEND, **kw}
     return aotforge.build(model, target=target, task="text-generation", out=out, **kw)
 
 

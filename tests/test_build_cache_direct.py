@@ -16,9 +16,17 @@ from aotforge.artifacts.manifest import MANIFEST
 from aotforge.compiler import read_tracker
 from aotforge.compiler.api import build
 from aotforge.compiler.options import BuildOptions
+from tests.in_process import ISOLATE_BACKEND
 
-#: Light options. ``passes`` is given, as the CLI always does (its default comes from ``passes``).
-OPTIONS: dict[str, Any] = {"target": "onnxruntime", "passes": ("O1",), "bench": False, "validation_samples": 1}
+#: Light options. ``passes`` is given, as the CLI always does (its default comes from ``passes``). The backend runs in
+#: the test's process (tests/in_process.py): isolation is not part of the cache key, so the CLI's builds still hit.
+OPTIONS: dict[str, Any] = {
+    "target": "onnxruntime",
+    "passes": ("O1",),
+    "bench": False,
+    "validation_samples": 1,
+    "isolate_backend": ISOLATE_BACKEND,
+}
 
 MODEL = """
 from pathlib import Path

@@ -72,7 +72,10 @@ def _quality(result: Any) -> dict[str, Any]:
     return dict(validation["quality"])
 
 
-@pytest.mark.parametrize("target", ["onnxruntime", "tvm"])
+#: tvm's int4 decoder (its own export and compile) is slow here: the default int4 calibration packed by tvm, its
+#: record and its quality are tests/test_weight_only_tvm.py's test_tiny_llama_int4_through_tvm, the calibrated mixed
+#: bits on tvm tests/test_weight_calibration.py's; what this test reads (the manifest's records) is the compiler's.
+@pytest.mark.parametrize("target", ["onnxruntime", pytest.param("tvm", marks=pytest.mark.slow)])
 def test_precision_int4_builds_a_decoder_gated_on_quality(target: str, llama_dir: Path, tmp_path: Path) -> None:
     """Before: refused ("passes fold, dce do not apply to text-generation builds"). The budget is generous: a random
     model's perplexity moves either way under int4; the figures are what the manifest must carry. The weights are

@@ -12,6 +12,7 @@ import aotforge
 from aotforge.compiler.generative.gguf_source import gguf_sha256
 from aotforge.core.errors import ModelLoadError
 from tests.gguf_models import write_llama_gguf
+from tests.in_process import ISOLATE_BACKEND
 from tests.llm_models import MAX_BATCH, MAX_SEQ, TVM_BUCKETS, assert_generates_like_transformers, tiny_causal_lm
 from tests.test_errors import run_cli
 
@@ -25,7 +26,14 @@ def test_fp32_gguf_builds_token_exact_against_the_model_it_was_written_from(targ
     gguf = write_llama_gguf(model, tmp_path / "tiny-llama.gguf")
     options = {"target_options": TVM_BUCKETS} if target == "tvm" else {}
     result = aotforge.build(
-        str(gguf), target=target, out=tmp_path / "out", bench=False, max_seq_len=MAX_SEQ, max_batch=MAX_BATCH, **options
+        str(gguf),
+        target=target,
+        out=tmp_path / "out",
+        bench=False,
+        max_seq_len=MAX_SEQ,
+        max_batch=MAX_BATCH,
+        isolate_backend=ISOLATE_BACKEND,
+        **options,
     )
     source = result.manifest.source
     assert (source["format"], source["sha256"]) == ("gguf", gguf_sha256(gguf))

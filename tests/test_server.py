@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from aotforge.compiler.cli import main
 from tests.conftest import ROOT
-from tests.llm_models import MAX_SEQ, build_text_generation
+from tests.llm_models import MAX_SEQ
 from tests.lm_bytes import encode
 from tests.serving import (
     API_KEY,
@@ -353,19 +353,11 @@ def test_health(chat_server: Served) -> None:
     assert r.status_code == 200 and r.json() == {"status": "ok"}
 
 
-@pytest.fixture(scope="module")
-def plain_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Llama without tokenizer files (so without a chat template)."""
-    from tests.llm_models import save_tiny_causal_lm
-
-    root = tmp_path_factory.mktemp("plain-llama")
-    return Path(build_text_generation(save_tiny_causal_lm("llama", root / "plain"), root / "out").path)
-
-
-def test_an_artifact_without_tokenizer_or_chat_template(plain_artifact: Path) -> None:
+def test_an_artifact_without_tokenizer_or_chat_template(llama_ort: Any) -> None:
+    """The session's tiny Llama (``tests/conftest.py``) has no tokenizer files, so no chat template either."""
     from aotforge.runtime.params import EngineConfig
 
-    with serving(plain_artifact, EngineConfig(max_num_seqs=2), served_model_name="plain") as served:
+    with serving(Path(llama_ort.path), EngineConfig(max_num_seqs=2), served_model_name="plain") as served:
         c = openai.OpenAI(base_url=served.v1, api_key="unused", max_retries=0)
         with pytest.raises(openai.BadRequestError, match="no chat template"):
             c.chat.completions.create(model="plain", messages=[{"role": "user", "content": "Hi"}])

@@ -10,6 +10,7 @@ import torch
 
 from aotforge.artifacts.loader import load
 from aotforge.compiler.api import build
+from tests.in_process import ISOLATE_BACKEND
 
 MODEL = """
 import torch
@@ -51,6 +52,7 @@ def test_symbolic_batch_runs_for_several_sizes(tmp_path: Path) -> None:
         dynamic=["batch=1:2:4"],
         out=tmp_path / "out",
         bench=False,
+        isolate_backend=ISOLATE_BACKEND,
     )
     runner = load(result.path)
     for batch in (1, 3, 4):

@@ -15,6 +15,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 import aotforge
+from tests.in_process import ISOLATE_BACKEND
 
 X = np.array([[np.nan, -np.nan, np.inf, -np.inf, 1, -1, 0, 2]], np.float32)
 
@@ -44,7 +45,12 @@ def test_fast_math_false_propagates_nan_as_ort_does(tmp_path: Path) -> None:
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     expected = dict(zip(("relu", "max", "min", "clip"), session.run(None, {"x": X}), strict=True))
     ieee = aotforge.build(
-        str(model), target="tvm", out=tmp_path / "ieee", bench=False, target_options={"fast_math": "false"}
+        str(model),
+        target="tvm",
+        out=tmp_path / "ieee",
+        bench=False,
+        target_options={"fast_math": "false"},
+        isolate_backend=ISOLATE_BACKEND,
     )
     got = aotforge.load(ieee.path).run({"x": X})
     for name, want in expected.items():
@@ -53,5 +59,5 @@ def test_fast_math_false_propagates_nan_as_ort_does(tmp_path: Path) -> None:
         np.testing.assert_array_equal(got[name][finite], want[finite], err_msg=name)
     info = json.dumps(ieee.manifest.target.info)
     assert '"fast_math": false' in info and "ieee_nan" in info and "nan_propagating" in info
-    fast = aotforge.build(str(model), target="tvm", out=tmp_path / "fast", bench=False)
+    fast = aotforge.build(str(model), target="tvm", out=tmp_path / "fast", bench=False, isolate_backend=ISOLATE_BACKEND)
     assert np.isfinite(aotforge.load(fast.path).run({"x": X})["relu"][0, :2]).all()  # the default's documented cost

@@ -20,6 +20,7 @@ from onnx import helper
 
 from aotforge.targets.tvm.importable.narrow import NarrowTypesPass
 from aotforge.targets.tvm.importable.narrow_encoding import _reference_bytes, encoding
+from tests.in_process import ISOLATE_BACKEND
 
 EDGES = np.array(
     [0.0, -0.0, np.inf, -np.inf, 448, 464, 470, -464, 57344, 61440, 65536, 1e-45, -1e-45, 2**-9, 2**-10, 1.5 * 2**-10],
@@ -130,7 +131,12 @@ def test_tvm_builds_float8_casts_that_match_the_reference(tmp_path: Path) -> Non
 
     onnx.save(_model(0), tmp_path / "m.onnx")
     result = aotforge.build(
-        str(tmp_path / "m.onnx"), target="tvm", sample_inputs=[_inputs()], bench=False, out=tmp_path / "out"
+        str(tmp_path / "m.onnx"),
+        target="tvm",
+        sample_inputs=[_inputs()],
+        bench=False,
+        out=tmp_path / "out",
+        isolate_backend=ISOLATE_BACKEND,
     )
     rewritten = result.manifest.target.info["coverage"]["rewritten"]
     assert rewritten["narrow_types"]["encode_float8e4m3fn"] == 1
