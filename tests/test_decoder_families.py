@@ -24,6 +24,7 @@ import pytest
 
 from aotforge.compiler.generative.graphs import kv_shape
 from aotforge.core.decoder import sliding_windows
+from tests.gguf_models import GGUF_ARCHITECTURES
 from tests.llm_models import MAX_SEQ, TVM_BUCKETS, VOCAB, assert_build_token_exact, build_text_generation
 
 TARGETS = ("onnxruntime", "tvm")
@@ -108,7 +109,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "opt-80x5-untied": ("opt", {"hidden_size": 80, "num_attention_heads": 5, "tie_word_embeddings": False}),
     "opt-96x4-proj64": ("opt", {"hidden_size": 96, "num_attention_heads": 4, "word_embed_proj_dim": 64}),
     "opt-112x4-postnorm": ("opt", {"hidden_size": 112, "num_attention_heads": 4, "do_layer_norm_before": False}),
-    # Llama's rope scalings (a dynamic one is refused: below), attention and MLP biases.
+    # Llama's rope scalings (a dynamic one past max_position_embeddings is refused: below), attention and MLP biases.
     # no end token: greedy reaches it (2) within 20 tokens, where transformers' min_new_tokens would forbid it
     "llama-96x4-kv2-linear": (
         "llama",
@@ -140,6 +141,15 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
                 "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 32,
             },
+        },
+    ),
+    # A dynamic rope within max_position_embeddings (128 > the cache's 64) is the default one.
+    "llama-96x4-kv2-dynamic": (
+        "llama",
+        {
+            **_HEADS_4_2,
+            "max_position_embeddings": 128,
+            "rope_parameters": {**_ROPE, "rope_type": "dynamic", "factor": 2.0},
         },
     ),
     # Qwen2: Q/K/V biases; its sliding window on the layers past max_window_layers, shorter than the cache.
@@ -205,7 +215,8 @@ def decoder_of(family: str, values: dict[str, Any]) -> Any:
 
     torch.manual_seed(0)
     if family == "gpt2":
-        config = tf.GPT2Config(**_COMMON, n_layer=2, n_positions=128, bos_token_id=0, eos_token_id=0, **values)
+        values = {"n_positions": 128, **values}
+        config = tf.GPT2Config(**_COMMON, n_layer=2, bos_token_id=0, eos_token_id=0, **values)
         return tf.GPT2LMHeadModel(config).eval()
     if family == "opt":
         values = {"ffn_dim": 160, "num_hidden_layers": 2, "max_position_embeddings": 128, **values}
@@ -293,10 +304,15 @@ def test_ort_attention_is_plain_where_group_query_attention_refuses_the_model() 
 
 #: What the exported graphs cannot compute, per family: config values -> the feature the refusal names.
 REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
-    "llama-dynamic-rope": (
+    "llama-dynamic-rope-past-its-length": (
         "llama",
-        {**_HEADS_4_2, "rope_parameters": {**_ROPE, "rope_type": "dynamic", "factor": 2.0}},
-        "dynamic rope scaling",
+        {
+            **_HEADS_4_2,
+            "max_position_embeddings": 32,
+            "rope_parameters": {**_ROPE, "rope_type": "dynamic", "factor": 2.0},
+        },
+        r"dynamic rope scaling .*max_position_embeddings \(32\).*--max-seq-len 64 goes past it: "
+        "build with --max-seq-len 32",
     ),
     "falcon-alibi": ("falcon", {"hidden_size": 64, "num_attention_heads": 4, "alibi": True}, "ALiBi position bias"),
 }
@@ -445,18 +461,20 @@ def _doc_table(heading: str, first_column: str) -> list[list[str]]:
 
 def test_the_table_lists_the_families_tested() -> None:
     """docs/text-generation.md's supported-decoders table cannot drift from the tests: each row's family and
-    configurations are those of ``CONFIGS`` (bold: the default run's), each target column says token-exact; the
-    refusals table names each case of ``REFUSED``."""
+    configurations are those of ``CONFIGS`` (bold: the default run's), each target column says token-exact, the
+    GGUF column says yes for the families tests/test_gguf_source.py writes and reads; the refusals table names each
+    case of ``REFUSED``."""
     import re
 
     rows = _doc_table("Supported decoders", "family")
     documented: dict[str, set[str]] = {}
     bold: set[str] = set()
-    for family_cell, _varies, configs, *targets in rows:
+    for family_cell, _varies, configs, *targets, gguf in rows:
         (family,) = re.findall(r"`([^`]+)`", family_cell)
         documented[family] = set(re.findall(r"`([^`]+)`", configs))
         bold |= set(re.findall(r"\*\*`([^`]+)`\*\*", configs))
         assert targets == ["token-exact"] * len(TARGETS), family_cell
+        assert gguf.startswith("yes" if family in GGUF_ARCHITECTURES else "no"), (family, gguf)
     tested: dict[str, set[str]] = {}
     for name, (family, _) in CONFIGS.items():
         tested.setdefault(family, set()).add(name)
