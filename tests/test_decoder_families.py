@@ -10,8 +10,8 @@ Mistral, Qwen3, GPT-NeoX, StableLM) is slow.
 Beside the builds, each check that failed, on a graph or config of its own (no export, a few seconds): the tvm
 residual-into-panel rewrite declines an embedding lookup's ``panel_rows`` call, ORT's GroupQueryAttention keeps
 rotary out where its CPU kernel refuses the tables and is not the attention at all where it refuses the head_dim,
-the logits are scaled as the family's ``forward`` scales them; and a sliding window shorter than the cache is
-refused before the export.
+the logits are scaled as the family's ``forward`` scales them, ORT's GroupQueryAttention windows and soft-caps
+as the exports' eager references do.
 """
 
 from __future__ import annotations
@@ -263,10 +263,9 @@ def test_family_is_token_exact_against_transformers(name: str, target: str, tmp_
     assert_build_token_exact(result, model)
     windows = sliding_windows(model.config, MAX_SEQ)
     info = result.manifest.target.info
-    if target == "onnxruntime":  # GroupQueryAttention where ORT's kernel takes the model, else the plain attention
+    if target == "onnxruntime":  # GroupQueryAttention where ORT's kernel takes the head_dim (windows, caps too)
         _, head_dim = kv_shape(model)
-        plain = head_dim % 8 or getattr(model.config, "attn_logit_softcapping", None) or windows
-        assert info["decode_attention"] == ("masked" if plain else "gqa")
+        assert info["decode_attention"] == ("masked" if head_dim % 8 else "gqa")
     else:  # the decode-attention kernel reads no mask: it declines each sliding layer's banded one, in each
         # decode function (batch buckets 1 and 2), and takes the others where it takes the head_dim
         from aotforge.targets.tvm.kernels.decode_attention import supports
@@ -291,15 +290,94 @@ def _sliding_layers(config: Any, windows: dict[str, int]) -> int:
 
 
 def test_ort_attention_is_plain_where_group_query_attention_refuses_the_model() -> None:
-    """ORT's GroupQueryAttention fails at run time on a head_dim off a multiple of 8, and the fused op has no
-    soft-capping of the scores: such a model's onnxruntime build exports the plain attention, saying why."""
+    """ORT's GroupQueryAttention fails at run time on a head_dim off a multiple of 8: such a model's onnxruntime
+    build exports the plain attention, saying why. Soft-capped scores and sliding windows it takes."""
     import transformers as tf
 
     from aotforge.targets.onnxruntime.decoder import gqa_refusal
 
     assert gqa_refusal(tf.LlamaConfig(), 24) == "" and gqa_refusal(tf.LlamaConfig(), 48) == ""
     assert "head_dim 20 is not a multiple of 8" in gqa_refusal(tf.GraniteConfig(), 20)
-    assert "soft-capped" in gqa_refusal(tf.Gemma2Config(attn_logit_softcapping=50.0), 32)
+    assert gqa_refusal(tf.Gemma2Config(attn_logit_softcapping=50.0, sliding_window=8), 32) == ""
+
+
+def _gqa_session(past: bool, window: int, softcap: float, heads: int, kv_heads: int, head_dim: int) -> Any:
+    """One ``com.microsoft::GroupQueryAttention`` node as ``slot_attention`` emits it, in an ORT CPU session."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    floats = ["query", "key", "value", *(["past_key", "past_value"] if past else [])]
+    names = [*floats[:3], *(floats[3:] if past else ["", ""]), "seqlens_k", "total_sequence_length"]
+    node = helper.make_node(
+        "GroupQueryAttention",
+        names,
+        ["output", "present_key", "present_value"],
+        domain="com.microsoft",
+        num_heads=heads,
+        kv_num_heads=kv_heads,
+        scale=head_dim**-0.5,
+        local_window_size=window if window > 0 else -1,
+        softcap=softcap,
+    )
+    inputs = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in floats]
+    inputs += [helper.make_tensor_value_info(n, onnx.TensorProto.INT32, None) for n in names[-2:]]
+    outputs = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in node.output]
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    graph = helper.make_graph([node], "gqa", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=opsets)
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (5, 0.0), (5, 30.0), (0, 5.0)])
+def test_ort_group_query_attention_windows_and_caps_as_the_eager_reference(window: int, softcap: float) -> None:
+    """ORT's CPU GroupQueryAttention with ``local_window_size`` / ``softcap``, over a prompt (no past) and over a
+    shared-buffer cache (decode, and the verify graph's three tokens of one slot): the eager references the exports
+    trace (``slot_attention``), which the builds hold to transformers' own windowed, capped attention."""
+    import torch
+
+    from aotforge.targets.onnxruntime import slot_attention  # noqa: F401 (registers the aotforge ops)
+
+    heads, kv_heads, head_dim, max_seq, batch = 4, 2, 16, 24, 2
+    rng = np.random.default_rng(0)
+
+    def rand(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    q, k, v = rand(batch, 9, heads * head_dim), rand(batch, 9, kv_heads * head_dim), rand(batch, 9, kv_heads * head_dim)
+    got = _gqa_session(False, window, softcap, heads, kv_heads, head_dim).run(
+        None,
+        {
+            "query": q,
+            "key": k,
+            "value": v,
+            "seqlens_k": np.full(batch, 8, np.int32),
+            "total_sequence_length": np.array(9, np.int32),
+        },
+    )[0]
+    args = (*map(torch.from_numpy, (q, k, v)), torch.ones(batch, 9), heads, kv_heads, head_dim**-0.5, window, softcap)
+    np.testing.assert_allclose(got, torch.ops.aotforge.prompt_gqa(*args)[0].numpy(), atol=1e-5)
+    for steps, last in ((1, np.array([14, 20], np.int32)), (3, np.array([20], np.int32))):  # verify: a slot a call
+        batch = len(last)  # each slot's last new position
+        q, k, v = (
+            rand(batch, steps, heads * head_dim),
+            rand(batch, steps, kv_heads * head_dim),
+            rand(batch, steps, kv_heads * head_dim),
+        )
+        past_key, past_value = rand(batch, kv_heads, max_seq, head_dim), rand(batch, kv_heads, max_seq, head_dim)
+        feeds = {
+            "query": q,
+            "key": k,
+            "value": v,
+            "past_key": past_key,
+            "past_value": past_value,
+            "seqlens_k": last,
+            "total_sequence_length": np.array(last.max() + 1, np.int32),
+        }
+        got = _gqa_session(True, window, softcap, heads, kv_heads, head_dim).run(None, feeds)[0]
+        tensors = map(torch.from_numpy, (q, k, v, past_key, past_value, last.astype(np.int64)))
+        want = torch.ops.aotforge.slot_gqa(*tensors, heads, kv_heads, head_dim**-0.5, window, softcap)[0]
+        np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
 
 
 #: What the exported graphs cannot compute, per family: config values -> the feature the refusal names.
