@@ -55,6 +55,7 @@ FAMILIES = (
     "falcon",
     "gpt2",
     "gpt_neox",
+    "stablelm",
     "opt",
 )
 
@@ -127,10 +128,13 @@ def configs(draw: st.DrawFn, families: tuple[str, ...] = FAMILIES) -> tuple[str,
     if family == "cohere":
         values["use_qk_norm"] = draw(st.booleans())
         values["logit_scale"] = draw(st.sampled_from((0.0625, 0.5, 1.0)))
-    if family == "phi":  # a rotary width that is even
+    if family in ("phi", "stablelm"):  # a rotary width that is even
         factors = [f for f in (0.25, 0.5, 1.0) if int(head_dim * f) % 2 == 0]
         values["partial_rotary_factor"] = draw(st.sampled_from(factors))
+    if family == "phi":
         values["qk_layernorm"] = draw(st.booleans())
+    if family == "stablelm":  # no end token: min_new_tokens would keep transformers from choosing its default (0)
+        values.update(use_qkv_bias=draw(st.booleans()), use_parallel_residual=draw(st.booleans()), eos_token_id=None)
     return family, values
 
 
