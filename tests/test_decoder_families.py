@@ -10,8 +10,8 @@ Mistral, Qwen3, GPT-NeoX, StableLM) is slow.
 Beside the builds, each check that failed, on a graph or config of its own (no export, a few seconds): the tvm
 residual-into-panel rewrite declines an embedding lookup's ``panel_rows`` call, ORT's GroupQueryAttention keeps
 rotary out where its CPU kernel refuses the tables and is not the attention at all where it refuses the head_dim,
-the logits are scaled as the family's ``forward`` scales them; and a sliding window shorter than the cache is
-refused before the export.
+the logits are scaled as the family's ``forward`` scales them, ORT's GroupQueryAttention windows and soft-caps
+as the exports' eager references do.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import pytest
 
 from aotforge.compiler.generative.graphs import kv_shape
 from aotforge.core.decoder import sliding_windows
-from tests.llm_models import MAX_SEQ, TVM_BUCKETS, VOCAB, assert_build_token_exact, build_text_generation
+from tests.gguf_models import GGUF_ARCHITECTURES
+from tests.llm_models import MAX_SEQ, VOCAB, assert_build_token_exact, build_text_generation
 
 TARGETS = ("onnxruntime", "tvm")
 _COMMON = {"vocab_size": VOCAB, "initializer_range": 0.2}
@@ -108,7 +109,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "opt-80x5-untied": ("opt", {"hidden_size": 80, "num_attention_heads": 5, "tie_word_embeddings": False}),
     "opt-96x4-proj64": ("opt", {"hidden_size": 96, "num_attention_heads": 4, "word_embed_proj_dim": 64}),
     "opt-112x4-postnorm": ("opt", {"hidden_size": 112, "num_attention_heads": 4, "do_layer_norm_before": False}),
-    # Llama's rope scalings (a dynamic one is refused: below), attention and MLP biases.
+    # Llama's rope scalings (a dynamic one past max_position_embeddings is refused: below), attention and MLP biases.
     # no end token: greedy reaches it (2) within 20 tokens, where transformers' min_new_tokens would forbid it
     "llama-96x4-kv2-linear": (
         "llama",
@@ -140,6 +141,15 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
                 "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 32,
             },
+        },
+    ),
+    # A dynamic rope within max_position_embeddings (128 > the cache's 64) is the default one.
+    "llama-96x4-kv2-dynamic": (
+        "llama",
+        {
+            **_HEADS_4_2,
+            "max_position_embeddings": 128,
+            "rope_parameters": {**_ROPE, "rope_type": "dynamic", "factor": 2.0},
         },
     ),
     # Qwen2: Q/K/V biases; its sliding window on the layers past max_window_layers, shorter than the cache.
@@ -205,7 +215,8 @@ def decoder_of(family: str, values: dict[str, Any]) -> Any:
 
     torch.manual_seed(0)
     if family == "gpt2":
-        config = tf.GPT2Config(**_COMMON, n_layer=2, n_positions=128, bos_token_id=0, eos_token_id=0, **values)
+        values = {"n_positions": 128, **values}
+        config = tf.GPT2Config(**_COMMON, n_layer=2, bos_token_id=0, eos_token_id=0, **values)
         return tf.GPT2LMHeadModel(config).eval()
     if family == "opt":
         values = {"ffn_dim": 160, "num_hidden_layers": 2, "max_position_embeddings": 128, **values}
@@ -238,26 +249,30 @@ def decoder_of(family: str, values: dict[str, Any]) -> Any:
     return model_type(config_type(**_COMMON, **_LLAMA_LIKE, **values)).eval()
 
 
+#: tvm: one prefill and one decode function (the prompts and the batch of two fit them): bucketing is the same
+#: for every family (tests/test_generative_tvm.py covers it), and each function costs the build its compile.
+ONE_BUCKET = {"buckets": (f"prompt={MAX_SEQ}", "batch=2")}
+
+
 def _configs() -> list[Any]:
     return [name if name in DEFAULT else pytest.param(name, marks=pytest.mark.slow) for name in CONFIGS]
 
 
-#: Each build exports three graphs (~15 s) and compiles them (onnxruntime ~10 s, tvm ~30 s) on 2 busy cores.
+#: Each build exports two graphs (~15 s) and compiles them (onnxruntime ~10 s, tvm ~20 s) on 2 busy cores.
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", _configs())
 def test_family_is_token_exact_against_transformers(name: str, target: str, tmp_path: Path) -> None:
     model = decoder(name)
-    options = {"target_options": TVM_BUCKETS} if target == "tvm" else {}
+    options = {"target_options": ONE_BUCKET} if target == "tvm" else {}
     result = build_text_generation(model, tmp_path, target=target, name=name, **options)
     assert_build_token_exact(result, model)
     windows = sliding_windows(model.config, MAX_SEQ)
     info = result.manifest.target.info
-    if target == "onnxruntime":  # GroupQueryAttention where ORT's kernel takes the model, else the plain attention
+    if target == "onnxruntime":  # GroupQueryAttention where ORT's kernel takes the head_dim (windows, caps too)
         _, head_dim = kv_shape(model)
-        plain = head_dim % 8 or getattr(model.config, "attn_logit_softcapping", None) or windows
-        assert info["decode_attention"] == ("masked" if plain else "gqa")
+        assert info["decode_attention"] == ("masked" if head_dim % 8 else "gqa")
     else:  # the decode-attention kernel reads no mask: it declines each sliding layer's banded one, in each
-        # decode function (batch buckets 1 and 2), and takes the others where it takes the head_dim
+        # decode function (one: ONE_BUCKET), and takes the others where it takes the head_dim
         from aotforge.targets.tvm.kernels.decode_attention import supports
 
         report = info["generative"]["decode_attention"]
@@ -267,8 +282,8 @@ def test_family_is_token_exact_against_transformers(name: str, target: str, tmp_
         if getattr(model.config, "attn_logit_softcapping", None):  # tanh between scores and softmax: not the kernel's
             assert report["rewritten"] == banded == 0, report
         else:
-            assert banded == 2 * sliding, report
-            taken = 0 if supports(head_dim) else 2 * (model.config.num_hidden_layers - sliding)
+            assert banded == sliding, report
+            taken = 0 if supports(head_dim) else model.config.num_hidden_layers - sliding
             assert report["rewritten"] == taken, report
 
 
@@ -280,23 +295,107 @@ def _sliding_layers(config: Any, windows: dict[str, int]) -> int:
 
 
 def test_ort_attention_is_plain_where_group_query_attention_refuses_the_model() -> None:
-    """ORT's GroupQueryAttention fails at run time on a head_dim off a multiple of 8, and the fused op has no
-    soft-capping of the scores: such a model's onnxruntime build exports the plain attention, saying why."""
+    """ORT's GroupQueryAttention fails at run time on a head_dim off a multiple of 8: such a model's onnxruntime
+    build exports the plain attention, saying why. Soft-capped scores and sliding windows it takes."""
     import transformers as tf
 
     from aotforge.targets.onnxruntime.decoder import gqa_refusal
 
     assert gqa_refusal(tf.LlamaConfig(), 24) == "" and gqa_refusal(tf.LlamaConfig(), 48) == ""
     assert "head_dim 20 is not a multiple of 8" in gqa_refusal(tf.GraniteConfig(), 20)
-    assert "soft-capped" in gqa_refusal(tf.Gemma2Config(attn_logit_softcapping=50.0), 32)
+    assert gqa_refusal(tf.Gemma2Config(attn_logit_softcapping=50.0, sliding_window=8), 32) == ""
+
+
+def _gqa_session(past: bool, window: int, softcap: float, heads: int, kv_heads: int, head_dim: int) -> Any:
+    """One ``com.microsoft::GroupQueryAttention`` node as ``slot_attention`` emits it, in an ORT CPU session."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    floats = ["query", "key", "value", *(["past_key", "past_value"] if past else [])]
+    names = [*floats[:3], *(floats[3:] if past else ["", ""]), "seqlens_k", "total_sequence_length"]
+    node = helper.make_node(
+        "GroupQueryAttention",
+        names,
+        ["output", "present_key", "present_value"],
+        domain="com.microsoft",
+        num_heads=heads,
+        kv_num_heads=kv_heads,
+        scale=head_dim**-0.5,
+        local_window_size=window if window > 0 else -1,
+        softcap=softcap,
+    )
+    inputs = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in floats]
+    inputs += [helper.make_tensor_value_info(n, onnx.TensorProto.INT32, None) for n in names[-2:]]
+    outputs = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in node.output]
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    graph = helper.make_graph([node], "gqa", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=opsets)
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (5, 0.0), (5, 30.0), (0, 5.0)])
+def test_ort_group_query_attention_windows_and_caps_as_the_eager_reference(window: int, softcap: float) -> None:
+    """ORT's CPU GroupQueryAttention with ``local_window_size`` / ``softcap``, over a prompt (no past) and over a
+    shared-buffer cache (decode, and the verify graph's three tokens of one slot): the eager references the exports
+    trace (``slot_attention``), which the builds hold to transformers' own windowed, capped attention."""
+    import torch
+
+    from aotforge.targets.onnxruntime import slot_attention  # noqa: F401 (registers the aotforge ops)
+
+    heads, kv_heads, head_dim, max_seq, batch = 4, 2, 16, 24, 2
+    rng = np.random.default_rng(0)
+
+    def rand(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    q, k, v = rand(batch, 9, heads * head_dim), rand(batch, 9, kv_heads * head_dim), rand(batch, 9, kv_heads * head_dim)
+    got = _gqa_session(False, window, softcap, heads, kv_heads, head_dim).run(
+        None,
+        {
+            "query": q,
+            "key": k,
+            "value": v,
+            "seqlens_k": np.full(batch, 8, np.int32),
+            "total_sequence_length": np.array(9, np.int32),
+        },
+    )[0]
+    args = (*map(torch.from_numpy, (q, k, v)), torch.ones(batch, 9), heads, kv_heads, head_dim**-0.5, window, softcap)
+    np.testing.assert_allclose(got, torch.ops.aotforge.prompt_gqa(*args)[0].numpy(), atol=1e-5)
+    for steps, last in ((1, np.array([14, 20], np.int32)), (3, np.array([20], np.int32))):  # verify: a slot a call
+        batch = len(last)  # each slot's last new position
+        q, k, v = (
+            rand(batch, steps, heads * head_dim),
+            rand(batch, steps, kv_heads * head_dim),
+            rand(batch, steps, kv_heads * head_dim),
+        )
+        past_key, past_value = rand(batch, kv_heads, max_seq, head_dim), rand(batch, kv_heads, max_seq, head_dim)
+        feeds = {
+            "query": q,
+            "key": k,
+            "value": v,
+            "past_key": past_key,
+            "past_value": past_value,
+            "seqlens_k": last,
+            "total_sequence_length": np.array(last.max() + 1, np.int32),
+        }
+        got = _gqa_session(True, window, softcap, heads, kv_heads, head_dim).run(None, feeds)[0]
+        tensors = map(torch.from_numpy, (q, k, v, past_key, past_value, last.astype(np.int64)))
+        want = torch.ops.aotforge.slot_gqa(*tensors, heads, kv_heads, head_dim**-0.5, window, softcap)[0]
+        np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
 
 
 #: What the exported graphs cannot compute, per family: config values -> the feature the refusal names.
 REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
-    "llama-dynamic-rope": (
+    "llama-dynamic-rope-past-its-length": (
         "llama",
-        {**_HEADS_4_2, "rope_parameters": {**_ROPE, "rope_type": "dynamic", "factor": 2.0}},
-        "dynamic rope scaling",
+        {
+            **_HEADS_4_2,
+            "max_position_embeddings": 32,
+            "rope_parameters": {**_ROPE, "rope_type": "dynamic", "factor": 2.0},
+        },
+        r"dynamic rope scaling .*max_position_embeddings \(32\).*--max-seq-len 64 goes past it: "
+        "build with --max-seq-len 32",
     ),
     "falcon-alibi": ("falcon", {"hidden_size": 64, "num_attention_heads": 4, "alibi": True}, "ALiBi position bias"),
 }
@@ -445,18 +544,20 @@ def _doc_table(heading: str, first_column: str) -> list[list[str]]:
 
 def test_the_table_lists_the_families_tested() -> None:
     """docs/text-generation.md's supported-decoders table cannot drift from the tests: each row's family and
-    configurations are those of ``CONFIGS`` (bold: the default run's), each target column says token-exact; the
-    refusals table names each case of ``REFUSED``."""
+    configurations are those of ``CONFIGS`` (bold: the default run's), each target column says token-exact, the
+    GGUF column says yes for the families tests/test_gguf_source.py writes and reads; the refusals table names each
+    case of ``REFUSED``."""
     import re
 
     rows = _doc_table("Supported decoders", "family")
     documented: dict[str, set[str]] = {}
     bold: set[str] = set()
-    for family_cell, _varies, configs, *targets in rows:
+    for family_cell, _varies, configs, *targets, gguf in rows:
         (family,) = re.findall(r"`([^`]+)`", family_cell)
         documented[family] = set(re.findall(r"`([^`]+)`", configs))
         bold |= set(re.findall(r"\*\*`([^`]+)`\*\*", configs))
         assert targets == ["token-exact"] * len(TARGETS), family_cell
+        assert gguf.startswith("yes" if family in GGUF_ARCHITECTURES else "no"), (family, gguf)
     tested: dict[str, set[str]] = {}
     for name, (family, _) in CONFIGS.items():
         tested.setdefault(family, set()).add(name)

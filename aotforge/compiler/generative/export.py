@@ -19,7 +19,14 @@ from onnx import numpy_helper
 from onnx.external_data_helper import set_external_data
 
 from aotforge.compiler.generative import collectives
-from aotforge.compiler.generative.graphs import Decode, Prefill, Verify, kv_shape, num_layers
+from aotforge.compiler.generative.graphs import (
+    Decode,
+    Prefill,
+    Verify,
+    default_rope_within_original_length,
+    kv_shape,
+    num_layers,
+)
 from aotforge.core.decoder import WEIGHTS_FILE, DecoderSpec
 from aotforge.core.errors import UnsupportedModelError, describe
 from aotforge.targets.onnxruntime import slot_attention
@@ -122,7 +129,7 @@ def _export(
     import torch
 
     try:
-        with torch.inference_mode(False), torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad(), default_rope_within_original_length(module):
             program = torch.onnx.export(
                 module.eval(),
                 args,

@@ -274,10 +274,12 @@ def unsupported(config: Any, max_seq_len: int) -> str:
     if getattr(config, "alibi", False):
         return "its ALiBi position bias (alibi=True) is added to a mask the exported graphs build themselves"
     ropes = _rope_parameters(config)
-    if any(p.get("rope_type") == "dynamic" for p in ropes):
+    original = int(getattr(config, "max_position_embeddings", 0) or 0)
+    if any(p.get("rope_type") == "dynamic" for p in ropes) and max_seq_len > original:
         return (
-            "its dynamic rope scaling (rope_type dynamic) recomputes the rotary frequencies from the longest "
-            "position seen so far, a state the exported graphs do not keep"
+            f"its dynamic rope scaling (rope_type dynamic) rescales the rotary frequencies past its "
+            f"max_position_embeddings ({original}) by the longest position seen so far, a state the exported "
+            f"graphs do not keep, and --max-seq-len {max_seq_len} goes past it: build with --max-seq-len {original}"
         )
     for p in ropes:
         original = int(
@@ -289,6 +291,27 @@ def unsupported(config: Any, max_seq_len: int) -> str:
                 f"position of a whole batch: build with --max-seq-len {original}"
             )
     return ""
+
+
+@contextmanager
+def default_rope_within_original_length(module: torch.nn.Module) -> Iterator[None]:
+    """Trace a dynamic rope as the default one it is within ``max_position_embeddings`` (``unsupported`` refuses
+    longer caches): transformers' dynamic update compares the longest position with that length, a branch on a
+    tensor the export cannot take, and leaves the tables computed at init unchanged below it."""
+    saved: dict[Any, Any] = {}
+    rotary: Any  # transformers' rotary modules keep rope_type as a plain attribute (a dict per layer type)
+    for rotary in module.modules():
+        kind = getattr(rotary, "rope_type", None)
+        if isinstance(kind, str) and "dynamic" in kind:
+            saved[rotary], rotary.rope_type = kind, "default"
+        elif isinstance(kind, dict) and any("dynamic" in str(v) for v in kind.values()):
+            saved[rotary] = kind
+            rotary.rope_type = {k: "default" if "dynamic" in str(v) else v for k, v in kind.items()}
+    try:
+        yield
+    finally:
+        for rotary, kind in saved.items():
+            rotary.rope_type = kind
 
 
 def _rope_parameters(config: Any) -> list[dict[str, Any]]:

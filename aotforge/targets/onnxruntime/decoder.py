@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, VERIFY_FILE, DecoderSpec, sliding_windows
+from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, VERIFY_FILE, DecoderSpec
 from aotforge.core.errors import CompileError, describe
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets.base import CompileResult, DecoderInputs, GenerativeBackend, ShardRuntime
@@ -108,19 +108,13 @@ def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunne
     return GenerativeRunner(engine)
 
 
-def gqa_refusal(config: Any, head_dim: int, max_seq_len: int | None = None) -> str:
+def gqa_refusal(config: Any, head_dim: int) -> str:
     """Why ORT's CPU GroupQueryAttention cannot be this model's attention ('' when it can): the kernel refuses a
-    head_dim off a multiple of 8 when it runs, not when the session opens (Granite 120 wide over 6 heads), and
-    the fused op (``slot_attention``) drops a soft-capping of the scores (Gemma 2's ``attn_logit_softcapping``)
-    and reads no mask, so a sliding window shorter than the cache would go unapplied."""
+    head_dim off a multiple of 8 when it runs, not when the session opens (Granite 120 wide over 6 heads). A
+    sliding window and soft-capped scores (Gemma 2) it computes as transformers does (``local_window_size``,
+    ``softcap``: ``slot_attention``)."""
     if head_dim % 8:
         return f"head_dim {head_dim} is not a multiple of 8 (ONNX Runtime's GroupQueryAttention needs one)"
-    if getattr(config, "attn_logit_softcapping", None):
-        return "the attention scores are soft-capped (attn_logit_softcapping)"
-    windows = sliding_windows(config, max_seq_len)
-    if windows:
-        window = max(windows.values())
-        return f"a sliding window of {window} positions is shorter than the cache (the fused op reads no mask)"
     return ""
 
 
@@ -130,7 +124,7 @@ BACKEND = GenerativeBackend(
     # ORT's GroupQueryAttention writes each slot's new key/value into the bound cache and attends over the
     # slot's filled length only.
     decode_attention="gqa",
-    decode_attention_refusal=lambda model, spec: gqa_refusal(model.config, spec.head_dim, spec.max_seq_len),
+    decode_attention_refusal=lambda model, spec: gqa_refusal(model.config, spec.head_dim),
     speculative=True,
     prepare_graphs=prepare_graphs,
     rewrite_graphs=rewrite_graphs,

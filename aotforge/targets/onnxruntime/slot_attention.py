@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from aotforge.core.decoder import sliding_windows
+
 #: The transformers attention implementation name the decode export switches the model to.
 ATTN_IMPL = "aotforge_slot_gqa"
 
@@ -51,13 +53,17 @@ def slot_gqa(
     num_heads: int,
     kv_num_heads: int,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``query [B, S, H*D]``, ``key``/``value [B, S, KV*D]``, caches ``[B, KV, max_seq, D]`` -> output, caches.
 
     The eager meaning (what GroupQueryAttention computes): ``write_pos`` is each slot's *last* new
     position (GQA's ``seqlens_k``): its ``S`` new keys/values are written at ``write_pos - S + 1 ..
     write_pos``, and new query ``i`` attends to positions ``0 .. write_pos - S + 1 + i``. Decode has
-    ``S = 1``; the verify graph ``S`` = its width.
+    ``S = 1``; the verify graph ``S`` = its width. ``window`` > 0: each query attends to its last ``window``
+    positions only (a sliding window, as ``local_window_size``); ``softcap`` > 0: the scores are soft-capped,
+    ``softcap * tanh(scores / softcap)``, as ``softcap`` (both ORT's CPU kernel computes as transformers does).
     """
     batch, steps, _ = query.shape
     head_dim = past_key.shape[-1]
@@ -69,8 +75,11 @@ def slot_gqa(
     present_key = past_key.scatter(2, index, k)
     present_value = past_value.scatter(2, index, v)
     groups = num_heads // kv_num_heads
-    scores = q @ present_key.repeat_interleave(groups, dim=1).transpose(2, 3) * scale
-    allowed = torch.arange(past_key.shape[2])[None, None, :] <= at[:, :, None]  # [B, S, max_seq]
+    scores = _capped(q @ present_key.repeat_interleave(groups, dim=1).transpose(2, 3) * scale, softcap)
+    keys = torch.arange(past_key.shape[2])[None, None, :]
+    allowed = keys <= at[:, :, None]  # [B, S, max_seq]
+    if window > 0:
+        allowed = allowed & (keys > at[:, :, None] - window)
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     out = torch.softmax(scores, dim=-1) @ present_value.repeat_interleave(groups, dim=1)
     return out.transpose(1, 2).reshape(batch, steps, num_heads * head_dim), present_key, present_value
@@ -87,6 +96,8 @@ def _(
     num_heads: int,
     kv_num_heads: int,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
 
@@ -100,6 +111,8 @@ def prompt_gqa(
     num_heads: int,
     kv_num_heads: int,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``query [B, S, H*D]``, ``key``/``value [B, S, KV*D]`` -> output ``[B, S, H*D]``, keys/values
     ``[B, KV, S, D]``: causal attention over the prompt (GroupQueryAttention with no past).
@@ -112,11 +125,17 @@ def prompt_gqa(
     k = key.view(batch, steps, kv_num_heads, head_dim).transpose(1, 2)
     v = value.view(batch, steps, kv_num_heads, head_dim).transpose(1, 2)
     groups = num_heads // kv_num_heads
-    scores = q @ k.repeat_interleave(groups, dim=1).transpose(2, 3) * scale
+    scores = _capped(q @ k.repeat_interleave(groups, dim=1).transpose(2, 3) * scale, softcap)
     causal = torch.ones(steps, steps, dtype=torch.bool).tril()
+    if window > 0:
+        causal = causal & ~torch.ones(steps, steps, dtype=torch.bool).tril(-window)
     scores = scores.masked_fill(~causal, float("-inf"))
     out = torch.softmax(scores, dim=-1) @ v.repeat_interleave(groups, dim=1)
     return out.transpose(1, 2).reshape(batch, steps, num_heads * head_dim), k.contiguous(), v.contiguous()
+
+
+def _capped(scores: torch.Tensor, softcap: float) -> torch.Tensor:
+    return torch.tanh(scores / softcap) * softcap if softcap > 0 else scores
 
 
 @prompt_gqa.register_fake
@@ -128,6 +147,8 @@ def _(
     num_heads: int,
     kv_num_heads: int,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, steps, _ = key.shape
     head_dim = query.shape[-1] // num_heads
@@ -145,6 +166,8 @@ def slot_gqa_onnx(
     num_heads: int,
     kv_num_heads: int,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> Any:
     """The ONNX translation: ``seqlens_k`` is ``write_pos`` (the total length after these tokens, minus 1)."""
     from onnxscript import opset18 as op
@@ -162,11 +185,21 @@ def slot_gqa_onnx(
         num_heads=num_heads,
         kv_num_heads=kv_num_heads,
         scale=scale,
+        local_window_size=window if window > 0 else -1,
+        softcap=softcap,
     )
 
 
 def prompt_gqa_onnx(
-    query: Any, key: Any, value: Any, attention_mask: Any, num_heads: int, kv_num_heads: int, scale: float
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> Any:
     """No past inputs; ``total_sequence_length`` the prompt's length, ``seqlens_k`` that minus 1 for every row."""
     from onnxscript import opset18 as op
@@ -188,12 +221,14 @@ def prompt_gqa_onnx(
         num_heads=num_heads,
         kv_num_heads=kv_num_heads,
         scale=scale,
+        local_window_size=window if window > 0 else -1,
+        softcap=softcap,
     )
 
 
 def _gqa_op() -> Any:
     """GroupQueryAttention as an onnxscript op: ONNX's registry has no com.microsoft schemas, so the part of
-    ORT's schema this graph uses (its first seven inputs, three outputs, three attributes) is declared here."""
+    ORT's schema this graph uses (its first seven inputs, three outputs, five attributes) is declared here."""
     import onnx
     from onnxscript.values import Op, Opset
 
@@ -218,6 +253,8 @@ def _gqa_op() -> Any:
             attr("num_heads", kinds.INT, "", required=True),
             attr("kv_num_heads", kinds.INT, "", required=True),
             attr("scale", kinds.FLOAT, "", required=False),
+            attr("local_window_size", kinds.INT, "", required=False),
+            attr("softcap", kinds.FLOAT, "", required=False),
         ],
     )
     return Op(Opset("com.microsoft", 1), "GroupQueryAttention", schema)
@@ -246,6 +283,8 @@ def slot_attention(
     batch, heads, steps, head_dim = query.shape
     kv_heads = key.shape[1]
     scale = float(scaling) if scaling is not None else head_dim**-0.5
+    # the layer's window as the plain graphs' banded mask has it; the cap as the layer passes it (Gemma 2)
+    window, softcap = layer_window(module.config, int(module.layer_idx)), float(kwargs.get("softcap") or 0.0)
     if layer.write_pos is None:  # prefill: the whole prompt, no past
         out, layer.keys, layer.values = torch.ops.aotforge.prompt_gqa(
             query.transpose(1, 2).reshape(batch, steps, heads * head_dim),
@@ -255,6 +294,8 @@ def slot_attention(
             heads,
             kv_heads,
             scale,
+            window,
+            softcap,
         )
         return out.view(batch, steps, heads, head_dim), None
     steps_in = layer.steps  # decode: 1; verify: its width, and the op takes each slot's last position
@@ -269,8 +310,19 @@ def slot_attention(
         heads,
         kv_heads,
         scale,
+        window,
+        softcap,
     )
     return out.view(batch, steps, heads, head_dim), None
+
+
+def layer_window(config: Any, layer: int) -> int:
+    """The sliding window of layer ``layer`` (``core.decoder.sliding_windows``), 0 where it attends to all."""
+    windows = sliding_windows(config, None)
+    if "" in windows:
+        return windows[""]
+    types = getattr(config, "layer_types", None) or ()
+    return windows.get(types[layer], 0) if layer < len(types) else 0
 
 
 def register() -> None:
