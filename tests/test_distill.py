@@ -74,11 +74,20 @@ def test_refusals_name_the_fix(teacher: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
-def test_the_student_compiles_into_a_draft_speculative_decoding_uses(teacher: Path, tmp_path: Path) -> None:
-    """Greedy speculative decoding with the distilled draft is token-identical to the target's plain greedy."""
+@pytest.mark.parametrize("draft_vocab", [None, 300])
+def test_the_student_compiles_into_a_draft_speculative_decoding_uses(
+    teacher: Path, tmp_path: Path, draft_vocab: int | None
+) -> None:
+    """Greedy speculative decoding with the distilled draft is token-identical to the target's plain greedy, the
+    draft over the teacher's whole vocabulary or over its most frequent tokens (``--draft-vocab``)."""
     out = tmp_path / "student"
-    ran = CliRunner().invoke(main, ["distill", str(teacher), "--student-layers", "1", "--out", str(out), *FAST])
+    cut = ["--draft-vocab", str(draft_vocab)] if draft_vocab else []
+    ran = CliRunner().invoke(main, ["distill", str(teacher), "--student-layers", "1", "--out", str(out), *FAST, *cut])
     assert ran.exit_code == 0, ran.output
+    if draft_vocab:
+        vocab = json.loads((out / "draft_vocab.json").read_text())
+        assert json.loads((out / "config.json").read_text())["vocab_size"] == len(vocab["ids"]) == draft_vocab
+        assert len(set(vocab["ids"])) == draft_vocab and max(vocab["ids"]) < 500
     draft = build_text_generation(out, tmp_path / "art", name="draft")
     built = build_text_generation(teacher, tmp_path / "art", name="target", speculative_k=SPECULATIVE_K)
     target = aotforge.load(built.path)
