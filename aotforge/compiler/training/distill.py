@@ -85,8 +85,8 @@ def distill(
         losses.append(float(loss))
         step += 1
         if step % 10 == 0:
-            spent = f"{budget.seconds():.0f} s, {budget.cpu_seconds():.0f} CPU s"
-            say(f"step {step}: loss {np.mean(losses[-10:]):.4f} ({spent})")
+            clock = f"{budget.seconds():.0f} s, {budget.cpu_seconds():.0f} CPU s"
+            say(f"step {step}: loss {np.mean(losses[-10:]):.4f} ({clock})")
     seconds, cpu_seconds = budget.seconds(), budget.cpu_seconds()
     student.eval()
     after = score(teacher, student, streams.held_out, options, vocab)

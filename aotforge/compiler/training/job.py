@@ -55,7 +55,10 @@ def distill_model(
         full = int(model.config.vocab_size)
         vocab = frequent_vocab(streams.train, draft_vocab, full, special_ids(model, tokenizer))
         made = restrict_vocab(made, vocab)
-    report = {"teacher": str(teacher), "student": str(student) if student else f"{student_layers} teacher layers"}
+    report: dict[str, Any] = {
+        "teacher": str(teacher),
+        "student": str(student) if student else f"{student_layers} teacher layers",
+    }
     if vocab is not None:
         report["draft_vocab"] = len(vocab.ids)
     report |= distill(model, made, streams, options, progress, vocab)
