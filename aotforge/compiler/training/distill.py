@@ -82,7 +82,7 @@ def distill(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         step += 1
         if step % 10 == 0:
             clock = f"{budget.seconds():.0f} s, {budget.cpu_seconds():.0f} CPU s"
