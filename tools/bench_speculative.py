@@ -153,7 +153,8 @@ def bench_target(args: argparse.Namespace, target: str) -> dict[str, Any]:
     runs += [
         (f"k={k}", f"run:{target}:{paths['target']['path']}|{paths['draft']['path']}|{k}") for k in args.ks.split(",")
     ]
-    runs.append(("draft only", f"run:{target}:{paths['draft']['path']}||0"))
+    if not (args.draft_model and (args.draft_model / "draft_vocab.json").is_file()):  # a subset reads no prompt
+        runs.append(("draft only", f"run:{target}:{paths['draft']['path']}||0"))
     rounds: dict[str, list[dict[str, Any]]] = {}
     for r in range(args.rounds):  # each round starts one run later: a load that drifts favours no run
         for label, kind in runs[r % len(runs) :] + runs[: r % len(runs)]:
