@@ -11,7 +11,7 @@ ARGS ?=
 # With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
 _flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
-.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-serve bench-quality bench-tensor-parallel bench-pipeline-parallel bench-page targets clean device-check neuron-env tvm-ops-table
+.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-draft bench-serve bench-quality bench-tensor-parallel bench-pipeline-parallel bench-page targets clean device-check neuron-env tvm-ops-table
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +98,12 @@ bench-quality: $(BIN)/.installed
 
 bench-speculative: $(BIN)/.installed
 	$(BIN)/python tools/bench_speculative.py --work /tmp/aotforge-spec-bench $(ARGS)
+	$(BIN)/python tools/bench_page.py
+
+# bench-draft: a distilled draft of SmolLM2-135M (3 layers, its 8192 most frequent tokens; made once, ~30 CPU-minutes)
+# against target-only greedy decoding, batch 1, held-out English prompts.
+bench-draft: $(BIN)/.installed
+	$(BIN)/python tools/bench_draft.py $(ARGS)
 	$(BIN)/python tools/bench_page.py
 
 # bench-tensor-parallel: --tensor-parallel 2 vs the unsharded artifact on SmolLM2-135M (the bench-serve fp32 artifact).

@@ -74,11 +74,20 @@ def test_refusals_name_the_fix(teacher: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
-def test_the_student_compiles_into_a_draft_speculative_decoding_uses(teacher: Path, tmp_path: Path) -> None:
-    """Greedy speculative decoding with the distilled draft is token-identical to the target's plain greedy."""
+@pytest.mark.parametrize("draft_vocab", [None, 300])
+def test_the_student_compiles_into_a_draft_speculative_decoding_uses(
+    teacher: Path, tmp_path: Path, draft_vocab: int | None
+) -> None:
+    """Greedy speculative decoding with the distilled draft is token-identical to the target's plain greedy, the
+    draft over the teacher's whole vocabulary or over its most frequent tokens (``--draft-vocab``)."""
     out = tmp_path / "student"
-    ran = CliRunner().invoke(main, ["distill", str(teacher), "--student-layers", "1", "--out", str(out), *FAST])
+    cut = ["--draft-vocab", str(draft_vocab)] if draft_vocab else []
+    ran = CliRunner().invoke(main, ["distill", str(teacher), "--student-layers", "1", "--out", str(out), *FAST, *cut])
     assert ran.exit_code == 0, ran.output
+    if draft_vocab:
+        vocab = json.loads((out / "draft_vocab.json").read_text())
+        assert json.loads((out / "config.json").read_text())["vocab_size"] == len(vocab["ids"]) == draft_vocab
+        assert len(set(vocab["ids"])) == draft_vocab and max(vocab["ids"]) < 500
     draft = build_text_generation(out, tmp_path / "art", name="draft")
     built = build_text_generation(teacher, tmp_path / "art", name="target", speculative_k=SPECULATIVE_K)
     target = aotforge.load(built.path)
@@ -86,3 +95,26 @@ def test_the_student_compiles_into_a_draft_speculative_decoding_uses(teacher: Pa
     plain = target.generate(ids, 16)
     assert np.array_equal(target.generate(ids, 16, draft=aotforge.load(draft.path)), plain)
     assert target.speculative_stats["proposed"] > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama-tied", "gpt2"])
+def test_a_reduced_vocabulary_keeps_the_kept_tokens_logits(arch: str) -> None:
+    """``restrict_vocab`` cuts the embedding and head to the frequent tokens: on text of kept tokens the cut model's
+    logits are the full model's at those tokens; the subset is the most frequent tokens, special ones first."""
+    import torch
+
+    from aotforge.compiler.training.sub_vocab import frequent_vocab, restrict_vocab
+
+    model = tiny_causal_lm(arch)
+    full = int(model.config.vocab_size)
+    train = np.array([7] * 5 + [3] * 4 + [11] * 3 + [20, 21, 22, 23, 24, 25], dtype=np.int64)
+    vocab = frequent_vocab(train, 8, full, keep=[0])
+    assert vocab.ids.tolist()[:4] == [0, 7, 3, 11] and vocab.unknown == 7
+    assert vocab.to_draft(full)[[0, 7, 3, 11, 499]].tolist() == [0, 1, 2, 3, 7]
+    cut = restrict_vocab(model, vocab).eval()
+    assert cut.config.vocab_size == 8
+    ids = torch.tensor([[7, 3, 11, 20, 0]])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits[..., torch.from_numpy(vocab.ids)]
+        got = cut(input_ids=torch.from_numpy(vocab.to_draft(full))[ids]).logits
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)

@@ -61,6 +61,15 @@ BENCHES = (
         "(medians of each round's own ratio), end to end, and the acceptance rate.",
     ),
     Bench(
+        "draft",
+        "A distilled draft for a real model",
+        "make bench-draft",
+        "tools/bench_draft.py distills SmolLM2-135M-Instruct into a draft (aotforge distill: a few of its layers, "
+        "its vocabulary cut to the tokens most frequent in the training text, trained on the fp32 model's logits "
+        "over stdlib docstrings for a CPU-time budget) and times it as tools/bench_speculative.py does: the fp32 "
+        "target alone against speculative decoding with each k, greedy, batch 1, prompts of held-out English.",
+    ),
+    Bench(
         "serve",
         "Serving",
         "make bench-serve",

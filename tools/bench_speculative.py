@@ -45,6 +45,8 @@ RATIOS = (
 def models(args: argparse.Namespace) -> tuple[Path, Path, list[list[int]]]:
     """The target and draft model directories and the held-out prompts (token ids) the bench decodes after."""
     if args.target_model and args.draft_model:
+        if (args.target_model / "tokenizer.json").is_file():  # a real model: prompts of held-out English
+            return args.target_model, args.draft_model, text_prompts(args.target_model, args.prompts)
         rng = np.random.default_rng(0)
         vocab = json.loads((args.target_model / "config.json").read_text())["vocab_size"]
         prompts = [[int(t) for t in rng.integers(0, vocab, PROMPT_LEN)] for _ in range(args.prompts)]
@@ -58,6 +60,18 @@ def models(args: argparse.Namespace) -> tuple[Path, Path, list[list[int]]]:
     step = len(text) // args.prompts
     prompts = [encode(text[i * step : i * step + PROMPT_LEN]) for i in range(args.prompts)]
     return pair.target_dir, pair.draft_dir, prompts
+
+
+def text_prompts(model_dir: Path, count: int) -> list[list[int]]:
+    """``count`` prompts of ``PROMPT_LEN`` tokens, evenly spaced through the quality gate's held-out corpus (stdlib
+    docstrings no ``aotforge distill`` / ``qat`` run trains on by default), tokenized with the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from aotforge.compiler.generative.quality import default_corpus
+
+    ids = AutoTokenizer.from_pretrained(model_dir)(default_corpus(), add_special_tokens=False)["input_ids"]
+    step = (len(ids) - PROMPT_LEN) // count
+    return [[int(t) for t in ids[i * step : i * step + PROMPT_LEN]] for i in range(count)]
 
 
 def build(model_dir: Path, work: Path, target: str, role: str, k: int, max_seq: int) -> str:
@@ -139,7 +153,8 @@ def bench_target(args: argparse.Namespace, target: str) -> dict[str, Any]:
     runs += [
         (f"k={k}", f"run:{target}:{paths['target']['path']}|{paths['draft']['path']}|{k}") for k in args.ks.split(",")
     ]
-    runs.append(("draft only", f"run:{target}:{paths['draft']['path']}||0"))
+    if not (args.draft_model and (args.draft_model / "draft_vocab.json").is_file()):  # a subset reads no prompt
+        runs.append(("draft only", f"run:{target}:{paths['draft']['path']}||0"))
     rounds: dict[str, list[dict[str, Any]]] = {}
     for r in range(args.rounds):  # each round starts one run later: a load that drifts favours no run
         for label, kind in runs[r % len(runs) :] + runs[: r % len(runs)]:
@@ -200,11 +215,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--target-model", type=Path, help="a target model directory (default: the trained pair)")
     parser.add_argument("--draft-model", type=Path, help="its draft's model directory")
-    parser.add_argument(
-        "--json", type=Path, default=bench_record.BENCH_DIR / "speculative.json", help="the page's file"
-    )
+    parser.add_argument("--name", default="speculative", help="the bench's name on the page (docs/bench/NAME.json)")
+    parser.add_argument("--json", type=Path, help="the page's file (default: docs/bench/NAME.json)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: one build or run, prints RESULT JSON
     args = parser.parse_args()
+    args.json = args.json or bench_record.BENCH_DIR / f"{args.name}.json"
     args.work.mkdir(parents=True, exist_ok=True)
     if args.one:
         print(PREFIX + json.dumps(child(args)))
@@ -212,18 +227,46 @@ def main() -> None:
     run = bench_record.start({k: v for k, v in vars(args).items() if k != "one"})
     models(args)  # the pair trains (or loads) once, before any child needs it
     results: dict[str, Any] = {"load_before": os.getloadavg(), "prompts": args.prompts, "new_tokens": args.new}
+    trained = args.draft_model / "distill_report.json" if args.draft_model else None
+    if trained is not None and trained.is_file():  # how the draft was made: the page says it beside its speed
+        report = json.loads(trained.read_text())
+        keep = ("student", "draft_vocab", "steps", "train_seconds", "train_cpu_seconds", "tokens_seen", "options")
+        results["draft_training"] = {k: report.get(k) for k in keep} | {"held_out": report.get("after")}
     for target in filter(None, args.targets.split(",")):
         results[target] = bench_target(args, target)
     results["load_after"] = os.getloadavg()
     print(json.dumps(results, indent=2))
     print(table(results))
-    bench_record.write(args.json, "speculative", run, page_tables(results), results)
+    bench_record.write(args.json, args.name, run, page_tables(results), results)
 
 
 def page_tables(results: dict[str, Any]) -> list[dict[str, Any]]:
     """docs/benchmarks.md's tables: per target, each run's figures and speed-ups with their spread over the rounds."""
     tables = []
+    trained = results.get("draft_training")
+    if trained:
+        held = trained["held_out"] or {}
+        options = trained["options"] or {}
+        tables.append(
+            bench_record.table(
+                "The draft",
+                ("student", "vocabulary", "steps", "train s (wall)", "train CPU s", "greedy agreement (held out)"),
+                [
+                    [
+                        str(trained["student"]),
+                        str(trained.get("draft_vocab") or "the target's"),
+                        str(trained["steps"]),
+                        str(trained["train_seconds"]),
+                        str(trained.get("train_cpu_seconds")),
+                        f"{held.get('greedy_agreement', float('nan')):.1%}",
+                    ]
+                ],
+                f"aotforge distill options: {json.dumps(options, sort_keys=True)}",
+            )
+        )
     for target, r in results.items():
+        if target == "draft_training":
+            continue
         if not isinstance(r, dict) or "runs" not in r:
             if isinstance(r, dict) and "error" in r:
                 tables.append(bench_record.table(target, ("run",), [[f"not built: {str(r['error'])[:200]}"]]))

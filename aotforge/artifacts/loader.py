@@ -14,7 +14,7 @@ import numpy as np
 from aotforge.artifacts.debris import make_temp_dir, sweep
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.signing import verified_manifest
-from aotforge.core.decoder import TEXT_GENERATION, TOKENIZER_FILES
+from aotforge.core.decoder import DRAFT_VOCAB_FILE, TEXT_GENERATION, TOKENIZER_FILES
 from aotforge.core.errors import DraftMismatchError, HostMismatchError, InputSpecError
 from aotforge.core.spec import IOSpec
 from aotforge.targets import get_target
@@ -81,7 +81,13 @@ class LoadedArtifact:
         if not isinstance(draft, LoadedArtifact):
             draft = load(draft)
         check_draft(self.manifest, draft.manifest)
-        return {**kwargs, "draft": draft._generative()}
+        runner = draft._generative()
+        if DRAFT_VOCAB_FILE in draft.manifest.files:  # a draft over a subset of this vocabulary
+            from aotforge.targets.generative.draft_vocab import sub_vocab_runner
+
+            vocab = int(self.manifest.target.info["decoder"]["vocab"])
+            runner = sub_vocab_runner(runner, draft.path / DRAFT_VOCAB_FILE, vocab)
+        return {**kwargs, "draft": runner}
 
     def perplexity(self, input_ids: np.ndarray, window: int | None = None) -> Any:
         """Perplexity of token ids under the artifact (a text-generation artifact; ``generative.perplexity``).
@@ -107,10 +113,11 @@ def check_draft(target: Manifest, draft: Manifest) -> None:
             f"{who} is not a text-generation artifact: build the draft with --task text-generation"
         )
     vocab = (target.target.info["decoder"]["vocab"], draft.target.info["decoder"]["vocab"])
-    if vocab[0] != vocab[1]:
+    if vocab[0] != vocab[1] and (vocab[1] > vocab[0] or DRAFT_VOCAB_FILE not in draft.files):
         raise DraftMismatchError(
             f"{who} has a vocabulary of {vocab[1]} tokens, target {target.name} v{target.version} has {vocab[0]}: "
-            "the draft must share the target's vocabulary and tokenizer"
+            "the draft must share the target's vocabulary and tokenizer (or be a subset of it that carries "
+            f"{DRAFT_VOCAB_FILE}: `aotforge distill --draft-vocab N`)"
         )
     differ = sorted(
         f

@@ -31,7 +31,10 @@ TOKENIZER_FILES = (
 )
 #: The model's generation defaults (its end-of-sequence ids: where the runtime stops by default), carried too.
 GENERATION_CONFIG_FILE = "generation_config.json"
-CARRIED_FILES = (*TOKENIZER_FILES, GENERATION_CONFIG_FILE)
+#: A draft whose vocabulary is a subset of its target's (``aotforge distill --draft-vocab``): the target's token id
+#: of each of the draft's (``targets/generative/draft_vocab.py``), carried too.
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+CARRIED_FILES = (*TOKENIZER_FILES, GENERATION_CONFIG_FILE, DRAFT_VOCAB_FILE)
 #: The speculative-decoding verify graph (``--speculative-k``): k+1 query tokens per slot -> logits of each.
 VERIFY_FILE = "verify.onnx"
 

@@ -16,11 +16,13 @@ from aotforge.compiler.training.options import QAT_OPTIONS, DistillOptions, Plac
 
 _HELP = {
     "max_minutes": "Wall-clock budget of the training loop.",
+    "max_cpu_minutes": "Process CPU-time budget (all threads), CPU-minutes; 0: none. The honest one on a shared host.",
     "max_steps": "At most this many optimizer steps.",
     "seq_len": "Tokens per training sequence.",
     "batch": "Sequences per step.",
     "lr": "AdamW's peak learning rate.",
     "warmup_steps": "Linear warm-up steps.",
+    "schedule": "The learning rate after the warm-up: constant, or cosine (decayed to 0 over the budget).",
     "temperature": "Softmax temperature of the response-based (logit) loss.",
     "feature_weight": "Weight of the feature-based loss (hidden states through a learned projection); 0: off.",
     "seed": "Seed of the batches and the projections.",
@@ -66,6 +68,11 @@ _TEXT = click.option(
 @click.option(
     "--student-layers", type=click.IntRange(min=1), help="The student: the teacher cut to N evenly spaced layers."
 )
+@click.option(
+    "--draft-vocab",
+    type=click.IntRange(min=2),
+    help="A draft's reduced vocabulary: keep the N tokens most frequent in the training text (embedding and head).",
+)
 @_TEXT
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_option_flags(DistillOptions())
@@ -75,6 +82,7 @@ def distill(
     out: Path,
     student: Path | None,
     student_layers: int | None,
+    draft_vocab: int | None,
     text: tuple[Path, ...],
     as_json: bool,
     **kw: Any,
@@ -87,7 +95,14 @@ def distill(
 
     options = DistillOptions(**kw)
     report = distill_model(
-        teacher, out, student=student, student_layers=student_layers, text=text, options=options, progress=click.echo
+        teacher,
+        out,
+        student=student,
+        student_layers=student_layers,
+        text=text,
+        options=options,
+        draft_vocab=draft_vocab,
+        progress=click.echo,
     )
     if as_json:
         click.echo(json.dumps(report, indent=2, sort_keys=True))

@@ -15,8 +15,11 @@ from aotforge.compiler.generative.source import CausalLM, load_causal_lm
 from aotforge.compiler.training.distill import Progress, distill
 from aotforge.compiler.training.options import DistillOptions
 from aotforge.compiler.training.students import student_from_layers, student_from_path
+from aotforge.compiler.training.sub_vocab import frequent_vocab, restrict_vocab, special_ids
 from aotforge.compiler.training.text import token_streams
+from aotforge.core.decoder import DRAFT_VOCAB_FILE
 from aotforge.core.errors import InputSpecError, OptionsError
+from aotforge.targets.generative.draft_vocab import DraftVocab
 
 REPORT_FILE = "distill_report.json"
 
@@ -29,9 +32,13 @@ def distill_model(
     student_layers: int | None = None,
     text: tuple[Path, ...] = (),
     options: DistillOptions = DistillOptions(),
+    draft_vocab: int | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Distill ``teacher`` (a causal-LM directory, GGUF or ``.py`` file) into ``out``; the report."""
+    """Distill ``teacher`` (a causal-LM directory, GGUF or ``.py`` file) into ``out``; the report.
+
+    ``draft_vocab``: the student keeps only the training text's most frequent tokens in its embedding and head (a
+    draft's reduced vocabulary, ``sub_vocab.py``), the map written beside it for speculative decoding."""
     if (student is None) == (student_layers is None):
         raise OptionsError("give exactly one of --student (a directory or config.json) and --student-layers N")
     check_out(out)
@@ -43,9 +50,19 @@ def distill_model(
         assert student_layers is not None  # exactly one of the two, checked above
         made = student_from_layers(model, student_layers)
     streams = token_streams(text, tokenizer, options.held_out_tokens)
-    report = {"teacher": str(teacher), "student": str(student) if student else f"{student_layers} teacher layers"}
-    report |= distill(model, made, streams, options, progress)
-    write_model(out, made, source, report, REPORT_FILE)
+    vocab = None
+    if draft_vocab:
+        full = int(model.config.vocab_size)
+        vocab = frequent_vocab(streams.train, draft_vocab, full, special_ids(model, tokenizer))
+        made = restrict_vocab(made, vocab)
+    report: dict[str, Any] = {
+        "teacher": str(teacher),
+        "student": str(student) if student else f"{student_layers} teacher layers",
+    }
+    if vocab is not None:
+        report["draft_vocab"] = len(vocab.ids)
+    report |= distill(model, made, streams, options, progress, vocab)
+    write_model(out, made, source, report, REPORT_FILE, vocab)
     return report
 
 
@@ -65,9 +82,16 @@ def load_teacher(teacher: Any) -> tuple[CausalLM, Any]:
     return source, AutoTokenizer.from_pretrained(source.tokenizer_dir, local_files_only=True)
 
 
-def write_model(out: Path, model: Any, source: CausalLM, report: dict[str, Any], report_file: str) -> None:
-    """``model`` as a transformers directory at ``out`` with ``source``'s tokenizer files and the report, in one
-    rename."""
+def write_model(
+    out: Path,
+    model: Any,
+    source: CausalLM,
+    report: dict[str, Any],
+    report_file: str,
+    vocab: DraftVocab | None = None,
+) -> None:
+    """``model`` as a transformers directory at ``out`` with ``source``'s tokenizer files, the report and a reduced
+    vocabulary's map, in one rename."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as tmp:
         staged = Path(tmp) / "model"
@@ -76,6 +100,8 @@ def write_model(out: Path, model: Any, source: CausalLM, report: dict[str, Any],
             if name != "config.json":
                 shutil.copyfile(file, staged / name)
         (staged / report_file).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        if vocab is not None:
+            vocab.write(staged / DRAFT_VOCAB_FILE)
         if out.exists():
             out.rmdir()  # empty (checked before training): the rename takes its place
         staged.rename(out)

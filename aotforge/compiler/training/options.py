@@ -12,15 +12,21 @@ class DistillOptions:
 
     #: Wall-clock budget of the training loop, minutes (the report's scoring comes after it).
     max_minutes: float = 10.0
+    #: Process CPU-time budget of the training loop, CPU-minutes (all threads; 0: none). On a shared machine the
+    #: honest budget: 2 cores for 10 minutes are 20 CPU-minutes whatever else runs there.
+    max_cpu_minutes: float = 0.0
     #: At most this many optimizer steps, whichever of the two ends first.
     max_steps: int = 100_000
     #: Tokens per training sequence.
     seq_len: int = 256
     #: Sequences per step.
     batch: int = 8
-    #: AdamW's peak learning rate (linear warm-up, then constant).
+    #: AdamW's peak learning rate (linear warm-up, then ``schedule``).
     lr: float = 3e-4
     warmup_steps: int = 20
+    #: After the warm-up: ``constant``, or ``cosine``: decayed to 0 over the budget (the larger of the elapsed
+    #: fractions of the wall, CPU and step budgets: a time-bounded run ends at a small learning rate wherever it stops).
+    schedule: str = "constant"
     #: Softmax temperature of the response-based loss.
     temperature: float = 2.0
     #: Weight of the feature-based loss beside the response-based one (0: response-based only).
@@ -28,6 +34,16 @@ class DistillOptions:
     seed: int = 0
     #: Tokens the report scores on (never trained on).
     held_out_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        from aotforge.core.errors import OptionsError
+
+        if self.schedule not in SCHEDULES:
+            raise OptionsError(f"--schedule is one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+
+
+#: The learning-rate schedules after the warm-up.
+SCHEDULES = ("constant", "cosine")
 
 
 #: Quantization-aware training's defaults: a trained model fine-tuned (a small learning rate), its logits unsoftened,

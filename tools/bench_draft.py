@@ -1,0 +1,65 @@
+"""The distilled draft of SmolLM2-135M-Instruct for speculative decoding, made and timed (``make bench-draft``).
+
+Makes the draft once into --work with ``aotforge distill`` (the recipe below: the model cut to --layers evenly
+spaced layers, its vocabulary cut to the --draft-vocab tokens most frequent in the training text, trained on the
+fp32 model's logits over stdlib docstrings for a CPU-time budget), then runs ``tools/bench_speculative.py`` on the
+real pair: the fp32 target with a verify graph against target-only decoding, greedy, batch 1, each run in its own
+process, alternating rounds, prompts of held-out English (the quality gate's corpus, never trained on). Writes
+docs/bench/draft.json (the draft's training report beside the timings) for tools/bench_page.py.
+
+    python tools/bench_draft.py [--work /tmp/aotforge-draft-bench] [--ks 2,3,4] [--rounds 3] [--targets onnxruntime]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tools.real_model import smollm2_dir  # noqa: E402
+
+TOOLS = Path(__file__).resolve().parent
+#: ``aotforge distill``'s options for the draft: a larger learning rate than a fine-tune's (most of the student is
+#: new to its neighbours), decayed over the budget; temperature 1 (greedy agreement is what acceptance follows);
+#: short sequences (a draft looks a few tokens ahead) for more steps in the budget.
+RECIPE = [
+    "--lr", "5e-4", "--schedule", "cosine", "--warmup-steps", "10", "--temperature", "1.0",
+    "--batch", "8", "--seq-len", "128",
+]  # fmt: skip
+
+
+def make_draft(model: Path, out: Path, layers: int, vocab: int, cpu_minutes: float, wall_minutes: float) -> None:
+    """``aotforge distill`` of ``model`` into ``out`` (kept: a later run times the same draft)."""
+    cmd = [sys.executable, "-m", "aotforge", "distill", str(model), "--out", str(out), "--student-layers", str(layers)]
+    cmd += ["--draft-vocab", str(vocab), "--max-cpu-minutes", str(cpu_minutes), "--max-minutes", str(wall_minutes)]
+    subprocess.run(cmd + RECIPE, check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/aotforge-draft-bench"))
+    parser.add_argument("--draft", type=Path, help="an existing draft directory (default: made into --work)")
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--draft-vocab", type=int, default=8192)
+    parser.add_argument("--cpu-minutes", type=float, default=30.0, help="the draft's training budget, CPU-minutes")
+    parser.add_argument("--wall-minutes", type=float, default=60.0, help="... and its wall-clock cap")
+    parser.add_argument("--ks", default="2,3,4")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--targets", default="onnxruntime")
+    args = parser.parse_args()
+    model = smollm2_dir()
+    draft = args.draft or args.work / f"draft-{args.layers}l-{args.draft_vocab}v"
+    if not (draft / "config.json").is_file():
+        make_draft(model, draft, args.layers, args.draft_vocab, args.cpu_minutes, args.wall_minutes)
+    cmd = [sys.executable, str(TOOLS / "bench_speculative.py"), "--name", "draft", "--work", str(args.work)]
+    cmd += ["--target-model", str(model), "--draft-model", str(draft), "--ks", args.ks, "--rounds", str(args.rounds)]
+    cmd += ["--prompts", str(args.prompts), "--targets", args.targets]
+    subprocess.run(cmd, check=True)
+
+
+if __name__ == "__main__":
+    main()
