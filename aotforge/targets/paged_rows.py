@@ -44,6 +44,15 @@ class PagedRows:
         self._held: list[list[tuple[int, int]]] = [[] for _ in range(rows_count)]
         self._length = [0] * rows_count
 
+    def matches(self, num_blocks: int, block_size: int) -> bool:
+        """Whether this pool has ``num_blocks`` blocks of ``block_size`` positions."""
+        return block_size == self.block_size and num_blocks == len(self.epoch)
+
+    def reset(self) -> None:
+        """Every row holds nothing (the memory stays, written: a new engine over the same runner reuses it)."""
+        for row in range(len(self._held)):
+            self.forget(row)
+
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.pool) + sum(a.nbytes for a in self.rows)
 

@@ -33,8 +33,14 @@ class OrtModelRunner:
         self._decodes: dict[int, tuple[Any, np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def allocate(self, num_blocks: int, block_size: int) -> None:
+        if self.paged is not None and self.paged.matches(num_blocks, block_size):
+            # generate() makes an engine a call over the same runner: clearing the rows and the pool again would
+            # cost more than a short call (the first touch of fresh pages), and rows past a length are never read.
+            self.paged.reset()
+            return
         spec = self.spec
         shape = (len(self._past), self.max_rows + 1, spec.kv_heads, spec.max_seq_len, spec.head_dim)
+        self.paged = None  # the old cache goes before the new one is allocated
         self.paged = PagedRows(num_blocks, block_size, resident_zeros(shape))  # each layer's rows a view of one
         self._decodes = {}
 
