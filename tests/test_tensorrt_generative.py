@@ -20,6 +20,7 @@ import aotforge
 from aotforge.compiler.bundle import BUNDLE_JSON, read_bundle
 from aotforge.compiler.cli import main
 from aotforge.compiler.generative.bundle_finish import finish_bundle as finish
+from aotforge.compiler.isolation import Isolation
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import (
     EXIT_INTEGRITY,
@@ -173,7 +174,8 @@ def test_tensorrt_bundle_finishes_through_a_stand_in_sdk(
     cache = tmp_path / "timing.cache"
     data = read_bundle(trt_bundle)
     assert data["target_options"]["timing_cache"] == ""
-    result = finish(trt_bundle, tmp_path / "out", bench=False)
+    # In this process: the stand-in SDK is this process's monkeypatch (a worker would import the real one).
+    result = finish(trt_bundle, tmp_path / "out", bench=False, isolation=Isolation(enabled=False))
     assert [(b[0], b[2]) for b in built] == [("prefill.onnx", b""), ("decode.onnx", b"+prefill.onnx")]
     assert built[0][1] == ("input_ids", "attention_mask", "position_ids") and "past_key_0" in built[1][1]
     m = result.manifest
@@ -182,6 +184,13 @@ def test_tensorrt_bundle_finishes_through_a_stand_in_sdk(
     assert set(m.target.info["engines"]) == {"prefill", "decode"} and m.toolchain["tensorrt"] == "10.99"
     assert not cache.exists()  # no timing_cache option in the bundle: none written
     assert (result.path / "prefill.engine").read_bytes().endswith(b"prefill.onnx")
+
+
+def test_finish_compiles_in_the_isolated_worker_under_its_deadline(trt_bundle: Path, tmp_path: Path) -> None:
+    """``aotforge finish`` takes build's isolation flags: the compile runs in the spawned worker, whose deadline
+    stops it, and nothing is stored."""
+    result = finish_unchanged(trt_bundle, kept_out(tmp_path), "--target", "onnxruntime", "--backend-deadline", "0.001")
+    assert_refused(result, EXIT_USER, r"did not finish within 0.001 s.*--backend-deadline")
 
 
 def test_a_changed_bundle_is_refused(trt_bundle: Path, tmp_path: Path) -> None:
@@ -212,7 +221,7 @@ def test_a_finish_failing_validation_leaves_nothing(
 ) -> None:
     """Both engines built and staged, then the engines' tokens miss the bundle's references: no artifact."""
     built = _stand_in_tensorrt_sdk(monkeypatch, corrupt=True)
-    result = finish_unchanged(trt_bundle, kept_out(tmp_path))
+    result = finish_unchanged(trt_bundle, kept_out(tmp_path), "--no-isolate-backend")  # the stand-in is here
     assert_refused(result, EXIT_VALIDATION, "agree")
     assert [b[0] for b in built] == ["prefill.onnx", "decode.onnx"]  # it failed after the compile, not before
 

@@ -191,12 +191,7 @@ def _worker(opts: BuildOptions) -> Worker | None:
 
 
 def isolation_of(opts: BuildOptions) -> Isolation:
-    return Isolation(
-        opts.isolation.backend_deadline_s,
-        opts.isolation.backend_memory_mb,
-        opts.isolation.run_deadline_s,
-        enabled=opts.isolation.isolate_backend,
-    )
+    return opts.isolation.limits()
 
 
 def tail_job(planned: PlannedBuild, opts: BuildOptions, place: Any) -> TailJob:

@@ -38,6 +38,7 @@ from aotforge.compiler.bundle_format import (
     write_bundle_json,
 )
 from aotforge.compiler.encoder_work import EncoderWork
+from aotforge.compiler.isolation import Isolation
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
 from aotforge.compiler.validation import validation_plan
@@ -172,6 +173,7 @@ def finish(
     cache_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
     worker: Mapping[str, Any] | None = None,
+    isolation: Isolation | None = None,
 ) -> BuildResult:
     """Compile, validate, benchmark and store a bundle's artifact through the same tail as ``build``.
 
@@ -234,6 +236,7 @@ def finish(
                 "bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]},
                 **({"worker": dict(worker)} if worker else {}),
             },
+            isolation=isolation or Isolation(),
         )
         manifest = compile_and_store(job, stage, started, progress or (lambda _msg: None))
     return BuildResult(place.path_of(manifest), manifest)

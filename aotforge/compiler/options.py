@@ -153,6 +153,12 @@ class IsolationOptions:
         if self.backend_memory_mb is not None and self.backend_memory_mb < 64:
             raise OptionsError(f"backend_memory_mb must be at least 64, got {self.backend_memory_mb}")
 
+    def limits(self) -> Isolation:
+        """The isolated stage's limits these options ask for."""
+        return Isolation(
+            self.backend_deadline_s, self.backend_memory_mb, self.run_deadline_s, enabled=self.isolate_backend
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class BuildOptions:

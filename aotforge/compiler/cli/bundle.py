@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from aotforge.compiler.cli.build_flags import given_options, option_flags
 from aotforge.compiler.cli.common import user_errors
 
 
@@ -15,12 +17,17 @@ from aotforge.compiler.cli.common import user_errors
 @click.option("--target", "-t", help="Finish for another target than the bundle's (its options are dropped).")
 @click.option("--no-bench", is_flag=True, help="Skip the benchmark even if the bundle asks for one.")
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Keep the target's timing cache here.")
+@option_flags("isolate_backend", "backend_deadline", "run_deadline", "backend_memory_mb")
 @user_errors
-def finish(bundle: Path, out: Path, target: str | None, no_bench: bool, cache_dir: Path | None) -> None:
+def finish(bundle: Path, out: Path, target: str | None, no_bench: bool, cache_dir: Path | None, **limits: Any) -> None:
     """Check BUNDLE's hashes, compile it for its target, validate, benchmark and store the artifact."""
     from aotforge.compiler.generative.bundle_finish import finish_bundle
+    from aotforge.compiler.options import BuildOptions
 
-    result = finish_bundle(bundle, out, target_name=target, bench=False if no_bench else None, cache_dir=cache_dir)
+    isolation = BuildOptions.from_dict(given_options(click.get_current_context(), limits)).isolation.limits()
+    result = finish_bundle(
+        bundle, out, target_name=target, bench=False if no_bench else None, cache_dir=cache_dir, isolation=isolation
+    )
     v = result.manifest.validation
     if "token_agreement" in v:  # a text-generation bundle
         click.echo(

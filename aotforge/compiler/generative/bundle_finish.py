@@ -45,6 +45,7 @@ def finish_generative(
     worker: Mapping[str, Any] | None = None,
     plots: bool = True,
     cache_dir: Path | None = None,
+    isolation: Isolation | None = None,
 ) -> BuildResult:
     """Compile a checked text-generation bundle (``compiler.bundle.read_bundle``), validate it token for token
     against the references it carries, benchmark, and store the artifact."""
@@ -130,9 +131,7 @@ def finish_generative(
             "bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]},
             **({"worker": dict(worker)} if worker else {}),
         },
-        # Compiled in this process, as before the one tail: finish has no isolation options yet, and the device
-        # SDK's stand-ins of tests/test_tensorrt_generative.py live in this process.
-        isolation=Isolation(enabled=False),
+        isolation=isolation or Isolation(),
     )
     with staging_dir(out) as stage:
         for rel in staged:
@@ -157,13 +156,24 @@ def finish_bundle(
     bench: bool | None = None,
     cache_dir: Path | None = None,
     progress: Progress | None = None,
+    isolation: Isolation | None = None,
 ) -> BuildResult:
-    """``aotforge finish``: a text-generation bundle here, any other through ``compiler.bundle.finish``."""
+    """``aotforge finish``: a text-generation bundle here, any other through ``compiler.bundle.finish``.
+    ``isolation``: where the compile and the validation runs happen (default: a spawned worker, as ``build``'s)."""
     data = read_bundle(path)
     if data.get("task") == TEXT_GENERATION:
         return finish_generative(
-            path, data, out, target_name=target_name, bench=bench, progress=progress, cache_dir=cache_dir
+            path,
+            data,
+            out,
+            target_name=target_name,
+            bench=bench,
+            progress=progress,
+            cache_dir=cache_dir,
+            isolation=isolation,
         )
     from aotforge.compiler.bundle import finish
 
-    return finish(path, out, target_name=target_name, bench=bench, cache_dir=cache_dir, progress=progress)
+    return finish(
+        path, out, target_name=target_name, bench=bench, cache_dir=cache_dir, progress=progress, isolation=isolation
+    )

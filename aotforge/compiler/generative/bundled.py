@@ -81,6 +81,7 @@ def build_bundled(model: Any, opts: BuildOptions, say: Progress) -> BuildResult:
             progress=say,
             plots=opts.benchmark.plots,
             cache_dir=opts.cache_dir,
+            isolation=opts.isolation.limits(),
         )
 
 
