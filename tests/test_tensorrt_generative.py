@@ -188,9 +188,13 @@ def test_tensorrt_bundle_finishes_through_a_stand_in_sdk(
 
 def test_finish_compiles_in_the_isolated_worker_under_its_deadline(trt_bundle: Path, tmp_path: Path) -> None:
     """``aotforge finish`` takes build's isolation flags: the compile runs in the spawned worker, whose deadline
-    stops it, and nothing is stored."""
-    result = finish_unchanged(trt_bundle, kept_out(tmp_path), "--target", "onnxruntime", "--backend-deadline", "0.001")
+    stops it, and nothing is stored; ``--run-deadline``, which a text-generation bundle's in-process validation
+    would not read, is refused by name."""
+    out = kept_out(tmp_path)
+    result = finish_unchanged(trt_bundle, out, "--target", "onnxruntime", "--backend-deadline", "0.001")
     assert_refused(result, EXIT_USER, r"did not finish within 0.001 s.*--backend-deadline")
+    result = finish_unchanged(trt_bundle, out, "--target", "onnxruntime", "--run-deadline", "5")
+    assert_refused(result, EXIT_USER, "--run-deadline does not apply to a text-generation bundle")
 
 
 def test_a_changed_bundle_is_refused(trt_bundle: Path, tmp_path: Path) -> None:

@@ -162,6 +162,11 @@ def finish_bundle(
     ``isolation``: where the compile and the validation runs happen (default: a spawned worker, as ``build``'s)."""
     data = read_bundle(path)
     if data.get("task") == TEXT_GENERATION:
+        if isolation is not None and isolation.run_deadline_s != Isolation.run_deadline_s:
+            raise OptionsError(
+                "--run-deadline does not apply to a text-generation bundle (its greedy tokens are validated in this "
+                "process, against the references the bundle carries): drop it"
+            )
         return finish_generative(
             path,
             data,
