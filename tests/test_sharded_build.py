@@ -65,7 +65,12 @@ def test_dump_ir_writes_each_shards_graphs_and_the_compile_runs_under_the_deadli
     isolated worker, whose deadline stops it: nothing is stored."""
     with pytest.raises(CompileError, match=r"onnxruntime compile did not finish within 0.001 s.*--backend-deadline"):
         build_text_generation(
-            str(llama_dir), tmp_path / "out", dump_ir=tmp_path / "ir", backend_deadline_s=0.001, **{kind: DEGREE}
+            str(llama_dir),
+            tmp_path / "out",
+            dump_ir=tmp_path / "ir",
+            isolate_backend=True,  # the tests' helper builds in this process (tests/in_process.py)
+            backend_deadline_s=0.001,
+            **{kind: DEGREE},
         )
     for shard in range(DEGREE):
         for graph in ("prefill", "decode"):
