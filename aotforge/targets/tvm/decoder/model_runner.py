@@ -17,8 +17,16 @@ TvmStepEngine = Any
 class _SplitPrefill:
     """A prompt through a prefill bucket (:func:`prefill_head`) and the rest through ``extend``: both runners'."""
 
-    engine: TvmStepEngine
-    can_extend: bool
+    #: the function ``extend`` calls (artifacts built with ``--speculative-k`` have it)
+    extend_function = ""
+
+    def __init__(self, engine: TvmStepEngine, max_rows: int) -> None:
+        self.engine = engine
+        self.spec = engine.spec
+        self.max_rows = max_rows
+        self.can_extend = engine.verify_width > 0 and self.extend_function in engine._functions
+        #: the smallest batch bucket that holds ``max_rows``
+        self.top = next(b for b in engine.batch_buckets if b >= max_rows)
 
     def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
         head = prefill_head(self.engine, len(token_ids), self.can_extend)
@@ -45,12 +53,10 @@ class TvmModelRunner(_SplitPrefill):
     the sequence, in its own last block or the scratch block, which later tokens overwrite).
     """
 
+    extend_function = "paged_verify_1"
+
     def __init__(self, engine: TvmStepEngine, max_rows: int) -> None:
-        self.engine = engine
-        self.spec = engine.spec
-        self.max_rows = max_rows
-        self.can_extend = engine.verify_width > 0 and "paged_verify_1" in engine._functions
-        self.top = next(b for b in engine.batch_buckets if b >= max_rows)
+        super().__init__(engine, max_rows)
         self.pool: list[Any] = []
         self._views: list[np.ndarray] = []
         self.block_size = 0
@@ -158,12 +164,10 @@ class TvmRowsRunner(_SplitPrefill):
     views of the first rows; a prompt runs through the prefill function (its tokens past :func:`prefill_head`
     through ``extend``), ``extend`` through ``verify_1``."""
 
+    extend_function = "verify_1"
+
     def __init__(self, engine: TvmStepEngine, max_rows: int) -> None:
-        self.engine = engine
-        self.spec = engine.spec
-        self.max_rows = max_rows
-        self.can_extend = engine.verify_width > 0 and "verify_1" in engine._functions
-        self.top = next(b for b in engine.batch_buckets if b >= max_rows)
+        super().__init__(engine, max_rows)
         self.paged: PagedRows | None = None
         self._extend_rows: list[Any] = []
         self._calls: dict[int, tuple[list[np.ndarray], list[Any]]] = {}
