@@ -66,12 +66,12 @@ class Scheduler:
         whole, or first in the step), or (a runner without ``extend``) all of it: within the budget, or alone in
         the step even past it (else a long prompt would never start)."""
         left = seq.num_tokens - seq.num_computed
-        if self.can_extend and (left <= budget or not others or left > self.config.max_num_batched_tokens):
-            return min(left, budget)
+        if left <= budget or not others:
+            return min(left, budget) if self.can_extend else left
         # The rest of a prompt that one step's budget holds is not cut to fill this step's leftover: it waits
         # for the next step whole, since a cut costs an extension (the runners' costlier path per token: a
-        # verify graph computes logits at every position) for no token sooner.
-        return left if left <= budget or not others else 0
+        # verify graph computes logits at every position) for no token sooner. A longer one is chunked.
+        return budget if self.can_extend and left > self.config.max_num_batched_tokens else 0
 
     def _fit(self, seq: Sequence, n: int) -> int:
         """A chunk of ``n`` tokens cut to what the free blocks hold (a runner with ``extend`` takes any chunk), but
