@@ -15,20 +15,26 @@ from typing import Any
 from aotforge.artifacts.loader import load
 from aotforge.core.decoder import GENERATION_CONFIG_FILE
 from aotforge.core.errors import InputSpecError
+from aotforge.core.placement import Placement
 from aotforge.runtime.async_engine import AsyncEngine
 from aotforge.runtime.engine import LLMEngine
 from aotforge.runtime.params import EngineConfig
 
 
-def load_async_engine(path: str | Path, config: EngineConfig | None = None) -> AsyncEngine:
+def load_async_engine(
+    path: str | Path, config: EngineConfig | None = None, placement: Placement | None = None
+) -> AsyncEngine:
     """The engine ``aotforge serve`` runs over the artifact at ``path`` (verified as ``aotforge.load`` does)."""
-    return AsyncEngine(*load_engine(path, config or EngineConfig()))
+    return AsyncEngine(*load_engine(path, config or EngineConfig(), placement))
 
 
-def load_engine(path: str | Path, config: EngineConfig) -> tuple[LLMEngine, str, str | None]:
-    """The engine over a text-generation artifact, its name, and its chat template (or None)."""
+def load_engine(
+    path: str | Path, config: EngineConfig, placement: Placement | None = None
+) -> tuple[LLMEngine, str, str | None]:
+    """The engine over a text-generation artifact, its name, and its chat template (or None); ``placement`` says
+    where a sharded artifact's workers run."""
     path = Path(path)
-    loaded = load(path)
+    loaded = load(path, placement=placement)
     engine = loaded._generative().engine
     spec = engine.spec
     if not config.max_num_seqs:

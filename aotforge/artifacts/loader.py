@@ -15,7 +15,8 @@ from aotforge.artifacts.debris import make_temp_dir, sweep
 from aotforge.artifacts.manifest import Manifest
 from aotforge.artifacts.signing import verified_manifest
 from aotforge.core.decoder import DRAFT_VOCAB_FILE, TEXT_GENERATION, TOKENIZER_FILES
-from aotforge.core.errors import DraftMismatchError, HostMismatchError, InputSpecError
+from aotforge.core.errors import DraftMismatchError, HostMismatchError, InputSpecError, OptionsError
+from aotforge.core.placement import Placement, Workers
 from aotforge.core.spec import IOSpec
 from aotforge.targets import get_target
 from aotforge.targets.base import Runner, Target
@@ -137,6 +138,7 @@ def load(
     *,
     registry: Any = None,
     manifest_sha256: str | None = None,
+    placement: Placement | None = None,
 ) -> LoadedArtifact:
     """Verify the artifact at ``path`` and load it for its target.
 
@@ -147,6 +149,7 @@ def load(
     unsigned artifact is then refused), every file's sha256, and this host against the toolchain
     and host the manifest says it was built with and for. ``manifest_sha256`` (printed by ``compile``;
     from a registry, its digest is used) covers the manifest itself, so an edit to it is refused too.
+    ``placement`` says where a pipeline-parallel artifact's stages run (default: a process each on this host).
     """
     if registry is not None:
         path, manifest_sha256 = pull_cached(str(path), registry)
@@ -154,6 +157,8 @@ def load(
     manifest = verified_manifest(path, public_key, manifest_sha256=manifest_sha256)
     target = get_target(manifest.target.name)
     check_host(manifest, target)
+    if placement is not None and placement.workers is not Workers.PROCESSES:
+        _check_placement(manifest, placement)
     if "tensor_parallel" in manifest.target.info:  # rank graphs, a process each
         from aotforge.targets.generative.ranks import load_ranked
 
@@ -161,12 +166,27 @@ def load(
     elif "pipeline_parallel" in manifest.target.info:  # stage graphs, a process each
         from aotforge.targets.generative.stages import load_staged
 
-        runner = load_staged(path, manifest.target)
+        runner = load_staged(path, manifest.target, placement or Placement())
     elif manifest.target.info.get("task") == TEXT_GENERATION:  # prefill + decode graphs, not one model
         runner = generative_backend(manifest.target.name).load(path, manifest.target)
     else:
         runner = target.load(path, manifest.target, IOSpec.from_dict(manifest.io))
     return LoadedArtifact(path, manifest, runner)
+
+
+def _check_placement(manifest: Manifest, placement: Placement) -> None:
+    """Refuse workers elsewhere than this host for an artifact whose parts cannot run there."""
+    who = f"{manifest.name} v{manifest.version}"
+    if "tensor_parallel" in manifest.target.info:
+        raise OptionsError(
+            f"{who} is tensor-parallel: its ranks run on one host (their all-reduce is shared memory), not as Ray "
+            f"actors: drop --workers {placement.workers.value}, or build it with --pipeline-parallel to span hosts"
+        )
+    if "pipeline_parallel" not in manifest.target.info:
+        raise OptionsError(
+            f"{who} is one model in one process: --workers {placement.workers.value} places the stages of a "
+            "pipeline-parallel artifact (build with --pipeline-parallel N); for copies of it use serve --replicas"
+        )
 
 
 def check_host(manifest: Manifest, target: Target) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from aotforge.core.errors import OptionsError
+from aotforge.core.placement import Placement
 from aotforge.runtime.params import EngineConfig
 
 #: The Ray Serve application's name (``serve status``, ``serve.delete``).
@@ -39,8 +40,11 @@ def engine_failure(engine: Any) -> str:
     return str(getattr(runner, "failure", "") or "")
 
 
-def replica_application(artifact: Path, config: EngineConfig, options: ReplicaOptions) -> Any:
-    """The Ray Serve application: ``options.replicas`` replicas of the server over ``artifact``."""
+def replica_application(
+    artifact: Path, config: EngineConfig, options: ReplicaOptions, placement: Placement = Placement()
+) -> Any:
+    """The Ray Serve application: ``options.replicas`` replicas of the server over ``artifact`` (with
+    ``placement`` Ray, each replica's stages are actors of the same cluster)."""
     from ray import serve
 
     from aotforge.artifacts.engine_loader import load_async_engine
@@ -53,7 +57,7 @@ def replica_application(artifact: Path, config: EngineConfig, options: ReplicaOp
     @serve.ingress()
     class Replica:
         def __init__(self) -> None:
-            self.engine = load_async_engine(artifact, config)
+            self.engine = load_async_engine(artifact, config, placement)
 
         def __serve_build_asgi_app__(self) -> Any:
             return build_app(
@@ -80,7 +84,13 @@ def replica_application(artifact: Path, config: EngineConfig, options: ReplicaOp
 
 
 def serve_replicas(
-    artifact: Path, config: EngineConfig, options: ReplicaOptions, host: str, port: int, address: str | None
+    artifact: Path,
+    config: EngineConfig,
+    options: ReplicaOptions,
+    host: str,
+    port: int,
+    address: str | None,
+    placement: Placement = Placement(),
 ) -> None:
     """Start (or join, with ``address``) a Ray instance, run the replicas on ``host:port`` until interrupted."""
     import ray
@@ -90,7 +100,9 @@ def serve_replicas(
     try:
         # One proxy, on the head: the one endpoint (a proxy per node would each bind host:port).
         serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port})
-        serve.run(replica_application(artifact, config, options), name=APP_NAME, route_prefix="/", blocking=True)
+        serve.run(
+            replica_application(artifact, config, options, placement), name=APP_NAME, route_prefix="/", blocking=True
+        )
     except KeyboardInterrupt:
         pass
     finally:

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from aotforge.compiler.cli.common import user_errors
+from aotforge.compiler.cli.placement_flags import placement_from, placement_options
 from aotforge.core.errors import InputSpecError
 
 
@@ -47,6 +48,7 @@ from aotforge.core.errors import InputSpecError
     help="Draft tokens proposed per verify call (default: the artifact's --speculative-k).",
 )
 @click.option("--stats", is_flag=True, help="With --draft: print the draft's acceptance rate after the tokens.")
+@placement_options
 @user_errors
 def generate(
     artifact: Path,
@@ -55,6 +57,9 @@ def generate(
     raw_prompt: bool,
     stats: bool,
     ignore_eos: bool,
+    workers: str,
+    ray_address: str | None,
+    spread: str,
     **kw: object,
 ) -> None:
     """Generate tokens after a prompt with a text-generation ARTIFACT; prints the new token ids (and text).
@@ -80,7 +85,7 @@ def generate(
             raise click.BadParameter(
                 f"{prompt_ids!r} is not comma-separated integers", param_hint="--prompt-ids"
             ) from None
-    loaded = load(artifact)
+    loaded = load(artifact, placement=placement_from(workers, spread, ray_address))
     if kw["draft"] is None:
         del kw["draft"], kw["num_speculative_tokens"]
     else:

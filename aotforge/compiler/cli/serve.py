@@ -14,7 +14,9 @@ from typing import Any
 import click
 
 from aotforge.compiler.cli.common import user_errors
+from aotforge.compiler.cli.placement_flags import placement_from, placement_options
 from aotforge.core.errors import InputSpecError
+from aotforge.core.placement import Workers
 from aotforge.runtime.params import DRAIN_TIMEOUT_S, EngineConfig
 from aotforge.server.bench import LoadSpec
 
@@ -73,7 +75,7 @@ def engine_options(func: Callable[..., Any]) -> Callable[..., Any]:
     show_default=True,
     help="Servers behind the one endpoint: Ray Serve replicas, routed by queue length (needs ray[serve]).",
 )
-@click.option("--ray-address", help="Run the replicas on this Ray cluster (default: a local Ray instance).")
+@placement_options
 @user_errors
 def serve(
     artifact: Path,
@@ -83,7 +85,9 @@ def serve(
     served_model_name: str | None,
     drain_timeout: float,
     replicas: int,
+    workers: str,
     ray_address: str | None,
+    spread: str,
     **engine: Any,
 ) -> None:
     """Serve ARTIFACT (text generation) as an OpenAI-compatible API: /v1/models, /v1/completions,
@@ -94,13 +98,15 @@ def serve(
     from aotforge.artifacts.engine_loader import load_async_engine
     from aotforge.server.app import build_app
 
-    if replicas > 1 or ray_address:  # server/replicas.py: the same app in each Ray Serve replica
+    placement = placement_from(workers, spread, ray_address)
+    # server/replicas.py: the same app in each Ray Serve replica (a --ray-address alone asks for one replica there)
+    if replicas > 1 or (ray_address and placement.workers is Workers.PROCESSES):
         from aotforge.server.replicas import ReplicaOptions, serve_replicas
 
         logging.disable(logging.NOTSET)
         options = ReplicaOptions(replicas, api_key, served_model_name, drain_timeout)
-        return serve_replicas(artifact, EngineConfig(**engine), options, host, port, ray_address)
-    engine_ = load_async_engine(artifact, EngineConfig(**engine))
+        return serve_replicas(artifact, EngineConfig(**engine), options, host, port, ray_address, placement)
+    engine_ = load_async_engine(artifact, EngineConfig(**engine), placement)
     llm = engine_.engine
     click.echo(
         f"KV cache: {llm.blocks.num_blocks} blocks of {llm.blocks.block_size} positions, "

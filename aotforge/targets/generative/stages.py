@@ -24,63 +24,86 @@ import numpy as np
 
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import describe
+from aotforge.core.placement import Placement, Workers
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets import loaded_shard_runtime
 from aotforge.targets.generative.process_group import GroupEngine, ProcessGroup
 from aotforge.targets.generative.runner import GenerativeRunner
 
+#: What the errors call a stage.
+KIND = "pipeline-parallel stage"
+
+
+class StageWorker:
+    """One stage loaded and answering ``(where, method, args)`` calls with ``("ok", result)`` or ``("error", why)``:
+    the body of a stage process (:func:`_stage_main`) and of a stage's Ray actor (``ray_stages.py``). ``recv`` /
+    ``send`` are its ends of the links to its neighbours (anything with ``recv()`` / ``send(array)``)."""
+
+    def __init__(self, artifact_dir: str, record: dict[str, Any], stage: int, recv: Any, send: Any) -> None:
+        pp = record["info"]["pipeline_parallel"]
+        backend = importlib.import_module(loaded_shard_runtime(record["name"], "pipeline_parallel").module)
+        self.link = backend.StageLink(recv, send)
+        backend.register_stage_ops(self.link)
+        spec = DecoderSpec.from_dict(pp["decoders"][stage])
+        stage_dir = Path(artifact_dir) / pp["stages"][stage]
+        self.engine = backend.load_stage(stage_dir, TargetRecord.from_dict(record), spec, self.link)
+        self.last = stage == len(pp["stages"]) - 1
+        self.runner: Any = None
+        self.busy = 0.0
+
+    def handle(self, where: str, method: str, args: tuple[Any, ...]) -> tuple[str, Any]:
+        started, waited = time.perf_counter(), self.link.waited
+        try:
+            if where == "new_runner":
+                self.runner, result = self.engine.model_runner(*args), None
+            elif where == "busy":
+                result = self.busy
+            else:
+                result = getattr(self.engine if where == "engine" else self.runner, method)(*args)
+        except Exception as e:
+            return "error", describe(e, last=True)
+        finally:
+            self.busy += time.perf_counter() - started - (self.link.waited - waited)
+        if where in ("engine", "runner") and not self.last:
+            result = None  # only the last stage's logits mean anything
+        return "ok", result
+
 
 def _stage_main(conn: Any, artifact_dir: str, record: dict[str, Any], stage: int, recv: Any, send: Any) -> None:
     """A stage process: load the stage, then serve ``(where, method, args)`` calls until the driver hangs up."""
-    pp = record["info"]["pipeline_parallel"]
     try:
-        backend = importlib.import_module(loaded_shard_runtime(record["name"], "pipeline_parallel").module)
-        link = backend.StageLink(recv, send)
-        backend.register_stage_ops(link)
-        spec = DecoderSpec.from_dict(pp["decoders"][stage])
-        stage_dir = Path(artifact_dir) / pp["stages"][stage]
-        engine = backend.load_stage(stage_dir, TargetRecord.from_dict(record), spec, link)
+        worker = StageWorker(artifact_dir, record, stage, recv, send)
         conn.send(("ok", None))
     except Exception as e:
         conn.send(("error", describe(e, last=True)))
         return
-    runner: Any = None
-    busy = 0.0
     while True:
         try:
-            where, method, args = conn.recv()
+            message = conn.recv()
         except (EOFError, OSError):
             return
-        started, waited = time.perf_counter(), link.waited
         try:
-            if where == "new_runner":
-                runner, result = engine.model_runner(*args), None
-            elif where == "busy":
-                result = busy
-            else:
-                result = getattr(engine if where == "engine" else runner, method)(*args)
-        except Exception as e:
-            result, e_text = None, describe(e, last=True)
-        else:
-            e_text = ""
-        busy += time.perf_counter() - started - (link.waited - waited)
-        if where in ("engine", "runner") and stage != len(pp["stages"]) - 1:
-            result = None  # only the last stage's logits mean anything
-        try:
-            conn.send(("error", e_text) if e_text else ("ok", result))
+            conn.send(worker.handle(*message))
         except OSError:  # the driver is gone (it stops the group on a failure)
             return
 
 
 class StageGroup:
-    """The stage processes of one artifact, the pipes from the driver to each, and between neighbours."""
+    """The stage processes of one artifact, the pipes from the driver to each, and between neighbours; or, with
+    ``placement.workers`` Ray, the stages' actors (``ray_stages.py``), driven the same way."""
 
-    def __init__(self, artifact_dir: Path, record: TargetRecord) -> None:
+    def __init__(self, artifact_dir: Path, record: TargetRecord, placement: Placement = Placement()) -> None:
         pp = record.info["pipeline_parallel"]
         self.degree = int(pp["degree"])
         runtime = loaded_shard_runtime(record.name, "pipeline_parallel")
-        links = [multiprocessing.Pipe(duplex=False) for _ in range(self.degree - 1)]  # (s+1 reads, s writes)
         payload = {"name": record.name, "options": record.options, "info": record.info}
+        self.workers: Any
+        if placement.workers is Workers.RAY:
+            from aotforge.targets.generative.ray_stages import start_stage_actors
+
+            self.workers = start_stage_actors(KIND, str(artifact_dir), payload, self.degree, placement)
+            return
+        links = [multiprocessing.Pipe(duplex=False) for _ in range(self.degree - 1)]  # (s+1 reads, s writes)
         args = [
             (
                 str(artifact_dir), payload, stage,
@@ -89,7 +112,7 @@ class StageGroup:
             )
             for stage in range(self.degree)
         ]  # fmt: skip
-        self.workers = ProcessGroup("pipeline-parallel stage", _stage_main, args, runtime.preload)
+        self.workers = ProcessGroup(KIND, _stage_main, args, runtime.preload)
         for reader, writer in links:  # the stages hold them now: a dead stage's neighbour sees its pipe close
             reader.close()
             writer.close()
@@ -120,16 +143,16 @@ class StageGroup:
 class StagedEngine(GroupEngine):
     """The ``StepEngine`` of a pipeline-parallel artifact (``GenerativeRunner``'s engine)."""
 
-    def __init__(self, artifact_dir: Path, record: TargetRecord) -> None:
+    def __init__(self, artifact_dir: Path, record: TargetRecord, placement: Placement = Placement()) -> None:
         super().__init__()
-        self.artifact_dir, self.record = artifact_dir, record
+        self.artifact_dir, self.record, self.placement = artifact_dir, record, placement
         self.spec = DecoderSpec.from_dict(record.info["decoder"])
         self.verify_width = int(record.info.get("speculative", {}).get("verify_width", 0))
         self.micro_batches = int(record.info["pipeline_parallel"]["micro_batches"])
         self.group = self.start_group()
 
     def start_group(self) -> StageGroup:
-        return StageGroup(self.artifact_dir, self.record)
+        return StageGroup(self.artifact_dir, self.record, self.placement)
 
     def start(self, batch: int, prompt_len: int) -> None:
         self.call("engine", "start", batch, prompt_len)
@@ -186,6 +209,6 @@ class StagedModelRunner:
         return self.engine.call("runner", "decode", token_ids, positions, block_tables, parts)
 
 
-def load_staged(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:
-    """A pipeline-parallel artifact's runner: its stages started, driven as one model."""
-    return GenerativeRunner(StagedEngine(artifact_dir, record))
+def load_staged(artifact_dir: Path, record: TargetRecord, placement: Placement = Placement()) -> GenerativeRunner:
+    """A pipeline-parallel artifact's runner: its stages started where ``placement`` says, driven as one model."""
+    return GenerativeRunner(StagedEngine(artifact_dir, record, placement))
