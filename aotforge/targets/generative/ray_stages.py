@@ -26,6 +26,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from aotforge.core.errors import RankFailedError, TargetUnavailableError, describe
 from aotforge.core.placement import Placement, Spread
+from aotforge.targets.generative.stage_worker import StageWorker
 
 
 class Inbox:
@@ -67,8 +68,6 @@ class StageActor:
     """One stage, in a Ray worker process: ``stages.StageWorker`` behind actor calls."""
 
     def __init__(self, artifact_dir: str, record: dict[str, Any], stage: int) -> None:
-        from aotforge.targets.generative.stages import StageWorker
-
         self.inbox, self.outbox = Inbox(), Outbox()
         last = stage == len(record["info"]["pipeline_parallel"]["stages"]) - 1
         here: dict[str, Any] = {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}

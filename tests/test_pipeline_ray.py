@@ -1,0 +1,56 @@
+"""A pipeline-parallel artifact's stages as Ray actors (``--workers ray``) on a real two-node Ray cluster on
+127.0.0.1 inside a private network namespace (``tests/ray_pipeline_stages.py``): placed one a node, the serving
+engine's tokens identical to the unsharded artifact's, a killed stage actor failing its request with an error
+naming it before the next request runs on restarted actors, and ``aotforge generate --workers ray`` the same."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aotforge
+from aotforge.core.errors import OptionsError
+from aotforge.core.placement import Placement, Workers
+from tests.llm_models import MAX_BATCH, PROMPTS, build_text_generation
+from tests.test_farm_ray import ROOT, SKIP
+
+
+def test_ray_workers_are_refused_for_an_artifact_without_stages(llama_ort: object) -> None:
+    with pytest.raises(OptionsError, match="one model in one process: --workers ray places the stages"):
+        aotforge.load(llama_ort.path, placement=Placement(Workers.RAY))  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow  # a two-node Ray cluster, two placements of the stages and a CLI run: 2-3 min on 2 cores
+@pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+def test_stage_actors_on_two_nodes_generate_like_the_unsharded_artifact(
+    llama_dir: Path, llama_ort: object, tmp_path: Path
+) -> None:
+    staged = build_text_generation(llama_dir, tmp_path / "pp", pipeline_parallel=2)
+    unsharded = aotforge.load(llama_ort.path)  # type: ignore[attr-defined]
+    prompts = [*PROMPTS, [9, 8, 7], PROMPTS[0][:5] + [11, 12, 13, 14]]
+    new = 12
+    want = [unsharded.generate(np.array([p]), new)[0, len(p) :].tolist() for p in prompts]
+    (tmp_path / "request.json").write_text(json.dumps({"prompts": prompts, "new": new}))
+    script = (
+        f"ip link set lo up && exec {sys.executable} {ROOT / 'tests' / 'ray_pipeline_stages.py'} "
+        f"{tmp_path} {staged.path} {tmp_path / 'request.json'}"
+    )
+    run = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    placed = got["placed"]
+    assert sorted(placed["actors"]) == got["nodes"] and placed["actors"] == placed["bundles"], got  # one a node
+    assert got["tokens"] == want
+    killed = got["killed"]
+    assert killed["errors"] and "pipeline-parallel stage 0: its Ray actor died" in killed["errors"][0], killed
+    assert "restarted with an empty KV cache" in killed["errors"][0] and not killed["unfinished"]
+    assert killed["old_actors"] == 0, "the failed group's actors were killed"
+    assert killed["after"] == want[1]
+    assert got["cli"]["rc"] == 0, got["cli"]["err"]
+    assert got["cli"]["out"].split()[:new] == [str(t) for t in want[0]]
+    assert MAX_BATCH == 2  # the engine ran two sequences a step: two micro-batches through the stages
