@@ -4,8 +4,8 @@
     python tests/ray_pipeline_stages.py WORK ARTIFACT REQUEST_JSON
 
 The serving engine runs every prompt over the stages placed one a node (STRICT_SPREAD); then a stage actor is
-killed mid-request, and a request after it runs on the restarted stages; then ``aotforge generate --workers ray``
-runs one prompt. Prints one JSON line last.
+killed mid-request, and a request after it runs on the restarted stages; a placement the cluster cannot hold is
+refused; then ``aotforge generate --workers ray`` runs one prompt. Prints one JSON line last.
 """
 
 from __future__ import annotations
@@ -50,6 +50,21 @@ def _kill_and_recover(engine: Any, prompts: list[list[int]], new: int) -> dict[s
     return {"errors": errors, "unfinished": left, "after": after, "old_actors": len(workers.actors)}
 
 
+def _refusal(artifact: Path, address: str) -> str:
+    """What loading says when Ray cannot place the stages: two CPUs each on nodes of their own (the second node
+    has one)."""
+    import aotforge
+    from aotforge.core.errors import TargetUnavailableError
+    from aotforge.core.placement import Placement, Spread, Workers
+
+    placement = Placement(Workers.RAY, address, Spread.STRICT_SPREAD, cpus_per_worker=2, placement_timeout_s=5)
+    try:
+        aotforge.load(artifact, placement=placement)
+    except TargetUnavailableError as e:
+        return str(e)
+    return "loaded"
+
+
 def main(work: Path, artifact: Path, request: dict[str, Any]) -> dict[str, Any]:
     from aotforge.artifacts.engine_loader import load_engine
     from aotforge.core.placement import Placement, Spread, Workers
@@ -69,6 +84,7 @@ def main(work: Path, artifact: Path, request: dict[str, Any]) -> dict[str, Any]:
             killed = _kill_and_recover(engine, prompts, new)
         finally:
             engine.runner.engine.close()
+        refused = _refusal(artifact, address)
         import ray
 
         ray.shutdown()
@@ -81,6 +97,7 @@ def main(work: Path, artifact: Path, request: dict[str, Any]) -> dict[str, Any]:
         "placed": placed,
         "tokens": tokens,
         "killed": killed,
+        "refused": refused,
         "cli": {"rc": cli.returncode, "out": cli.stdout, "err": cli.stderr[-3000:]},
     }
 

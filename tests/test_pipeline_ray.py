@@ -20,6 +20,16 @@ from tests.llm_models import MAX_BATCH, PROMPTS, build_text_generation
 from tests.test_farm_ray import ROOT, SKIP
 
 
+def test_stage_link_hands_on_arrays_in_the_order_they_were_sent() -> None:
+    """Calls into an actor's concurrency group may run out of order: the inbox still yields them as sent."""
+    from aotforge.targets.generative.ray_stages import Inbox
+
+    inbox = Inbox()
+    for seq in (2, 0, 1):
+        inbox.put(seq, np.full(3, seq, dtype=np.float32))
+    assert [int(inbox.recv()[0]) for _ in range(3)] == [0, 1, 2]
+
+
 def test_ray_workers_are_refused_for_an_artifact_without_stages(llama_ort: object) -> None:
     with pytest.raises(OptionsError, match="one model in one process: --workers ray places the stages"):
         aotforge.load(llama_ort.path, placement=Placement(Workers.RAY))  # type: ignore[attr-defined]
@@ -51,6 +61,10 @@ def test_stage_actors_on_two_nodes_generate_like_the_unsharded_artifact(
     assert "restarted with an empty KV cache" in killed["errors"][0] and not killed["unfinished"]
     assert killed["old_actors"] == 0, "the failed group's actors were killed"
     assert killed["after"] == want[1]
+    assert (
+        "Ray could not place 2 pipeline-parallel stages (2 CPU each on a node of its own) within 5 s: the "
+        "cluster has 2 node(s) and 3 CPUs" in got["refused"]
+    ), got["refused"]
     assert got["cli"]["rc"] == 0, got["cli"]["err"]
     assert got["cli"]["out"].split()[:new] == [str(t) for t in want[0]]
     assert MAX_BATCH == 2  # the engine ran two sequences a step: two micro-batches through the stages
