@@ -1,4 +1,9 @@
-"""Every error a user can cause: one clear line, a non-zero exit, nothing left behind."""
+"""Every error a user can cause: one clear line, a non-zero exit, nothing left behind.
+
+The cases run the command in this process (click's runner: the same command, exit status and stderr a terminal
+gets) rather than a new interpreter each, whose start and imports were most of their time; ``run_cli`` (a real
+``python -m aotforge`` process) is kept for the traceback of ``--debug`` and for the other files' CLI tests.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,11 @@ from pathlib import Path
 
 import onnx
 import pytest
+from click.testing import CliRunner
 from onnx import TensorProto, helper
 
-from aotforge.core.errors import EXIT_TARGET_UNAVAILABLE, EXIT_USER
+from aotforge.compiler.cli import main
+from aotforge.core.errors import EXIT_TARGET_UNAVAILABLE, EXIT_USER, EXIT_VALIDATION
 from tests.conftest import EXAMPLES, ONNX_LIGHT
 
 
@@ -73,29 +80,20 @@ def _write(path: Path, data: bytes) -> Path:
 def test_user_error_is_one_line_and_leaves_nothing(case: str, tmp_path: Path) -> None:
     args, expected = CASES[case]
     out = tmp_path / "out"
-    proc = run_cli("compile", *args(tmp_path), "--out", str(out), "--no-bench")
-    assert proc.returncode == (EXIT_TARGET_UNAVAILABLE if case == "unavailable target" else EXIT_USER), proc.stderr
-    assert expected in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].lower().startswith("error: ")
+    ran = CliRunner().invoke(main, ["compile", *args(tmp_path), "--out", str(out), "--no-bench"])
+    assert ran.exit_code == (EXIT_TARGET_UNAVAILABLE if case == "unavailable target" else EXIT_USER), ran.output
+    assert expected in ran.stderr
+    assert "Traceback" not in ran.output
+    assert ran.stderr.strip().splitlines()[-1].lower().startswith("error: ")
     assert not out.exists() or not any(p for p in out.rglob("*") if p.is_file())
 
 
 def test_validation_failure_leaves_no_artifact(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = run_cli(
-        "compile",
-        str(EXAMPLES / "mini_resnet.py"),
-        "--target",
-        "onnxruntime",
-        "--out",
-        str(out),
-        "--no-bench",
-        "--tolerance",
-        "1e-12",
-    )
-    assert proc.returncode == 3
-    assert "does not match the source model" in proc.stderr and "rel L2" in proc.stderr
+    args = [str(EXAMPLES / "mini_resnet.py"), "--target", "onnxruntime", "--out", str(out), "--tolerance", "1e-12"]
+    ran = CliRunner().invoke(main, ["compile", *args, "--no-bench"])
+    assert ran.exit_code == EXIT_VALIDATION, ran.output
+    assert "does not match the source model" in ran.stderr and "rel L2" in ran.stderr
     assert not any(p for p in out.rglob("*") if p.is_file())
 
 
