@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.conftest import CPU_TARGETS, FAST_BENCH, quick_build
-from tests.test_errors import run_cli
+from tests.test_errors import invoke_cli
 
 
 def tiny_model(path: Path) -> Path:
@@ -46,7 +46,7 @@ def test_build_benchmark_is_the_runner_process(artifact: Path) -> None:
 
 
 def test_bench_cli_json_per_thread_count(artifact: Path) -> None:
-    proc = run_cli(
+    proc = invoke_cli(
         "bench", str(artifact), "--threads", "1,2", "--batch", "4", "--seconds", "0.2", "--warmup", "1", "--json"
     )
     assert proc.returncode == 0, proc.stderr
@@ -73,14 +73,14 @@ def test_bench_child_imports_no_build_library(target: str, tmp_path: Path) -> No
 
 
 def test_bench_refuses_a_batch_outside_the_range_and_a_tampered_artifact(artifact: Path, tmp_path: Path) -> None:
-    proc = run_cli("bench", str(artifact), "--batch", "64", "--seconds", "0.1")
+    proc = invoke_cli("bench", str(artifact), "--batch", "64", "--seconds", "0.1")
     assert proc.returncode == 2 and "batch" in proc.stderr and "Traceback" not in proc.stderr
     import shutil
 
     copy = tmp_path / "copy"
     shutil.copytree(artifact, copy)
     (copy / "model.onnx").write_bytes(b"x" + (copy / "model.onnx").read_bytes())
-    proc = run_cli("bench", str(copy), "--seconds", "0.1")
+    proc = invoke_cli("bench", str(copy), "--seconds", "0.1")
     assert proc.returncode != 0 and "model.onnx: sha256" in proc.stderr
 
 

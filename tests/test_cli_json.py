@@ -15,13 +15,13 @@ from aotforge.compiler.cli import main
 from aotforge.compiler.options import BuildOptions
 from aotforge.core.errors import EXIT_CODES, EXIT_INTEGRITY, EXIT_INTERNAL, OptionsError
 from tests.test_bench import tiny_model
-from tests.test_errors import run_cli
+from tests.test_errors import invoke_cli
 
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("json")
-    proc = run_cli(
+    proc = invoke_cli(
         "compile", str(tiny_model(tmp / "tiny.onnx")), "-t", "onnxruntime", "-o", str(tmp / "out"),
         "--precision", "int8-dynamic", "--tolerance", "0.5", "--bench-seconds", "0.2", "--json",
     )  # fmt: skip
@@ -37,20 +37,20 @@ def test_compile_json_names_the_artifact_and_its_figures(compiled: dict) -> None
 
 
 def test_targets_inspect_verify_list_json(compiled: dict, tmp_path: Path) -> None:
-    rows = json.loads(run_cli("targets", "--json").stdout)
+    rows = json.loads(invoke_cli("targets", "--json").stdout)
     assert {r["name"] for r in rows} == {"tvm", "onnxruntime", "tensorrt", "neuron"}
     assert next(r for r in rows if r["name"] == "onnxruntime")["available"] is True
-    assert json.loads(run_cli("inspect", compiled["path"], "--json").stdout)["name"] == "tiny"
-    ok = json.loads(run_cli("verify", compiled["path"], "--json").stdout)
+    assert json.loads(invoke_cli("inspect", compiled["path"], "--json").stdout)["name"] == "tiny"
+    ok = json.loads(invoke_cli("verify", compiled["path"], "--json").stdout)
     assert ok["ok"] and ok["manifest_sha256"] == compiled["manifest_sha256"] and ok["signature"] == "unsigned"
     copy = tmp_path / "copy"
     shutil.copytree(compiled["path"], copy)
     (copy / "model.onnx").write_bytes(b"!" + (copy / "model.onnx").read_bytes())
-    bad = run_cli("verify", str(copy), "--json")
+    bad = invoke_cli("verify", str(copy), "--json")
     assert bad.returncode == EXIT_INTEGRITY and json.loads(bad.stdout)["ok"] is False
     reg = str(tmp_path / "reg")
-    assert run_cli("push", compiled["path"], "--registry", reg).returncode == 0
-    (entry,) = json.loads(run_cli("list", "--registry", reg, "--json").stdout)
+    assert invoke_cli("push", compiled["path"], "--registry", reg).returncode == 0
+    (entry,) = json.loads(invoke_cli("list", "--registry", reg, "--json").stdout)
     assert (entry["ref"], entry["target"], entry["aliases"]) == ("tiny:1", "onnxruntime", [])
 
 

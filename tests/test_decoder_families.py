@@ -418,7 +418,8 @@ def test_a_feature_the_graphs_cannot_compute_is_refused_before_the_export(
 
 
 def test_cli_refusal_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    """The same refusal through ``aotforge compile DIR --task text-generation``: exit 2, one line, nothing written."""
+    """The same refusal through ``aotforge compile DIR --task text-generation``: exit 2, one line, nothing written
+    (a real process: in this one transformers, imported already, would add its loading bar to the terminal)."""
     from tests.test_errors import run_cli
 
     decoder_of(*REFUSED["falcon-alibi"][:2]).save_pretrained(tmp_path / "falcon")

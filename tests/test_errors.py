@@ -1,4 +1,9 @@
-"""Every error a user can cause: one clear line, a non-zero exit, nothing left behind."""
+"""Every error a user can cause: one clear line, a non-zero exit, nothing left behind.
+
+The cases run the command in this process (``invoke_cli``: the same command, exit status and stderr a terminal
+gets) rather than in a new interpreter each, whose start and imports were most of their time; ``run_cli`` (a real
+``python -m aotforge`` process) shows the traceback of ``--debug``.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +13,27 @@ from pathlib import Path
 
 import onnx
 import pytest
+from click.testing import CliRunner
 from onnx import TensorProto, helper
 
-from aotforge.core.errors import EXIT_TARGET_UNAVAILABLE, EXIT_USER
+from aotforge.compiler.cli import main
+from aotforge.core.errors import EXIT_TARGET_UNAVAILABLE, EXIT_USER, EXIT_VALIDATION
 from tests.conftest import EXAMPLES, ONNX_LIGHT
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m aotforge ARGS`` in a new process: for what only a real process shows (a traceback, C++ logging
+    on the terminal, the environment a command starts with)."""
     return subprocess.run(
         [sys.executable, "-m", "aotforge", *args], capture_output=True, text=True, timeout=600, check=False
     )
+
+
+def invoke_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The same command in this process (click's runner): its exit status, stdout and stderr as ``run_cli`` gives
+    them, without a new interpreter and its imports for each command."""
+    ran = CliRunner().invoke(main, list(args))
+    return subprocess.CompletedProcess(["aotforge", *args], ran.exit_code, ran.stdout, ran.stderr)
 
 
 def _unsupported_op_model(path: Path) -> Path:
@@ -73,28 +89,19 @@ def _write(path: Path, data: bytes) -> Path:
 def test_user_error_is_one_line_and_leaves_nothing(case: str, tmp_path: Path) -> None:
     args, expected = CASES[case]
     out = tmp_path / "out"
-    proc = run_cli("compile", *args(tmp_path), "--out", str(out), "--no-bench")
+    proc = invoke_cli("compile", *args(tmp_path), "--out", str(out), "--no-bench")
     assert proc.returncode == (EXIT_TARGET_UNAVAILABLE if case == "unavailable target" else EXIT_USER), proc.stderr
     assert expected in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines()[-1].lower().startswith("error: ")
     assert not out.exists() or not any(p for p in out.rglob("*") if p.is_file())
 
 
 def test_validation_failure_leaves_no_artifact(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = run_cli(
-        "compile",
-        str(EXAMPLES / "mini_resnet.py"),
-        "--target",
-        "onnxruntime",
-        "--out",
-        str(out),
-        "--no-bench",
-        "--tolerance",
-        "1e-12",
-    )
-    assert proc.returncode == 3
+    args = [str(EXAMPLES / "mini_resnet.py"), "--target", "onnxruntime", "--out", str(out), "--tolerance", "1e-12"]
+    proc = invoke_cli("compile", *args, "--no-bench")
+    assert proc.returncode == EXIT_VALIDATION, proc.stderr
     assert "does not match the source model" in proc.stderr and "rel L2" in proc.stderr
     assert not any(p for p in out.rglob("*") if p.is_file())
 

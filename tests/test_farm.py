@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,14 +19,8 @@ from aotforge.compiler.farm.plan import load_plan
 from aotforge.compiler.farm.prepare import options_per_target
 from aotforge.compiler.farm.spec import is_multi, parse_targets
 from aotforge.core.errors import EXIT_PARTIAL, OptionsError
+from tests.test_errors import invoke_cli
 from tests.tiny_models import relu_add
-
-ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "aotforge"]
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def test_target_lists() -> None:
@@ -100,10 +93,9 @@ def test_two_targets_share_the_frontend_and_are_compared(tmp_path: Path) -> None
 def test_cli_failed_target_fails_its_row_and_the_exit(tmp_path: Path) -> None:
     """tensorrt cannot build here: its row says why (the probe), onnxruntime is still built, the exit is 1."""
     model = relu_add(tmp_path / "m.onnx")
-    run = subprocess.run(
-        [*CLI, "compile", str(model), "--target", "onnxruntime,tensorrt", "--out", str(tmp_path / "o"), "--no-bench"],
-        capture_output=True, text=True, env=_env(), timeout=600,
-    )  # fmt: skip
+    run = invoke_cli(
+        "compile", str(model), "--target", "onnxruntime,tensorrt", "--out", str(tmp_path / "o"), "--no-bench"
+    )
     assert run.returncode == EXIT_PARTIAL, run.stderr
     assert run.stdout.strip().splitlines() == [str(tmp_path / "o/m/1/onnxruntime")]
     assert "m / tensorrt: target tensorrt is not available on this host" in run.stderr
@@ -152,10 +144,7 @@ def test_matrix_plan_local_is_cache_aware_and_keeps_going(tmp_path: Path) -> Non
     )
 
     def run() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*CLI, "matrix", str(tmp_path / "plan.toml"), "--jobs", "2"],
-            capture_output=True, text=True, env=_env(), timeout=600,
-        )  # fmt: skip
+        return invoke_cli("matrix", str(tmp_path / "plan.toml"), "--jobs", "2")
 
     first = run()
     assert first.returncode == EXIT_PARTIAL, first.stderr

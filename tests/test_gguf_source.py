@@ -29,7 +29,7 @@ from tests.llm_models import (
     tiny_causal_lm,
 )
 from tests.test_decoder_families import CONFIGS, decoder_of
-from tests.test_errors import run_cli
+from tests.test_errors import invoke_cli
 
 _HEADS_4_2 = {"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2}
 #: A configuration of each family transformers reads from GGUF, within what its file can carry (gguf_models.py).
@@ -86,12 +86,12 @@ def test_cli_compiles_an_fp16_gguf_without_task_and_refuses_a_broken_one(tmp_pat
     assert np.array_equal(embed, embed.astype(np.float16).astype(np.float32))
     assert not np.array_equal(embed, model.get_input_embeddings().weight.detach().numpy())
     common = ["--target", "onnxruntime", "--no-bench", "--max-seq-len", str(MAX_SEQ), "--max-batch", str(MAX_BATCH)]
-    proc = run_cli("compile", str(gguf), "--out", str(tmp_path / "out"), *common)
+    proc = invoke_cli("compile", str(gguf), "--out", str(tmp_path / "out"), *common)
     assert proc.returncode == 0, proc.stderr
     assert_generates_like_transformers(aotforge.load(proc.stdout.strip().splitlines()[-1]), read)
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(gguf.read_bytes()[:4096])  # a download cut short
-    proc = run_cli("compile", str(broken), "--out", str(tmp_path / "out2"), *common)
+    proc = invoke_cli("compile", str(broken), "--out", str(tmp_path / "out2"), *common)
     assert proc.returncode == 2 and "broken.gguf is not a readable GGUF file" in proc.stderr, proc.stderr
     assert not (tmp_path / "out2").exists() or not any((tmp_path / "out2").rglob("manifest.json"))
 

@@ -18,10 +18,11 @@ from aotforge.artifacts import load
 from aotforge.artifacts.manifest import read_manifest
 from aotforge.targets import get_target
 from tests.conftest import EXAMPLES, ROOT, quick_build
-from tests.test_errors import run_cli
+from tests.test_errors import invoke_cli, run_cli
 
 
 def _compile(*args: str) -> tuple[Path, str]:
+    """In a real process: what its terminal shows, the libraries' C++ logging included, is what is checked."""
     proc = run_cli("compile", *args)
     assert proc.returncode == 0, proc.stderr
     return Path(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr
@@ -87,7 +88,7 @@ def ort_artifact(compiled: tuple[Path, str, Path]) -> Path:
 @pytest.mark.parametrize("max_runs", [3, 7])
 def test_bench_max_runs_caps_the_timed_calls(ort_artifact: Path, max_runs: int) -> None:
     """A bench given far more seconds than the runs need stops at ``--max-runs`` timed calls."""
-    proc = run_cli(
+    proc = invoke_cli(
         "bench", str(ort_artifact), "--seconds", "60", "--warmup", "1", "--max-runs", str(max_runs), "--json"
     )
     assert proc.returncode == 0, proc.stderr
@@ -98,7 +99,9 @@ def test_bench_max_runs_caps_the_timed_calls(ort_artifact: Path, max_runs: int) 
 def test_target_all_builds_every_target_this_host_compiles_for(tmp_path: Path) -> None:
     """``--target all``: an artifact per target whose probe compiles here, each validated against the model; the
     others named with their probe's reason, and the build still succeeds."""
-    proc = run_cli("compile", str(EXAMPLES / "mini_resnet.py"), "--target", "all", "--out", str(tmp_path), "--no-bench")
+    proc = invoke_cli(
+        "compile", str(EXAMPLES / "mini_resnet.py"), "--target", "all", "--out", str(tmp_path), "--no-bench"
+    )
     assert proc.returncode == 0, proc.stderr
     usable = {name for name in ("tvm", "onnxruntime", "tensorrt", "neuron") if get_target(name).probe().compiles}
     assert {"tvm", "onnxruntime"} <= usable  # base dependencies: never skipped

@@ -12,7 +12,7 @@ from aotforge.compiler.options import BuildOptions, PassOptions
 from aotforge.compiler.recipe import int8_shortcuts, load_recipe, recipe_options
 from aotforge.core.errors import OptionsError
 from tests.pass_models import mlp
-from tests.test_errors import run_cli
+from tests.test_errors import invoke_cli
 
 GOOD = """
 passes = ["O2", "int8"]
@@ -95,7 +95,7 @@ def test_cli_flags_override_the_recipe(tmp_path: Path) -> None:
     recipe = _write(
         tmp_path, 'passes = ["fuse", "int8"]\ntarget = "tvm"\ntolerance = 0.2\n[pass_options.int8]\nsamples = 4\n'
     )
-    proc = run_cli(
+    proc = invoke_cli(
         "compile", str(model), "--recipe", str(recipe), "--target", "onnxruntime", "--no-bench",
         "--pass-opt", "int8.method=percentile", "--accuracy-budget", "0.9", "--out", str(tmp_path / "out"),
     )  # fmt: skip
@@ -112,6 +112,6 @@ def test_cli_flags_override_the_recipe(tmp_path: Path) -> None:
 def test_cli_unknown_recipe_key_is_one_line(tmp_path: Path) -> None:
     model = tmp_path / "mlp.onnx"
     ir.save(mlp(), model)
-    proc = run_cli("compile", str(model), "--recipe", str(_write(tmp_path, "speed = 3\n")))
+    proc = invoke_cli("compile", str(model), "--recipe", str(_write(tmp_path, "speed = 3\n")))
     assert proc.returncode != 0 and "unknown key(s) speed" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -14,7 +14,7 @@ from aotforge.artifacts.manifest import MANIFEST
 from aotforge.artifacts.signing import keygen, sign, verified_manifest
 from aotforge.core.errors import ArtifactError, SignatureError
 from tests.conftest import CPU_TARGETS, EXAMPLES, quick_build
-from tests.test_errors import run_cli
+from tests.test_errors import invoke_cli
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_one_flipped_byte_in_any_file_is_refused(signed: Path, keys: tuple[Path,
         shown = MANIFEST if name == SIGNATURE else name  # a bad signature is reported against the manifest it covers
         with pytest.raises(ArtifactError, match=rf"{SIGNATURE}|{shown}"):
             aotforge.load(copy, public_key=keys[1])
-        proc = run_cli("verify", str(copy), "--public-key", str(keys[1]))
+        proc = invoke_cli("verify", str(copy), "--public-key", str(keys[1]))
         assert proc.returncode != 0 and name.split(".")[0] in proc.stderr, (name, proc.stderr)
         assert len(proc.stderr.splitlines()) == 1, (name, proc.stderr)
 
