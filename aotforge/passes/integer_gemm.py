@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+
 def _const(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     """An initializer of ``graph`` (reused when one of that name exists: the scalars every rewrite shares)."""
     if name in graph.initializers:
