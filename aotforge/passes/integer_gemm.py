@@ -65,5 +65,5 @@ def integer_gemm(graph: ir.Graph, node: ir.Node) -> None:
     by_row = ir.node("Mul", [by_column.outputs[0], safe.outputs[0]], name=f"{name}_scaled_back")
     new = [magnitude, peak, row_scale, safe, scaled, rounded, shifted, as_u8, gemm, as_float, by_column, by_row]
     ir.convenience.replace_nodes_and_values(graph, node, [node], new, [node.outputs[0]], [by_row.outputs[0]])
-    if not weight.uses() and weight.name in graph.initializers:
+    if not weight.uses() and weight.name is not None and weight.name in graph.initializers:
         del graph.initializers[weight.name]
