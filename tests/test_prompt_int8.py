@@ -65,8 +65,9 @@ def test_tvm_refuses_prompt_int8() -> None:
 
 @pytest.fixture(scope="module")
 def prompt_int8_ort(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Llama for onnxruntime at int4 (round to nearest: no calibration), prompt graphs on integer GEMM."""
-    params = {"weight-only": {"prompt_int8": True, "method": "rtn"}}
+    """The tiny Llama for onnxruntime at int4 (round to nearest: no calibration): prompt graphs on integer GEMM, the
+    onnxruntime text-generation default."""
+    params = {"weight-only": {"method": "rtn"}}
     out = tmp_path_factory.mktemp("prompt-int8")
     built = build_text_generation(llama_dir, out, speculative_k=SPECULATIVE_K, precision="int4", pass_params=params)
     return Path(built.path)
