@@ -28,6 +28,7 @@ import onnx_ir.passes
 from aotforge.core.decoder_layers import layer_indices
 from aotforge.core.errors import OptionsError
 from aotforge.passes.base import GraphPass
+from aotforge.passes.integer_gemm import integer_gemm
 from aotforge.passes.ort_quantization import op_counts, quantize_through_files
 
 #: rtn: round to nearest; hqq: ONNX Runtime's half-quadratic fit (asymmetric); awq / gptq / awq+gptq: weights
@@ -61,6 +62,11 @@ class QuantizeWeightOnlyParams:
     sensitive_layers_8bit: int = 0
     #: The decoder's layer count, which ``layers_8bit`` needs (text-generation builds set it).
     layers: int = 0
+    #: The matmuls other than the head as 8-bit integer GEMM (``passes/integer_gemm``: int8 weights per column,
+    #: int8 activations per row) instead of MatMulNBits, in every graph but a decoder's decode graph (which the
+    #: build runs without it): a prompt's many rows run several times faster through ONNX Runtime's QGEMM, a
+    #: decode step's few rows stream 4-bit weights.
+    prompt_int8: bool = False
 
     def __post_init__(self) -> None:
         try:  # from the CLI a tuple's items arrive as strings ("3,7")
@@ -218,6 +224,10 @@ class QuantizeWeightOnlyPass(GraphPass):
         float_bytes = sum(_weight_bytes(model, n) for n in candidates)
         gemms_as_matmuls(model, candidates)
         bits_of = self._bits_by_node(model, candidates)
+        integer = [n for n in candidates if n not in self._head_names] if p.prompt_int8 else []
+        for node in [n for n in model.graph if str(n.name) in integer and n.op_type == "MatMul"]:
+            integer_gemm(model.graph, node)
+        bits_of = {n: b for n, b in bits_of.items() if n not in integer}
 
         def quantize(src: Path, dst: Path) -> None:
             import logging
@@ -257,8 +267,9 @@ class QuantizeWeightOnlyPass(GraphPass):
             _set_accuracy_level(done.model, p.accuracy_level)
             done.save_model_to_file(str(dst))
 
-        quantize_through_files(model, quantize)
-        packed = [n for n in model.graph if n.op_type == "MatMulNBits"]
+        if bits_of:
+            quantize_through_files(model, quantize)
+        packed = [n for n in model.graph if n.op_type in ("MatMulNBits", "MatMulInteger")]
         packed_bytes = sum(_packed_bytes(n) for n in packed)
         taken = sorted(set(candidates) & {_source_name(n) for n in packed})
         not_taken |= {n: "left float by the quantizer" for n in candidates if n not in taken}
@@ -273,7 +284,8 @@ class QuantizeWeightOnlyPass(GraphPass):
             "symmetric": p.symmetric and p.method != "hqq",
             **({"head_bits": p.head_bits, "head": heads} if (heads := self._heads(bits_of)) else {}),
             **({"layers_8bit": list(p.layers_8bit)} if p.layers_8bit else {}),
-            "bits_by_node": {n: bits_of[n] for n in taken},
+            "bits_by_node": {n: bits_of.get(n, 8) for n in taken},
+            **({"integer_gemm": integer} if integer else {}),
             "excluded": list(p.nodes_to_exclude),
             "taken": taken,
             "not_taken": dict(sorted(not_taken.items())),
@@ -324,8 +336,9 @@ def _weight_bytes(model: ir.Model, node_name: str) -> int:
 
 
 def _source_name(node: ir.Node) -> str:
-    """The MatMul a MatMulNBits node replaced (ORT's quantizer names it ``<matmul>_Q<bits>``)."""
-    return re.sub(r"_Q[48]$", "", str(node.name))
+    """The MatMul a MatMulNBits node replaced (ORT's quantizer names it ``<matmul>_Q<bits>``, ``integer_gemm``
+    ``<matmul>_int8``)."""
+    return re.sub(r"(_Q[48]|_int8)$", "", str(node.name))
 
 
 def _packed_bytes(node: ir.Node) -> int:

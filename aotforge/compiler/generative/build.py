@@ -138,7 +138,7 @@ def _export(
         if graph_passes:
             say(f"running passes on the {graph_name} graph: {', '.join(p.name for p in graph_passes())}")
             dump = opts.passes.dump_ir / graph_name if opts.passes.dump_ir is not None else None
-            records = run_passes(graph, graph_passes(), dump)
+            records = run_passes(graph, _for_graph(graph_passes(), file_name), dump)
             pass_entries += [{**pass_entry(r), "graph": graph_name} for r in records]
     for name, counts in (rewrite(graphs, spec) if rewrite is not None else {}).items():
         rewrites[name] = {**rewrites.get(name, {}), **counts}
@@ -301,6 +301,15 @@ def _graph_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -
             f"pass {', '.join(contrib)} emits ONNX Runtime contrib ops (MatMulNBits) that {opts.target} cannot run"
         )
     return lambda: _target_passes(opts, target, backend)[1]
+
+
+def _for_graph(passes: list[Any], file_name: str) -> list[Any]:
+    """The passes for one graph: the decode graph's weight-only without ``prompt_int8`` (its few rows a step
+    stream the weights, where MatMulNBits' 4 bits win; the prompt graphs' many rows are integer GEMM's)."""
+    for p in passes:
+        if file_name == DECODE_FILE and p.name == "weight-only" and p.params.prompt_int8:
+            p.params = dataclasses.replace(p.params, prompt_int8=False)
+    return passes
 
 
 def _target_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -> tuple[tuple[str, ...], list[Any]]:

@@ -38,6 +38,11 @@ def weight_only_format(params: Any) -> WeightOnlyFormat:
             "tvm weight-only computes with int8 activations (accuracy_level 4); "
             f"accuracy_level {params.accuracy_level} asks for float compute: leave it out or set 4"
         )
+    if params.prompt_int8:
+        raise OptionsError(
+            "weight-only.prompt_int8 is onnxruntime's (its prompt graphs on integer GEMM); tvm's kernel computes "
+            "every matmul with int8 activations already: leave it out"
+        )
     return WeightOnlyFormat(params.bits, params.block_size, params.head_bits, 0, params.layers_8bit, params.layers)
 
 
