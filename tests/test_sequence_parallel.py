@@ -126,9 +126,7 @@ def test_sequence_parallel_is_refused_where_it_cannot_apply(
 
 
 @pytest.mark.slow
-def test_sequence_parallel_prefill_matches_tensor_parallel_alone(
-    sp_build: Any, sp_loaded: Any, tmp_path: Path
-) -> None:
+def test_sequence_parallel_prefill_matches_tensor_parallel_alone(sp_build: Any, sp_loaded: Any, tmp_path: Path) -> None:
     """Against the same model's plain tensor-parallel artifact: the same greedy tokens, the logits within fp32
     summation order (the reduce-scatter sums each position's rows in the all-reduce's rank order)."""
     _, model, _ = sp_build

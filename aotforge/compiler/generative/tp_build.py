@@ -16,7 +16,7 @@ from aotforge.compiler.generative.tensor_parallel import layout, rank_model, seq
 from aotforge.compiler.options import BuildOptions
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import OptionsError
-from aotforge.targets import sharded_targets, shard_runtime
+from aotforge.targets import shard_runtime, sharded_targets
 from aotforge.targets.generative.ranks import RankedEngine
 
 
