@@ -89,6 +89,7 @@ def test_logits_match_the_unsharded_artifact_at_any_prompt_length(
     assert (logits[0].argmax(-1) == logits[1].argmax(-1)).all()
 
 
+@pytest.mark.slow  # the collectives' Python fallback is tested on its own in test_native_all_reduce.py
 @pytest.mark.parametrize("sp_build", ["llama"], indirect=True)
 def test_without_a_compiler_the_python_collectives_run_token_exact(
     sp_build: Any, monkeypatch: pytest.MonkeyPatch

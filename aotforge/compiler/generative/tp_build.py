@@ -45,14 +45,20 @@ def _split(model: Any, spec: DecoderSpec, opts: BuildOptions, name: str) -> Spli
 
 
 def _refuse(opts: BuildOptions) -> None:
-    """``--sequence-parallel`` on a target whose ranks cannot run the split prefill's collectives."""
-    runtime = shard_runtime(opts.target, "tensor_parallel")
-    if opts.generation.sequence_parallel and runtime is not None and not runtime.sequence_parallel:
-        have = [t for t in sharded_targets("tensor_parallel") if shard_runtime(t, "tensor_parallel").sequence_parallel]
-        raise OptionsError(
-            f"--sequence-parallel: the {opts.target} ranks have no reduce-scatter / all-gather (only "
-            f"{', '.join(have) or 'none'}): drop --sequence-parallel"
-        )
+    """``--sequence-parallel`` on a target whose ranks cannot run the split prefill's collectives (a target
+    without ranks at all is refused for ``--tensor-parallel`` before this)."""
+    if opts.generation.sequence_parallel and shard_runtime(opts.target, "tensor_parallel") is not None:
+        if not _splits_sequence(opts.target):
+            have = [t for t in sharded_targets("tensor_parallel") if _splits_sequence(t)]
+            raise OptionsError(
+                f"--sequence-parallel: the {opts.target} ranks have no reduce-scatter / all-gather (only "
+                f"{', '.join(have) or 'none'}): drop --sequence-parallel"
+            )
+
+
+def _splits_sequence(target: str) -> bool:
+    runtime = shard_runtime(target, "tensor_parallel")
+    return runtime is not None and runtime.sequence_parallel
 
 
 TENSOR_PARALLEL = Sharding(
