@@ -2,8 +2,9 @@
 
 A one-node graph ``AllReduce(x) * 2`` run by two rank processes over one segment sums their inputs exactly, in
 chunks when the input is larger than a buffer; a rank whose peer never arrives, or whose group was aborted,
-returns from the run and raises on its check. The rank graphs' own use is tested end to end in
-``test_tensor_parallel.py``.
+returns from the run and raises on its check. A sequence-parallel prefill's ``ReduceScatter`` then ``AllGather``
+give each rank its positions of the sum and then the whole sum back, natively and in the Python fallback. The rank
+graphs' own use is tested end to end in ``test_tensor_parallel.py`` and ``test_sequence_parallel.py``.
 """
 
 from __future__ import annotations
@@ -109,6 +110,73 @@ def test_a_rank_left_alone_returns_and_raises_on_its_check(
     finally:
         segment.close()
         segment.unlink()
+
+
+def _split_graph(path: Path) -> Path:
+    nodes = [
+        helper.make_node("ReduceScatter", ["x"], ["mine"], domain="ai.onnx.contrib"),
+        helper.make_node("AllGather", ["mine", "tokens"], ["whole"], domain="ai.onnx.contrib"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "T", HIDDEN])
+    tokens = helper.make_tensor_value_info("tokens", TensorProto.INT64, ["batch", "T"])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("mine", "whole")]
+    graph = helper.make_graph(nodes, "split", [x, tokens], outs)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.contrib", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), path)
+    return path
+
+
+#: Prompt lengths: shorter than the degree (rank 1 holds only padding), odd, even; each batch spans several chunks.
+LENGTHS = (1, 5, 4)
+
+
+def _split_rank(library: Path | None, graph: Path, segment: str, rank: int, capacity: int, out: Any) -> None:
+    comm = ShmAllReduce(segment, rank, 2, capacity)
+    if library is not None:
+        native_all_reduce.attach(library, comm)
+        session = _session(library, graph)
+    results = []
+    for length in LENGTHS:
+        x = np.random.default_rng([rank, length]).standard_normal((2, length, HIDDEN)).astype(np.float32)
+        if library is not None:
+            tokens = np.zeros((2, length), dtype=np.int64)
+            results.append(tuple(session.run(None, {"x": x, "tokens": tokens})))
+        else:
+            mine = comm.reduce_scatter(x)
+            results.append((mine, comm.all_gather(mine, length)))
+        results[-1] = (x, *results[-1])
+    comm.check()
+    out.put((rank, results))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_reduce_scatter_keeps_each_ranks_positions_and_all_gather_restores_the_sum(
+    native: bool, library: Path, tmp_path: Path
+) -> None:
+    capacity = 2 * HIDDEN + 7  # two rows a chunk: the batch of 2 x 5 rows goes in five exchanges
+    graph = _split_graph(tmp_path / "split.onnx")
+    segment = create_segment(2, capacity)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    args = [(library if native else None, graph, segment.name, r, capacity, queue) for r in (0, 1)]
+    procs = [context.Process(target=_split_rank, args=a) for a in args]
+    try:
+        for proc in procs:
+            proc.start()
+        results = dict(queue.get(timeout=120) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+        segment.close()
+        segment.unlink()
+    for i, length in enumerate(LENGTHS):
+        total = results[0][i][0] + results[1][i][0]  # the all-reduce's sum, in its rank order
+        size = -(-length // 2)
+        padded = np.concatenate([total, np.zeros((2, 2 * size - length, HIDDEN), np.float32)], axis=1)
+        for rank in (0, 1):
+            _, mine, whole = results[rank][i]
+            np.testing.assert_array_equal(mine, padded[:, rank * size : (rank + 1) * size])
+            np.testing.assert_array_equal(whole, total)
 
 
 def test_the_library_is_built_once_per_source(library: Path) -> None:

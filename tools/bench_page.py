@@ -110,6 +110,16 @@ BENCHES = (
         "rank could run it (tools/tp_collectives.py) and the bytes each rank stores (docs/parallel.md).",
     ),
     Bench(
+        "sequence_parallel",
+        "Sequence parallelism",
+        "make bench-tensor-parallel ARGS='--sequence-parallel --prompt 1024'",
+        "tools/bench_tensor_parallel.py --sequence-parallel builds the same SmolLM2-shaped model (--layers of it) with "
+        "--tensor-parallel 2 and with --tensor-parallel 2 --sequence-parallel, and times the first token of a long "
+        "prompt at batch 1 with each, one thread a rank, each in a process of its own, alternating round by round; "
+        "beside it the bytes a rank holds of each split-region tensor and moves through its collectives, computed "
+        "from the geometry (docs/parallel.md).",
+    ),
+    Bench(
         "pipeline_parallel",
         "Pipeline parallelism",
         "make bench-pipeline-parallel",

@@ -49,24 +49,25 @@ SHAPE = {
 }
 
 
-def model_dir(work: Path) -> Path:
+def model_dir(work: Path, layers: int = LAYERS) -> Path:
     """The random-weight model (made once into ``work``)."""
     from bench_generation import prepare
 
-    return prepare(work, LAYERS, SHAPE, "smollm2-kv4")
+    return prepare(work, layers, SHAPE, "smollm2-kv4")
 
 
-def build(model: Path, work: Path, max_seq_len: int, degree: int) -> Path:
+def build(model: Path, work: Path, max_seq_len: int, degree: int, sequence_parallel: bool = False) -> Path:
     """The artifact at tensor parallelism ``degree`` (1: unsharded), built once into ``work``."""
     import aotforge
 
-    name = f"{model.name.lower()}-tp{degree}"
+    name = f"{model.name.lower()}-tp{degree}{'-sp' if sequence_parallel else ''}-{max_seq_len}"
     found = sorted(work.glob(f"out/{name}/*/onnxruntime/manifest.json"))
     if found:
         return found[-1].parent
     result = aotforge.build(
         model, target="onnxruntime", task="text-generation", out=work / "out", name=name,
-        tensor_parallel=degree, max_seq_len=max_seq_len, max_batch=1, bench=False,
+        tensor_parallel=degree, sequence_parallel=sequence_parallel, max_seq_len=max_seq_len, max_batch=1,
+        bench=False,
     )  # fmt: skip
     return Path(result.path)
 
@@ -94,8 +95,28 @@ def child(artifact: Path, prompt: int, new: int) -> dict[str, Any]:
     }
 
 
-def _run(artifact: Path, prompt: int, new: int) -> dict[str, Any]:
+def child_ttft(artifact: Path, prompt: int, repeats: int) -> dict[str, Any]:
+    """One runtime's prefill: load, one warm-up, then ``repeats`` timed prompts to their first token; and the greedy
+    tokens after the prompt (the same for every runtime of one model)."""
+    import numpy as np
+
+    import aotforge
+
+    loaded = aotforge.load(artifact)
+    ids = np.random.default_rng(0).integers(1, SHAPE["vocab_size"], size=(1, prompt))
+    loaded.generate(ids, 1)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        loaded.generate(ids, 1)
+        times.append((time.perf_counter() - started) * 1e3)
+    tokens = loaded.generate(ids, 8)[0, prompt:]
+    return {"ttft_ms": float(np.median(times)), "tokens": [int(t) for t in tokens]}
+
+
+def _run(artifact: Path, prompt: int, new: int, repeats: int = 0) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", str(artifact), "--prompt", str(prompt), "--new", str(new)]
+    command += ["--sequence-parallel", "--repeats", str(repeats)] if repeats else []
     env = {**os.environ, "PYTHONPATH": str(TOOLS.parent)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     for line in done.stdout.splitlines():
@@ -131,14 +152,22 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--max-seq-len", type=int, default=512)
-    parser.add_argument("--json", type=Path, default=bench_record.BENCH_DIR / "tensor_parallel.json")
+    parser.add_argument("--json", type=Path, help="default: docs/bench/tensor_parallel.json (sequence_parallel.json)")
+    parser.add_argument("--sequence-parallel", action="store_true", help="prefill TTFT: TP against TP + SP")
+    parser.add_argument("--layers", type=int, default=LAYERS, help="layers of the default model")
+    parser.add_argument("--repeats", type=int, default=3, help="--sequence-parallel: timed prefills a process")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(PREFIX + json.dumps(child(args.child, args.prompt, args.new)))
+        measure = child_ttft(args.child, args.prompt, args.repeats) if args.sequence_parallel else None
+        print(PREFIX + json.dumps(measure or child(args.child, args.prompt, args.new)))
         return
+    if args.sequence_parallel:
+        sequence_parallel(args)
+        return
+    args.json = args.json or bench_record.BENCH_DIR / "tensor_parallel.json"
     run = bench_record.start({k: v for k, v in vars(args).items() if k != "child"})
-    model = args.model or model_dir(args.work)
+    model = args.model or model_dir(args.work, args.layers)
     artifact = build(model, args.work, args.max_seq_len, args.degree)
     whole = args.whole or build(model, args.work, args.max_seq_len, 1)
     runtimes = {
@@ -212,6 +241,90 @@ def tables(rounds: dict[str, list[dict[str, Any]]], collectives: dict[str, list[
         "From the artifacts' files: weights.data of each; the KV cache a slot of max_seq_len positions takes.",
     )
     return [latency, allreduce, memory]
+
+
+def sequence_parallel(args: argparse.Namespace) -> None:
+    """TTFT of a ``--prompt``-token prompt: ``--tensor-parallel D`` against it with ``--sequence-parallel``."""
+    run = bench_record.start({k: v for k, v in vars(args).items() if k != "child"})
+    model = args.model or model_dir(args.work, args.layers)
+    max_seq_len = max(args.max_seq_len, args.prompt + 16)
+    runtimes = {
+        f"tensor-parallel {args.degree}": build(model, args.work, max_seq_len, args.degree),
+        f"tensor-parallel {args.degree} + sequence-parallel": build(model, args.work, max_seq_len, args.degree, True),
+    }
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in runtimes}
+    for _ in range(args.rounds):  # alternating: each round runs every runtime once, each in its own process
+        for name, path in runtimes.items():
+            rounds[name].append(_run(path, args.prompt, 0, args.repeats))
+    manifest = json.loads((next(iter(runtimes.values())) / "manifest.json").read_text())
+    geometry = {**manifest["target"]["info"]["decoder"], "hidden": _hidden(model), "prompt": args.prompt}
+    results = {"rounds": rounds, "geometry": geometry, "degree": args.degree}
+    print(json.dumps(results, indent=1))
+    path = args.json or bench_record.BENCH_DIR / "sequence_parallel.json"
+    bench_record.write(path, "sequence_parallel", run, sp_tables(rounds, geometry, args.degree), results)
+
+
+def _hidden(model: Path) -> int:
+    return int(json.loads((model / "config.json").read_text())["hidden_size"])
+
+
+def activation_bytes(prompt: int, hidden: int, degree: int) -> dict[str, int]:
+    """Per rank, a prefill at batch 1: one tensor of the split regions (the residual stream, a norm's input or
+    output) without and with the split, and what each collective writes to and reads from shared memory."""
+    row = hidden * 4
+    mine = -(-prompt // degree) * row
+    return {
+        "split_tensor_tp": prompt * row,
+        "split_tensor_sp": mine,
+        "all_reduce_moved": prompt * row + degree * prompt * row,  # writes its whole input, reads every rank's
+        "reduce_scatter_moved": prompt * row + degree * mine,  # writes its whole input, reads its rows of each
+        "all_gather_moved": mine + degree * mine,  # writes its rows, reads every rank's
+    }
+
+
+def sp_tables(rounds: dict[str, list[dict[str, Any]]], geometry: dict[str, Any], degree: int) -> list:
+    fig = bench_record.figure
+    ok = {name: [r for r in runs if "ttft_ms" in r] for name, runs in rounds.items()}
+    tp, sp = list(ok)
+    ratios = [s["ttft_ms"] / t["ttft_ms"] for t, s in zip(ok[tp], ok[sp], strict=False)]
+    same = all(t["tokens"] == s["tokens"] for t, s in zip(ok[tp], ok[sp], strict=False))
+    prompt, layers = geometry["prompt"], geometry["layers"]
+    ttft = bench_record.table(
+        f"Time to first token of a {prompt}-token prompt at batch 1, fp32 ({layers} layers)",
+        ("runtime", "TTFT ms", "TTFT / tensor-parallel alone (per round)", "same greedy tokens"),
+        [
+            [tp, fig([r["ttft_ms"] for r in ok[tp]], 1), "1", ""],
+            [sp, fig([r["ttft_ms"] for r in ok[sp]], 1), fig(ratios, 3), "yes" if same else "NO"],
+        ],
+        "Each runtime in a process of its own, alternating round by round, one intra-op thread a rank; each figure "
+        "a process's median of its timed prefills; the ratio taken within each round.",
+    )
+    b = activation_bytes(prompt, geometry["hidden"], degree)
+    mb = 1e6
+    per_layer = 2  # collectives a layer; the embedding adds one reduce (scatter) and the final norm one gather
+    memory = bench_record.table(
+        f"Bytes a rank holds and moves in prefill ({prompt} tokens, hidden {geometry['hidden']}; computed)",
+        ("", "tensor-parallel MB", "+ sequence-parallel MB", "ratio"),
+        [
+            [
+                "one tensor of the split regions (residual, norm in/out)",
+                round(b["split_tensor_tp"] / mb, 2),
+                round(b["split_tensor_sp"] / mb, 2),
+                round(b["split_tensor_sp"] / b["split_tensor_tp"], 3),
+            ],
+            [
+                "shared memory moved a layer (collectives)",
+                round(per_layer * b["all_reduce_moved"] / mb, 2),
+                round(per_layer * (b["reduce_scatter_moved"] + b["all_gather_moved"]) / mb, 2),
+                round((b["reduce_scatter_moved"] + b["all_gather_moved"]) / b["all_reduce_moved"], 3),
+            ],
+        ],  # fmt: skip
+        "From the geometry: a split-region tensor is [prompt, hidden] fp32 per rank without the split and "
+        "[ceil(prompt / N), hidden] with it; the attention and MLP between the all-gather and the reduce-scatter "
+        "see the whole prompt either way. Moved: what the ranks' collectives write to and read from shared memory "
+        "(an all-reduce against a reduce-scatter plus an all-gather), two a layer.",
+    )
+    return [ttft, memory]
 
 
 if __name__ == "__main__":

@@ -202,6 +202,8 @@ FLAGS: tuple[Flag, ...] = (
          read=_path),
     Flag("generation.speculative_k", _TN + "compile a verify graph for up to K draft tokens (generate --draft)."),
     Flag("generation.tensor_parallel", _TN + "(onnxruntime) N rank graphs over 1/N of the weights, N processes."),
+    Flag("generation.sequence_parallel", _TN + "(with --tensor-parallel) the ranks' prefill splits the residual "
+         "stream and the norms along the prompt: reduce-scatter / all-gather instead of the all-reduce."),
     Flag("generation.pipeline_parallel", _TN + "(onnxruntime) the layers in M stage graphs, run as M processes, "
          "micro-batches in flight."),
     Flag("isolation.isolate_backend", "Compile and run the validation inputs in a spawned worker with deadlines."),

@@ -103,6 +103,9 @@ class GenerationOptions:
     speculative_k: int = 0
     #: Rank graphs over 1/N of the weights each, run as N processes (``generative.tp_build``).
     tensor_parallel: int = 1
+    #: The tensor-parallel ranks' prefill splits the residual stream and the norms along the prompt
+    #: (reduce-scatter / all-gather in place of the all-reduce; ``generative.tensor_parallel.SequenceSplit``).
+    sequence_parallel: bool = False
     #: The layers in M stage graphs, run as M processes (``generative.pp_build``).
     pipeline_parallel: int = 1
 
@@ -121,6 +124,11 @@ class GenerationOptions:
             raise OptionsError(f"tensor_parallel is a number of ranks >= 1, got {self.tensor_parallel}")
         if self.pipeline_parallel < 1:
             raise OptionsError(f"pipeline_parallel is a number of stages >= 1, got {self.pipeline_parallel}")
+        if self.sequence_parallel and self.tensor_parallel < 2:
+            raise OptionsError(
+                "--sequence-parallel splits the prefill of tensor-parallel ranks along the prompt: add "
+                "--tensor-parallel N (N >= 2), or drop --sequence-parallel"
+            )
         if not self.max_perplexity_increase >= 0:
             raise OptionsError(
                 f"max_perplexity_increase is a relative increase >= 0 (0.05: +5%), got {self.max_perplexity_increase}"

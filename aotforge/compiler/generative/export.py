@@ -10,6 +10,7 @@ shape, bytes), not by name: the exporter names folded constants differently per 
 from __future__ import annotations
 
 import hashlib
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,11 @@ def decoder_spec(model: Any, max_seq_len: int, max_batch: int) -> DecoderSpec:
 
 
 def export_graphs(
-    model: Any, shape: DecoderSpec, name: str, decode_attention: str = "masked"
+    model: Any,
+    shape: DecoderSpec,
+    name: str,
+    decode_attention: str = "masked",
+    prefill_scope: AbstractContextManager[Any] | None = None,
 ) -> tuple[ir.Model, ir.Model]:
     """The prefill and decode graphs as IR, inputs/outputs named as ``generative.graphs`` documents.
 
@@ -65,15 +70,16 @@ def export_graphs(
     if decode_attention not in DECODE_ATTENTION:
         raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {decode_attention!r}")
     fused = decode_attention == "gqa"
-    prefill = _export(
-        Prefill(model, fused_attention=fused, max_seq_len=shape.max_seq_len),
-        (ids, mask, pos),
-        ["input_ids", "attention_mask", "position_ids"],
-        prefill_out,
-        ({0: batch, 1: prompt},) * 3,
-        name,
-        slot_attention.translation_table() if fused else None,
-    )
+    with prefill_scope or nullcontext():
+        prefill = _export(
+            Prefill(model, fused_attention=fused, max_seq_len=shape.max_seq_len),
+            (ids, mask, pos),
+            ["input_ids", "attention_mask", "position_ids"],
+            prefill_out,
+            ({0: batch, 1: prompt},) * 3,
+            name,
+            slot_attention.translation_table() if fused else None,
+        )
     cache = [torch.zeros(2, shape.kv_heads, shape.max_seq_len, shape.head_dim) for _ in range(2 * shape.layers)]
     step = (torch.zeros(2, 1, dtype=torch.long), torch.full((2, 1), 4), torch.full((2,), 4), *cache)
     decode = _export(

@@ -18,8 +18,8 @@ from aotforge.core.errors import OptionsError
 from aotforge.targets.generative.stages import StagedEngine
 
 
-def _split(model: Any, spec: DecoderSpec, degree: int, name: str) -> Split:
-    stages = plan(model, degree, name)
+def _split(model: Any, spec: DecoderSpec, opts: BuildOptions, name: str) -> Split:
+    stages = plan(model, opts.generation.pipeline_parallel, name)
 
     def shard(s: int) -> tuple[Any, DecoderSpec, str]:
         what = f"stage {s} of {stages.degree} (layers {stages.bounds[s]} .. {stages.bounds[s + 1] - 1})"

@@ -16,6 +16,7 @@ import hashlib
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,8 @@ class Split:
     shard: Callable[[int], tuple[Any, DecoderSpec, str]]
     #: ``(shard folders, their specs, their weight bytes) -> target.info[kind]``
     record: Callable[[list[str], list[DecoderSpec], dict[str, int]], dict[str, Any]]
+    #: ``shard's model -> what its prefill is traced under`` (a sequence-parallel rank's split); None: nothing
+    prefill_scope: Callable[[Any], AbstractContextManager[Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +93,8 @@ class Sharding:
     #: the shards' folder in the artifact (``ranks``, ``stages``) and what one is called
     folder: str
     noun: str
-    #: ``(causal LM, its spec, degree, its name) -> the split``
-    split: Callable[[Any, DecoderSpec, int, str], Split]
+    #: ``(causal LM, its spec, the build's options (the degree: ``opts.generation.<kind>``), its name) -> the split``
+    split: Callable[[Any, DecoderSpec, BuildOptions, str], Split]
     #: ``(artifact dir, target record) -> the shards as one step engine`` (a process each)
     engine: Callable[[Path, TargetRecord], Any]
     #: options this kind refuses beside those every sharded build does
@@ -141,7 +144,7 @@ def _export(
         raise UnsupportedModelError(f"{source.name} cannot be built for {opts.target}: {why}")
     if backend.plan is not None:  # options the target cannot honour are refused before the export
         backend.plan(spec, target_opts)
-    split = sharding.split(source.model, spec, getattr(opts.generation, sharding.kind), source.name)
+    split = sharding.split(source.model, spec, opts, source.name)
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.benchmark.plots)
     verify_width = opts.generation.speculative_k + 1 if opts.generation.speculative_k else 0
     attention, plain_why = _decode_attention(backend, source.model, spec)
@@ -151,7 +154,8 @@ def _export(
         say(f"exporting {what}")
         rel = f"{sharding.folder}/{i}"
         (stage / rel).mkdir(parents=True)
-        prefill, decode = export_graphs(part, shard_spec, place.name, attention)
+        scope = split.prefill_scope(part) if split.prefill_scope is not None else None
+        prefill, decode = export_graphs(part, shard_spec, place.name, attention, scope)
         graphs, opset = {PREFILL_FILE: prefill, DECODE_FILE: decode}, prefill.opset_imports.get("", 0)
         if verify_width:
             graphs[VERIFY_FILE] = export_verify(part, shard_spec, place.name, attention)

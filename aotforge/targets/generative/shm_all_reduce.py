@@ -7,6 +7,10 @@ identical). Two banks make one barrier a call enough: a rank that is one call ah
 bank, and it cannot be two ahead, because that needs everyone's arrival at the call in between. Inputs
 larger than a buffer go through in chunks. An ``abort`` flag set by the driver (a rank died) or by a
 failing rank makes every waiting rank raise instead of spinning forever.
+
+A sequence-parallel prefill's reduce-scatter and all-gather go over the same banks and counters, in whole rows of
+the sequence axis: the reduce-scatter sums only the rank's own rows (in rank order, so they carry the bits the
+all-reduce would give them), the all-gather copies every rank's rows to their places.
 """
 
 from __future__ import annotations
@@ -51,6 +55,54 @@ class ShmAllReduce:
             self._wait(self.seq)
             np.sum(bank[:, : stop - start], axis=0, out=out[start:stop])
         return out.reshape(x.shape)
+
+    def _publish(self, rows: np.ndarray) -> np.ndarray:
+        """Write ``rows [k, inner]`` into this rank's buffer of the next bank, wait for every rank's, and return
+        the bank's ``[world, k, inner]`` view."""
+        k, inner = rows.shape
+        self.seq += 1
+        bank = self.banks[self.seq % 2][:, : k * inner].reshape(self.world, k, inner)
+        bank[self.rank] = rows
+        self.flags[1 + self.rank] = self.seq
+        self._wait(self.seq)
+        return bank
+
+    def _chunk_rows(self, inner: int) -> int:
+        if inner > self.capacity:
+            raise RankFailedError(f"rank {self.rank}: a row of {inner} floats exceeds the {self.capacity}-float buffer")
+        return self.capacity // inner
+
+    def reduce_scatter(self, x: np.ndarray) -> np.ndarray:
+        """Rank ``rank``'s positions ``rank*c .. (rank+1)*c`` (``c = ceil(T / world)``) of the sum of ``x [batch,
+        T, ...]`` over the ranks; positions past ``T`` are zeros."""
+        batch, length = x.shape[:2]
+        size = -(-length // self.world)
+        rows = np.ascontiguousarray(x, dtype=np.float32).reshape(batch * length, -1)
+        out = np.zeros((batch * size, rows.shape[1]), dtype=np.float32)
+        step = self._chunk_rows(rows.shape[1])
+        for start in range(0, len(rows), step):
+            at = np.arange(start, min(start + step, len(rows)))
+            bank = self._publish(rows[at])
+            b, t = np.divmod(at, length)
+            mine = (t >= self.rank * size) & (t < (self.rank + 1) * size)
+            out[b[mine] * size + t[mine] - self.rank * size] = np.sum(bank[:, mine], axis=0)
+        return out.reshape(batch, size, *x.shape[2:])
+
+    def all_gather(self, x: np.ndarray, length: int) -> np.ndarray:
+        """Every rank's ``x [batch, c, ...]`` side by side on the sequence axis, cut to ``length`` positions."""
+        batch, size = x.shape[:2]
+        rows = np.ascontiguousarray(x, dtype=np.float32).reshape(batch * size, -1)
+        out = np.empty((batch * length, rows.shape[1]), dtype=np.float32)
+        step = self._chunk_rows(rows.shape[1])
+        for start in range(0, len(rows), step):
+            at = np.arange(start, min(start + step, len(rows)))
+            bank = self._publish(rows[at])
+            b, i = np.divmod(at, size)
+            for r in range(self.world):
+                t = r * size + i
+                real = t < length
+                out[b[real] * length + t[real]] = bank[r, real]
+        return out.reshape(batch, length, *x.shape[2:])
 
     def _wait(self, seq: int) -> None:
         counters = self.flags[1:]

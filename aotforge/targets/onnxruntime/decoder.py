@@ -138,6 +138,7 @@ BACKEND = GenerativeBackend(
         "aotforge.targets.onnxruntime.tensor_parallel",
         ("aotforge.targets.onnxruntime.tensor_parallel",),
         fallback_preload=_PYTHON_OPS,
+        sequence_parallel=True,
     ),
     pipeline_parallel=ShardRuntime(
         compile_shard,

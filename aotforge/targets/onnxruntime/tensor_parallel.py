@@ -1,6 +1,7 @@
-"""One rank of a tensor-parallel ONNX Runtime artifact: its sessions, with the graph's all-reduce supplied.
+"""One rank of a tensor-parallel ONNX Runtime artifact: its sessions, with the graph's collectives supplied.
 
-A rank graph's ``ai.onnx.contrib::AllReduce`` (``compiler/generative/collectives.py``) runs the host's
+A rank graph's ``ai.onnx.contrib::AllReduce`` (``compiler/generative/collectives.py``; a sequence-parallel
+prefill's ``ReduceScatter`` and ``AllGather`` likewise) runs the host's
 shared-memory all-reduce (``targets/generative/shm_all_reduce.py``'s segment) as a native custom-op library
 (``native_all_reduce.py``), or, on a host without a C compiler, as an onnxruntime-extensions Python op. Chosen
 over graphs cut at every all-reduce (61 sessions a step, each boundary tensor bound by hand) and over
@@ -24,8 +25,8 @@ from aotforge.targets.onnxruntime import native_all_reduce
 from aotforge.targets.onnxruntime.decoder import OrtStepEngine
 from aotforge.targets.onnxruntime.target import session_options, stored_options
 
-#: The op the rank graphs call (``collectives.DOMAIN`` / ``OP_TYPE``: onnxruntime-extensions' Python-op domain).
-OP_TYPE = "AllReduce"
+#: The ops the rank graphs call (``collectives.DOMAIN`` / ``OP_TYPE`` ...: onnxruntime-extensions' Python-op domain).
+OP_TYPE, REDUCE_SCATTER_OP, ALL_GATHER_OP = "AllReduce", "ReduceScatter", "AllGather"
 
 
 def extensions_library() -> str:
@@ -51,14 +52,24 @@ def prepare_all_reduce() -> tuple[str, str]:
 
 
 def register_all_reduce(comm: ShmAllReduce, library: str) -> None:
-    """Make the rank graphs' AllReduce run ``comm``'s all-reduce in this process (before its sessions open)."""
+    """Make the rank graphs' AllReduce (ReduceScatter, AllGather) run ``comm``'s in this process (before its
+    sessions open)."""
     if library:
         native_all_reduce.attach(Path(library), comm)
         return
     from onnxruntime_extensions import PyCustomOpDef, onnx_op
 
-    reduce: Callable[[np.ndarray], np.ndarray] = comm
-    onnx_op(op_type=OP_TYPE, inputs=[PyCustomOpDef.dt_float], outputs=[PyCustomOpDef.dt_float])(reduce)
+    def all_gather(x: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        return comm.all_gather(x, tokens.shape[1])
+
+    floats = [PyCustomOpDef.dt_float]
+    ops: list[tuple[str, list[int], Callable[..., np.ndarray]]] = [
+        (OP_TYPE, floats, comm),
+        (REDUCE_SCATTER_OP, floats, comm.reduce_scatter),
+        (ALL_GATHER_OP, [*floats, PyCustomOpDef.dt_int64], all_gather),
+    ]
+    for op_type, inputs, run in ops:
+        onnx_op(op_type=op_type, inputs=inputs, outputs=floats)(run)
 
 
 def load_rank(rank_dir: Path, record: TargetRecord, spec: DecoderSpec, library: str = "") -> OrtStepEngine:
