@@ -95,14 +95,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "stablelm-96x4-qkv-bias": (
         "stablelm",
-        # no end token: StableLM's default (0) is a token transformers' min_new_tokens would keep it from choosing
-        {
-            "hidden_size": 96,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "use_qkv_bias": True,
-            "eos_token_id": None,
-        },
+        {"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "use_qkv_bias": True},
     ),
     # OPT: learned positions (offset 2), ReLU, biases everywhere, tied head.
     "opt-96x4": ("opt", {"hidden_size": 96, "num_attention_heads": 4}),
@@ -110,10 +103,9 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "opt-96x4-proj64": ("opt", {"hidden_size": 96, "num_attention_heads": 4, "word_embed_proj_dim": 64}),
     "opt-112x4-postnorm": ("opt", {"hidden_size": 112, "num_attention_heads": 4, "do_layer_norm_before": False}),
     # Llama's rope scalings (a dynamic one past max_position_embeddings is refused: below), attention and MLP biases.
-    # no end token: greedy reaches it (2) within 20 tokens, where transformers' min_new_tokens would forbid it
     "llama-96x4-kv2-linear": (
         "llama",
-        {**_HEADS_4_2, "eos_token_id": None, "rope_parameters": {**_ROPE, "rope_type": "linear", "factor": 2.0}},
+        {**_HEADS_4_2, "rope_parameters": {**_ROPE, "rope_type": "linear", "factor": 2.0}},
     ),
     "llama-80x4-d24-yarn-bias": (
         "llama",
