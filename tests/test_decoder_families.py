@@ -236,6 +236,7 @@ def decoder_of(family: str, values: dict[str, Any]) -> Any:
         "gemma3_text": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM),
         "cohere": (tf.CohereConfig, tf.CohereForCausalLM),
         "phi": (tf.PhiConfig, tf.PhiForCausalLM),
+        "bloom": (tf.BloomConfig, tf.BloomForCausalLM),  # refused (ALiBi): REFUSED
     }
     config_type, model_type = classes[family]
     return model_type(config_type(**_COMMON, **_LLAMA_LIKE, **values)).eval()
@@ -390,6 +391,7 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
         "build with --max-seq-len 32",
     ),
     "falcon-alibi": ("falcon", {"hidden_size": 64, "num_attention_heads": 4, "alibi": True}, "ALiBi position bias"),
+    "bloom": ("bloom", {"hidden_size": 64, "num_attention_heads": 4}, "ALiBi position bias"),
 }
 
 
@@ -432,7 +434,8 @@ def test_cli_refusal_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 def test_unsupported_names_each_feature_it_refuses() -> None:
     """``graphs.unsupported`` on configs alone: chunked attention layers (Llama 4), a longrope past its original
-    length; a sliding window, whatever its length, and a longrope within it are built."""
+    length, ALiBi however the family says it (MPT's attention config; Bloom always); a sliding window, whatever its
+    length, and a longrope within it are built."""
     import transformers as tf
 
     from aotforge.compiler.generative.graphs import unsupported
@@ -443,6 +446,8 @@ def test_unsupported_names_each_feature_it_refuses() -> None:
         hidden_size=64, num_attention_heads=4, original_max_position_embeddings=32, rope_parameters=longrope
     )
     assert "longrope" in unsupported(phi3, 64) and unsupported(phi3, 32) == ""
+    assert "ALiBi" in unsupported(tf.MptConfig(), 64) and "ALiBi" in unsupported(tf.BloomConfig(), 64)
+    assert unsupported(tf.MptConfig(attn_config={"alibi": False}), 64) == ""
     assert unsupported(tf.MistralConfig(sliding_window=8), 64) == ""
     assert unsupported(tf.Gemma2Config(sliding_window=8), 64) == ""
 
