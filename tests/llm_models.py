@@ -76,19 +76,18 @@ def save_tiny_causal_lm(arch: str, directory: Path) -> Path:
 
 
 def transformers_greedy(model: Any, prompt: list[int], new_tokens: int) -> list[int]:
-    """transformers' own greedy ``generate`` (with its cache), never stopping early."""
+    """transformers' forward over its own cache, the argmax each step, never stopping early. Not
+    ``generate(min_new_tokens=...)``: that forbids the end-of-sequence token, which a random model's greedy path may
+    pick (and an artifact, asked for ``new_tokens`` tokens, then does)."""
     import torch
 
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        do_sample=False,
-        pad_token_id=0,
-    )
-    return [int(t) for t in out[0, len(prompt) :]]
+    tokens: list[int] = []
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]), use_cache=True)
+        for _ in range(new_tokens):
+            tokens.append(int(out.logits[0, -1].argmax()))
+            out = model(torch.tensor([[tokens[-1]]]), cache=out.cache, use_cache=True)
+    return tokens
 
 
 def build_text_generation(model: Any, out: Path, target: str = "onnxruntime", **kw: Any) -> Any:

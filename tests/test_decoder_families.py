@@ -95,14 +95,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "stablelm-96x4-qkv-bias": (
         "stablelm",
-        # no end token: StableLM's default (0) is a token transformers' min_new_tokens would keep it from choosing
-        {
-            "hidden_size": 96,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "use_qkv_bias": True,
-            "eos_token_id": None,
-        },
+        {"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "use_qkv_bias": True},
     ),
     # OPT: learned positions (offset 2), ReLU, biases everywhere, tied head.
     "opt-96x4": ("opt", {"hidden_size": 96, "num_attention_heads": 4}),
@@ -110,10 +103,9 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "opt-96x4-proj64": ("opt", {"hidden_size": 96, "num_attention_heads": 4, "word_embed_proj_dim": 64}),
     "opt-112x4-postnorm": ("opt", {"hidden_size": 112, "num_attention_heads": 4, "do_layer_norm_before": False}),
     # Llama's rope scalings (a dynamic one past max_position_embeddings is refused: below), attention and MLP biases.
-    # no end token: greedy reaches it (2) within 20 tokens, where transformers' min_new_tokens would forbid it
     "llama-96x4-kv2-linear": (
         "llama",
-        {**_HEADS_4_2, "eos_token_id": None, "rope_parameters": {**_ROPE, "rope_type": "linear", "factor": 2.0}},
+        {**_HEADS_4_2, "rope_parameters": {**_ROPE, "rope_type": "linear", "factor": 2.0}},
     ),
     "llama-80x4-d24-yarn-bias": (
         "llama",
@@ -244,6 +236,7 @@ def decoder_of(family: str, values: dict[str, Any]) -> Any:
         "gemma3_text": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM),
         "cohere": (tf.CohereConfig, tf.CohereForCausalLM),
         "phi": (tf.PhiConfig, tf.PhiForCausalLM),
+        "bloom": (tf.BloomConfig, tf.BloomForCausalLM),  # refused (ALiBi): REFUSED
     }
     config_type, model_type = classes[family]
     return model_type(config_type(**_COMMON, **_LLAMA_LIKE, **values)).eval()
@@ -398,6 +391,7 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
         "build with --max-seq-len 32",
     ),
     "falcon-alibi": ("falcon", {"hidden_size": 64, "num_attention_heads": 4, "alibi": True}, "ALiBi position bias"),
+    "bloom": ("bloom", {"hidden_size": 64, "num_attention_heads": 4}, "ALiBi position bias"),
 }
 
 
@@ -441,7 +435,8 @@ def test_cli_refusal_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 def test_unsupported_names_each_feature_it_refuses() -> None:
     """``graphs.unsupported`` on configs alone: chunked attention layers (Llama 4), a longrope past its original
-    length; a sliding window, whatever its length, and a longrope within it are built."""
+    length, ALiBi however the family says it (MPT's attention config; Bloom always); a sliding window, whatever its
+    length, and a longrope within it are built."""
     import transformers as tf
 
     from aotforge.compiler.generative.graphs import unsupported
@@ -452,6 +447,8 @@ def test_unsupported_names_each_feature_it_refuses() -> None:
         hidden_size=64, num_attention_heads=4, original_max_position_embeddings=32, rope_parameters=longrope
     )
     assert "longrope" in unsupported(phi3, 64) and unsupported(phi3, 32) == ""
+    assert "ALiBi" in unsupported(tf.MptConfig(), 64) and "ALiBi" in unsupported(tf.BloomConfig(), 64)
+    assert unsupported(tf.MptConfig(attn_config={"alibi": False}), 64) == ""
     assert unsupported(tf.MistralConfig(sliding_window=8), 64) == ""
     assert unsupported(tf.Gemma2Config(sliding_window=8), 64) == ""
 

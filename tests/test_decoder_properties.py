@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import aotforge
 from aotforge.core.errors import UnsupportedModelError
-from tests.llm_models import PROMPTS, TVM_BUCKETS, build_text_generation, left_padded
+from tests.llm_models import PROMPTS, TVM_BUCKETS, build_text_generation, left_padded, transformers_greedy
 from tests.test_decoder_families import decoder_of
 
 ROPE_SCALING = (
@@ -133,23 +133,9 @@ def configs(draw: st.DrawFn, families: tuple[str, ...] = FAMILIES) -> tuple[str,
         values["partial_rotary_factor"] = draw(st.sampled_from(factors))
     if family == "phi":
         values["qk_layernorm"] = draw(st.booleans())
-    if family == "stablelm":  # no end token: min_new_tokens would keep transformers from choosing its default (0)
-        values.update(use_qkv_bias=draw(st.booleans()), use_parallel_residual=draw(st.booleans()), eos_token_id=None)
+    if family == "stablelm":
+        values.update(use_qkv_bias=draw(st.booleans()), use_parallel_residual=draw(st.booleans()))
     return family, values
-
-
-def _greedy(model: Any, prompt: list[int], new_tokens: int) -> list[int]:
-    """transformers' forward over its own cache, the argmax each step. Not ``generate(min_new_tokens=...)``: that
-    forbids the end-of-sequence token, which a random model's greedy path may pick (and the artifact then does)."""
-    import torch
-
-    tokens: list[int] = []
-    with torch.no_grad():
-        out = model(torch.tensor([prompt]), use_cache=True)
-        for _ in range(new_tokens):
-            tokens.append(int(out.logits[0, -1].argmax()))
-            out = model(torch.tensor([[tokens[-1]]]), cache=out.cache, use_cache=True)
-    return tokens
 
 
 def _check(family: str, values: dict[str, Any], target: str, out: Path) -> None:
@@ -164,7 +150,7 @@ def _check(family: str, values: dict[str, Any], target: str, out: Path) -> None:
     ids, mask = left_padded()
     got = aotforge.load(result.path).generate(ids, 12, attention_mask=mask)
     for row, prompt in enumerate(PROMPTS):
-        assert got[row, ids.shape[1] :].tolist() == _greedy(model, prompt, 12), (family, values, row)
+        assert got[row, ids.shape[1] :].tolist() == transformers_greedy(model, prompt, 12), (family, values, row)
 
 
 _SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]}

@@ -67,3 +67,53 @@ def test_the_shipped_gguf_compiles_directly_and_answers_as_transformers(tmp_path
     out = aotforge.load(result.path).generate(np.array([ids]), 32)
     text = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
     assert text.startswith(answer(smollm2_dir(), FRANCE)[:24]) and "Paris" in text, text
+
+
+#: tvm: one prefill bucket for the 256-token cache (the chat prompt and each perplexity window fit it).
+_REAL_BUILD = {"max_seq_len": 256, "max_batch": 1, "bench": False}
+_REAL_TVM = {"target_options": {"buckets": ("prompt=256", "batch=1")}}
+
+
+@pytest.mark.parametrize("source", ["directory", "gguf"])
+@pytest.mark.parametrize("target", ["onnxruntime", "tvm"])
+def test_smollm2_fp32_is_token_exact_and_perplexity_equal(source: str, target: str, tmp_path: Path) -> None:
+    """SmolLM2-135M-Instruct's real weights, from its transformers directory or straight from the shipped GGUF, on
+    both CPU targets: the build validates token for token; the artifact's greedy answer to a chat turn is
+    transformers' (forward + argmax over its cache, the GGUF's weights being the directory's); its perplexity on
+    held-out English equals the torch model's to fp32 summation order; it carries the chat template and the
+    generation config, whose end-of-turn id is where generation stops by default."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import aotforge
+    from aotforge.artifacts.engine_loader import eos_token_ids, load_tokenizer
+    from aotforge.compiler.generative.quality import default_corpus
+    from tests.in_process import ISOLATE_BACKEND
+    from tests.llm_models import transformers_greedy
+    from tests.lm_pair import torch_perplexity
+    from tools.real_model import smollm2_gguf
+
+    model_dir = smollm2_dir()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    built_from = str(smollm2_gguf()) if source == "gguf" else str(model_dir)
+    options = {**_REAL_BUILD, **(_REAL_TVM if target == "tvm" else {})}
+    result = aotforge.build(
+        built_from, target=target, task="text-generation", out=tmp_path, isolate_backend=ISOLATE_BACKEND, **options
+    )
+    assert result.manifest.validation["token_agreement"] == 1.0
+    if source == "gguf":
+        assert result.manifest.source["gguf"]["architecture"] == "llama"
+        assert result.manifest.source["gguf"]["file_type"] == "MOSTLY_Q4_1"
+    assert {"chat_template.jinja", "generation_config.json"} <= set(result.manifest.files)
+    tokenizer = AutoTokenizer.from_pretrained(result.path)
+    messages = [{"role": "user", "content": FRANCE}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    loaded = aotforge.load(result.path)
+    out = loaded.generate(np.array([ids]), 24)
+    assert out[0, len(ids) :].tolist() == transformers_greedy(model, ids, 24)
+    end_of_turn = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+    assert end_of_turn in eos_token_ids(result.path, load_tokenizer(result.path))
+    text = tokenizer(default_corpus())["input_ids"][:512]
+    got = loaded.perplexity(np.array(text), 257).perplexity
+    assert got == pytest.approx(torch_perplexity(model, text, 257), rel=1e-4)

@@ -201,6 +201,19 @@ def test_stops_at_eos_and_stop_token_ids(llama_ort: Any) -> None:
     assert got == want  # ignore_eos: past the eos, all max_tokens
 
 
+def test_the_serving_engine_stops_at_the_models_own_end_token_by_default(llama_ort: Any) -> None:
+    """``aotforge serve``'s engine stops where the model's generation config says (the tiny Llama's eos, 2), which
+    the build carried into the artifact beside the tokenizer."""
+    import json
+
+    from aotforge.core.decoder import GENERATION_CONFIG_FILE
+
+    path = Path(llama_ort.path)
+    eos = json.loads((path / GENERATION_CONFIG_FILE).read_text())["eos_token_id"]
+    engine, _, _ = load_engine(path, EngineConfig(max_num_seqs=MAX_BATCH))
+    assert engine.eos_token_ids == frozenset({eos})
+
+
 def test_seeded_sampling_repeats_whatever_runs_beside_it(llama_ort: Any) -> None:
     engine = _engine(Path(llama_ort.path))
     params = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, seed=3)

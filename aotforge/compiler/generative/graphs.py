@@ -271,8 +271,8 @@ def unsupported(config: Any, max_seq_len: int) -> str:
             f"its layer types {', '.join(other)} are not attention over the cache or a sliding window of it, "
             f"the two kinds of layer the exported graphs mask ({', '.join(LAYER_TYPES)})"
         )
-    if getattr(config, "alibi", False):
-        return "its ALiBi position bias (alibi=True) is added to a mask the exported graphs build themselves"
+    if _alibi(config):
+        return "its ALiBi position bias is added to a mask the exported graphs build themselves"
     ropes = _rope_parameters(config)
     original = int(getattr(config, "max_position_embeddings", 0) or 0)
     if any(p.get("rope_type") == "dynamic" for p in ropes) and max_seq_len > original:
@@ -291,6 +291,13 @@ def unsupported(config: Any, max_seq_len: int) -> str:
                 f"position of a whole batch: build with --max-seq-len {original}"
             )
     return ""
+
+
+def _alibi(config: Any) -> bool:
+    """Whether the model's attention adds an ALiBi bias: Falcon's ``alibi`` flag, MPT's attention config's; Bloom's
+    always (its config has no flag: transformers builds the bias from the 2D attention mask in every forward)."""
+    flags = (getattr(config, "alibi", False), getattr(getattr(config, "attn_config", None), "alibi", False))
+    return any(flags) or getattr(config, "model_type", "") == "bloom"
 
 
 @contextmanager
