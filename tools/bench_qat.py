@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aotforge.passes.quantize_weight_only import DECODER_INT4_METHOD  # noqa: E402
 from tools import bench_record  # noqa: E402
-from tools.bench_children import PREFIX, built_artifact, run_child  # noqa: E402
+from tools.bench_children import PREFIX, run_child  # noqa: E402
+from tools.bench_quality import THREADS, artifact_figures, build  # noqa: E402
 from tools.real_model import smollm2_dir  # noqa: E402
 
-THREADS = 2
 #: ``aotforge qat``'s options beside its defaults: a learning rate large enough that a few dozen steps move weights
 #: across rounding boundaries (the default fine-tuning rate moves them a small fraction of a 4-bit step), decayed
 #: to 0 over the budget so the run ends on a settled model wherever the budget stops it.
@@ -51,44 +51,6 @@ def make_qat(model: Path, out: Path, cpu_minutes: float, wall_minutes: float) ->
     return {"command": cmd[1:], "command_cpu_seconds": round(spent, 1)}
 
 
-def build(model_dir: Path, out: Path, name: str) -> dict[str, Any]:
-    """``model_dir`` at ``--precision int4`` on onnxruntime (built once under ``out``): the gate's figures."""
-    path = built_artifact(out, name, "onnxruntime")
-    if path is None:
-        import aotforge
-
-        result = aotforge.build(
-            model_dir,
-            target="onnxruntime",
-            task="text-generation",
-            out=out,
-            name=name,
-            precision="int4",
-            pass_opt=[f"weight-only.method={DECODER_INT4_METHOD}"],
-            max_seq_len=512,
-            max_batch=4,
-            bench=False,
-            plots=False,
-            max_perplexity_increase=10.0,  # the gate records; this bench judges
-            target_options={"intra_op_threads": THREADS},
-        )
-        path = str(result.path)
-    return gate_figures(Path(path))
-
-
-def gate_figures(artifact: Path) -> dict[str, Any]:
-    """An artifact's quality-gate figures and what its int4 calibration did (method, or why it was skipped)."""
-    manifest = json.loads((artifact / "manifest.json").read_text())
-    calibration = [p["stats"] for p in manifest["passes"] if p["name"] == "calibrate-int4"]
-    stats = calibration[0] if calibration else {}
-    return {
-        "path": str(artifact),
-        "quality": manifest["validation"]["quality"],
-        "method": stats.get("method"),
-        "calibration_skipped": stats.get("skipped"),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("/tmp/aotforge-qat-bench"))
@@ -99,9 +61,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=bench_record.BENCH_DIR / "qat.json")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: build one model, print JSON
     args = parser.parse_args()
-    if args.one:
-        model_dir, _, name = args.one.rpartition(":")
-        print(PREFIX + json.dumps(build(Path(model_dir), args.work / "artifacts", name)))
+    if args.one:  # a child: ``model_dir:label``, built at int4 by make bench-quality's rule into --work/label
+        model_dir, _, label = args.one.rpartition(":")
+        print(PREFIX + json.dumps(build(Path(model_dir), args.work / label, "onnxruntime", DECODER_INT4_METHOD)))
         return
     model = smollm2_dir()
     trained = args.qat or args.work / "qat"
@@ -110,12 +72,12 @@ def main() -> None:
     if not (trained / "config.json").is_file():
         made = make_qat(model, trained, args.cpu_minutes, args.wall_minutes)
 
-    def child(model_dir: Path, name: str) -> dict[str, Any]:
-        cmd = [sys.executable, __file__, "--work", str(args.work), "--one", f"{model_dir}:{name}"]
+    def child(model_dir: Path, label: str) -> dict[str, Any]:
+        cmd = [sys.executable, __file__, "--work", str(args.work), "--one", f"{model_dir}:{label}"]
         return run_child(cmd, env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
 
-    baseline = gate_figures(args.baseline) if args.baseline else child(model, "smollm2-int4")
-    after = child(trained, "smollm2-int4-qat")
+    baseline = artifact_figures(args.baseline) if args.baseline else child(model, "baseline")
+    after = child(trained, "trained")
     report = json.loads((trained / "qat_report.json").read_text())
     results = {
         "baseline": baseline,
