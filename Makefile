@@ -11,7 +11,7 @@ ARGS ?=
 # With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
 _flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
-.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-draft bench-serve bench-quality bench-tensor-parallel bench-pipeline-parallel bench-page targets clean device-check neuron-env tvm-ops-table
+.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-draft bench-qat bench-serve bench-quality bench-tensor-parallel bench-pipeline-parallel bench-page targets clean device-check neuron-env tvm-ops-table
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -104,6 +104,12 @@ bench-speculative: $(BIN)/.installed
 # against target-only greedy decoding, batch 1, held-out English prompts.
 bench-draft: $(BIN)/.installed
 	$(BIN)/python tools/bench_draft.py $(ARGS)
+	$(BIN)/python tools/bench_page.py
+
+# bench-qat: aotforge qat of SmolLM2-135M (20 CPU-minutes of training, made once) against the default int4 build, both
+# scored by the build's quality gate on held-out text: the share of the int4 perplexity gap recovered.
+bench-qat: $(BIN)/.installed
+	$(BIN)/python tools/bench_qat.py $(ARGS)
 	$(BIN)/python tools/bench_page.py
 
 # bench-tensor-parallel: --tensor-parallel 2 vs the unsharded artifact on SmolLM2-135M (the bench-serve fp32 artifact).

@@ -65,6 +65,8 @@ def test_fake_quant_is_the_targets_own_rounding(target: str, rounding: Any, bits
 
     w = _random_weight()
     w[0, :32] *= 1e-6  # a block far below the rest: its own scale
+    w[1, 3], w[1, 10] = 0.5, -0.5  # blocks whose extremes tie in magnitude, +a first, then -a first: the
+    w[2, 3], w[2, 10] = -0.5, 0.5  # targets break the tie differently (MLAS keeps -a, tvm the first)
     got = grid(target, bits, 32)(torch.from_numpy(w)).numpy()
     np.testing.assert_array_equal(got, rounding(w, bits, 32))
 

@@ -99,6 +99,15 @@ BENCHES = (
         "the decode ITL of one configuration against llama-bench on the Q4_0 GGUF, alternating processes.",
     ),
     Bench(
+        "qat",
+        "Quantization-aware training",
+        "make bench-qat",
+        "tools/bench_qat.py trains SmolLM2-135M-Instruct with aotforge qat (ONNX Runtime's exact int4 rounding in the "
+        "forward pass, distilled from the fp32 model's logits over stdlib docstrings, for a CPU-time budget), builds "
+        "the result at int4 and compares its quality gate with the default int4 build's: held-out perplexity and "
+        "mean KL against the fp32 model, and the share of the int4 perplexity gap the training recovered.",
+    ),
+    Bench(
         "tensor_parallel",
         "Tensor parallelism",
         "make bench-tensor-parallel",

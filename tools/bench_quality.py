@@ -5,7 +5,8 @@ the stdlib docstrings, 4 windows of 513), against the same fp32 model in torch:
 
 - aotforge: each configuration (``CONFIGS``: ``weight-only`` parameters over ``--precision int4``) is built in a
   process of its own with the gate recording, not judging (``--max-perplexity-increase 10``); its perplexity and
-  mean KL are the manifest's ``validation.quality``, scored through the artifact's own prefill and decode steps;
+  mean KL are the manifest's ``validation.quality``, scored through the artifact's own prefill and decode steps
+  (built once under ``--work``: a later run reads the artifact's manifest and goes on to the ITL rounds);
 - llama.cpp Q4_0: the weights of ``SmolLM2-135M-Instruct.Q4_0.gguf`` as llama.cpp quantized them, dequantized
   by transformers' GGUF loader and scored in torch on the same windows (llama.cpp's own dot products round the
   activations to 8 bits as well; ``llama-perplexity`` is not among the binaries ``tools/llama_cpp.py`` builds).
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aotforge.passes.quantize_weight_only import DECODER_INT4_METHOD  # noqa: E402
 from tools import bench_record, llama_cpp  # noqa: E402
-from tools.bench_children import PREFIX, run_child  # noqa: E402
+from tools.bench_children import PREFIX, built_artifact, run_child  # noqa: E402
 from tools.real_model import smollm2_dir  # noqa: E402
 
 THREADS = 2
@@ -51,10 +52,14 @@ PROMPT, NEW = 128, 64
 
 
 def build(model_dir: Path, work: Path, target: str, config: str) -> dict[str, Any]:
-    """Build ``config`` (the quality gate records its figures) and return them with the artifact's path."""
+    """Build ``config`` (the quality gate records its figures) and return them with the artifact's path; an artifact
+    of the same name built before under ``work`` is read instead (a bench builds each once)."""
+    name = "smollm2-" + "".join(c if c.isalnum() else "-" for c in config)
+    path = built_artifact(work / target, name, target)
+    if path is not None:
+        return artifact_figures(Path(path))
     import aotforge
 
-    name = "smollm2-" + "".join(c if c.isalnum() else "-" for c in config)
     started = time.perf_counter()
     result = aotforge.build(
         model_dir,
@@ -71,13 +76,22 @@ def build(model_dir: Path, work: Path, target: str, config: str) -> dict[str, An
         max_perplexity_increase=10.0,
         target_options={"intra_op_threads": THREADS} if target == "onnxruntime" else {},
     )
-    quality = result.manifest.validation["quality"]
-    decode = [e for e in result.manifest.passes if e.get("graph") == "decode" and e["name"] == "weight-only"]
+    return artifact_figures(Path(result.path)) | {"build_s": round(time.perf_counter() - started, 1)}
+
+
+def artifact_figures(artifact: Path) -> dict[str, Any]:
+    """An int4 artifact's quality-gate figures, its decode graph's weight size and its calibration (the method, or
+    why it was skipped)."""
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    passes = manifest["passes"]
+    decode = [e for e in passes if e.get("graph") == "decode" and e["name"] == "weight-only"]
+    calibration = [e["stats"] for e in passes if e["name"] == "calibrate-int4"]
     return {
-        "path": str(result.path),
-        "quality": quality,
+        "path": str(artifact),
+        "quality": manifest["validation"]["quality"],
         "weight_mb": decode[0]["stats"].get("weight_mb_after") if decode else None,
-        "build_s": round(time.perf_counter() - started, 1),
+        "method": calibration[0].get("method") if calibration else None,
+        "calibration_skipped": calibration[0].get("skipped") if calibration else None,
     }
 
 

@@ -58,7 +58,7 @@ def distill(
         )
     projections = _projections(teacher, student) if options.feature_weight > 0 else None
     params = list(student.parameters()) + (list(projections.parameters()) if projections is not None else [])
-    optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0, fused=True)
     view = VocabView(vocab, int(teacher.config.vocab_size))
     before = score(teacher, student, streams.held_out, options, vocab)
     say(f"before: student perplexity {before['student_perplexity']:.2f}, teacher {before['teacher_perplexity']:.2f}")

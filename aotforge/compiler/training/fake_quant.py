@@ -41,27 +41,45 @@ class Grid:
     mlas: bool = False
 
     def __call__(self, w_nk: torch.Tensor) -> torch.Tensor:
-        """``w_nk`` rounded to this grid and dequantized (float32)."""
+        """``w_nk`` rounded to this grid and dequantized (float32).
+
+        The same operations in the same order as the targets' rules, written in place on two temporaries: the
+        rounding runs over every packed weight at every training step, where fresh full-size tensors cost more
+        than the arithmetic."""
         n, k = w_nk.shape
         w = w_nk.float()
         if self.block == 0:
             amax = w.abs().amax(dim=1, keepdim=True)
             scale = torch.where(amax > 0, amax / self.levels, torch.ones_like(amax))
-            return torch.clamp(torch.round(w / scale), -self.levels, self.levels) * scale
+            return torch.round(w / scale).clamp_(-self.levels, self.levels).mul_(scale)
         pad = -k % self.block  # both targets pad K to whole blocks with zeros
-        blocks = torch.nn.functional.pad(w, (0, pad)).reshape(n, (k + pad) // self.block, self.block)
-        extreme = torch.gather(blocks, 2, blocks.abs().argmax(dim=2, keepdim=True))
-        scale = extreme / -float(self.levels)
+        padded = torch.nn.functional.pad(w, (0, pad)) if pad else w
+        blocks = padded.reshape(n, (k + pad) // self.block, self.block)
+        scale = _extreme(blocks, self.mlas) / -float(self.levels)
         if self.float16_scales:
             scale = scale.half().float()
         scale = torch.where(scale == 0, torch.ones_like(scale), scale)
         if self.mlas:
-            shifted = blocks * (1.0 / scale) + self.levels
-            whole = torch.trunc(shifted)
-            q = whole + (shifted - whole >= 0.5).float() - self.levels
+            shifted = (blocks * (1.0 / scale)).add_(self.levels)
+            q = torch.trunc(shifted)
+            q.add_(shifted.sub_(q).ge_(0.5)).sub_(self.levels)  # ``shifted`` becomes its fraction, then the carry
         else:
             q = torch.round(blocks / scale)
-        return (torch.clamp(q, -self.levels, self.levels - 1) * scale).reshape(n, k + pad)[:, :k]
+        return q.clamp_(-self.levels, self.levels - 1).mul_(scale).reshape(n, k + pad)[:, :k]
+
+
+def _extreme(blocks: torch.Tensor, mlas: bool) -> torch.Tensor:
+    """Each block's value of largest magnitude where ``a`` and ``-a`` tie: MLAS keeps ``-a``, tvm's ``argmax |w|``
+    the first of them. From two cheap reductions: an arg-max over short blocks is the rounding's costliest step."""
+    hi, lo = blocks.amax(dim=2, keepdim=True), blocks.amin(dim=2, keepdim=True)
+    if mlas:
+        return torch.where(hi > -lo, hi, lo)
+    extreme = torch.where(hi >= -lo, hi, lo)
+    ties = ((hi == -lo) & (hi != 0)).squeeze(2).nonzero(as_tuple=True)
+    if len(ties[0]):
+        tied = blocks[ties]
+        extreme[ties] = torch.gather(tied, 1, tied.abs().argmax(dim=1, keepdim=True))
+    return extreme
 
 
 def grid(target: str, bits: int, block: int) -> Grid:
@@ -81,7 +99,20 @@ class FakeQuant(torch.nn.Module):
     def forward(self, w: torch.Tensor) -> torch.Tensor:
         w_nk = w.t() if self.transposed else w
         q = self.rounding(w_nk.detach()).to(w.dtype)
-        return w + ((q.t() if self.transposed else q) - w).detach()
+        return _StraightThrough.apply(w, q.t() if self.transposed else q)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """``q`` forward, the gradient to ``w`` unchanged backward: the straight-through estimator without the two
+    full-size temporaries of ``w + (q - w).detach()`` (whose forward is not even ``q`` bit for bit)."""
+
+    @staticmethod
+    def forward(ctx: Any, w: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return q
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
 
 
 def add_fake_quant(model: Any, where: Placement) -> dict[str, int]:
