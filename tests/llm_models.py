@@ -120,6 +120,24 @@ def assert_generates_like_transformers(runner: Any, model: Any) -> None:
         assert len(set(want)) > 3, "random weights should not repeat one token (initializer_range)"
 
 
+def assert_python_collectives_token_exact(artifact: Any, model: Any, monkeypatch: Any) -> None:
+    """Without a C compiler a sharded artifact's ranks run the collectives' Python op, token-exact."""
+    import aotforge
+    from aotforge.core.errors import TargetUnavailableError
+    from aotforge.targets.onnxruntime import native_all_reduce
+
+    def no_compiler() -> str:
+        raise TargetUnavailableError("no C compiler here")
+
+    monkeypatch.setattr(native_all_reduce, "compiler", no_compiler)
+    loaded = aotforge.load(artifact)
+    try:
+        assert loaded._generative().engine.group.collective.startswith("python op")
+        assert_generates_like_transformers(loaded, model)
+    finally:
+        loaded._generative().engine.close()
+
+
 def assert_build_token_exact(result: Any, model: Any) -> None:
     """A build validated token for token (its manifest says so) and generates as transformers does."""
     import aotforge

@@ -17,11 +17,11 @@ import onnx
 import pytest
 
 import aotforge
-from aotforge.core.errors import OptionsError, TargetUnavailableError
-from aotforge.targets.onnxruntime import native_all_reduce
+from aotforge.core.errors import OptionsError
 from tests.llm_models import (
     PROMPTS,
     assert_generates_like_transformers,
+    assert_python_collectives_token_exact,
     build_text_generation,
     tiny_causal_lm,
 )
@@ -96,16 +96,7 @@ def test_without_a_compiler_the_python_collectives_run_token_exact(
 ) -> None:
     _, model, result = sp_build
 
-    def no_compiler() -> str:
-        raise TargetUnavailableError("no C compiler here")
-
-    monkeypatch.setattr(native_all_reduce, "compiler", no_compiler)
-    loaded = aotforge.load(result.path)
-    try:
-        assert loaded._generative().engine.group.collective.startswith("python op")
-        assert_generates_like_transformers(loaded, model)
-    finally:
-        loaded._generative().engine.close()
+    assert_python_collectives_token_exact(result.path, model, monkeypatch)
 
 
 @pytest.mark.parametrize(

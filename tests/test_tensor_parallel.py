@@ -20,16 +20,16 @@ import pytest
 
 import aotforge
 from aotforge.artifacts.engine_loader import load_engine
-from aotforge.core.errors import OptionsError, TargetUnavailableError
+from aotforge.core.errors import OptionsError
 from aotforge.runtime.engine import LLMEngine
 from aotforge.runtime.params import EngineConfig, SamplingParams
-from aotforge.targets.onnxruntime import native_all_reduce
 from tests.llm_models import (
     ARCHITECTURES,
     MAX_BATCH,
     PROMPTS,
     SPECULATIVE_K,
     assert_generates_like_transformers,
+    assert_python_collectives_token_exact,
     build_text_generation,
     tiny_causal_lm,
     transformers_greedy,
@@ -166,16 +166,7 @@ def test_without_a_compiler_the_ranks_run_the_python_all_reduce_token_exact(
 ) -> None:
     _, model, result = tp_build
 
-    def no_compiler() -> str:
-        raise TargetUnavailableError("no C compiler here")
-
-    monkeypatch.setattr(native_all_reduce, "compiler", no_compiler)
-    loaded = aotforge.load(result.path)
-    try:
-        assert loaded._generative().engine.group.collective.startswith("python op")
-        assert_generates_like_transformers(loaded, model)
-    finally:
-        loaded._generative().engine.close()
+    assert_python_collectives_token_exact(result.path, model, monkeypatch)
 
 
 def test_a_degree_that_does_not_divide_the_kv_heads_is_refused(tmp_path: Path) -> None:

@@ -136,9 +136,10 @@ def _export(
     for file_name, graph in graphs.items():
         graph_name = file_name.removesuffix(".onnx")
         if graph_passes:
-            say(f"running passes on the {graph_name} graph: {', '.join(p.name for p in graph_passes())}")
+            passes = _for_graph(graph_passes(), file_name)
+            say(f"running passes on the {graph_name} graph: {', '.join(p.name for p in passes)}")
             dump = opts.passes.dump_ir / graph_name if opts.passes.dump_ir is not None else None
-            records = run_passes(graph, _for_graph(graph_passes(), file_name), dump)
+            records = run_passes(graph, passes, dump)
             pass_entries += [{**pass_entry(r), "graph": graph_name} for r in records]
     for name, counts in (rewrite(graphs, spec) if rewrite is not None else {}).items():
         rewrites[name] = {**rewrites.get(name, {}), **counts}
