@@ -55,6 +55,17 @@ def test_integer_gemm_rows_are_their_own_whatever_shares_the_batch() -> None:
     assert np.linalg.norm(together - expected) / np.linalg.norm(expected) < 0.02
 
 
+def test_a_decode_graph_runs_the_pass_on_matmulnbits_and_a_prompt_graph_on_integer_gemm() -> None:
+    """``for_graph``: the same pass instance takes the role of each decoder graph; only the decode role drops it."""
+    prompt_pass = make_pass("weight-only", {"prompt_int8": "true"})
+    decode_model, _ = _projection()
+    (decode,) = run_passes(decode_model, [prompt_pass.for_graph("decode")])
+    assert "integer_gemm" not in decode.stats and op_counts(decode_model) == {"MatMulNBits": 1}
+    assert prompt_pass.for_graph("prompt") is prompt_pass and prompt_pass.params.prompt_int8
+    plain = make_pass("weight-only", {})
+    assert plain.for_graph("decode") is plain
+
+
 def test_tvm_refuses_prompt_int8() -> None:
     from aotforge.passes.quantize_weight_only import QuantizeWeightOnlyParams
     from aotforge.targets.tvm.decoder.weight_only import weight_only_format

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from aotforge.core.graph_pass import GraphRole
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
 
 #: The task name a generative artifact records (``target.info["task"]``).
@@ -37,6 +38,8 @@ DRAFT_VOCAB_FILE = "draft_vocab.json"
 CARRIED_FILES = (*TOKENIZER_FILES, GENERATION_CONFIG_FILE, DRAFT_VOCAB_FILE)
 #: The speculative-decoding verify graph (``--speculative-k``): k+1 query tokens per slot -> logits of each.
 VERIFY_FILE = "verify.onnx"
+#: Each decoder graph's role for the passes (``core.graph_pass.GraphRole``): how many rows its matmuls see a call.
+GRAPH_ROLES: dict[str, GraphRole] = {PREFILL_FILE: "prompt", VERIFY_FILE: "prompt", DECODE_FILE: "decode"}
 
 
 def sliding_windows(config: Any, max_seq_len: int | None) -> dict[str, int]:

@@ -8,10 +8,14 @@ A pass subclasses :class:`GraphPass`, declares ``Params`` (a frozen dataclass), 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import onnx_ir as ir
 import onnx_ir.passes
+
+#: What a decoder graph computes per call: a prompt's many rows (prefill, verify) or a decode step's few. A pass
+#: may run with other parameters on each (``GraphPass.for_graph``), since the kernels that win differ.
+GraphRole = Literal["prompt", "decode"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +38,10 @@ class GraphPass(onnx_ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> onnx_ir.passes.PassResult:
         raise NotImplementedError
+
+    def for_graph(self, role: GraphRole) -> GraphPass:
+        """This pass as it runs on a decoder graph of ``role``: itself, unless its parameters depend on the role."""
+        return self
 
 
 def count_nodes(model: ir.Model) -> int:

@@ -3,6 +3,6 @@ and targets never import passes), named here where the passes import it from."""
 
 from __future__ import annotations
 
-from aotforge.core.graph_pass import GraphPass, NoParams, count_nodes
+from aotforge.core.graph_pass import GraphPass, GraphRole, NoParams, count_nodes
 
-__all__ = ["GraphPass", "NoParams", "count_nodes"]
+__all__ = ["GraphPass", "GraphRole", "NoParams", "count_nodes"]

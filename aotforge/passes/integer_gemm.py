@@ -67,3 +67,11 @@ def integer_gemm(graph: ir.Graph, node: ir.Node) -> None:
     ir.convenience.replace_nodes_and_values(graph, node, [node], new, [node.outputs[0]], [by_row.outputs[0]])
     if not weight.uses() and weight.name is not None and weight.name in graph.initializers:
         del graph.initializers[weight.name]
+
+
+def integer_gemms(model: ir.Model, names: list[str]) -> list[str]:
+    """The MatMuls of ``names`` (constant 2-D weights) as integer GEMM; the names rewritten."""
+    nodes = [n for n in model.graph if str(n.name) in set(names) and n.op_type == "MatMul"]
+    for node in nodes:
+        integer_gemm(model.graph, node)
+    return [str(n.name) for n in nodes]

@@ -27,8 +27,8 @@ import onnx_ir.passes
 
 from aotforge.core.decoder_layers import layer_indices
 from aotforge.core.errors import OptionsError
-from aotforge.passes.base import GraphPass
-from aotforge.passes.integer_gemm import integer_gemm
+from aotforge.passes.base import GraphPass, GraphRole
+from aotforge.passes.integer_gemm import integer_gemms
 from aotforge.passes.ort_quantization import op_counts, quantize_through_files
 
 #: rtn: round to nearest; hqq: ONNX Runtime's half-quadratic fit (asymmetric); awq / gptq / awq+gptq: weights
@@ -63,9 +63,9 @@ class QuantizeWeightOnlyParams:
     #: The decoder's layer count, which ``layers_8bit`` needs (text-generation builds set it).
     layers: int = 0
     #: The matmuls other than the head as 8-bit integer GEMM (``passes/integer_gemm``: int8 weights per column,
-    #: int8 activations per row) instead of MatMulNBits, in every graph but a decoder's decode graph (which the
-    #: build runs without it): a prompt's many rows run several times faster through ONNX Runtime's QGEMM, a
-    #: decode step's few rows stream 4-bit weights.
+    #: int8 activations per row) instead of MatMulNBits, in every graph but a decoder's decode graph
+    #: (``for_graph``): a prompt's many rows run several times faster through ONNX Runtime's QGEMM, a decode
+    #: step's few rows stream 4-bit weights.
     prompt_int8: bool = False
 
     def __post_init__(self) -> None:
@@ -224,9 +224,7 @@ class QuantizeWeightOnlyPass(GraphPass):
         float_bytes = sum(_weight_bytes(model, n) for n in candidates)
         gemms_as_matmuls(model, candidates)
         bits_of = self._bits_by_node(model, candidates)
-        integer = [n for n in candidates if n not in self._head_names] if p.prompt_int8 else []
-        for node in [n for n in model.graph if str(n.name) in integer and n.op_type == "MatMul"]:
-            integer_gemm(model.graph, node)
+        integer = integer_gemms(model, [n for n in candidates if n not in self._head_names]) if p.prompt_int8 else []
         bits_of = {n: b for n, b in bits_of.items() if n not in integer}
 
         def quantize(src: Path, dst: Path) -> None:
@@ -291,6 +289,12 @@ class QuantizeWeightOnlyPass(GraphPass):
             "not_taken": dict(sorted(not_taken.items())),
         }
         return onnx_ir.passes.PassResult(model, modified=bool(packed))
+
+    def for_graph(self, role: GraphRole) -> QuantizeWeightOnlyPass:
+        """Without ``prompt_int8`` on a decode graph (the few rows of a step stream 4-bit weights fastest)."""
+        if role == "decode" and self.params.prompt_int8:
+            return QuantizeWeightOnlyPass(dataclasses.replace(self.params, prompt_int8=False))
+        return self
 
     def _heads(self, bits_of: dict[str, int]) -> list[str]:
         return [n for n in self._head_names if bits_of.get(n) != self.params.bits]

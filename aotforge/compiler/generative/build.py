@@ -33,7 +33,15 @@ from aotforge.compiler.generative.source import CausalLM, load_causal_lm
 from aotforge.compiler.generative.validation import validate_generation
 from aotforge.compiler.generative.weight_calibration import calibrated_source, weight_only_params
 from aotforge.compiler.options import BuildOptions
-from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, TEXT_GENERATION, VERIFY_FILE, WEIGHTS_FILE, DecoderSpec
+from aotforge.core.decoder import (
+    DECODE_FILE,
+    GRAPH_ROLES,
+    PREFILL_FILE,
+    TEXT_GENERATION,
+    VERIFY_FILE,
+    WEIGHTS_FILE,
+    DecoderSpec,
+)
 from aotforge.core.errors import OptionsError, TargetUnavailableError, UnsupportedModelError
 from aotforge.core.options import options_from_dict
 from aotforge.passes import DEFAULT_PRESET, contrib_op_passes
@@ -136,7 +144,7 @@ def _export(
     for file_name, graph in graphs.items():
         graph_name = file_name.removesuffix(".onnx")
         if graph_passes:
-            passes = _for_graph(graph_passes(), file_name)
+            passes = [p.for_graph(GRAPH_ROLES[file_name]) for p in graph_passes()]
             say(f"running passes on the {graph_name} graph: {', '.join(p.name for p in passes)}")
             dump = opts.passes.dump_ir / graph_name if opts.passes.dump_ir is not None else None
             records = run_passes(graph, passes, dump)
@@ -302,15 +310,6 @@ def _graph_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -
             f"pass {', '.join(contrib)} emits ONNX Runtime contrib ops (MatMulNBits) that {opts.target} cannot run"
         )
     return lambda: _target_passes(opts, target, backend)[1]
-
-
-def _for_graph(passes: list[Any], file_name: str) -> list[Any]:
-    """The passes for one graph: the decode graph's weight-only without ``prompt_int8`` (its few rows a step
-    stream the weights, where MatMulNBits' 4 bits win; the prompt graphs' many rows are integer GEMM's)."""
-    for p in passes:
-        if file_name == DECODE_FILE and p.name == "weight-only" and p.params.prompt_int8:
-            p.params = dataclasses.replace(p.params, prompt_int8=False)
-    return passes
 
 
 def _target_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -> tuple[tuple[str, ...], list[Any]]:
