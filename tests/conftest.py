@@ -114,6 +114,17 @@ def llama_ort(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Buil
 
 
 @pytest.fixture(scope="session")
+def llama_tp(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
+    """The tiny Llama at ``--tensor-parallel 2`` with a verify graph, built once: shared by the tensor-parallel
+    tests of its ranks as processes and as Ray actors (tests must not change it)."""
+
+    def make(out: Path) -> Path:
+        return Path(build_text_generation(llama_dir, out, tensor_parallel=2, speculative_k=SPECULATIVE_K).path)
+
+    return built_result(built_once(tmp_path_factory, "llama-tp", make))
+
+
+@pytest.fixture(scope="session")
 def llama_tvm(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
     """The same for tvm (two prefill buckets); shared like ``llama_ort``."""
     kw = {"target_options": TVM_BUCKETS, "bench": True, "speculative_k": SPECULATIVE_K}

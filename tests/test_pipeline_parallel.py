@@ -87,13 +87,23 @@ def test_each_stage_holds_its_layers_weights_and_cache(pp_build: Any) -> None:
 
 
 # The serving run: the Llama, whose verify graph lets prompts go in chunks; four rows in two micro-batches, and
-# requests of different lengths, so sequences end mid-run and the others move between working rows.
+# requests of different lengths, so sequences end mid-run and the others move between working rows; a step's prompt
+# chunks go through the stages in the same call as its decode.
 @pytest.mark.parametrize("pp_build", ["llama"], indirect=True)
-def test_serving_runtime_drives_the_stages_in_micro_batches_token_exact(pp_build: Any, pp_loaded: Any) -> None:
+def test_serving_runtime_drives_the_stages_in_micro_batches_token_exact(
+    pp_build: Any, pp_loaded: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, model, _ = pp_build
     rows = 2 * MAX_BATCH
     runner = pp_loaded._generative().engine.model_runner(rows)  # the same stages, a cache of their own
     engine = LLMEngine(runner, EngineConfig(max_num_seqs=rows, max_num_batched_tokens=8))
+    calls: list[tuple[str, Any]] = []
+    stages_call = runner.engine.call
+    monkeypatch.setattr(
+        runner.engine,
+        "call",
+        lambda where, method, *args: calls.append((method, args)) or stages_call(where, method, *args),
+    )
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0][:5] + [11, 12, 13, 14, 15, 16], [9, 8, 7], [40, 41]]
     lengths = [10, 4, 12, 6, 9]
     want = {f"r{i}": transformers_greedy(model, p, n) for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))}
@@ -105,6 +115,9 @@ def test_serving_runtime_drives_the_stages_in_micro_batches_token_exact(pp_build
             assert out.error is None
             got[out.request_id] += out.token_ids
     assert got == want
+    # Each step is one call of the stages: its prompt chunks go through them with the decode's micro-batches.
+    assert {method for method, _ in calls} == {"step"}
+    assert any(chunks and decode is not None for chunks, decode, _ in (args for _, args in calls))
     busy = pp_loaded._generative().engine.group.busy_seconds()
     assert len(busy) == DEGREE and all(b > 0 for b in busy)
 

@@ -27,7 +27,6 @@ from tests.llm_models import (
     ARCHITECTURES,
     MAX_BATCH,
     PROMPTS,
-    SPECULATIVE_K,
     assert_generates_like_transformers,
     assert_python_collectives_token_exact,
     build_text_generation,
@@ -39,15 +38,14 @@ DEGREE = 2
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
-def tp_build(request: pytest.FixtureRequest, llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def tp_build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """``(architecture, model, build result)`` of each tiny model at tensor parallelism 2 (the Llama with a verify
-    graph, so the serving runtime can extend a prompt in chunks)."""
+    graph, so the serving runtime can extend a prompt in chunks: conftest's ``llama_tp``)."""
     arch = request.param
-    out = tmp_path_factory.mktemp(f"tp-{arch}")
     model = tiny_causal_lm(arch)
     if arch == "llama":
-        return arch, model, build_text_generation(llama_dir, out, tensor_parallel=DEGREE, speculative_k=SPECULATIVE_K)
-    return arch, model, build_text_generation(model, out, tensor_parallel=DEGREE)
+        return arch, model, request.getfixturevalue("llama_tp")
+    return arch, model, build_text_generation(model, tmp_path_factory.mktemp(f"tp-{arch}"), tensor_parallel=DEGREE)
 
 
 @pytest.fixture(scope="module")

@@ -149,7 +149,8 @@ def load(
     unsigned artifact is then refused), every file's sha256, and this host against the toolchain
     and host the manifest says it was built with and for. ``manifest_sha256`` (printed by ``compile``;
     from a registry, its digest is used) covers the manifest itself, so an edit to it is refused too.
-    ``placement`` says where a pipeline-parallel artifact's stages run (default: a process each on this host).
+    ``placement`` says where a pipeline-parallel artifact's stages or a tensor-parallel one's ranks run (default: a
+    process each on this host).
     """
     if registry is not None:
         path, manifest_sha256 = pull_cached(str(path), registry)
@@ -162,7 +163,7 @@ def load(
     if "tensor_parallel" in manifest.target.info:  # rank graphs, a process each
         from aotforge.targets.generative.ranks import load_ranked
 
-        runner: Runner = load_ranked(path, manifest.target)
+        runner: Runner = load_ranked(path, manifest.target, placement or Placement())
     elif "pipeline_parallel" in manifest.target.info:  # stage graphs, a process each
         from aotforge.targets.generative.stages import load_staged
 
@@ -177,15 +178,11 @@ def load(
 def _check_placement(manifest: Manifest, placement: Placement) -> None:
     """Refuse workers elsewhere than this host for an artifact whose parts cannot run there."""
     who = f"{manifest.name} v{manifest.version}"
-    if "tensor_parallel" in manifest.target.info:
-        raise OptionsError(
-            f"{who} is tensor-parallel: its ranks run on one host (their all-reduce is shared memory), not as Ray "
-            f"actors: drop --workers {placement.workers.value}, or build it with --pipeline-parallel to span hosts"
-        )
-    if "pipeline_parallel" not in manifest.target.info:
+    if "pipeline_parallel" not in manifest.target.info and "tensor_parallel" not in manifest.target.info:
         raise OptionsError(
             f"{who} is one model in one process: --workers {placement.workers.value} places the stages of a "
-            "pipeline-parallel artifact (build with --pipeline-parallel N); for copies of it use serve --replicas"
+            "pipeline-parallel artifact or the ranks of a tensor-parallel one (build with --pipeline-parallel N or "
+            "--tensor-parallel N); for copies of it use serve --replicas"
         )
 
 

@@ -11,11 +11,13 @@ import enum
 
 
 class Workers(enum.Enum):
-    """What runs each stage of a pipeline-parallel artifact."""
+    """What runs each stage of a pipeline-parallel artifact, or each rank of a tensor-parallel one."""
 
-    #: one process per stage on this host, pipes between them (``targets/generative/stages.py``)
+    #: one process per stage (rank) on this host: pipes between stages (``targets/generative/stages.py``), the ranks'
+    #: all-reduce in shared memory (``ranks.py``)
     PROCESSES = "processes"
-    #: one Ray actor per stage in a placement group, actor calls between them (``targets/generative/ray_stages.py``)
+    #: one Ray actor per stage (rank) in a placement group: actor calls between stages (``ray_stages.py``), the ranks'
+    #: all-reduce over gloo (``ray_ranks.py``)
     RAY = "ray"
 
 

@@ -134,6 +134,10 @@ class LLMEngine:
         for seq, _ in plan.prefills:
             if seq.scheduled_at is None:
                 seq.scheduled_at = now
+        if hasattr(self.runner, "step"):  # a runner that pipelines the step's prompts with its decode (stages)
+            outputs += self._run_step(plan)
+            self._finish_stats()
+            return outputs
         for seq, n in plan.prefills:
             if not seq.finished:  # a lost KV cache (below) ends the step's other sequences too
                 outputs += self._run_prefill(seq, n)
@@ -142,6 +146,31 @@ class LLMEngine:
             outputs += self._run_decode(plan)
         self._finish_stats()
         return outputs
+
+    def _run_step(self, plan: Plan) -> list[RequestOutput]:
+        """The step's prompt chunks and its decode as one call of a runner that has ``step`` (``runner.py``)."""
+        if not (plan.prefills or plan.decodes):
+            return []
+        chunks = [
+            (
+                np.asarray(seq.all_ids[seq.num_computed : seq.num_computed + n], np.int64),
+                seq.num_computed,
+                self._table(seq),
+            )
+            for seq, n in plan.prefills
+        ]
+        decode = self._decode_inputs(plan) if plan.decodes else None
+        try:
+            prompt_logits, logits = self.runner.step(chunks, decode)  # type: ignore[attr-defined]
+        except RankFailedError as e:
+            return self._lost_cache(e)
+        except Exception as e:  # the call's sequences fail together: the call cannot say whose fault it was
+            why = f"the model runner failed: {describe(e, last=True)}"
+            return [self._finish(seq, FinishReason.ERROR, why) for seq in [s for s, _ in plan.prefills] + plan.decodes]
+        outputs = []
+        for (seq, n), last in zip(plan.prefills, prompt_logits, strict=True):
+            outputs += self._prefilled(seq, n, last)
+        return outputs + (self._decoded(plan, logits) if plan.decodes else [])
 
     def _table(self, seq: Sequence) -> np.ndarray:
         table = np.full(self.table_width, SCRATCH_BLOCK, dtype=np.int64)
@@ -166,26 +195,35 @@ class LLMEngine:
             return self._lost_cache(e)
         except Exception as e:  # one request's fault, not the server's
             return [self._finish(seq, FinishReason.ERROR, f"the model runner failed: {describe(e, last=True)}")]
+        return self._prefilled(seq, n, logits)
+
+    def _prefilled(self, seq: Sequence, n: int, logits: np.ndarray) -> list[RequestOutput]:
         self._computed(seq, n)
         self._stats.prompt_tokens += n
         if seq.num_computed < seq.num_tokens:
             return []  # more chunks to come
         return [self._append(seq, logits)]
 
-    def _run_decode(self, plan: Plan) -> list[RequestOutput]:
+    def _decode_inputs(self, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rows = self.runner.decode_rows(len(plan.decodes))
         ids = np.zeros(rows, dtype=np.int64)
         positions = np.zeros(rows, dtype=np.int64)
         tables = np.full((rows, self.table_width), SCRATCH_BLOCK, dtype=np.int64)
         for row, seq in enumerate(plan.decodes):
             ids[row], positions[row], tables[row] = seq.all_ids[-1], seq.num_computed, self._table(seq)
+        return ids, positions, tables
+
+    def _run_decode(self, plan: Plan) -> list[RequestOutput]:
         try:
-            logits = self.runner.decode(ids, positions, tables)
+            logits = self.runner.decode(*self._decode_inputs(plan))
         except RankFailedError as e:
             return self._lost_cache(e)
         except Exception as e:
             why = f"the model runner failed: {describe(e, last=True)}"
             return [self._finish(seq, FinishReason.ERROR, why) for seq in plan.decodes]
+        return self._decoded(plan, logits)
+
+    def _decoded(self, plan: Plan, logits: np.ndarray) -> list[RequestOutput]:
         outputs = []
         for row, seq in enumerate(plan.decodes):
             self._computed(seq, 1)

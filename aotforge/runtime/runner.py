@@ -7,6 +7,11 @@ sequence's **block table** (int64 block ids, position ``t`` in block ``table[t /
 ``t % block_size``; entries past what the sequence holds are 0). Block 0 is scratch: the rows that only pad a
 step (a target's batch bucket) have all-0 tables and write there, and no sequence's table names it. Blocks
 named by several tables (a shared prefix) are only read.
+
+A runner may also have ``step(chunks, decode) -> (chunk_logits, decode_logits)``: a step's prompt chunks
+``[(token_ids, start, block_table), ...]`` (``prefill`` where ``start`` is 0, else ``extend``) and then its decode
+``(token_ids, positions, block_tables)`` or ``None``, as one call. The engine uses it where it is there, so a runner
+whose stages pipeline (``targets/generative/stages.py``) runs a prompt as one more micro-batch of the decode's.
 """
 
 from __future__ import annotations

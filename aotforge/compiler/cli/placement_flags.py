@@ -18,7 +18,7 @@ def placement_options(func: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Choice([s.value.lower().replace("_", "-") for s in Spread]),
         default=Spread.PACK.value.lower(),
         show_default=True,
-        help="With --workers ray: pack the stages on as few nodes as fit, or strict-spread them one a node.",
+        help="With --workers ray: pack the stages (ranks) on as few nodes as fit, or strict-spread them one a node.",
     )(func)
     func = click.option("--ray-address", help="HEAD:PORT of the Ray cluster (default: a local Ray instance).")(func)
     return click.option(
@@ -26,8 +26,8 @@ def placement_options(func: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Choice([w.value for w in Workers]),
         default=Workers.PROCESSES.value,
         show_default=True,
-        help="What runs a pipeline-parallel artifact's stages: processes on this host, or Ray actors in a "
-        "placement group (across hosts; needs ray).",
+        help="What runs a pipeline-parallel artifact's stages or a tensor-parallel one's ranks: processes on this "
+        "host, or Ray actors in a placement group (across hosts; needs ray).",
     )(func)
 
 

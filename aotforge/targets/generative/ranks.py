@@ -1,4 +1,5 @@
-"""The ranks of a tensor-parallel artifact as one model: a process per rank on this host, driven in lockstep.
+"""The ranks of a tensor-parallel artifact as one model: a process per rank on this host (or a Ray actor per rank
+across hosts: ``ray_ranks.py``), driven in lockstep.
 
 Every call (a prefill, a decode step, a cache copy) goes to all ranks; each runs its rank graph over its
 slice of the weights and its heads of the KV cache, the graph's all-reduces meeting in shared memory
@@ -24,9 +25,11 @@ import numpy as np
 
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import describe
+from aotforge.core.placement import Placement, Workers
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets import loaded_shard_runtime
 from aotforge.targets.generative.process_group import GroupEngine, ProcessGroup
+from aotforge.targets.generative.rank_worker import RankWorker
 from aotforge.targets.generative.runner import GenerativeRunner
 from aotforge.targets.generative.shm_all_reduce import ShmAllReduce, abort_segment, create_segment
 
@@ -40,56 +43,53 @@ def _rank_main(conn: Any, artifact_dir: str, record: dict[str, Any], rank: int, 
     comm: ShmAllReduce | None = None
     try:
         comm = ShmAllReduce(shm_name, rank, int(tp["degree"]), CAPACITY)
-        backend = importlib.import_module(loaded_shard_runtime(record["name"], "tensor_parallel").module)
-        backend.register_all_reduce(comm, library)
-        rank_dir = Path(artifact_dir) / tp["ranks"][rank]
-        spec = DecoderSpec.from_dict(tp["decoder"])
-        engine = backend.load_rank(rank_dir, TargetRecord.from_dict(record), spec, library)
+        worker = RankWorker(artifact_dir, record, rank, comm, library)
         conn.send(("ok", None))
     except Exception as e:
         if comm is not None:
             comm.abort()
         conn.send(("error", describe(e, last=True)))
         return
-    runner: Any = None
     while True:
         try:
-            where, method, args = conn.recv()
+            message = conn.recv()
         except (EOFError, OSError):
             return
         try:
-            if where == "new_runner":
-                runner, result = engine.model_runner(*args), None
-            else:
-                result = getattr(engine if where == "engine" else runner, method)(*args)
-            comm.check()  # a native all-reduce cannot fail its run: it leaves the abort flag set instead
-        except Exception as e:
-            comm.abort()  # the others may wait in an all-reduce this rank never reaches
-            result, e_text = None, describe(e, last=True)
-        else:
-            e_text = ""
-        try:
-            conn.send(("error", e_text) if e_text else ("ok", result))
+            conn.send(worker.handle(*message))
         except OSError:  # the driver is gone (it stops the group on a failure)
             return
 
 
-class RankGroup:
-    """The rank processes of one artifact, the pipes to them and their all-reduce segment."""
+#: What the errors call a rank.
+KIND = "tensor-parallel rank"
 
-    def __init__(self, artifact_dir: Path, record: TargetRecord) -> None:
+
+class RankGroup:
+    """The rank processes of one artifact, the pipes to them and their all-reduce segment; or, with
+    ``placement.workers`` Ray, the ranks' actors, their all-reduce gloo (``ray_ranks.py``), driven the same way."""
+
+    def __init__(self, artifact_dir: Path, record: TargetRecord, placement: Placement = Placement()) -> None:
         tp = record.info["tensor_parallel"]
         self.degree = int(tp["degree"])
+        self.segment: Any = None
+        self.workers: Any
+        payload = {"name": record.name, "options": record.options, "info": record.info}
+        if placement.workers is Workers.RAY:
+            from aotforge.targets.generative.ray_ranks import start_rank_actors
+
+            self.collective = "gloo (Ray actors)"
+            self.workers = start_rank_actors(KIND, str(artifact_dir), payload, self.degree, placement)
+            return
         runtime = loaded_shard_runtime(record.name, "tensor_parallel")
         backend = importlib.import_module(runtime.module)
         library, self.collective = backend.prepare_all_reduce()  # before the segment: nothing to leak if it fails
         self.segment = create_segment(self.degree, CAPACITY)
-        payload = {"name": record.name, "options": record.options, "info": record.info}
         args = [(str(artifact_dir), payload, rank, self.segment.name, library) for rank in range(self.degree)]
         try:
             # A rank that fails makes the others stop waiting for it in an all-reduce (the segment's abort flag).
             self.workers = ProcessGroup(
-                "tensor-parallel rank",
+                KIND,
                 _rank_main,
                 args,
                 runtime.preload + (() if library else runtime.fallback_preload),
@@ -107,12 +107,15 @@ class RankGroup:
         abort_segment(self.segment)
 
     def call(self, where: str, method: str, *args: Any) -> list[Any]:
-        """``method(*args)`` on every rank's engine (``where="engine"``) or runner; the ranks' results in order."""
-        return self.workers.call((where, method, args))
+        """``method(*args)`` on every rank's engine (``where="engine"``) or runner; the ranks' results in order.
+        Rank actors fail the call at a rank's first error: the others cannot be told to stop waiting (no abort flag
+        in gloo), so they are killed."""
+        return self.workers.call((where, method, args), stop_at_error=self.segment is None)
 
     def close(self) -> None:
         self.workers.close()
-        self.segment.close()
+        if self.segment is not None:
+            self.segment.close()
 
 
 def gather_logits(parts: list[np.ndarray], vocab: int) -> np.ndarray:
@@ -123,15 +126,15 @@ def gather_logits(parts: list[np.ndarray], vocab: int) -> np.ndarray:
 class RankedEngine(GroupEngine):
     """The ``StepEngine`` of a tensor-parallel artifact (``GenerativeRunner``'s engine)."""
 
-    def __init__(self, artifact_dir: Path, record: TargetRecord) -> None:
+    def __init__(self, artifact_dir: Path, record: TargetRecord, placement: Placement = Placement()) -> None:
         super().__init__()
-        self.artifact_dir, self.record = artifact_dir, record
+        self.artifact_dir, self.record, self.placement = artifact_dir, record, placement
         self.spec = DecoderSpec.from_dict(record.info["decoder"])
         self.verify_width = int(record.info.get("speculative", {}).get("verify_width", 0))
         self.group = self.start_group()
 
     def start_group(self) -> RankGroup:
-        return RankGroup(self.artifact_dir, self.record)
+        return RankGroup(self.artifact_dir, self.record, self.placement)
 
     def start(self, batch: int, prompt_len: int) -> None:
         self.call("engine", "start", batch, prompt_len)
@@ -190,6 +193,6 @@ class RankedModelRunner:
         return self._logits("decode", token_ids, positions, block_tables)
 
 
-def load_ranked(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:
-    """A tensor-parallel artifact's runner: its ranks started, driven as one model."""
-    return GenerativeRunner(RankedEngine(artifact_dir, record))
+def load_ranked(artifact_dir: Path, record: TargetRecord, placement: Placement = Placement()) -> GenerativeRunner:
+    """A tensor-parallel artifact's runner: its ranks started where ``placement`` says, driven as one model."""
+    return GenerativeRunner(RankedEngine(artifact_dir, record, placement))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any, NoReturn
 
 import numpy as np
@@ -97,8 +98,11 @@ class ActorGroup:
     """Stage actors in one placement group, with ``ProcessGroup``'s interface (``call``, ``gather``, ``failed``,
     ``close``). ``nodes`` and ``pids`` say where each stage runs."""
 
-    def __init__(self, kind: str, actors: list[Any], group: Any) -> None:
+    def __init__(self, kind: str, actors: list[Any], group: Any, settle_s: float = 0.0) -> None:
         self.kind, self.actors, self.group = kind, actors, group
+        #: seconds an error reply waits for the others' replies: one that says its actor died names the cause (a
+        #: rank whose peer died fails its all-reduce at once, before Ray reports the death)
+        self.settle_s = settle_s
         self.size = len(actors)
         self.failed = ""
         self.pending: list[Any] = []
@@ -139,9 +143,23 @@ class ActorGroup:
                 results[i] = value
             else:
                 errors.append(f"{self.kind} {i}: {value}")
+                self._fail_if_one_died(where)
             if errors and (stop_at_error or not where):
                 self.fail("; ".join(errors))
         return results
+
+    def _fail_if_one_died(self, where: dict[Any, int]) -> None:
+        """Fail naming the first of ``where``'s actors found dead within ``settle_s``."""
+        deadline, pending = time.monotonic() + self.settle_s, list(where)
+        while pending and (left := deadline - time.monotonic()) > 0:
+            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    self.fail(f"{self.kind} {where[ref]}: its Ray actor died ({_first_line(e)})")
+                except ray.exceptions.RayError:
+                    pass
 
     def fail(self, why: str) -> NoReturn:
         self.failed = why

@@ -173,6 +173,14 @@ class StagedModelRunner:
         parts = min(len(token_ids), self.engine.micro_batches)
         return self.engine.call("runner", "decode", token_ids, positions, block_tables, parts)
 
+    def step(
+        self, chunks: list[tuple[np.ndarray, int, np.ndarray]], decode: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    ) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """A step's prompt chunks and decode as one call (``runtime/runner.py``): each prompt is one more item in
+        the decode's fill and drain of the stages, so it waits for the stages once a step, not once a prompt."""
+        parts = min(len(decode[0]), self.engine.micro_batches) if decode is not None else 0
+        return self.engine.call("runner", "step", chunks, decode, parts)
+
 
 def load_staged(artifact_dir: Path, record: TargetRecord, placement: Placement = Placement()) -> GenerativeRunner:
     """A pipeline-parallel artifact's runner: its stages started where ``placement`` says, driven as one model."""

@@ -128,6 +128,19 @@ class StageRunner(OrtModelRunner):
             out.append(logits[local])
         return np.concatenate(out)
 
+    def step(
+        self,
+        chunks: list[tuple[np.ndarray, int, np.ndarray]],
+        decode: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+        parts: int,
+    ) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """The prompt chunks, then the decode's micro-batches, one after the other: every stage runs them in the
+        same order, so each is one more item through the pipeline (``stages.StagedModelRunner.step``)."""
+        prompts = [
+            self.prefill(ids, table) if not start else self.extend(ids, start, table) for ids, start, table in chunks
+        ]
+        return prompts, self.decode(*decode, parts) if decode is not None else None
+
     def _part(self, first: int, rows: int) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
         """The decode binding over working rows ``first .. first + rows - 1``, made once per range."""
         import onnxruntime as ort
