@@ -85,6 +85,9 @@ def _assert_served_and_recovered(got: dict[str, Any], want: list) -> None:
     assert killed["after"] == want[1]
 
 
+# Slow: a cluster start, two rank actors and a restart (~1.5 min on 2 cores); by default the gloo collectives run in
+# the test above and Ray actors on a one-node cluster in test_pipeline_ray, the same ActorGroup and placement.
+@pytest.mark.slow
 @pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 def test_rank_actors_on_one_node_generate_like_the_unsharded_artifact(
     llama_tp: Any, llama_ort: Any, tmp_path: Path
