@@ -20,7 +20,14 @@ from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.isolation import keep_spare_workers
 from aotforge.targets import get_target
 from tests.in_process import ISOLATE_BACKEND
-from tests.llm_models import SPECULATIVE_K, TVM_BUCKETS, build_text_generation, save_tiny_causal_lm, tiny_llama
+from tests.llm_models import (
+    EXPORT_CACHE,
+    SPECULATIVE_K,
+    TVM_BUCKETS,
+    build_text_generation,
+    save_tiny_causal_lm,
+    tiny_llama,
+)
 from tests.lm_pair import LmPair, trained_pair
 from tests.serving import API_KEY, MAX_BATCH, Served, build_chat_llama, serving
 
@@ -87,6 +94,18 @@ def built_once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path]
 def built_result(path: Path) -> BuildResult:
     """The :class:`BuildResult` of an artifact on disk (what a worker that did not build it gets)."""
     return BuildResult(path, read_manifest(path))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def export_cache(tmp_path_factory: pytest.TempPathFactory) -> Generator[Path]:
+    """The run's export cache for ``build_text_generation`` (``tests/llm_models.py``): the xdist workers of one run
+    share it (their basetemp's parent, as ``built_once``), so each tiny model and attention is exported once a run.
+    Tests of the export cache itself give their builds a directory of their own."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "export-cache"
+    EXPORT_CACHE[:] = [path]
+    yield path
+    EXPORT_CACHE.clear()
 
 
 @pytest.fixture(scope="session")

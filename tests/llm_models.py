@@ -90,11 +90,24 @@ def transformers_greedy(model: Any, prompt: list[int], new_tokens: int) -> list[
     return tokens
 
 
+#: The export cache this run's text-generation builds share (``generative.export_cache``; set by tests/conftest.py):
+#: a tiny model exported for the same attention and geometry by several tests is exported once.
+EXPORT_CACHE: list[Path] = []
+
+
 def build_text_generation(model: Any, out: Path, target: str = "onnxruntime", **kw: Any) -> Any:
-    """``aotforge.build`` of a causal LM at the tests' geometry, without the benchmark unless asked."""
+    """``aotforge.build`` of a causal LM at the tests' geometry, without the benchmark unless asked, through the
+    run's export cache (``export_cache_dir=None`` exports afresh)."""
     import aotforge
 
-    kw = {"bench": False, "max_seq_len": MAX_SEQ, "max_batch": MAX_BATCH, "isolate_backend": ISOLATE_BACKEND, **kw}
+    kw = {
+        "bench": False,
+        "max_seq_len": MAX_SEQ,
+        "max_batch": MAX_BATCH,
+        "isolate_backend": ISOLATE_BACKEND,
+        "export_cache_dir": EXPORT_CACHE[0] if EXPORT_CACHE else None,
+        **kw,
+    }
     return aotforge.build(model, target=target, task="text-generation", out=out, **kw)
 
 

@@ -41,8 +41,8 @@ def test_rebuild_is_a_cache_hit_that_generates_the_same_tokens(target: str, llam
         kw["target_options"] = TVM_BUCKETS
     first = build_text_generation(str(llama_dir), tmp_path / "out", target=target, **kw)
     assert first.manifest.build["cache"]["hit"] is False
-    # The IR-level key: the export and the passes run again, the compile is served from the cache; --dump-ir
-    # turns the direct mode off and writes each graph as the target compiles it.
+    # The IR-level key: the export (read back from the run's export cache) and the passes run again, the compile
+    # is served from the cache; --dump-ir turns the direct mode off and writes each graph as the target compiles it.
     dumped = build_text_generation(
         str(llama_dir), tmp_path / "out", target=target, dump_ir=tmp_path / "ir", direct_lookup=False, **kw
     )

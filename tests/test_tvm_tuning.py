@@ -144,8 +144,8 @@ def _tvm_build(out: Path, **target_options: Any) -> tuple[dict[str, Any], np.nda
 @pytest.mark.slow
 def test_tuned_build_matches_untuned_and_rebuilds_from_the_store(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    _, untuned, _ = _tvm_build(tmp_path / "plain")
-    first, tuned, _ = _tvm_build(tmp_path / "a", tune_trials=8, tuning_db=str(store))
+    _, untuned, plain_seconds = _tvm_build(tmp_path / "plain")
+    first, tuned, tuning_seconds = _tvm_build(tmp_path / "a", tune_trials=8, tuning_db=str(store))
     report = first["target"]["info"]["pipeline"]["schedules"]["tuning"]
     assert report["tasks"] == 2 and report["tuned"] + report["untuned"] == 2
     assert (report["reused"], report["retuned"]) == (0, 0)
@@ -157,7 +157,8 @@ def test_tuned_build_matches_untuned_and_rebuilds_from_the_store(tmp_path: Path)
     assert second["reused"] == report["tuned"] and (second["retuned"], second["trials"]) == (0, 0)
     assert second["database_digest"] == report["database_digest"]
     np.testing.assert_array_equal(rebuilt, tuned)
-    assert seconds < 60
+    # Side by side, in this process: applying the stored records costs less than half of what the search added.
+    assert seconds - plain_seconds < (tuning_seconds - plain_seconds) / 2
 
 
 # Re-tuning with a bigger budget: real MetaSchedule on one 64->48 Linear (one task), a few trials.

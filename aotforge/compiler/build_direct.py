@@ -54,7 +54,7 @@ def holds_ir(files: Iterable[str]) -> bool:
 
 
 #: Options that decide where the artifact goes, not what it holds.
-_UNKEYED = ("out", "name", "version", "cache_dir", "isolation.")
+_UNKEYED = ("out", "name", "version", "cache_dir", "export_cache_dir", "isolation.")
 
 
 @dataclasses.dataclass
@@ -170,7 +170,8 @@ def remember(
     if not holds_ir(build_cache.entry_files(opts.cache_dir, key)):
         direct.reason = f"{direct.reason}; IR-level entry {key[:12]} predates direct mode (no {MODEL_FILE})"
         return
-    skip = (str(opts.out), str(opts.cache_dir))  # the build's own outputs, not its inputs
+    # The build's own outputs, and the export cache it may have read its graphs from: not its inputs.
+    skip = tuple(str(p) for p in (opts.out, opts.cache_dir, opts.export_cache_dir) if p is not None)
     try:
         files = [build_cache_direct.record_file(p, reads.files[p]) for p in tracked(reads.files, skip=skip)]
     except build_cache_direct.NotCacheable as e:

@@ -158,6 +158,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("name", "Artifact name (default: the model's)."),
     Flag("version", "Artifact version (default: the next free one)."),
     Flag("cache_dir", "Build cache directory: reuse compiles of identical input.", read=_path),
+    Flag("export_cache_dir", _TN + "reuse the exported graphs of the same model and export settings "
+         "(default: <cache-dir>/export).", read=_path),
     Flag("prepare_only", "Write a build bundle for `aotforge finish` on the device host."),
     Flag("target_options", "Target option, e.g. mcpu=skylake-avx512.", name="target_opt", multiple=True,
          merge=_merge_target_opts),

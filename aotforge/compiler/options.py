@@ -179,6 +179,9 @@ class BuildOptions:
     version: int | None = None
     #: Directory of the build cache (``artifacts.build_cache``); None builds without one.
     cache_dir: Path | None = None
+    #: Directory of the export cache (text generation: the exported graphs, ``generative.export_cache``); None:
+    #: ``<cache_dir>/export`` with a build cache, else none.
+    export_cache_dir: Path | None = None
     #: Stop after the passes and write a build bundle for ``aotforge finish`` on the device host.
     prepare_only: bool = False
     #: The target's own options (its ``options_type``, checked by it: ``core.options.options_from_dict``).

@@ -26,6 +26,7 @@ from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolcha
 from aotforge.compiler.builder import isolation_of, target_passes
 from aotforge.compiler.generative.decoder_work import STAGE_PRELOAD, DecoderWork
 from aotforge.compiler.generative.export import decoder_spec, export_graphs, export_verify, save_shared
+from aotforge.compiler.generative.export_cache import cached_export, export_cache_dir
 from aotforge.compiler.generative.graphs import unsupported
 from aotforge.compiler.generative.pass_list import decoder_pass_options
 from aotforge.compiler.generative.quality import validate_quality
@@ -130,14 +131,22 @@ def _export(
     exported, opts, pass_entries = calibrated_source(source, opts, weight_only, say)
     graph_passes, compile_passes = _graph_passes(opts, target, backend), _compile_passes(opts, target, backend)
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.benchmark.plots)
-    say("exporting the prefill and decode graphs")
     attention, plain_why = _decode_attention(backend, exported, spec)
-    prefill, decode = export_graphs(exported, spec, place.name, decode_attention=attention)
-    graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
     verify_width = opts.generation.speculative_k + 1 if opts.generation.speculative_k else 0
-    if verify_width:
-        say(f"exporting the verify graph (speculative decoding, up to {opts.generation.speculative_k} draft tokens)")
-        graphs[VERIFY_FILE] = export_verify(exported, spec, place.name, decode_attention=attention)
+
+    def export() -> dict[str, Any]:
+        say("exporting the prefill and decode graphs")
+        prefill, decode = export_graphs(exported, spec, place.name, decode_attention=attention)
+        graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
+        if verify_width:
+            k = opts.generation.speculative_k
+            say(f"exporting the verify graph (speculative decoding, up to {k} draft tokens)")
+            graphs[VERIFY_FILE] = export_verify(exported, spec, place.name, decode_attention=attention)
+        return graphs
+
+    export_dir = export_cache_dir(opts.export_cache_dir, opts.cache_dir)
+    graphs = cached_export(export_dir, exported, spec, attention, bool(verify_width), export, say)
+    prefill = graphs[PREFILL_FILE]
     # The target's own graph rewrites (onnxruntime: MatMul packing before the passes, contrib ops after them).
     prepare, rewrite = backend.prepare_graphs, backend.rewrite_graphs
     rewrites = prepare(graphs, spec) if prepare is not None else {}

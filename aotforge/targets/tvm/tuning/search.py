@@ -78,15 +78,34 @@ def _import_tensor_intrinsics() -> None:
     """Import TVM's tensor intrinsics (every TuneContext does) without a minute of ``inspect``.
 
     Each of their ~500 TVMScript functions calls ``inspect.stack()``, which looks up the module of
-    every frame; the frozen importlib frames of the import have no file, so each lookup scans all
-    of ``sys.modules`` (the more modules a build has loaded, torch's included, the longer). Naming those
-    frames' modules in ``inspect``'s own cache skips the scans.
+    every frame below it. A frame whose file no module has (the frozen importlib frames of the import,
+    the parser's expressions compiled as ``<ast>``) makes each lookup scan all of ``sys.modules``: the
+    more modules a build or a test run has loaded, the longer. Naming those files in ``inspect``'s own
+    cache skips the scans (``<ast>`` to no module: the lookup's answer, None, without the scan). And in
+    a thread of its own the import's stack holds only its own frames, not the ~100 of the build (or the
+    test runner) that asked: each ``inspect.stack()`` walks a few dozen frames instead.
     """
     import inspect
+    import os
+    import threading
 
     for name in ("importlib._bootstrap", "importlib._bootstrap_external"):
         inspect.modulesbyfile.setdefault(f"<frozen {name}>", name)
-    import tvm.s_tir.tensor_intrin  # noqa: F401
+    for file in ("<ast>", os.path.normcase(os.path.abspath("<ast>"))):
+        inspect.modulesbyfile.setdefault(file, "<ast>")
+    failed: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            import tvm.s_tir.tensor_intrin  # noqa: F401
+        except BaseException as e:  # re-raised in the caller's thread
+            failed.append(e)
+
+    loader = threading.Thread(target=load, name="tvm-tensor-intrinsics")
+    loader.start()
+    loader.join()
+    if failed:
+        raise failed[0]
 
 
 def search(

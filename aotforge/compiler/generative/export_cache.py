@@ -1,0 +1,130 @@
+"""The export stage's cache: a causal LM's exported graphs, kept apart from the target's compile.
+
+The torch.onnx (dynamo) export is most of a small decoder's build, and its graphs do not depend on the passes,
+the target's options or the validation that follow: a rebuild with other passes (``--precision int4`` after an
+fp32 build), other target options (tvm's buckets, tuning) or another target that exports the same attention
+reads the graphs back instead of exporting again. The IR-level cache (``artifacts.build_cache``) cannot serve
+those: its key is the IR after the passes, and the target.
+
+The key covers what decides the exported graphs: the model (its class, its config but where it was loaded from,
+and every weight as exported, so a calibrated source keys as the weights it exports), the export settings (the
+cache geometry, the decode attention, whether a verify graph is exported) and the toolchain (Python, every
+installed distribution, aotforge's own source: ``compiler.build_direct.toolchain_fingerprint``). An entry is an
+``artifacts.build_cache`` entry under ``<export_cache_dir>``: each graph as ONNX with its weights beside it, every
+file's sha256 checked on a hit; a corrupt one is deleted and exported again, never served.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aotforge.artifacts import build_cache
+from aotforge.compiler.build_direct import toolchain_fingerprint
+from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, VERIFY_FILE, DecoderSpec
+
+#: The subdirectory of the build cache that holds export entries when no export cache is named.
+EXPORT_DIR = "export"
+#: Config fields that say where or by which version a model was saved, not what it computes.
+_UNKEYED_CONFIG = ("_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype")
+
+
+def export_cache_dir(export_dir: Path | None, cache_dir: Path | None) -> Path | None:
+    """Where export entries go: the named directory, else ``<cache_dir>/export``, else nowhere."""
+    if export_dir is not None:
+        return Path(export_dir)
+    return Path(cache_dir) / EXPORT_DIR if cache_dir is not None else None
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def model_digest(model: Any) -> str:
+    """sha256 over the model's class, its config (but ``_UNKEYED_CONFIG``) and its weights with their dtypes."""
+    digest = hashlib.sha256()
+    cls = type(model)
+    config = {k: v for k, v in model.config.to_dict().items() if k not in _UNKEYED_CONFIG}
+    digest.update(f"{cls.__module__}.{cls.__qualname__}\0{_digest(config)}\0".encode())
+    for key, tensor in sorted(model.state_dict().items()):
+        array = tensor.detach().contiguous().cpu()
+        digest.update(f"{key}\0{array.dtype}\0{tuple(array.shape)}\0".encode())
+        digest.update(array.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def key_components(model: Any, spec: DecoderSpec, attention: str, verify: bool) -> dict[str, str]:
+    """sha256 of each part of an export's key, by name."""
+    return {
+        "model": model_digest(model),
+        "export": _digest({"spec": dataclasses.asdict(spec), "decode_attention": attention, "verify": verify}),
+        "toolchain": _digest(toolchain_fingerprint()),
+    }
+
+
+def _files(verify: bool) -> tuple[str, ...]:
+    return (PREFILL_FILE, DECODE_FILE, *((VERIFY_FILE,) if verify else ()))
+
+
+def cached_export(
+    cache_dir: Path | None,
+    model: Any,
+    spec: DecoderSpec,
+    attention: str,
+    verify: bool,
+    export: Callable[[], dict[str, Any]],
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """``export()``'s graphs (``{file name: onnx_ir.Model}``), or the same graphs read from ``cache_dir`` when an
+    entry for this model and these settings exists; a miss stores what ``export()`` returned and reads it back."""
+    import onnx_ir as ir
+
+    if cache_dir is None:
+        return {name: _reread(graph) for name, graph in export().items()}
+
+    components = key_components(model, spec, attention, verify)
+    key = _digest([[name, components[name]] for name in sorted(components)])
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Read and written in a scratch directory of the cache's own filesystem: an entry is copied, checked and
+    # renamed into place whole (``build_cache.store``), and what a hit loads never points into the entry.
+    with tempfile.TemporaryDirectory(prefix=".tmp-", dir=cache_dir) as scratch:
+        work = Path(scratch)
+        if build_cache.lookup(cache_dir, key, work) is not None:
+            say(f"export cache hit {key[:12]}: skipping the export of the {', '.join(_names(verify))} graphs")
+            return {name: _load(work / name) for name in _files(verify)}
+        graphs = export()
+        files: list[str] = []
+        for name, graph in graphs.items():
+            ir.save(graph, work / name, external_data=f"{name}.data")
+            files += [name, *([f"{name}.data"] if (work / f"{name}.data").is_file() else [])]
+        build_cache.store(cache_dir, key, components, work, files, {"graphs": sorted(graphs)}, {})
+        return {name: _load(work / name) for name in graphs}
+
+
+def _names(verify: bool) -> list[str]:
+    return [name.removesuffix(".onnx") for name in _files(verify)]
+
+
+def _reread(graph: Any) -> Any:
+    """``graph`` as a hit reads it back. The exporter leaves the graph's name counters past its own names, and a
+    graph read from ONNX starts them over; the passes and rewrites name what they add from those counters, so
+    every build goes through the same round trip: an artifact's bytes do not depend on where its graphs came from.
+    """
+    import onnx_ir as ir
+
+    return ir.serde.deserialize_model(ir.serde.serialize_model(graph))
+
+
+def _load(path: Path) -> Any:
+    """The graph at ``path`` with every weight in memory: the scratch directory it was read from goes away."""
+    import onnx_ir as ir
+
+    model = ir.load(os.fspath(path))
+    ir.external_data.load_to_model(model)
+    return model

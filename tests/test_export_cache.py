@@ -1,0 +1,55 @@
+"""The export stage's cache (``generative.export_cache``): a rebuild with other passes reads the exported graphs back
+instead of exporting, builds the bytes a fresh export builds, and keys on what decides the graphs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aotforge.compiler.generative.export import decoder_spec
+from aotforge.compiler.generative.export_cache import key_components
+from aotforge.compiler.generative.quality import default_corpus
+from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE
+from tests.llm_models import MAX_BATCH, MAX_SEQ, build_text_generation, tiny_llama
+
+EXPORTING = "exporting the prefill and decode graphs"
+
+
+def _build(llama_dir: Path, out: Path, said: list[str], **kw: Any) -> Any:
+    return build_text_generation(str(llama_dir), out, progress=said.append, plots=False, **kw)
+
+
+def test_rebuild_with_other_passes_reads_the_graphs_back_and_builds_the_fresh_bytes(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    cache, text = tmp_path / "export", tmp_path / "eval.txt"
+    text.write_text(default_corpus()[-6000:], encoding="utf-8")
+    fresh_said: list[str] = []
+    fresh = _build(llama_dir, tmp_path / "fresh", fresh_said, export_cache_dir=None)
+    int8_said: list[str] = []  # other passes on an empty cache: exported once, stored
+    _build(llama_dir, tmp_path / "int8", int8_said, export_cache_dir=cache, precision="int8", eval_text=text)
+    hit_said: list[str] = []
+    hit = _build(llama_dir, tmp_path / "hit", hit_said, export_cache_dir=cache)
+    assert EXPORTING in fresh_said and EXPORTING in int8_said
+    assert EXPORTING not in hit_said and any(line.startswith("export cache hit ") for line in hit_said), hit_said
+    files = {f for f in hit.manifest.files if not f.startswith("MODEL_CARD")}
+    assert {PREFILL_FILE, DECODE_FILE} <= files
+    # Every file but the model card (which names the build's time) is the fresh export's, byte for byte.
+    assert {f: hit.manifest.files[f] for f in files} == {f: fresh.manifest.files[f] for f in files}
+
+
+def test_key_is_the_model_and_the_export_settings() -> None:
+    model = tiny_llama()
+    spec = decoder_spec(model, MAX_SEQ, MAX_BATCH)
+    base = key_components(model, spec, "masked", False)
+    assert key_components(tiny_llama(), spec, "masked", False) == base  # the same weights and config
+    assert key_components(tiny_llama(seed=1), spec, "masked", False)["model"] != base["model"]
+    # The same weights (RoPE has none), another config: another model.
+    assert key_components(tiny_llama(rope_theta=500.0), spec, "masked", False)["model"] != base["model"]
+    wider = decoder_spec(model, 2 * MAX_SEQ, MAX_BATCH)
+    for other in (
+        key_components(model, spec, "gqa", False),
+        key_components(model, spec, "masked", True),
+        key_components(model, wider, "masked", False),
+    ):
+        assert other["export"] != base["export"] and other["model"] == base["model"]
