@@ -20,7 +20,7 @@ def load_tokenizer(path: Path) -> Any | None:
 
 
 def eos_token_ids(path: Path, tokenizer: Any | None = None) -> tuple[int, ...]:
-    """Where generation stops by default: the model's generation config's end-of-sequence ids (SmolLM2 has two),
+    """Where generation stops by default: the model's generation config's end-of-sequence ids (one, or a list),
     else its tokenizer's (``tokenizer``, or the one the artifact carries, loaded only then); none when the artifact
     carries neither."""
     config = path / GENERATION_CONFIG_FILE
