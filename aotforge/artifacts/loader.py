@@ -80,8 +80,8 @@ class LoadedArtifact:
         offline and served generation are one path."""
         from aotforge.runtime import offline
 
-        kwargs = self._decoding(kwargs, eos_token_id, ignore_eos)
-        return offline.generate(self._generative(), input_ids, max_new_tokens, **kwargs)
+        runner = self._generative()  # refused first: a model of another task has no end-of-sequence ids to look up
+        return offline.generate(runner, input_ids, max_new_tokens, **self._decoding(kwargs, eos_token_id, ignore_eos))
 
     def stream(
         self,
@@ -96,8 +96,8 @@ class LoadedArtifact:
         stopping where it stops)."""
         from aotforge.runtime import offline
 
-        kwargs = self._decoding(kwargs, eos_token_id, ignore_eos)
-        return offline.stream(self._generative(), input_ids, max_new_tokens, **kwargs)
+        runner = self._generative()  # refused first: a model of another task has no end-of-sequence ids to look up
+        return offline.stream(runner, input_ids, max_new_tokens, **self._decoding(kwargs, eos_token_id, ignore_eos))
 
     @functools.cached_property
     def eos_token_ids(self) -> frozenset[int]:
