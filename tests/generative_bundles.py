@@ -57,5 +57,5 @@ def device_build(target: str, llama_dir: Path, out: Path) -> None:
     assert generation["itl_ms"]["p50"] > 0 and generation["tokens_per_s"]["2"] > 0
     loaded = aotforge.load(result.path)
     _token_exact(loaded, tiny_causal_lm("llama"))
-    streamed = np.stack(list(loaded.stream(np.array([PROMPTS[0]]), NEW)), axis=1)
+    streamed = np.stack(list(loaded.stream(np.array([PROMPTS[0]]), NEW, ignore_eos=True)), axis=1)
     assert streamed[0].tolist() == transformers_greedy(tiny_causal_lm("llama"), PROMPTS[0], NEW)

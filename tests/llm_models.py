@@ -124,7 +124,7 @@ def left_padded(prompts: tuple[list[int], ...] = PROMPTS) -> tuple[np.ndarray, n
 def assert_generates_like_transformers(runner: Any, model: Any) -> None:
     """A batch of the two prompts through ``runner.generate`` == transformers' greedy generate per prompt."""
     ids, mask = left_padded()
-    out = runner.generate(ids, NEW, attention_mask=mask)
+    out = runner.generate(ids, NEW, attention_mask=mask, ignore_eos=True)
     assert out.shape == (2, ids.shape[1] + NEW)
     np.testing.assert_array_equal(out[:, : ids.shape[1]], ids)
     for row, prompt in enumerate(PROMPTS):

@@ -72,14 +72,14 @@ def quality_report(
     prompts = np.array([encode(pair.heldout_text)[o : o + 64] for o in AGREEMENT_OFFSETS], dtype=np.int64)
     fp32 = aotforge.load(build("fp32", None).path)
     base = fp32.perplexity(tokens, PPL_WINDOW).perplexity
-    reference = fp32.generate(prompts, AGREEMENT_TOKENS)[:, 64:]
+    reference = fp32.generate(prompts, AGREEMENT_TOKENS, ignore_eos=True)[:, 64:]
     report: dict[str, Any] = {"fp32": {"perplexity": round(base, 4), "torch": pair.target_ppl}}
     for name, params, allowed in VARIANTS:
         result = build(name, params)
         check(name, result)
         quantized = aotforge.load(result.path)
         ppl = quantized.perplexity(tokens, PPL_WINDOW).perplexity
-        got = quantized.generate(prompts, AGREEMENT_TOKENS)[:, 64:]
+        got = quantized.generate(prompts, AGREEMENT_TOKENS, ignore_eos=True)[:, 64:]
         report[name] = {
             "perplexity": round(ppl, 4),
             "increase": round(ppl / base - 1, 4),

@@ -148,7 +148,7 @@ def _check(family: str, values: dict[str, Any], target: str, out: Path) -> None:
         return
     assert result.manifest.validation["token_agreement"] == 1.0
     ids, mask = left_padded()
-    got = aotforge.load(result.path).generate(ids, 12, attention_mask=mask)
+    got = aotforge.load(result.path).generate(ids, 12, attention_mask=mask, ignore_eos=True)
     for row, prompt in enumerate(PROMPTS):
         assert got[row, ids.shape[1] :].tolist() == transformers_greedy(model, prompt, 12), (family, values, row)
 

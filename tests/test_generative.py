@@ -17,6 +17,7 @@ from tests.llm_models import (
     MAX_SEQ,
     NEW,
     PROMPTS,
+    SPECULATIVE_K,
     left_padded,
     tiny_causal_lm,
     transformers_greedy,
@@ -31,7 +32,7 @@ def test_one_token_prompt_beside_a_long_one(llama_ort: Any) -> None:
     whose keys/values decode then overwrites): each row as transformers generates it alone."""
     prompts = ([PROMPTS[1][0]], PROMPTS[0] + PROMPTS[1][:1] + [9, 10, 11])
     ids, mask = left_padded(prompts)
-    out = aotforge.load(llama_ort.path).generate(ids, 8, attention_mask=mask)
+    out = aotforge.load(llama_ort.path).generate(ids, 8, attention_mask=mask, ignore_eos=True)
     model = tiny_causal_lm("llama")
     for row, prompt in enumerate(prompts):
         assert out[row, ids.shape[1] :].tolist() == transformers_greedy(model, prompt, 8), row
@@ -72,7 +73,7 @@ def test_kv_cache_is_not_reallocated_per_token(llama_ort: Any) -> None:
     runtime's engine over it)."""
     artifact = aotforge.load(llama_ort.path)
     ids, mask = left_padded()
-    steps = artifact.stream(ids, NEW, attention_mask=mask)
+    steps = artifact.stream(ids, NEW, attention_mask=mask, ignore_eos=True)
     runner = artifact._generative().model_runner(len(ids))  # the one this call runs on
     seen = []
     for _ in steps:
@@ -87,6 +88,45 @@ def test_kv_cache_is_not_reallocated_per_token(llama_ort: Any) -> None:
     assert cache_ids == [id(b) for b in runner.paged.rows]
     # the working rows ORT decodes over: one per sequence and extend's, beside the pool of blocks
     assert len(runner.paged.rows) == 2 * 2 and runner.paged.rows[0].shape == (2 + 1, 2, MAX_SEQ, 16)
+
+
+def test_generate_and_stream_stop_at_the_models_own_end_of_sequence_ids(tmp_path: Path) -> None:
+    """A tiny Llama whose generation config names two end-of-sequence ids that its greedy paths make (one on each
+    prompt's): ``generate()`` and ``stream()`` stop each row at either by default, plainly and with a draft, each
+    finished row repeating its id until the last row stops; ``ignore_eos=True`` runs every row to ``max_new_tokens``
+    (transformers' tokens); ``eos_token_id=`` (an id or several) stops at those instead."""
+    model = tiny_causal_lm("llama")
+    free = [transformers_greedy(model, prompt, NEW) for prompt in PROMPTS]
+    own = {free[0][2], free[1][4]}
+    model.generation_config.eos_token_id = sorted(own)
+    model.save_pretrained(tmp_path / "model")
+    result = _build(str(tmp_path / "model"), tmp_path / "out", speculative_k=SPECULATIVE_K)
+    loaded, twin = aotforge.load(result.path), aotforge.load(result.path)
+    assert loaded.eos_token_ids == own
+    ids, mask = left_padded()
+    ran_on = loaded.generate(ids, NEW, attention_mask=mask, ignore_eos=True)[:, ids.shape[1] :]
+    assert ran_on.tolist() == free
+    want = _stopped(free, own)
+    assert want.shape[1] < NEW
+    for kw in ({}, {"draft": twin}):
+        assert loaded.generate(ids, NEW, attention_mask=mask, **kw)[:, ids.shape[1] :].tolist() == want.tolist()
+        assert np.stack(list(loaded.stream(ids, NEW, attention_mask=mask, **kw)), axis=1).tolist() == want.tolist()
+    alone = [int(t[0]) for t in loaded.stream(np.array([PROMPTS[1]]), NEW)]
+    assert alone == _stopped([free[1]], own)[0].tolist()
+    for explicit in (free[0][5], [free[0][5], free[1][1]]):
+        stop = {explicit} if isinstance(explicit, int) else set(explicit)
+        got = loaded.generate(ids, NEW, attention_mask=mask, eos_token_id=explicit)[:, ids.shape[1] :]
+        assert got.tolist() == _stopped(free, stop).tolist(), explicit
+        with_ignore = loaded.generate(ids, NEW, attention_mask=mask, eos_token_id=explicit, ignore_eos=True)
+        np.testing.assert_array_equal(with_ignore[:, ids.shape[1] :], got)  # given ids stop, as serving's do
+
+
+def _stopped(free: list[list[int]], stop: set[int]) -> np.ndarray:
+    """Each row of ``free`` up to and including its first id in ``stop``, that id repeated until the longest row
+    ends (all of ``free`` where no row stops)."""
+    rows = [row[: next((i + 1 for i, t in enumerate(row) if t in stop), len(row))] for row in free]
+    width = max(len(r) for r in rows)
+    return np.array([r + r[-1:] * (width - len(r)) for r in rows])
 
 
 def test_refusals(tmp_path: Path) -> None:
@@ -144,7 +184,7 @@ def test_weight_only_int8_on_both_graphs(tmp_path: Path) -> None:
     assert weights["weights_file_bytes"] < 0.6 * weights["unshared_bytes"]
     assert "token_agreement" in result.manifest.validation
     ids = np.array([PROMPTS[0]])
-    assert aotforge.load(result.path).generate(ids, 5).shape == (1, len(PROMPTS[0]) + 5)
+    assert aotforge.load(result.path).generate(ids, 5, ignore_eos=True).shape == (1, len(PROMPTS[0]) + 5)
     # Gated on quality (held-out perplexity vs fp32), the token agreement and logits only reported.
     assert result.manifest.validation["gated"] is False and "mean_kl" in result.manifest.validation["quality"]
     with pytest.raises(OptionsError, match="text-generation builds"):

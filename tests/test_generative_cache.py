@@ -19,7 +19,7 @@ NEW_TOKENS = 8
 
 def _tokens(path: Path) -> np.ndarray:
     ids = np.asarray([PROMPTS[0]], dtype=np.int64)
-    return np.asarray(aotforge.load(path).generate(ids, NEW_TOKENS))
+    return np.asarray(aotforge.load(path).generate(ids, NEW_TOKENS, ignore_eos=True))
 
 
 def _target(result: Any) -> Any:

@@ -22,7 +22,7 @@ def test_cli_generate(llama_ort: Any) -> None:
     ran = runner.invoke(main, [*args, "--ignore-eos"])
     assert ran.exit_code == 0, ran.output
     tokens = [int(t) for t in ran.output.split()]
-    want = aotforge.load(path).generate(np.array([[1, 2, 3]]), 12)[0, 3:].tolist()
+    want = aotforge.load(path).generate(np.array([[1, 2, 3]]), 12, ignore_eos=True)[0, 3:].tolist()
     assert tokens == want and all(0 <= t < VOCAB for t in tokens)
     # By default it stops at the model's own end-of-sequence id (the tiny Llama's generation config: 2).
     eos = json.loads((llama_ort.path / "generation_config.json").read_text())["eos_token_id"]
@@ -54,7 +54,7 @@ def test_cli_generate_prompt_is_a_chat_turn_where_the_model_has_a_template(chat_
             main, ["generate", str(chat_artifact), "--prompt", "hi", "--max-new-tokens", "6", "--ignore-eos", *flags]
         )
         assert ran.exit_code == 0, ran.output
-        want = model.generate(np.array([ids]), 6)[0, len(ids) :].tolist()
+        want = model.generate(np.array([ids]), 6, ignore_eos=True)[0, len(ids) :].tolist()
         assert [int(t) for t in ran.output.splitlines()[0].split()] == want, flags
 
 

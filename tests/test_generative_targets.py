@@ -54,7 +54,7 @@ def test_greedy_batch_is_token_exact_against_transformers(arch: str, target: str
 def test_stops_at_eos_per_sequence(llama_built: Any) -> None:
     artifact = aotforge.load(llama_built.path)
     ids, mask = left_padded()
-    free = artifact.generate(ids, NEW, attention_mask=mask)[:, ids.shape[1] :]
+    free = artifact.generate(ids, NEW, attention_mask=mask, ignore_eos=True)[:, ids.shape[1] :]
     eos = int(free[0, 3])  # the first sequence emits it at step 3 (or before)
     out = artifact.generate(ids, NEW, attention_mask=mask, eos_token_id=eos)[:, ids.shape[1] :]
     first_stop = [int(np.argmax(row == eos)) if (row == eos).any() else None for row in free]
@@ -73,7 +73,7 @@ def test_end_of_cache_is_a_clear_error(llama_built: Any) -> None:
     with pytest.raises(InputSpecError, match=f"max_seq_len={MAX_SEQ}"):
         artifact.generate(np.arange(60)[None, :], 6)
     # Exactly full is fine: 60 + 5 new tokens write 64 positions.
-    assert artifact.generate(np.arange(60)[None, :], 5).shape == (1, 65)
+    assert artifact.generate(np.arange(60)[None, :], 5, ignore_eos=True).shape == (1, 65)
     with pytest.raises(InputSpecError, match="max_batch 2"):
         artifact.generate(np.zeros((3, 4), dtype=np.int64), 2)
 
@@ -82,17 +82,19 @@ def test_seeded_sampling_is_reproducible(llama_built: Any) -> None:
     artifact = aotforge.load(llama_built.path)
     ids, mask = left_padded()
     kw = {"attention_mask": mask, "do_sample": True, "top_k": 50, "top_p": 0.9, "temperature": 1.3}
-    a = artifact.generate(ids, NEW, seed=7, **kw)
-    np.testing.assert_array_equal(a, artifact.generate(ids, NEW, seed=7, **kw))
-    assert not np.array_equal(a, artifact.generate(ids, NEW, seed=8, **kw))
-    assert not np.array_equal(a, artifact.generate(ids, NEW, attention_mask=mask))
-    top1 = artifact.generate(ids, NEW, attention_mask=mask, do_sample=True, top_k=1, seed=3)
-    np.testing.assert_array_equal(top1, artifact.generate(ids, NEW, attention_mask=mask))
+    a = artifact.generate(ids, NEW, seed=7, ignore_eos=True, **kw)
+    np.testing.assert_array_equal(a, artifact.generate(ids, NEW, seed=7, ignore_eos=True, **kw))
+    assert not np.array_equal(a, artifact.generate(ids, NEW, seed=8, ignore_eos=True, **kw))
+    assert not np.array_equal(a, artifact.generate(ids, NEW, attention_mask=mask, ignore_eos=True))
+    top1 = artifact.generate(ids, NEW, attention_mask=mask, do_sample=True, top_k=1, seed=3, ignore_eos=True)
+    np.testing.assert_array_equal(top1, artifact.generate(ids, NEW, attention_mask=mask, ignore_eos=True))
 
 
 def test_stream_yields_what_generate_returns(llama_built: Any) -> None:
     artifact = aotforge.load(llama_built.path)
     ids, mask = left_padded()
-    steps = list(artifact.stream(ids, NEW, attention_mask=mask))
+    steps = list(artifact.stream(ids, NEW, attention_mask=mask, ignore_eos=True))
     assert len(steps) == NEW and all(s.shape == (2,) for s in steps)
-    np.testing.assert_array_equal(np.stack(steps, axis=1), artifact.generate(ids, NEW, attention_mask=mask)[:, -NEW:])
+    np.testing.assert_array_equal(
+        np.stack(steps, axis=1), artifact.generate(ids, NEW, attention_mask=mask, ignore_eos=True)[:, -NEW:]
+    )

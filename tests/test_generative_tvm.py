@@ -100,7 +100,7 @@ def test_kv_cache_is_not_reallocated_per_token(llama_tvm: Any) -> None:
 
     engine._functions["paged_decode_2"] = recorded
     ids, mask = left_padded()
-    steps = artifact.stream(ids, NEW, attention_mask=mask)
+    steps = artifact.stream(ids, NEW, attention_mask=mask, ignore_eos=True)
     runner = artifact._generative().model_runner(len(ids))  # the one this call runs on
     seen = [([id(t) for t in runner.pool], [t.data_ptr() for t in runner.pool]) for _ in steps]
     engine._functions["paged_decode_2"] = decode
@@ -115,10 +115,12 @@ def test_kv_cache_is_not_reallocated_per_token(llama_tvm: Any) -> None:
 
 def test_batch_one_runs_the_smallest_decode_bucket(llama_tvm: Any) -> None:
     artifact = aotforge.load(llama_tvm.path)
-    one = artifact.generate(np.array([PROMPTS[1]]), NEW)
+    one = artifact.generate(np.array([PROMPTS[1]]), NEW, ignore_eos=True)
     assert artifact._generative().model_runner(1).decode_rows(1) == 1
     ids, mask = left_padded()
-    np.testing.assert_array_equal(one[0, 3:], artifact.generate(ids, NEW, attention_mask=mask)[1, ids.shape[1] :])
+    np.testing.assert_array_equal(
+        one[0, 3:], artifact.generate(ids, NEW, attention_mask=mask, ignore_eos=True)[1, ids.shape[1] :]
+    )
 
 
 def test_a_prompt_just_past_a_bucket_extends_the_rest_token_exact(llama_tvm: Any) -> None:
@@ -131,7 +133,7 @@ def test_a_prompt_just_past_a_bucket_extends_the_rest_token_exact(llama_tvm: Any
     assert prefill_head(engine, 20, can_extend=False) == 20  # no verify function: the whole bucket
     assert prefill_head(engine, 60, can_extend=True) == 60  # 16 + 9 verify calls would cost more than 64
     prompt = np.random.default_rng(3).integers(0, 500, size=20).tolist()
-    got = artifact.generate(np.array([prompt]), NEW)[0, 20:].tolist()
+    got = artifact.generate(np.array([prompt]), NEW, ignore_eos=True)[0, 20:].tolist()
     assert got == transformers_greedy(tiny_causal_lm("llama"), prompt, NEW)
 
 

@@ -111,7 +111,7 @@ def test_served_chunks_and_batches_equal_generate(prompt_int8_ort: Path) -> None
     every request's greedy tokens equal ``generate()``'s for its prompt alone."""
     config = EngineConfig(max_num_seqs=MAX_BATCH, max_num_batched_tokens=8, block_size=4)
     engine, _, _ = load_engine(prompt_int8_ort, config)
-    engine.eos_token_ids = frozenset()  # random weights: never stop early, as generate() does not
+    engine.eos_token_ids = frozenset()  # random weights: never stop early, as generate(ignore_eos=True)
     arrivals, tokens, step = {0: [0, 1], 3: [2], 6: [3]}, {i: [] for i in range(len(PROMPTS))}, 0
     while engine.has_unfinished() or step <= max(arrivals):
         for i in arrivals.get(step, []):
@@ -121,5 +121,5 @@ def test_served_chunks_and_batches_equal_generate(prompt_int8_ort: Path) -> None
             tokens[int(out.request_id)] += out.token_ids
         step += 1
     loaded = load(prompt_int8_ort)
-    expected = [[int(t) for t in loaded.generate(np.array([p]), NEW)[0, len(p) :]] for p in PROMPTS]
+    expected = [[int(t) for t in loaded.generate(np.array([p]), NEW, ignore_eos=True)[0, len(p) :]] for p in PROMPTS]
     assert [tokens[i] for i in range(len(PROMPTS))] == expected

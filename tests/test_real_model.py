@@ -87,7 +87,6 @@ def test_smollm2_fp32_is_token_exact_and_perplexity_equal(source: str, target: s
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import aotforge
-    from aotforge.artifacts.engine_loader import eos_token_ids, load_tokenizer
     from aotforge.compiler.generative.quality import default_corpus
     from tests.in_process import ISOLATE_BACKEND
     from tests.llm_models import transformers_greedy
@@ -110,10 +109,12 @@ def test_smollm2_fp32_is_token_exact_and_perplexity_equal(source: str, target: s
     messages = [{"role": "user", "content": FRANCE}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
     loaded = aotforge.load(result.path)
-    out = loaded.generate(np.array([ids]), 24)
-    assert out[0, len(ids) :].tolist() == transformers_greedy(model, ids, 24)
+    want = transformers_greedy(model, ids, 24)
+    assert loaded.generate(np.array([ids]), 24, ignore_eos=True)[0, len(ids) :].tolist() == want
     end_of_turn = tokenizer.convert_tokens_to_ids(END_OF_TURN)
-    assert end_of_turn in eos_token_ids(result.path, load_tokenizer(result.path))
+    assert end_of_turn in loaded.eos_token_ids
+    answer_ends = next((i + 1 for i, t in enumerate(want) if t in loaded.eos_token_ids), len(want))
+    assert loaded.generate(np.array([ids]), 24)[0, len(ids) :].tolist() == want[:answer_ends]
     text = tokenizer(default_corpus())["input_ids"][:512]
     got = loaded.perplexity(np.array(text), 257).perplexity
     assert got == pytest.approx(torch_perplexity(model, text, 257), rel=1e-4)

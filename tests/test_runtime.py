@@ -36,13 +36,13 @@ def artifact(request: pytest.FixtureRequest) -> Path:
 
 def _engine(path: Path, **config: Any) -> LLMEngine:
     engine, _, _ = load_engine(path, EngineConfig(**{"max_num_seqs": MAX_BATCH, **config}))
-    engine.eos_token_ids = frozenset()  # random weights: never stop early, as generate() does not
+    engine.eos_token_ids = frozenset()  # random weights: never stop early, as generate(ignore_eos=True)
     return engine
 
 
 def _expected(path: Path, prompts: list[list[int]], new: int = 12) -> list[list[int]]:
     loaded = load(path)
-    return [[int(t) for t in loaded.generate(np.array([p]), new)[0, len(p) :]] for p in prompts]
+    return [[int(t) for t in loaded.generate(np.array([p]), new, ignore_eos=True)[0, len(p) :]] for p in prompts]
 
 
 def _run(engine: LLMEngine, arrivals: dict[int, list[tuple[str, list[int]]]]) -> tuple[dict, list[StepStats]]:
@@ -284,17 +284,21 @@ def test_async_engine_streams_and_an_abandoned_request_frees_its_blocks(llama_or
 
 @pytest.mark.parametrize("sampling", [{}, {"do_sample": True, "top_k": 50, "temperature": 1.3, "seed": 7}])
 def test_generate_on_the_engine_returns_what_the_step_engine_did(artifact: Path, sampling: dict[str, Any]) -> None:
-    """``load(path).generate()`` runs on the engine; greedy or seeded sampling, with a row stopping at eos before
-    the other, it returns the very tokens the step engine's own loop (``GenerativeRunner.generate``) returns."""
+    """``load(path).generate()`` runs on the engine; greedy or seeded sampling, with a row stopping at an eos id
+    (one, or either of two) before the other, it returns the very tokens the step engine's own loop
+    (``GenerativeRunner.generate``) returns."""
     loaded = load(artifact)
     ids = np.zeros((2, 20), dtype=np.int64)
     mask = np.zeros_like(ids)
     for row, prompt in enumerate((PROMPTS[0], PROMPTS[2])):
         ids[row, 20 - len(prompt) :], mask[row, 20 - len(prompt) :] = prompt, 1
     free = loaded._generative().generate(ids, 12, attention_mask=mask, **sampling)
-    for eos in ({}, {"eos_token_id": int(free[0, 20 + 2])}):  # the first row stops after 3 tokens
+    stops = (int(free[0, 20 + 2]), int(free[1, 20 + 4]))  # rows stop after at most 3 and 5 tokens
+    for eos in ({}, {"eos_token_id": stops[0]}, {"eos_token_id": stops}):
         kw = {"attention_mask": mask, **sampling, **eos}
-        np.testing.assert_array_equal(loaded.generate(ids, 12, **kw), loaded._generative().generate(ids, 12, **kw))
+        np.testing.assert_array_equal(
+            loaded.generate(ids, 12, ignore_eos=True, **kw), loaded._generative().generate(ids, 12, **kw)
+        )
 
 
 def test_generate_calls_of_one_width_reuse_the_kv_memory_token_exact(llama_ort: Any) -> None:
@@ -305,7 +309,7 @@ def test_generate_calls_of_one_width_reuse_the_kv_memory_token_exact(llama_ort: 
     runs = []
     for prompt in (PROMPTS[2], PROMPTS[0], PROMPTS[2]):
         ids = np.array([prompt], dtype=np.int64)
-        np.testing.assert_array_equal(loaded.generate(ids, 10), loaded._generative().generate(ids, 10))
+        np.testing.assert_array_equal(loaded.generate(ids, 10, ignore_eos=True), loaded._generative().generate(ids, 10))
         paged = loaded._generative().model_runner(1).paged
         runs.append((paged, paged.pool[0].ctypes.data))
     assert all(run == runs[0] for run in runs), "a call of the same width allocated its KV cache again"

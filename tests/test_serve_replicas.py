@@ -24,7 +24,7 @@ def test_two_replicas_behind_one_endpoint_answer_like_generate(chat_artifact: Pa
     prompts = [[int(t) for t in rng.integers(0, 256, n)] for n in (3, 12, 7, 20, 5, 9)]
     new = 8
     loaded = aotforge.load(chat_artifact)
-    want = [loaded.generate(np.array([p]), new)[0, len(p) :].tolist() for p in prompts]
+    want = [loaded.generate(np.array([p]), new, ignore_eos=True)[0, len(p) :].tolist() for p in prompts]
     (tmp_path / "request.json").write_text(json.dumps({"prompts": prompts, "new": new}))
     script = (
         f"ip link set lo up && exec {sys.executable} {ROOT / 'tests' / 'ray_serve_replicas.py'} "

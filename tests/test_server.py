@@ -117,7 +117,10 @@ def test_greedy_equals_generate_among_eight_concurrent_requests(chat_server: Ser
     prompts = [[int(t) for t in rng.integers(0, 256, n)] for n in lengths]
     new = [min(20, MAX_SEQ - n + 1) for n in lengths]
     loaded = aotforge.load(chat_artifact)
-    want = [loaded.generate(np.array([p]), n)[0, len(p) :].tolist() for p, n in zip(prompts, new, strict=True)]
+    want = [
+        loaded.generate(np.array([p]), n, ignore_eos=True)[0, len(p) :].tolist()
+        for p, n in zip(prompts, new, strict=True)
+    ]
 
     async def ask(prompt: list[int], max_tokens: int) -> list[int]:
         async with openai.AsyncOpenAI(base_url=chat_server.v1, api_key=API_KEY, max_retries=0) as c:
@@ -141,7 +144,7 @@ def test_greedy_through_the_server_on_each_cpu_target(cpu_target: str, request: 
 
     path = Path(request.getfixturevalue("llama_ort" if cpu_target == "onnxruntime" else "llama_tvm").path)
     prompts = ([5, 17, 42, 99, 3, 250, 7], [8, 1, 300])
-    want = [aotforge.load(path).generate(np.array([p]), 12)[0, len(p) :].tolist() for p in prompts]
+    want = [aotforge.load(path).generate(np.array([p]), 12, ignore_eos=True)[0, len(p) :].tolist() for p in prompts]
     with serving(path, EngineConfig(max_num_seqs=2)) as served:
 
         async def ask(prompt: tuple[int, ...] | list[int]) -> list[int]:

@@ -40,7 +40,7 @@ def test_rebuild_with_nothing_changed_is_a_direct_cache_hit(kind: str, llama_dir
     assert any(f.startswith(f"{KINDS[kind]}/{DEGREE - 1}/") for f in second.manifest.files)
     runner = aotforge.load(second.path)
     try:
-        out = runner.generate(np.asarray([PROMPTS[0]], dtype=np.int64), 6)
+        out = runner.generate(np.asarray([PROMPTS[0]], dtype=np.int64), 6, ignore_eos=True)
     finally:
         runner._generative().engine.close()
     assert out[0, len(PROMPTS[0]) :].tolist() == transformers_greedy(tiny_causal_lm("llama"), PROMPTS[0], 6)

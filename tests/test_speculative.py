@@ -47,22 +47,22 @@ def test_greedy_speculative_is_the_targets_greedy(target: Path, bad_draft: Path)
     """Batch 2 of different prompt lengths: perfect draft (every k), bad draft, token for token."""
     artifact, twin = aotforge.load(target), aotforge.load(target)
     ids, mask = left_padded()
-    plain = artifact.generate(ids, NEW, attention_mask=mask)
+    plain = artifact.generate(ids, NEW, attention_mask=mask, ignore_eos=True)
     assert len(set(plain[0, ids.shape[1] :].tolist())) > 3
     for k in (1, 2, K):
-        out = artifact.generate(ids, NEW, attention_mask=mask, draft=twin, num_speculative_tokens=k)
+        out = artifact.generate(ids, NEW, attention_mask=mask, draft=twin, num_speculative_tokens=k, ignore_eos=True)
         np.testing.assert_array_equal(out, plain)
         stats = artifact.speculative_stats
         assert stats["acceptance_rate"] == 1.0 and stats["rounds"] < NEW / k + 2, stats
-    out = artifact.generate(ids, NEW, attention_mask=mask, draft=bad_draft, num_speculative_tokens=3)
+    out = artifact.generate(ids, NEW, attention_mask=mask, draft=bad_draft, num_speculative_tokens=3, ignore_eos=True)
     np.testing.assert_array_equal(out, plain)
     assert artifact.speculative_stats["acceptance_rate"] < 0.3
     # One prompt alone (the batch-1 path, a loaded draft passed as a path string).
-    alone = artifact.generate(np.array([PROMPTS[1]]), NEW, draft=str(bad_draft))
-    np.testing.assert_array_equal(alone, artifact.generate(np.array([PROMPTS[1]]), NEW))
+    alone = artifact.generate(np.array([PROMPTS[1]]), NEW, draft=str(bad_draft), ignore_eos=True)
+    np.testing.assert_array_equal(alone, artifact.generate(np.array([PROMPTS[1]]), NEW, ignore_eos=True))
     # A draft with a verify graph of its own (the twin) catches up inside its first proposal call: no decode
     # call of dk alone after each round that kept all k, so one draft call per proposal.
-    artifact.generate(np.array([PROMPTS[1]]), NEW, draft=twin, num_speculative_tokens=2)
+    artifact.generate(np.array([PROMPTS[1]]), NEW, draft=twin, num_speculative_tokens=2, ignore_eos=True)
     stats = artifact.speculative_stats
     assert stats["draft_calls"] == stats["proposed"] and stats["acceptance_rate"] == 1.0, stats
 
@@ -70,11 +70,11 @@ def test_greedy_speculative_is_the_targets_greedy(target: Path, bad_draft: Path)
 def test_stops_at_eos_max_new_tokens_and_the_end_of_the_cache(target: Path, bad_draft: Path) -> None:
     artifact, twin = aotforge.load(target), aotforge.load(target)
     ids, mask = left_padded()
-    free = artifact.generate(ids, NEW, attention_mask=mask)
+    free = artifact.generate(ids, NEW, attention_mask=mask, ignore_eos=True)
     eos = int(free[0, ids.shape[1] + 5])
     for draft in (twin, bad_draft):
         for new in (1, 2, 7):
-            got = artifact.generate(ids, new, attention_mask=mask, draft=draft)
+            got = artifact.generate(ids, new, attention_mask=mask, draft=draft, ignore_eos=True)
             np.testing.assert_array_equal(got, free[:, : ids.shape[1] + new])
         want = artifact.generate(ids, NEW, attention_mask=mask, eos_token_id=eos)
         got = artifact.generate(ids, NEW, attention_mask=mask, eos_token_id=eos, draft=draft)
@@ -83,7 +83,9 @@ def test_stops_at_eos_max_new_tokens_and_the_end_of_the_cache(target: Path, bad_
         np.testing.assert_array_equal(np.stack(steps, axis=1), want[:, ids.shape[1] :])
     # Up to the last cache position: 56 + 9 new tokens write all 64 (the last rounds go plain).
     prompt = np.arange(3, 59)[None, :]
-    np.testing.assert_array_equal(artifact.generate(prompt, 9, draft=twin), artifact.generate(prompt, 9))
+    np.testing.assert_array_equal(
+        artifact.generate(prompt, 9, draft=twin, ignore_eos=True), artifact.generate(prompt, 9, ignore_eos=True)
+    )
     with pytest.raises(InputSpecError, match="max_seq_len=64"):
         artifact.generate(prompt, 10, draft=twin)
 
@@ -92,15 +94,17 @@ def test_seeded_sampled_speculation_repeats(target: Path, bad_draft: Path) -> No
     artifact, twin = aotforge.load(target), aotforge.load(target)
     ids, mask = left_padded()
     kw = {"attention_mask": mask, "do_sample": True, "top_k": 50, "temperature": 1.3}
-    a = artifact.generate(ids, NEW, seed=7, draft=bad_draft, **kw)
-    np.testing.assert_array_equal(a, artifact.generate(ids, NEW, seed=7, draft=bad_draft, **kw))
-    assert not np.array_equal(a, artifact.generate(ids, NEW, seed=8, draft=bad_draft, **kw))
+    a = artifact.generate(ids, NEW, seed=7, draft=bad_draft, ignore_eos=True, **kw)
+    np.testing.assert_array_equal(a, artifact.generate(ids, NEW, seed=7, draft=bad_draft, ignore_eos=True, **kw))
+    assert not np.array_equal(a, artifact.generate(ids, NEW, seed=8, draft=bad_draft, ignore_eos=True, **kw))
     # A draft with the target's own distribution is always accepted.
-    artifact.generate(ids, NEW, seed=7, draft=twin, **kw)
+    artifact.generate(ids, NEW, seed=7, draft=twin, ignore_eos=True, **kw)
     assert artifact.speculative_stats["acceptance_rate"] == 1.0
     # top_k=1 sampling is greedy, speculative or not.
-    top1 = artifact.generate(ids, NEW, attention_mask=mask, do_sample=True, top_k=1, seed=3, draft=bad_draft)
-    np.testing.assert_array_equal(top1, artifact.generate(ids, NEW, attention_mask=mask))
+    top1 = artifact.generate(
+        ids, NEW, attention_mask=mask, do_sample=True, top_k=1, seed=3, draft=bad_draft, ignore_eos=True
+    )
+    np.testing.assert_array_equal(top1, artifact.generate(ids, NEW, attention_mask=mask, ignore_eos=True))
 
 
 def test_rejection_rule_samples_the_targets_distribution() -> None:
@@ -176,14 +180,16 @@ def test_trained_pair_speeds_up_greedy_decoding(tmp_path: Path) -> None:
     def tokens_per_s(**spec: Any) -> float:
         start = time.perf_counter()
         for prompt in prompts:
-            target.generate(prompt, 96, **spec)
+            target.generate(prompt, 96, ignore_eos=True, **spec)
         return 4 * 96 / (time.perf_counter() - start)
 
-    plain = [prompt_out[0].tolist() for prompt_out in (target.generate(p, 96) for p in prompts)]
+    plain = [prompt_out[0].tolist() for prompt_out in (target.generate(p, 96, ignore_eos=True) for p in prompts)]
     best: tuple[float, int, float] = (0.0, 0, 0.0)
     for k in (2, 3, 4):
         for prompt, want in zip(prompts, plain, strict=True):
-            assert target.generate(prompt, 96, draft=draft, num_speculative_tokens=k)[0].tolist() == want
+            assert (
+                target.generate(prompt, 96, draft=draft, num_speculative_tokens=k, ignore_eos=True)[0].tolist() == want
+            )
         ratios = []
         for _ in range(3):
             base = tokens_per_s()

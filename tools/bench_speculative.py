@@ -100,14 +100,14 @@ def run(target: Path, draft: Path | None, k: int, prompts: list[list[int]], new:
 
     artifact = aotforge.load(target)
     kw: dict[str, Any] = {} if draft is None else {"draft": aotforge.load(draft), "num_speculative_tokens": k}
-    artifact.generate(np.array([prompts[0]]), 8, **kw)  # warm-up
+    artifact.generate(np.array([prompts[0]]), 8, ignore_eos=True, **kw)  # warm-up
     proposed = accepted = 0
     decode_wall = decode_cpu = 0.0
     cpu, start = time.process_time(), time.perf_counter()
     outputs = []
     for prompt in prompts:
         tokens: list[int] = []
-        for column in artifact.stream(np.array([prompt]), new, **kw):
+        for column in artifact.stream(np.array([prompt]), new, ignore_eos=True, **kw):
             if not tokens:
                 first_wall, first_cpu = time.perf_counter(), time.process_time()
             tokens.append(int(column[0]))

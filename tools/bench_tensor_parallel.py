@@ -81,10 +81,10 @@ def child(artifact: Path, prompt: int, new: int) -> dict[str, Any]:
     loaded = aotforge.load(artifact)
     group = getattr(loaded._generative().engine, "group", None)
     ids = np.arange(100, 100 + prompt, dtype=np.int64)[None, :]
-    loaded.generate(ids, 4)
+    loaded.generate(ids, 4, ignore_eos=True)
     stamps = []
     started = time.perf_counter()
-    for _ in loaded.stream(ids, new):
+    for _ in loaded.stream(ids, new, ignore_eos=True):
         stamps.append(time.perf_counter())
     gaps = np.diff(stamps) * 1e3
     return {
@@ -104,13 +104,13 @@ def child_ttft(artifact: Path, prompt: int, repeats: int) -> dict[str, Any]:
 
     loaded = aotforge.load(artifact)
     ids = np.random.default_rng(0).integers(1, SHAPE["vocab_size"], size=(1, prompt))
-    loaded.generate(ids, 1)
+    loaded.generate(ids, 1, ignore_eos=True)
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        loaded.generate(ids, 1)
+        loaded.generate(ids, 1, ignore_eos=True)
         times.append((time.perf_counter() - started) * 1e3)
-    tokens = loaded.generate(ids, 8)[0, prompt:]
+    tokens = loaded.generate(ids, 8, ignore_eos=True)[0, prompt:]
     return {"ttft_ms": float(np.median(times)), "tokens": [int(t) for t in tokens]}
 
 

@@ -90,7 +90,7 @@ def measured(artifact: Any, prompts: list[list[int]], new: int, reps: int, **kw:
     for _ in range(reps):
         start = time.process_time()
         for prompt in prompts:
-            artifact.generate(np.array([prompt]), new, **kw)
+            artifact.generate(np.array([prompt]), new, ignore_eos=True, **kw)
         runs.append((time.process_time() - start) * 1e6 / (len(prompts) * new))
     return float(np.median(runs))
 
@@ -123,7 +123,7 @@ def main() -> None:
     for k in ks:
         stats = []
         for prompt in prompts:
-            target.generate(np.array([prompt]), args.new, draft=draft, num_speculative_tokens=k)
+            target.generate(np.array([prompt]), args.new, draft=draft, num_speculative_tokens=k, ignore_eos=True)
             stats.append(dict(target.speculative_stats))
         b = bound(costs, stats, k, args.new)
         spec = measured(target, prompts, args.new, args.reps, draft=draft, num_speculative_tokens=k)

@@ -8,12 +8,10 @@ and the runtime below imports nothing of the artifacts.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
-from typing import Any
 
 from aotforge.artifacts.loader import load
-from aotforge.core.decoder import GENERATION_CONFIG_FILE
+from aotforge.artifacts.model_defaults import eos_token_ids, load_tokenizer
 from aotforge.core.errors import InputSpecError
 from aotforge.core.placement import Placement
 from aotforge.runtime.async_engine import AsyncEngine
@@ -49,25 +47,3 @@ def load_engine(
     chat_template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
     llm = LLMEngine(runner, config, tokenizer, eos_token_ids(path, tokenizer))
     return llm, loaded.manifest.name, chat_template
-
-
-def load_tokenizer(path: Path) -> Any | None:
-    """The tokenizer the artifact carries (its model directory's files), or None."""
-    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-
-
-def eos_token_ids(path: Path, tokenizer: Any | None) -> tuple[int, ...]:
-    """Where generation stops by default: the model's generation config's end-of-sequence ids, else the
-    tokenizer's; none when the artifact carries neither."""
-    config = path / GENERATION_CONFIG_FILE
-    if config.is_file():
-        eos = json.loads(config.read_text()).get("eos_token_id")
-        if eos is not None:
-            return tuple(eos) if isinstance(eos, list) else (int(eos),)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        return (int(tokenizer.eos_token_id),)
-    return ()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
@@ -13,6 +14,7 @@ import numpy as np
 
 from aotforge.artifacts.debris import make_temp_dir, sweep
 from aotforge.artifacts.manifest import Manifest
+from aotforge.artifacts.model_defaults import eos_token_ids
 from aotforge.artifacts.signing import verified_manifest
 from aotforge.core.decoder import DRAFT_VOCAB_FILE, TEXT_GENERATION, TOKENIZER_FILES
 from aotforge.core.errors import DraftMismatchError, HostMismatchError, InputSpecError, OptionsError
@@ -21,6 +23,7 @@ from aotforge.core.spec import IOSpec
 from aotforge.targets import get_target
 from aotforge.targets.base import Runner, Target
 from aotforge.targets.generative import generative_backend
+from aotforge.targets.generative.decoding import StopIds, stop_ids
 
 Arrays = dict[str, np.ndarray]
 _PULL_PREFIX = "pull-"
@@ -51,8 +54,23 @@ class LoadedArtifact:
         self.io.sizes_of({k: v.shape for k, v in ordered.items()}, who=f"{self.manifest.target.name} artifact")
         return self._runner.run(ordered)
 
-    def generate(self, input_ids: np.ndarray, max_new_tokens: int, **kwargs: Any) -> np.ndarray:
-        """Decode ``max_new_tokens`` after each prompt (a text-generation artifact; see its runner).
+    def generate(
+        self,
+        input_ids: np.ndarray,
+        max_new_tokens: int,
+        *,
+        eos_token_id: StopIds = None,
+        ignore_eos: bool = False,
+        **kwargs: Any,
+    ) -> np.ndarray:
+        """``[batch, prompt + new tokens]``: each prompt, then at most ``max_new_tokens`` decoded after it (a
+        text-generation artifact; keywords as its runner's: ``attention_mask``, ``do_sample``, ``temperature``,
+        ``top_k``, ``top_p``, ``seed``).
+
+        A row stops at the model's own end-of-sequence ids (:attr:`eos_token_ids`) and repeats the id it stopped at
+        until every row has stopped, where the call ends. ``eos_token_id=`` (an id or several) stops at those
+        instead; ``ignore_eos=True`` runs every row to ``max_new_tokens`` past the model's ids (as serving's
+        ``SamplingParams.ignore_eos``: ids given as ``eos_token_id`` still stop).
 
         ``draft=`` (a loaded text-generation artifact or its path) with ``num_speculative_tokens=k``:
         speculative decoding, this artifact's verify graph checking the draft's proposals; the draft
@@ -62,13 +80,40 @@ class LoadedArtifact:
         offline and served generation are one path."""
         from aotforge.runtime import offline
 
-        return offline.generate(self._generative(), input_ids, max_new_tokens, **self._with_draft(kwargs))
+        runner = self._generative()  # refused first: a model of another task has no end-of-sequence ids to look up
+        return offline.generate(runner, input_ids, max_new_tokens, **self._decoding(kwargs, eos_token_id, ignore_eos))
 
-    def stream(self, input_ids: np.ndarray, max_new_tokens: int, **kwargs: Any) -> Iterator[np.ndarray]:
-        """Each step's new tokens ``[batch]`` as they are decoded (a text-generation artifact; as ``generate``)."""
+    def stream(
+        self,
+        input_ids: np.ndarray,
+        max_new_tokens: int,
+        *,
+        eos_token_id: StopIds = None,
+        ignore_eos: bool = False,
+        **kwargs: Any,
+    ) -> Iterator[np.ndarray]:
+        """Each step's new tokens ``[batch]`` as they are decoded (a text-generation artifact; as ``generate``,
+        stopping where it stops)."""
         from aotforge.runtime import offline
 
-        return offline.stream(self._generative(), input_ids, max_new_tokens, **self._with_draft(kwargs))
+        runner = self._generative()  # refused first: a model of another task has no end-of-sequence ids to look up
+        return offline.stream(runner, input_ids, max_new_tokens, **self._decoding(kwargs, eos_token_id, ignore_eos))
+
+    @functools.cached_property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The model's own end-of-sequence ids, where ``generate()`` stops by default: its generation config's
+        (``generation_config.json``, carried by the build), else its tokenizer's; empty when it carries neither."""
+        return frozenset(eos_token_ids(self.path))
+
+    def stop_token_ids(self, eos_token_id: StopIds = None, ignore_eos: bool = False) -> frozenset[int]:
+        """The ids a ``generate()`` call with these arguments stops at."""
+        if eos_token_id is not None:
+            return stop_ids(eos_token_id)
+        return frozenset() if ignore_eos else self.eos_token_ids
+
+    def _decoding(self, kwargs: dict[str, Any], eos_token_id: StopIds, ignore_eos: bool) -> dict[str, Any]:
+        """The runner's keywords for a call: the draft loaded and checked, the stop ids resolved."""
+        return {**self._with_draft(kwargs), "eos_token_id": self.stop_token_ids(eos_token_id, ignore_eos)}
 
     @property
     def speculative_stats(self) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Each row of the batch is one request to an :class:`LLMEngine` over the target's 
 slots as the batch has rows), so offline and served generation run the same prefill, decode and sampling code.
 The call keeps today's contract: prompts packed from an attention mask, refusals before any work (the static
 cache's limits), one random generator for the whole call drawn row after row (so a seeded call repeats
-exactly), and rows that stopped at ``eos_token_id`` repeating it until every row is done.
+exactly), and rows that stopped at one of ``eos_token_id`` (an id or several) repeating it until every row is
+done. Which ids those are by default (the model's own) the loaded artifact decides (``artifacts/loader.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from aotforge.core.errors import RunnerError
 from aotforge.runtime.engine import LLMEngine
 from aotforge.runtime.outputs import FinishReason
 from aotforge.runtime.params import EngineConfig, SamplingParams
-from aotforge.targets.generative.decoding import check_fits, pack_prompts
+from aotforge.targets.generative.decoding import StopIds, check_fits, pack_prompts, stop_ids
 from aotforge.targets.generative.sampling import Sampler, SamplingOptions
 
 #: ``generate`` / ``stream`` keywords that choose how tokens are sampled (``GenerativeRunner.generate``'s names).
@@ -54,7 +55,7 @@ def _columns(
     input_ids: np.ndarray,
     max_new_tokens: int,
     attention_mask: np.ndarray | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: StopIds = None,
     draft: None = None,
     num_speculative_tokens: int | None = None,
     **sampling: Any,
@@ -70,7 +71,7 @@ def _columns(
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0)  # the call's sampler draws; eos: _advance
     for row, (prompt, n) in enumerate(zip(packed.tolist(), lengths.tolist(), strict=True)):
         engine.add_request(str(row), prompt[:n], params, sampler=sampler)
-    return _advance(engine, batch, None if eos_token_id is None else int(eos_token_id))
+    return _advance(engine, batch, stop_ids(eos_token_id))
 
 
 def _engine(model: Any, batch: int, prompt_tokens: int) -> LLMEngine:
@@ -80,12 +81,13 @@ def _engine(model: Any, batch: int, prompt_tokens: int) -> LLMEngine:
     return LLMEngine(model.model_runner(batch), config)
 
 
-def _advance(engine: LLMEngine, batch: int, eos: int | None) -> Iterator[np.ndarray]:
-    """Step the engine; after each step, the column of every row's newest token. A row that has made ``eos``
-    repeats it, and the engine keeps decoding it until every row has (as the step engine did: so a sampled call
-    draws from its one generator exactly what it drew before)."""
+def _advance(engine: LLMEngine, batch: int, stop: frozenset[int]) -> Iterator[np.ndarray]:
+    """Step the engine; after each step, the column of every row's newest token. A row that has made one of
+    ``stop`` repeats it, and the engine keeps decoding it until every row has (as the step engine does: so a
+    sampled call draws from its one generator exactly what it drew before)."""
     rows: list[list[int]] = [[] for _ in range(batch)]
     stopped = [False] * batch
+    column = [0] * batch
     made = 0
     while engine.has_unfinished():
         for out in engine.step():
@@ -94,8 +96,8 @@ def _advance(engine: LLMEngine, batch: int, eos: int | None) -> Iterator[np.ndar
                 raise RunnerError(out.error or "the model runner failed")
             rows[int(out.request_id)] += out.token_ids
         while all(len(r) > made for r in rows):
-            column = [eos if done else r[made] for r, done in zip(rows, stopped, strict=True)]
-            stopped = [done or t == eos for done, t in zip(stopped, column, strict=True)]
+            column = [last if done else r[made] for r, done, last in zip(rows, stopped, column, strict=True)]
+            stopped = [done or t in stop for done, t in zip(stopped, column, strict=True)]
             yield np.array(column, dtype=np.int64)
             made += 1
             if all(stopped):

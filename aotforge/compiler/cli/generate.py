@@ -67,15 +67,11 @@ def generate(
     Stops at the model's own end-of-sequence ids unless --ignore-eos or --eos-token-id says otherwise."""
     import numpy as np
 
-    from aotforge.artifacts.engine_loader import eos_token_ids, load_tokenizer
     from aotforge.artifacts.loader import load
 
     if (prompt_ids is None) == (prompt is None):
         raise click.BadParameter("give exactly one of --prompt-ids and --prompt", param_hint="--prompt-ids")
     tokenizer = _tokenizer(artifact) if prompt is not None else None
-    stop: frozenset[int] = frozenset()
-    if kw["eos_token_id"] is None and not ignore_eos:
-        stop = frozenset(eos_token_ids(artifact, tokenizer if tokenizer is not None else load_tokenizer(artifact)))
     if tokenizer is not None and prompt is not None:
         ids = _prompt_ids(tokenizer, prompt, chat=not raw_prompt)
     else:
@@ -86,17 +82,16 @@ def generate(
                 f"{prompt_ids!r} is not comma-separated integers", param_hint="--prompt-ids"
             ) from None
     loaded = load(artifact, placement=placement_from(workers, spread, ray_address))
+    stop = loaded.stop_token_ids(kw["eos_token_id"], ignore_eos)  # type: ignore[arg-type]
     if kw["draft"] is None:
         del kw["draft"], kw["num_speculative_tokens"]
     else:
         kw["draft"] = load(kw["draft"])  # type: ignore[arg-type]
     new: list[int] = []
-    for tokens in loaded.stream(np.array([ids], dtype=np.int64), **kw):  # type: ignore[arg-type]
+    for tokens in loaded.stream(np.array([ids], dtype=np.int64), ignore_eos=ignore_eos, **kw):  # type: ignore[arg-type]
         new.append(int(tokens[0]))
         click.echo(str(new[-1]), nl=False)
         click.echo(" ", nl=False)
-        if new[-1] in stop:
-            break
     click.echo()
     if tokenizer is not None:
         click.echo(tokenizer.decode([t for t in new if t not in stop]))

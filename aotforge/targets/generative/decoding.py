@@ -8,14 +8,26 @@ writes its next token there, and stops on its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Iterable, Iterator
+from typing import Protocol, TypeAlias
 
 import numpy as np
 
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import InputSpecError
 from aotforge.targets.generative.sampling import Sampler, SamplingOptions
+
+#: What ends a sequence: one token id, several (a model may have more than one end-of-sequence id), or none.
+StopIds: TypeAlias = int | Iterable[int] | None
+
+
+def stop_ids(eos_token_id: StopIds) -> frozenset[int]:
+    """``eos_token_id`` as the set of ids that end a sequence (empty: every row runs to ``max_new_tokens``)."""
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, int | np.integer):
+        return frozenset({int(eos_token_id)})
+    return frozenset(int(t) for t in eos_token_id)
 
 
 class StepEngine(Protocol):
@@ -74,9 +86,10 @@ def stream_tokens(
     max_new_tokens: int,
     attention_mask: np.ndarray | None = None,
     sampling: SamplingOptions | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: StopIds = None,
 ) -> Iterator[np.ndarray]:
-    """Yield each step's tokens ``[batch]``; a finished sequence repeats ``eos_token_id`` until all are done."""
+    """Yield each step's tokens ``[batch]``; a sequence that made one of ``eos_token_id`` (an id or several)
+    repeats that id until all are done."""
     packed, lengths = pack_prompts(input_ids, attention_mask)
     batch = packed.shape[0]
     check_fits(engine.spec, batch, int(lengths.max()), max_new_tokens)
@@ -85,12 +98,13 @@ def stream_tokens(
     mask = (np.arange(packed.shape[1])[None, :] < lengths[:, None]).astype(np.int64)
     positions = np.broadcast_to(np.arange(packed.shape[1], dtype=np.int64), packed.shape).copy()
     logits = engine.prefill(packed, mask, positions)
+    stop = np.array(sorted(stop_ids(eos_token_id)), dtype=np.int64)
     done = np.zeros(batch, dtype=bool)
+    last = np.zeros(batch, dtype=np.int64)
     for step in range(max_new_tokens):
-        tokens = sample(logits)
-        if eos_token_id is not None:
-            tokens = np.where(done, eos_token_id, tokens)
-            done |= tokens == eos_token_id
+        tokens = np.where(done, last, sample(logits))
+        done |= np.isin(tokens, stop)
+        last = tokens
         yield tokens
         if done.all() or step == max_new_tokens - 1:
             return
@@ -104,7 +118,7 @@ def generate_tokens(
     max_new_tokens: int,
     attention_mask: np.ndarray | None = None,
     sampling: SamplingOptions | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: StopIds = None,
 ) -> np.ndarray:
     """``input_ids`` as given, followed by the new tokens: ``[batch, prompt + new]``."""
     ids = np.asarray(input_ids)

@@ -14,7 +14,7 @@ import numpy as np
 
 from aotforge.core.errors import InputSpecError
 from aotforge.targets.base import Arrays
-from aotforge.targets.generative.decoding import StepEngine, generate_tokens, stream_tokens
+from aotforge.targets.generative.decoding import StepEngine, StopIds, generate_tokens, stream_tokens
 from aotforge.targets.generative.perplexity import Perplexity, perplexity
 from aotforge.targets.generative.sampling import SamplingOptions
 from aotforge.targets.generative.speculative import VerifyEngine, generate_speculative, stream_speculative
@@ -54,11 +54,12 @@ class GenerativeRunner:
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int | None = None,
-        eos_token_id: int | None = None,
+        eos_token_id: StopIds = None,
         draft: GenerativeRunner | None = None,
         num_speculative_tokens: int | None = None,
     ) -> np.ndarray:
-        """``[batch, prompt + new tokens]``: the prompts as given, then what was decoded.
+        """``[batch, prompt + new tokens]``: the prompts as given, then what was decoded; a row stops at one of
+        ``eos_token_id`` (an id or several; none: every row runs to ``max_new_tokens``) and repeats it.
 
         With ``draft`` (another text-generation runner over the same vocabulary), speculative decoding:
         the draft proposes ``num_speculative_tokens`` (default: as many as the verify graph takes) and
@@ -82,7 +83,7 @@ class GenerativeRunner:
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int | None = None,
-        eos_token_id: int | None = None,
+        eos_token_id: StopIds = None,
         draft: GenerativeRunner | None = None,
         num_speculative_tokens: int | None = None,
     ) -> Iterator[np.ndarray]:

@@ -37,7 +37,7 @@ import numpy as np
 
 from aotforge.core.errors import InputSpecError
 from aotforge.targets.generative.acceptance import Greedy, Sampled
-from aotforge.targets.generative.decoding import StepEngine, check_fits, pack_prompts
+from aotforge.targets.generative.decoding import StepEngine, StopIds, check_fits, pack_prompts, stop_ids
 from aotforge.targets.generative.sampling import Sampler, SamplingOptions
 
 
@@ -66,7 +66,7 @@ class _Speculation:
         k: int,
         attention_mask: np.ndarray | None,
         sampling: SamplingOptions | None,
-        eos_token_id: int | None,
+        eos_token_id: StopIds,
     ) -> None:
         packed, lengths = pack_prompts(input_ids, attention_mask)
         batch, longest = packed.shape[0], int(lengths.max())
@@ -77,7 +77,7 @@ class _Speculation:
                 f"call needs batch {batch} with prompts of up to {longest} tokens: rebuild the draft with a larger "
                 "--max-batch / --max-seq-len"
             )
-        self.engine, self.draft, self.k, self.eos = engine, draft, k, eos_token_id
+        self.engine, self.draft, self.k, self.eos = engine, draft, k, stop_ids(eos_token_id)
         self.max_new, self.batch = max_new_tokens, batch
         self.sample = Sampler(sampling or SamplingOptions())
         self.rule: Greedy | Sampled = Sampled(self.sample) if self.sample.options.do_sample else Greedy()
@@ -102,7 +102,7 @@ class _Speculation:
                 return
             out.append(t)
             history.append(t)
-            if t == self.eos:
+            if t in self.eos:
                 self.done[row] = True
 
     def unfinished(self) -> list[int]:
@@ -189,7 +189,7 @@ def _advance(
     num_speculative_tokens: int,
     attention_mask: np.ndarray | None,
     sampling: SamplingOptions | None,
-    eos_token_id: int | None,
+    eos_token_id: StopIds,
     stats: dict[str, Any] | None,
 ) -> Iterator[_Speculation]:
     """The call's state after each step (a round or a plain token) until every slot is finished; ``stats`` is
@@ -217,10 +217,10 @@ def stream_speculative(
     num_speculative_tokens: int,
     attention_mask: np.ndarray | None = None,
     sampling: SamplingOptions | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: StopIds = None,
     stats: dict[str, Any] | None = None,
 ) -> Iterator[np.ndarray]:
-    """As ``decoding.stream_tokens``: each step's tokens ``[batch]`` (finished slots repeat ``eos_token_id``).
+    """As ``decoding.stream_tokens``: each step's tokens ``[batch]`` (finished slots repeat the id they ended at).
 
     ``stats`` (if given) is filled with ``proposed`` / ``accepted`` draft tokens, ``rounds`` (verify
     calls), ``draft_calls`` and ``plain_steps`` (target decode steps outside rounds)."""
@@ -233,15 +233,15 @@ def stream_speculative(
 
 
 def _column(run: _Speculation, index: int) -> list[int] | None:
-    """Every slot's token ``index`` once all have one (finished slots: eos), else None."""
+    """Every slot's token ``index`` once all have one (finished slots: the id they ended at), else None."""
     if all(run.done) and index >= max(len(o) for o in run.out):
         return None  # every sequence ended: no columns of eos only
     column = []
     for row, out in enumerate(run.out):
         if index < len(out):
             column.append(out[index])
-        elif run.done[row] and run.eos is not None:
-            column.append(run.eos)
+        elif run.done[row]:
+            column.append(out[-1])
         else:
             return None
     return column
@@ -255,7 +255,7 @@ def generate_speculative(
     num_speculative_tokens: int,
     attention_mask: np.ndarray | None = None,
     sampling: SamplingOptions | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: StopIds = None,
     stats: dict[str, Any] | None = None,
 ) -> np.ndarray:
     """``input_ids`` as given, then the new tokens (``decoding.generate_tokens`` with a draft): what
@@ -266,5 +266,5 @@ def generate_speculative(
     args = (max_new_tokens, num_speculative_tokens, attention_mask, sampling, eos_token_id, stats)
     *_, run = _advance(engine, draft, ids, *args)  # the state after the last step
     width = max(len(o) for o in run.out)  # every slot finished: max_new_tokens, or all ended at eos
-    new = np.array([o + [run.eos if run.eos is not None else 0] * (width - len(o)) for o in run.out], dtype=np.int64)
+    new = np.array([o + o[-1:] * (width - len(o)) for o in run.out], dtype=np.int64)  # shorter: ended at eos
     return np.concatenate([ids.astype(np.int64), new], axis=1)
