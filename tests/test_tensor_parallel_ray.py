@@ -62,7 +62,7 @@ def _scenario(tmp_path: Path, llama_tp: Any, llama_ort: Any, two_nodes: bool) ->
     unsharded = aotforge.load(llama_ort.path)
     prompts = [*PROMPTS, [9, 8, 7]]
     new = 8
-    want = [unsharded.generate(np.array([p]), new)[0, len(p) :].tolist() for p in prompts]
+    want = [unsharded.generate(np.array([p]), new, ignore_eos=True)[0, len(p) :].tolist() for p in prompts]
     (tmp_path / "request.json").write_text(json.dumps({"prompts": prompts, "new": new}))
     script = (
         f"ip link set lo up && exec {sys.executable} {ROOT / 'tests' / 'ray_tensor_parallel_ranks.py'} "
