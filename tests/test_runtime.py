@@ -7,6 +7,7 @@ preempted; whatever the schedule, greedy tokens equal the artifact's own ``gener
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from aotforge.artifacts.engine_loader import load_async_engine, load_engine
 from aotforge.artifacts.loader import load
 from aotforge.core.errors import InputSpecError
+from aotforge.runtime.async_engine import AsyncEngine
 from aotforge.runtime.detokenizer import Detokenizer
 from aotforge.runtime.engine import LLMEngine
 from aotforge.runtime.kv_blocks import KVBlockManager
@@ -280,6 +282,58 @@ def test_async_engine_streams_and_an_abandoned_request_frees_its_blocks(llama_or
 
     assert asyncio.run(main()) == want
     assert engine.stats().kv_blocks_used == 0
+
+
+class ThreadRecordingRunner:
+    """The artifact's real model runner, noting which thread makes each call that computes; ``fail`` makes the
+    decodes raise."""
+
+    def __init__(self, runner: Any, fail: bool = False) -> None:
+        self._runner, self.fail, self.threads = runner, fail, set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+    def _call(self, name: str, *args: Any) -> Any:
+        self.threads.add(threading.get_ident())
+        if self.fail and name == "decode":
+            raise RuntimeError("injected warm-up fault")
+        return getattr(self._runner, name)(*args)
+
+    def prefill(self, *args: Any) -> Any:
+        return self._call("prefill", *args)
+
+    def extend(self, *args: Any) -> Any:
+        return self._call("extend", *args)
+
+    def decode(self, *args: Any) -> Any:
+        return self._call("decode", *args)
+
+
+def test_async_engine_calls_its_runner_from_its_step_thread_only(artifact: Path) -> None:
+    """The warm-up included: tvm keeps a thread pool per calling thread, so a second thread's calls would leave
+    a second pool's workers spinning beside the step thread's."""
+    llm = _engine(artifact)
+    runner = llm.runner = ThreadRecordingRunner(llm.runner)
+    engine = AsyncEngine(llm, "recorded")
+
+    async def main() -> list[int]:
+        engine.start()
+        got = [t async for o in engine.generate(None, PROMPTS[3], GREEDY) for t in o.token_ids]
+        await engine.shutdown(5.0)
+        return got
+
+    assert asyncio.run(main()) == _expected(artifact, [PROMPTS[3]])[0]
+    assert engine._thread is not None and runner.threads == {engine._thread.ident}
+
+
+def test_async_engine_start_raises_a_warm_up_fault_and_starts_no_thread(llama_ort: Any) -> None:
+    llm = _engine(Path(llama_ort.path))
+    llm.runner = ThreadRecordingRunner(llm.runner, fail=True)
+    engine = AsyncEngine(llm, "failing")
+    with pytest.raises(RuntimeError, match="injected warm-up fault"):
+        engine.start()
+    assert engine._thread is None
 
 
 @pytest.mark.parametrize("sampling", [{}, {"do_sample": True, "top_k": 50, "temperature": 1.3, "seed": 7}])

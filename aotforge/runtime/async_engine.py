@@ -8,6 +8,7 @@ event loop's ``call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 import uuid
@@ -39,11 +40,23 @@ class AsyncEngine:
     # -- the asyncio side ----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Warm the runner up (every decode width once), then start the step thread."""
+        """Start the step thread and return once it has warmed the runner up (every decode width once).
+
+        The warm-up runs on the step thread, as every later call into the runner does: tvm keeps a thread pool per
+        calling thread, its workers pinned to the same cores, so a pool made by a warm-up on the caller's thread
+        would keep a second worker spinning on the core of the step thread's own worker as the first requests run.
+        """
         if self._thread is None:
-            self.engine.warmup()
-            self._thread = threading.Thread(target=self._loop, name="aotforge-engine", daemon=True)
+            ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+            self._thread = threading.Thread(target=self._warm_then_loop, args=(ready,), name="aotforge-engine")
+            self._thread.daemon = True
             self._thread.start()
+            try:
+                ready.result()
+            except BaseException:
+                self._thread.join()
+                self._thread = None
+                raise
 
     def add_listener(self, fn: Callable[[StepStats], None]) -> None:
         self._listeners.append(fn)
@@ -103,6 +116,15 @@ class AsyncEngine:
             await asyncio.to_thread(self._thread.join, 10.0)
 
     # -- the engine thread ---------------------------------------------------------------------------------
+
+    def _warm_then_loop(self, ready: concurrent.futures.Future[None]) -> None:
+        try:
+            self.engine.warmup()
+        except BaseException as e:
+            ready.set_exception(e)
+            return
+        ready.set_result(None)
+        self._loop()
 
     def _loop(self) -> None:
         while True:
