@@ -2,7 +2,7 @@
 
 The step loop runs on one thread (the runners' calls release the GIL while they compute); requests and
 aborts reach it through a locked inbox, its outputs reach each request's ``asyncio.Queue`` through the
-event loop's ``call_soon_threadsafe``.
+event loop's ``call_soon_threadsafe``, once a step.
 """
 
 from __future__ import annotations
@@ -160,11 +160,26 @@ class AsyncEngine:
         return None
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
-        for output in outputs:
-            with self._lock:
+        """The step's outputs into their requests' queues, waking each event loop once a step however many of
+        its requests the step served (each wake-up writes to the loop's self-pipe and takes the GIL from a step
+        thread that has more to do)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[RequestOutput], RequestOutput]]] = {}
+        with self._lock:
+            for output in outputs:
                 target = self._queues.get(output.request_id)
-                if target is not None and output.finished:
+                if target is None:
+                    continue
+                if output.finished:
                     del self._queues[output.request_id]
-            if target is not None:
                 loop, queue = target
-                loop.call_soon_threadsafe(queue.put_nowait, output)
+                by_loop.setdefault(loop, []).append((queue, output))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the loop is closed: its requests' consumers are gone
+                pass
+
+
+def _put_all(items: list[tuple[asyncio.Queue[RequestOutput], RequestOutput]]) -> None:
+    for queue, output in items:
+        queue.put_nowait(output)
