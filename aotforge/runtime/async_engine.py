@@ -48,8 +48,9 @@ class AsyncEngine:
         """
         if self._thread is None:
             ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-            self._thread = threading.Thread(target=self._warm_then_loop, args=(ready,), name="aotforge-engine")
-            self._thread.daemon = True
+            self._thread = threading.Thread(
+                target=self._warm_then_loop, args=(ready,), name="aotforge-engine", daemon=True
+            )
             self._thread.start()
             try:
                 ready.result()
