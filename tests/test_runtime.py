@@ -7,6 +7,7 @@ preempted; whatever the schedule, greedy tokens equal the artifact's own ``gener
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from aotforge.artifacts.engine_loader import load_async_engine, load_engine
 from aotforge.artifacts.loader import load
 from aotforge.core.errors import InputSpecError
+from aotforge.runtime.async_engine import AsyncEngine
 from aotforge.runtime.detokenizer import Detokenizer
 from aotforge.runtime.engine import LLMEngine
 from aotforge.runtime.kv_blocks import KVBlockManager
@@ -282,6 +284,58 @@ def test_async_engine_streams_and_an_abandoned_request_frees_its_blocks(llama_or
     assert engine.stats().kv_blocks_used == 0
 
 
+class ThreadRecordingRunner:
+    """The artifact's real model runner, noting which thread makes each call that computes; ``fail`` makes the
+    decodes raise."""
+
+    def __init__(self, runner: Any, fail: bool = False) -> None:
+        self._runner, self.fail, self.threads = runner, fail, set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+    def _call(self, name: str, *args: Any) -> Any:
+        self.threads.add(threading.get_ident())
+        if self.fail and name == "decode":
+            raise RuntimeError("injected warm-up fault")
+        return getattr(self._runner, name)(*args)
+
+    def prefill(self, *args: Any) -> Any:
+        return self._call("prefill", *args)
+
+    def extend(self, *args: Any) -> Any:
+        return self._call("extend", *args)
+
+    def decode(self, *args: Any) -> Any:
+        return self._call("decode", *args)
+
+
+def test_async_engine_calls_its_runner_from_its_step_thread_only(artifact: Path) -> None:
+    """The warm-up included: tvm keeps a thread pool per calling thread, so a second thread's calls would leave
+    a second pool's workers spinning beside the step thread's."""
+    llm = _engine(artifact)
+    runner = llm.runner = ThreadRecordingRunner(llm.runner)
+    engine = AsyncEngine(llm, "recorded")
+
+    async def main() -> list[int]:
+        engine.start()
+        got = [t async for o in engine.generate(None, PROMPTS[3], GREEDY) for t in o.token_ids]
+        await engine.shutdown(5.0)
+        return got
+
+    assert asyncio.run(main()) == _expected(artifact, [PROMPTS[3]])[0]
+    assert engine._thread is not None and runner.threads == {engine._thread.ident}
+
+
+def test_async_engine_start_raises_a_warm_up_fault_and_starts_no_thread(llama_ort: Any) -> None:
+    llm = _engine(Path(llama_ort.path))
+    llm.runner = ThreadRecordingRunner(llm.runner, fail=True)
+    engine = AsyncEngine(llm, "failing")
+    with pytest.raises(RuntimeError, match="injected warm-up fault"):
+        engine.start()
+    assert engine._thread is None
+
+
 @pytest.mark.parametrize("sampling", [{}, {"do_sample": True, "top_k": 50, "temperature": 1.3, "seed": 7}])
 def test_generate_on_the_engine_returns_what_the_step_engine_did(artifact: Path, sampling: dict[str, Any]) -> None:
     """``load(path).generate()`` runs on the engine; greedy or seeded sampling, with a row stopping at an eos id
@@ -301,15 +355,16 @@ def test_generate_on_the_engine_returns_what_the_step_engine_did(artifact: Path,
         )
 
 
-def test_generate_calls_of_one_width_reuse_the_kv_memory_token_exact(llama_ort: Any) -> None:
-    """Each ``generate()`` makes an engine over the artifact's runner; a call of the width before reuses its rows
-    and pool (allocating and clearing them again cost the lone stream its TTFT), and its tokens stay the step
-    engine's even though the rows hold the previous call's keys past the new lengths."""
-    loaded = load(Path(llama_ort.path))
+def test_generate_calls_of_one_width_reuse_the_kv_memory_token_exact(artifact: Path) -> None:
+    """Each ``generate()`` makes an engine over the artifact's runner; a call of the width before reuses its KV
+    memory (allocating and clearing it again cost the lone stream its TTFT), and its tokens stay the step
+    engine's even though that memory holds the previous call's keys past the new lengths."""
+    loaded = load(artifact)
     runs = []
     for prompt in (PROMPTS[2], PROMPTS[0], PROMPTS[2]):
         ids = np.array([prompt], dtype=np.int64)
         np.testing.assert_array_equal(loaded.generate(ids, 10, ignore_eos=True), loaded._generative().generate(ids, 10))
-        paged = loaded._generative().model_runner(1).paged
-        runs.append((paged, paged.pool[0].ctypes.data))
+        runner = loaded._generative().model_runner(1)
+        pool = runner.paged.pool if getattr(runner, "paged", None) is not None else runner._views  # ort | tvm
+        runs.append((runner, pool[0].ctypes.data))
     assert all(run == runs[0] for run in runs), "a call of the same width allocated its KV cache again"

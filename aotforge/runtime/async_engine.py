@@ -2,12 +2,13 @@
 
 The step loop runs on one thread (the runners' calls release the GIL while they compute); requests and
 aborts reach it through a locked inbox, its outputs reach each request's ``asyncio.Queue`` through the
-event loop's ``call_soon_threadsafe``.
+event loop's ``call_soon_threadsafe``, once a step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 import uuid
@@ -39,11 +40,24 @@ class AsyncEngine:
     # -- the asyncio side ----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Warm the runner up (every decode width once), then start the step thread."""
+        """Start the step thread and return once it has warmed the runner up (every decode width once).
+
+        The warm-up runs on the step thread, as every later call into the runner does: tvm keeps a thread pool per
+        calling thread, its workers pinned to the same cores, so a pool made by a warm-up on the caller's thread
+        would keep a second worker spinning on the core of the step thread's own worker as the first requests run.
+        """
         if self._thread is None:
-            self.engine.warmup()
-            self._thread = threading.Thread(target=self._loop, name="aotforge-engine", daemon=True)
+            ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+            self._thread = threading.Thread(
+                target=self._warm_then_loop, args=(ready,), name="aotforge-engine", daemon=True
+            )
             self._thread.start()
+            try:
+                ready.result()
+            except BaseException:
+                self._thread.join()
+                self._thread = None
+                raise
 
     def add_listener(self, fn: Callable[[StepStats], None]) -> None:
         self._listeners.append(fn)
@@ -104,6 +118,15 @@ class AsyncEngine:
 
     # -- the engine thread ---------------------------------------------------------------------------------
 
+    def _warm_then_loop(self, ready: concurrent.futures.Future[None]) -> None:
+        try:
+            self.engine.warmup()
+        except BaseException as e:
+            ready.set_exception(e)
+            return
+        ready.set_result(None)
+        self._loop()
+
     def _loop(self) -> None:
         while True:
             with self._lock:
@@ -138,11 +161,26 @@ class AsyncEngine:
         return None
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
-        for output in outputs:
-            with self._lock:
+        """The step's outputs into their requests' queues, waking each event loop once a step however many of
+        its requests the step served (each wake-up writes to the loop's self-pipe and takes the GIL from a step
+        thread that has more to do)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[RequestOutput], RequestOutput]]] = {}
+        with self._lock:
+            for output in outputs:
                 target = self._queues.get(output.request_id)
-                if target is not None and output.finished:
+                if target is None:
+                    continue
+                if output.finished:
                     del self._queues[output.request_id]
-            if target is not None:
                 loop, queue = target
-                loop.call_soon_threadsafe(queue.put_nowait, output)
+                by_loop.setdefault(loop, []).append((queue, output))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the loop is closed: its requests' consumers are gone
+                pass
+
+
+def _put_all(items: list[tuple[asyncio.Queue[RequestOutput], RequestOutput]]) -> None:
+    for queue, output in items:
+        queue.put_nowait(output)

@@ -65,8 +65,12 @@ class TvmModelRunner(_SplitPrefill):
 
     def allocate(self, num_blocks: int, block_size: int) -> None:
         engine, spec, tvm = self.engine, self.spec, self.engine._tvm
-        self.block_size = block_size
         shape = (num_blocks, spec.kv_heads, block_size, spec.head_dim)
+        if self._views and self._views[0].shape == shape:
+            # generate() makes an engine a call over the same runner: a new pool would cost the call the first
+            # touch of its pages; what the last call wrote is never read (attention stops at each row's position).
+            return
+        self.block_size = block_size
         self.pool = [tvm.runtime.empty(shape, "float32") for _ in range(2 * spec.layers)]
         self._views = [np.from_dlpack(t) for t in self.pool]
         for view in self._views:
