@@ -62,7 +62,7 @@ def distill(
     params = list(student.parameters()) + (list(projections.parameters()) if projections is not None else [])
     optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0, fused=True)
     view = VocabView(vocab, int(teacher.config.vocab_size))
-    fast = Teacher(teacher, vocab.ids if vocab is not None else None, autocast) if projections is None else None
+    fast = None if projections is not None else Teacher(teacher, vocab.ids if vocab is not None else None, autocast)
     before = score(teacher, student, streams.held_out, options, vocab)
     say(f"before: student perplexity {before['student_perplexity']:.2f}, teacher {before['teacher_perplexity']:.2f}")
     budget = Budget(options)
@@ -72,7 +72,7 @@ def distill(
             group["lr"] = learning_rate(options, step, spent)
         starts = rng.integers(0, len(data) - options.seq_len, size=options.batch)
         ids = torch.stack([data[s : s + options.seq_len - options.continuation] for s in starts])
-        if projections is not None:  # the hidden states too: the whole teacher, under autocast
+        if fast is None:  # the feature loss needs the hidden states too: the whole teacher, under autocast
             with torch.no_grad(), torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
                 taught = teacher(input_ids=ids, output_hidden_states=True)
             targets = view.teacher_logits(taught.logits.float())
