@@ -100,8 +100,8 @@ bench-speculative: $(BIN)/.installed
 	$(BIN)/python tools/bench_speculative.py --work /tmp/aotforge-spec-bench $(ARGS)
 	$(BIN)/python tools/bench_page.py
 
-# bench-draft: a distilled draft of SmolLM2-135M (3 layers, its 8192 most frequent tokens; made once, ~30 CPU-minutes)
-# against target-only greedy decoding, batch 1, held-out English prompts.
+# bench-draft: a distilled draft of SmolLM2-135M (3 layers, its 8192 most frequent tokens, sequence-level distillation;
+# made once, 30 CPU-minutes) against target-only greedy decoding on tvm, batch 1, held-out English prompts.
 bench-draft: $(BIN)/.installed
 	$(BIN)/python tools/bench_draft.py $(ARGS)
 	$(BIN)/python tools/bench_page.py

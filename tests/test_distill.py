@@ -118,3 +118,38 @@ def test_a_reduced_vocabulary_keeps_the_kept_tokens_logits(arch: str) -> None:
         want = model(input_ids=ids).logits[..., torch.from_numpy(vocab.ids)]
         got = cut(input_ids=torch.from_numpy(vocab.to_draft(full))[ids]).logits
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_the_teachers_continuation_is_its_greedy_output_with_its_logits(arch: str) -> None:
+    """Sequence-level distillation's text (``--continuation``): the prompt, then the teacher's own greedy tokens, and
+    its logits at every position of that sequence, over the student's tokens only: what one forward pass of the
+    whole sequence gives, restricted to them."""
+    import torch
+
+    from aotforge.compiler.training.teacher import Teacher
+    from tests.llm_models import transformers_greedy
+
+    model = tiny_causal_lm(arch)
+    keep = np.arange(0, 500, 3, dtype=np.int64)
+    prompts = torch.tensor([[5, 17, 42, 99, 3], [7, 8, 9, 10, 11]])
+    ids, logits = Teacher(model, keep, None).continue_greedy(prompts, 6)
+    assert ids.shape == (2, 11) and logits.shape == (2, 11, len(keep))
+    for row, prompt in enumerate(prompts.tolist()):
+        assert ids[row].tolist() == prompt + transformers_greedy(model, prompt, 6)
+    with torch.no_grad():
+        want = model(input_ids=ids).logits[..., torch.from_numpy(keep)]
+    np.testing.assert_allclose(logits.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_sequence_level_distillation_brings_the_student_closer(teacher: Path, tmp_path: Path) -> None:
+    out = tmp_path / "student"
+    args = ["distill", str(teacher), "--student-layers", "1", "--out", str(out), *FAST, "--continuation", "16"]
+    ran = CliRunner().invoke(main, [*args, "--draft-vocab", "300", "--json"])
+    assert ran.exit_code == 0, ran.output
+    report = json.loads(ran.output[ran.output.index("{") :])
+    assert report["options"]["continuation"] == 16 and report["steps"] == 40
+    assert report["after"]["kl_teacher_student"] < report["before"]["kl_teacher_student"]
+    refused = CliRunner().invoke(main, [*args[:-1], "64", "--out", str(tmp_path / "b")])
+    assert refused.exit_code == 2 and "--continuation 64: give 0 to 63" in refused.output
+    assert not (tmp_path / "b").exists()

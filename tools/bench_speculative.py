@@ -80,10 +80,12 @@ def build(model_dir: Path, work: Path, target: str, role: str, k: int, max_seq: 
     An onnxruntime draft gets no verify graph: its verify call of 2 tokens cost more CPU than the two decode calls
     it replaces (its session's own copy of the weights is cold in cache)."""
     spec_k = k if role == "target" else 1 if target == "tvm" else 0
+    # A draft's name says which directory it came from: a new draft in the same --work is built, not reused.
+    which = "" if role == "target" else "-" + hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest()[:8]
     return text_generation_artifact(
         model_dir,
         work / "artifacts",
-        f"spec-{role}-{spec_k}-{max_seq}-1t",
+        f"spec-{role}-{spec_k}-{max_seq}-1t{which}",
         target,
         max_seq_len=max_seq,
         max_batch=1,

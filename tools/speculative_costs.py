@@ -1,14 +1,14 @@
 """Where a speculative round's time goes: each engine call timed alone, and the speed-up a free loop would reach.
 
-On the onnxruntime artifacts ``tools/bench_speculative.py`` built into --work (built here if missing), in one
-process: the CPU time of a target decode step, of a verify call of each width 1 .. max(--ks) + 1, of a draft
-decode step and of each model's prefill (medians of --reps alternating batches, after warm-up). Then, per k,
-one speculative run over the bench's prompts counts rounds and draft calls, and the time per token those calls
-cost alone (a loop with no Python of its own and every call as fast as alone) is set against target-only
+On the artifacts ``tools/bench_speculative.py`` built into --work for --target (onnxruntime or tvm; built here if
+missing), in one process: the CPU time of a target decode step, of a verify call of each width 1 .. max(--ks) + 1,
+of a draft decode step and of each model's prefill (medians of --reps alternating batches, after warm-up). Then,
+per k, one speculative run over the bench's prompts counts rounds and draft calls, and the time per token those
+calls cost alone (a loop with no Python of its own and every call as fast as alone) is set against target-only
 decoding at the same cost: the bound on the speed-up this host and pair allow, next to the speed-up the same
 process measures (what the loop and cold caches take is the difference).
 
-    python tools/speculative_costs.py --work /tmp/aotforge-spec-bench [--ks 2,3,4]
+    python tools/speculative_costs.py --work /tmp/aotforge-spec-bench [--ks 2,3,4] [--target tvm]
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=96, help="new tokens per prompt")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--target", default="onnxruntime", help="the artifacts' target: onnxruntime or tvm")
     parser.add_argument("--target-model", type=Path, help="a target model directory (default: the trained pair)")
     parser.add_argument("--draft-model", type=Path, help="its draft's model directory")
     args = parser.parse_args()
@@ -110,10 +111,11 @@ def main() -> None:
     target_dir, draft_dir, prompts = models(args)
     ks = [int(k) for k in args.ks.split(",")]
     seq = max_seq_len(args)
-    target = aotforge.load(build(target_dir, args.work, "onnxruntime", "target", max(ks), seq))
-    draft = aotforge.load(build(draft_dir, args.work, "onnxruntime", "draft", max(ks), seq))
+    target = aotforge.load(build(target_dir, args.work, args.target, "target", max(ks), seq))
+    draft = aotforge.load(build(draft_dir, args.work, args.target, "draft", max(ks), seq))
     print(f"load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    costs = engine_costs(target._runner.engine, draft._runner.engine, prompts[0], max(ks) + 1, args.reps)
+    draft_engine = target._with_draft({"draft": draft})["draft"].engine  # a reduced vocabulary's map included
+    costs = engine_costs(target._generative().engine, draft_engine, prompts[0], max(ks) + 1, args.reps)
     for name, us in costs.items():
         print(f"{name:15s} {us:8.1f} us CPU per call")
     base = measured(target, prompts, args.new, args.reps)

@@ -25,6 +25,7 @@ _HELP = {
     "schedule": "The learning rate after the warm-up: constant, or cosine (decayed to 0 over the budget).",
     "temperature": "Softmax temperature of the response-based (logit) loss.",
     "feature_weight": "Weight of the feature-based loss (hidden states through a learned projection); 0: off.",
+    "continuation": "Sequence-level distillation: each sequence's last N tokens are the teacher's greedy continuation.",
     "seed": "Seed of the batches and the projections.",
     "held_out_tokens": "Tokens the report scores teacher and student on (never trained on).",
 }

@@ -4,8 +4,9 @@ Response-based: the temperature-scaled KL divergence from the teacher's next-tok
 (Hinton et al.; ``T**2`` keeps its gradient's scale as ``T`` changes). Feature-based, when ``feature_weight`` > 0:
 each student layer's hidden state, through a learned linear projection, regressed on the hidden state of the
 teacher layer it maps to (:func:`~aotforge.compiler.training.students.layer_map`), scaled by the teacher's
-variance there (FitNets). The teacher runs once per batch without gradients; both run in bfloat16 autocast where
-the CPU has bfloat16 matmuls (AVX512-BF16 / AMX), else in fp32.
+variance there (FitNets). The teacher runs once per batch without gradients (``teacher.py``; with ``continuation``, it
+also writes the end of each sequence: sequence-level distillation); both run in bfloat16 where the CPU has bfloat16
+matmuls (AVX512-BF16 / AMX), else in fp32.
 
 The report scores teacher and student on held-out tokens no step trained on: perplexity, and how often the
 student's greedy next token is the teacher's (what a draft's acceptance follows).
@@ -23,6 +24,7 @@ import numpy as np
 
 from aotforge.compiler.training.options import DistillOptions
 from aotforge.compiler.training.students import decoder_layers, layer_map
+from aotforge.compiler.training.teacher import Teacher
 from aotforge.compiler.training.text import TokenStreams
 from aotforge.targets.generative.draft_vocab import DraftVocab
 
@@ -60,6 +62,7 @@ def distill(
     params = list(student.parameters()) + (list(projections.parameters()) if projections is not None else [])
     optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0, fused=True)
     view = VocabView(vocab, int(teacher.config.vocab_size))
+    fast = None if projections is not None else Teacher(teacher, vocab.ids if vocab is not None else None, autocast)
     before = score(teacher, student, streams.held_out, options, vocab)
     say(f"before: student perplexity {before['student_perplexity']:.2f}, teacher {before['teacher_perplexity']:.2f}")
     budget = Budget(options)
@@ -68,12 +71,18 @@ def distill(
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(options, step, spent)
         starts = rng.integers(0, len(data) - options.seq_len, size=options.batch)
-        ids = torch.stack([data[s : s + options.seq_len] for s in starts])
-        with torch.no_grad(), torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
-            taught = teacher(input_ids=ids, output_hidden_states=projections is not None)
+        ids = torch.stack([data[s : s + options.seq_len - options.continuation] for s in starts])
+        if fast is None:  # the feature loss needs the hidden states too: the whole teacher, under autocast
+            with torch.no_grad(), torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+                taught = teacher(input_ids=ids, output_hidden_states=True)
+            targets = view.teacher_logits(taught.logits.float())
+        elif options.continuation:
+            ids, targets = fast.continue_greedy(ids, options.continuation)
+        else:
+            targets = fast.logits(ids)
         with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
             learnt = student(input_ids=view.student_ids(ids), output_hidden_states=projections is not None)
-        loss = response_loss(learnt.logits.float(), view.teacher_logits(taught.logits.float()), options.temperature)
+        loss = response_loss(learnt.logits.float(), targets, options.temperature)
         if projections is not None:
             loss = loss + options.feature_weight * _feature_loss(
                 learnt.hidden_states, taught.hidden_states, projections

@@ -31,6 +31,9 @@ class DistillOptions:
     temperature: float = 2.0
     #: Weight of the feature-based loss beside the response-based one (0: response-based only).
     feature_weight: float = 0.0
+    #: Sequence-level distillation: the last this many tokens of each training sequence are the teacher's own greedy
+    #: continuation of the text before them (what a draft's proposals are checked against); 0: the text only.
+    continuation: int = 0
     seed: int = 0
     #: Tokens the report scores on (never trained on).
     held_out_tokens: int = 2048
@@ -40,6 +43,15 @@ class DistillOptions:
 
         if self.schedule not in SCHEDULES:
             raise OptionsError(f"--schedule is one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if not 0 <= self.continuation < self.seq_len:
+            raise OptionsError(
+                f"--continuation {self.continuation}: give 0 to {self.seq_len - 1} (fewer than --seq-len's tokens)"
+            )
+        if self.continuation and self.feature_weight > 0:
+            raise OptionsError(
+                "--continuation and --feature-weight: the teacher's continuation is decoded step by step and keeps no "
+                "hidden states to match; give one of the two"
+            )
 
 
 #: The learning-rate schedules after the warm-up.

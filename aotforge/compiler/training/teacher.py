@@ -1,0 +1,61 @@
+"""The teacher's side of a distillation step: its next-token logits over the student's vocabulary, on the text, or on
+the text followed by its own greedy continuation (sequence-level distillation, Kim & Rush 2016: a draft's proposals
+are checked against the teacher's greedy tokens after the teacher's own text, so that is the text it learns from).
+
+The teacher runs without gradients, in bfloat16 where the CPU computes it natively (a copy cast once, not every
+weight on every step as autocast does), and its head computes only the rows of the student's tokens: with a
+draft's reduced vocabulary most of the head's matmul, a fifth of a small model's work, is skipped."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+
+class Teacher:
+    """``model`` (a causal LM) as the source of a distillation's targets, over the tokens ``ids`` (None: all)."""
+
+    def __init__(self, model: Any, ids: np.ndarray | None, dtype: Any | None) -> None:
+        import torch
+
+        if dtype is not None:
+            model = copy.deepcopy(model).to(dtype)
+        model.eval().requires_grad_(False)
+        self.model = model
+        self.base = getattr(model, model.base_model_prefix)
+        head = model.get_output_embeddings()
+        self.weight, self.bias = head.weight, head.bias
+        rows = torch.from_numpy(ids) if ids is not None else None
+        self.sub_weight = self.weight if rows is None else self.weight[rows]
+        self.sub_bias = self.bias if self.bias is None or rows is None else self.bias[rows]
+
+    def logits(self, input_ids: Any) -> Any:
+        """``[batch, len, student vocab]`` fp32: the teacher's next-token logits at every position."""
+        import torch
+
+        with torch.no_grad():
+            return self._sub_head(self.base(input_ids=input_ids).last_hidden_state)
+
+    def continue_greedy(self, prompt: Any, new_tokens: int) -> tuple[Any, Any]:
+        """``prompt [batch, p]`` followed by the teacher's ``new_tokens`` greedy tokens (argmax over its whole
+        vocabulary, through its own cache), and its logits at every position of that sequence (one pass: each
+        position's logits are computed once, by the prefill or by the step that reads the token there)."""
+        import torch
+
+        with torch.no_grad():
+            out = self.base(input_ids=prompt, use_cache=True)
+            tokens, logits = [prompt], [self._sub_head(out.last_hidden_state)]
+            for _ in range(new_tokens):
+                last = out.last_hidden_state[:, -1:]
+                token = torch.nn.functional.linear(last, self.weight, self.bias).argmax(-1)
+                out = self.base(input_ids=token, cache=out.cache, use_cache=True)
+                tokens.append(token)
+                logits.append(self._sub_head(out.last_hidden_state))
+            return torch.cat(tokens, 1), torch.cat(logits, 1)
+
+    def _sub_head(self, hidden: Any) -> Any:
+        import torch
+
+        return torch.nn.functional.linear(hidden, self.sub_weight, self.sub_bias).float()
