@@ -19,13 +19,12 @@ import os
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from aotforge.core.errors import describe
 from aotforge.core.placement import Placement
 from aotforge.targets.generative.gloo_all_reduce import GlooAllReduce, master_store
 from aotforge.targets.generative.rank_worker import RankWorker
-from aotforge.targets.generative.ray_stages import ActorGroup, connect, reserve
+from aotforge.targets.generative.ray_stages import ActorGroup, placed_actors
 
 #: Seconds the ranks may take to meet (the rendezvous, each gloo connection) and one all-reduce may wait.
 TIMEOUT_S = 60.0
@@ -63,15 +62,7 @@ class RankActor:
 
 def start_rank_actors(kind: str, artifact_dir: str, record: dict[str, Any], count: int, placement: Placement) -> Any:
     """The ``count`` rank actors of an artifact, met over gloo and loaded, as one group."""
-    connect(placement)
-    group = reserve(kind, count, placement)
-    actors = [
-        RankActor.options(  # type: ignore[attr-defined]
-            num_cpus=placement.cpus_per_worker,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=r),
-        ).remote()
-        for r in range(count)
-    ]
+    group, actors = placed_actors(RankActor, kind, count, placement, lambda r: ())
     workers = ActorGroup(kind, actors, group, settle_s=SETTLE_S)
     try:
         host, port = ray.get(actors[0].rendezvous.remote(count), timeout=TIMEOUT_S)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import numpy as np
@@ -206,20 +207,29 @@ def reserve(kind: str, count: int, placement: Placement) -> Any:
 
 def start_stage_actors(kind: str, artifact_dir: str, record: dict[str, Any], count: int, placement: Placement) -> Any:
     """The ``count`` stage actors of an artifact, loaded and linked, as one group."""
-    connect(placement)
-    group = reserve(kind, count, placement)
-    actors = [
-        StageActor.options(  # type: ignore[attr-defined]
-            num_cpus=placement.cpus_per_worker,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=s),
-        ).remote(artifact_dir, record, s)
-        for s in range(count)
-    ]
+    group, actors = placed_actors(StageActor, kind, count, placement, lambda s: (artifact_dir, record, s))
     workers = ActorGroup(kind, actors, group)
     loaded = workers._results([actor.ready.remote() for actor in actors], stop_at_error=True)
     workers.nodes, workers.pids = [str(w["node"]) for w in loaded], [int(w["pid"]) for w in loaded]
     ray.get([actors[s].connect.remote(actors[s + 1]) for s in range(count - 1)])
     return workers
+
+
+def placed_actors(
+    actor: Any, kind: str, count: int, placement: Placement, arguments: Callable[[int], tuple[Any, ...]]
+) -> tuple[Any, list[Any]]:
+    """A placement group of ``count`` bundles on the cluster and one ``actor`` in each, made with
+    ``arguments(index)``."""
+    connect(placement)
+    group = reserve(kind, count, placement)
+    actors = [
+        actor.options(
+            num_cpus=placement.cpus_per_worker,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=i),
+        ).remote(*arguments(i))
+        for i in range(count)
+    ]
+    return group, actors
 
 
 def bundle_nodes(group: Any) -> list[str]:
