@@ -123,8 +123,12 @@ def left_padded(prompts: tuple[list[int], ...] = PROMPTS) -> tuple[np.ndarray, n
 
 def assert_generates_like_transformers(runner: Any, model: Any) -> None:
     """A batch of the two prompts through ``runner.generate`` == transformers' greedy generate per prompt."""
+    from aotforge.artifacts.loader import LoadedArtifact
+
     ids, mask = left_padded()
-    out = runner.generate(ids, NEW, attention_mask=mask, ignore_eos=True)
+    # A loaded artifact stops at the model's own eos by default; a bare runner knows no model defaults and runs on.
+    run_on = {"ignore_eos": True} if isinstance(runner, LoadedArtifact) else {}
+    out = runner.generate(ids, NEW, attention_mask=mask, **run_on)
     assert out.shape == (2, ids.shape[1] + NEW)
     np.testing.assert_array_equal(out[:, : ids.shape[1]], ids)
     for row, prompt in enumerate(PROMPTS):

@@ -103,6 +103,19 @@ def test_cli_failed_target_fails_its_row_and_the_exit(tmp_path: Path) -> None:
     assert "| m | onnxruntime | ok |" in md and "| m | tensorrt | failed |" in md
 
 
+def _ours(pid: int) -> bool:
+    """Whether ``pid`` descends from this process: a test run beside this one (xdist) has farm workers too."""
+    while pid > 1:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+        pid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+        if pid == os.getpid():
+            return True
+    return False
+
+
 def test_crashed_worker_fails_its_row_only(tmp_path: Path) -> None:
     """A worker killed by a signal (a backend segfault) fails its target; the next target still builds."""
     model = relu_add(tmp_path / "m.onnx")
@@ -116,7 +129,7 @@ def test_crashed_worker_fails_its_row_only(tmp_path: Path) -> None:
                     cmd = (proc / "cmdline").read_bytes()
                 except OSError:
                     continue
-                if b"aotforge.compiler.farm.worker" in cmd and proc.name.isdigit():
+                if b"aotforge.compiler.farm.worker" in cmd and proc.name.isdigit() and _ours(int(proc.name)):
                     os.kill(int(proc.name), signal.SIGSEGV)
                     killed.append(int(proc.name))
                     return

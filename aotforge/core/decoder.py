@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from aotforge.core.graph_pass import GraphRole
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
 
 #: The task name a generative artifact records (``target.info["task"]``).
@@ -38,7 +37,10 @@ DRAFT_VOCAB_FILE = "draft_vocab.json"
 CARRIED_FILES = (*TOKENIZER_FILES, GENERATION_CONFIG_FILE, DRAFT_VOCAB_FILE)
 #: The speculative-decoding verify graph (``--speculative-k``): k+1 query tokens per slot -> logits of each.
 VERIFY_FILE = "verify.onnx"
-#: Each decoder graph's role for the passes (``core.graph_pass.GraphRole``): how many rows its matmuls see a call.
+#: What a decoder graph computes per call: a prompt's many rows (prefill, verify) or a decode step's few. A pass
+#: may run with other parameters on each (``GraphPass.for_graph``), since the kernels that win differ.
+GraphRole = Literal["prompt", "decode"]
+#: Each decoder graph's role for the passes (``GraphPass.for_graph``): how many rows its matmuls see a call.
 GRAPH_ROLES: dict[str, GraphRole] = {PREFILL_FILE: "prompt", VERIFY_FILE: "prompt", DECODE_FILE: "decode"}
 
 

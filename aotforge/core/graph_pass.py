@@ -8,14 +8,12 @@ A pass subclasses :class:`GraphPass`, declares ``Params`` (a frozen dataclass), 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import onnx_ir as ir
 import onnx_ir.passes
 
-#: What a decoder graph computes per call: a prompt's many rows (prefill, verify) or a decode step's few. A pass
-#: may run with other parameters on each (``GraphPass.for_graph``), since the kernels that win differ.
-GraphRole = Literal["prompt", "decode"]
+from aotforge.core.decoder import GraphRole
 
 
 @dataclasses.dataclass(frozen=True)
