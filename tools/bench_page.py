@@ -99,6 +99,14 @@ BENCHES = (
         "the decode ITL of one configuration against llama-bench on the Q4_0 GGUF, alternating processes.",
     ),
     Bench(
+        "quality_tvm",
+        "Low-bit quality on tvm",
+        "make bench-quality ARGS='--target tvm --configs awq --json docs/bench/quality_tvm.json'",
+        "The same on the tvm target, whose int4 decode kernel is the build's fastest: the default int4 method's "
+        "quality gate against llama.cpp's Q4_0 on the same windows, then its decode ITL against llama-bench on the "
+        "Q4_0 GGUF, alternating processes.",
+    ),
+    Bench(
         "qat",
         "Quantization-aware training",
         "make bench-qat",
