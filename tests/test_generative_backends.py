@@ -7,8 +7,8 @@ import typing
 
 import pytest
 
-from aotforge.compiler.generative.build import GENERATIVE_PASSES
 from aotforge.compiler.generative.export import DECODE_ATTENTION
+from aotforge.compiler.generative.graph_passes import GENERATIVE_PASSES
 from aotforge.core.errors import UnsupportedModelError
 from aotforge.targets import generative_targets
 from aotforge.targets.base import DecoderInputs, GenerativeBackend

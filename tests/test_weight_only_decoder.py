@@ -119,7 +119,7 @@ def test_text_generation_builds_default_to_int8_activations(target: str) -> None
     """A text-generation build's weight-only pass computes with int8 activations (``accuracy_level`` 4) unless the
     user sets the level; an encoder's build keeps ONNX Runtime's own (0)."""
     from aotforge.compiler.builder import target_passes
-    from aotforge.compiler.generative.build import _compile_passes, _graph_passes
+    from aotforge.compiler.generative.graph_passes import compile_passes, graph_passes_of
     from aotforge.compiler.options import BuildOptions
     from aotforge.targets import get_target
     from aotforge.targets.generative import generative_backend
@@ -130,8 +130,8 @@ def test_text_generation_builds_default_to_int8_activations(target: str) -> None
         opts = BuildOptions.from_dict(
             {"target": target, "passes": ("weight-only",), "pass_params": {"weight-only": params}}
         )
-        factory = _graph_passes(opts, tgt, backend)
-        (weight_only,) = factory() if factory is not None else _compile_passes(opts, tgt, backend).values()
+        factory = graph_passes_of(opts, tgt, backend)
+        (weight_only,) = factory() if factory is not None else compile_passes(opts, tgt, backend).values()
         weight_only = getattr(weight_only, "params", weight_only)
         return int(weight_only.accuracy_level)
 

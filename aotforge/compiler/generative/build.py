@@ -23,10 +23,11 @@ from aotforge.compiler.build_direct import remember as remember_direct
 from aotforge.compiler.build_plan import pass_entry
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact, start_worker
-from aotforge.compiler.builder import isolation_of, target_passes
+from aotforge.compiler.builder import isolation_of
 from aotforge.compiler.generative.decoder_work import STAGE_PRELOAD, DecoderWork
 from aotforge.compiler.generative.export import decoder_spec, export_graphs, export_verify, save_shared
 from aotforge.compiler.generative.export_cache import cached_export, export_cache_dir
+from aotforge.compiler.generative.graph_passes import backend_target_passes, compile_passes, graph_passes_of
 from aotforge.compiler.generative.graphs import unsupported
 from aotforge.compiler.generative.pass_list import decoder_pass_options
 from aotforge.compiler.generative.quality import validate_quality
@@ -45,7 +46,6 @@ from aotforge.core.decoder import (
 )
 from aotforge.core.errors import OptionsError, TargetUnavailableError, UnsupportedModelError
 from aotforge.core.options import options_from_dict
-from aotforge.passes import DEFAULT_PRESET, contrib_op_passes
 from aotforge.passes.manager import run_passes
 from aotforge.targets import generative_backend, get_target
 from aotforge.targets.base import DecoderInputs, GenerativeBackend, Target
@@ -127,9 +127,9 @@ def _export(
     if opts.generation.speculative_k and not backend.speculative:
         raise OptionsError(f"--speculative-k: {opts.target} text-generation artifacts have no verify graph yet")
     # Calibrated int4 changes the weights exported (the source stays the fp32 reference) and may set per-layer bits.
-    weight_only = weight_only_params(_target_passes(opts, target, backend)[1])
+    weight_only = weight_only_params(backend_target_passes(opts, target, backend)[1])
     exported, opts, pass_entries = calibrated_source(source, opts, weight_only, say)
-    graph_passes, compile_passes = _graph_passes(opts, target, backend), _compile_passes(opts, target, backend)
+    graph_passes, backend_passes = graph_passes_of(opts, target, backend), compile_passes(opts, target, backend)
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.benchmark.plots)
     attention, plain_why = _decode_attention(backend, exported, spec)
     verify_width = opts.generation.speculative_k + 1 if opts.generation.speculative_k else 0
@@ -177,13 +177,13 @@ def _export(
         ),
     }
     # A build that changes numerics is gated on quality (held-out perplexity), an fp32 one on exact tokens.
-    quantized = any(e.get("changes_numerics") for e in pass_entries) or bool(compile_passes)
+    quantized = any(e.get("changes_numerics") for e in pass_entries) or bool(backend_passes)
     work = DecoderWork(
         backend=backend,
         spec=spec,
         ir_files=(*graphs, WEIGHTS_FILE),
         kept=tuple(sorted(source.files)),
-        inputs=DecoderInputs(verify_width=verify_width, passes=compile_passes),
+        inputs=DecoderInputs(verify_width=verify_width, passes=backend_passes),
         info=info,
         ir={"sha256": _graphs_sha(stage), "opset": prefill.opset_imports.get("", 0)},
         validate=_validator(source, spec, opts, quantized),
@@ -279,53 +279,6 @@ def _backend(opts: BuildOptions, target: Target) -> GenerativeBackend:
     if not probe.compiles:
         raise TargetUnavailableError(f"target {opts.target} is not available on this host: {probe.reason}")
     return generative_backend(opts.target)
-
-
-#: Passes a text-generation build runs on both graphs (the rest are refused at planning).
-GENERATIVE_PASSES = frozenset({"weight-only"})
-
-
-def _compile_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -> dict[str, Any]:
-    """Parameters of the passes the backend applies itself (tvm packs weight-only weights in its own
-    format from the same parameters, so one recipe means the same on both targets); refused early."""
-    handled = backend.compile_passes
-    if not handled or tuple(opts.passes.names) in ((DEFAULT_PRESET,), ()):
-        return {}
-    passes = {p.name: p.params for p in _target_passes(opts, target, backend)[1] if p.name in handled}
-    if backend.check_compile_passes is not None:
-        backend.check_compile_passes(passes)
-    return passes
-
-
-def _graph_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -> Callable[[], list[Any]] | None:
-    """A factory of fresh pass instances (each graph records its own stats), or None without passes.
-
-    Weight-only quantization is what a memory-bound decoder wants, and it needs no calibration; the build's
-    quality validation (``quality``: held-out perplexity, ``--max-perplexity-increase``) gates its numerics."""
-    if tuple(opts.passes.names) in ((DEFAULT_PRESET,), ()):
-        return None
-    names, _ = _target_passes(opts, target, backend)
-    if names and all(n in backend.compile_passes for n in names):
-        return None
-    refused = [n for n in names if n not in GENERATIVE_PASSES]
-    if refused:
-        raise OptionsError(
-            f"passes {', '.join(refused)} do not apply to text-generation builds: they take "
-            f"{', '.join(sorted(GENERATIVE_PASSES))} (--precision int4 or int8, or --passes weight-only)"
-        )
-    contrib = contrib_op_passes(names)
-    if contrib and not target.runs_contrib_ops:
-        raise OptionsError(
-            f"pass {', '.join(contrib)} emits ONNX Runtime contrib ops (MatMulNBits) that {opts.target} cannot run"
-        )
-    return lambda: _target_passes(opts, target, backend)[1]
-
-
-def _target_passes(opts: BuildOptions, target: Any, backend: GenerativeBackend) -> tuple[tuple[str, ...], list[Any]]:
-    """``target_passes`` with the backend's ``pass_defaults`` under the user's parameters: a decode step is not an
-    encoder's batch, so a text-generation backend may want other defaults (onnxruntime's MatMulNBits
-    ``accuracy_level``)."""
-    return target_passes(opts, target, backend.pass_defaults)
 
 
 def _stored_weights(stage: Path, exported: Mapping[str, int], file: str) -> dict[str, Any]:
