@@ -94,6 +94,83 @@ def pipeline_parallel(data: dict[str, Any], host_cores: int) -> list[str]:
     return lines
 
 
+VETH, LOOPBACK = "gloo, veth (two namespaces)", "gloo, loopback (one host)"
+#: The decode rows of docs/bench/collectives.json that run over gloo, and the link each one's all-reduces take.
+GLOO_DECODES = {"tensor-parallel 2, gloo over loopback": LOOPBACK, "tensor-parallel 2, gloo across the veth": VETH}
+
+
+def wire_us(floats: int, mbit: float) -> float:
+    """Microseconds ``floats`` fp32 values take on a link of ``mbit`` Mbit/s: what each rank of two sends in an
+    all-reduce (half its vector in the reduce-scatter and half in the all-gather of a ring, or all of it at once)."""
+    return floats * 4 * 8 / mbit
+
+
+def _median_of(runs: list[dict[str, Any]], *keys: str) -> float:
+    values = []
+    for run in runs:
+        value: Any = run
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None:
+            values.append(float(value))
+    return median(values) if values else float("nan")
+
+
+def decode_terms(results: dict[str, Any], link: str) -> tuple[float, float, float]:
+    """``(weights ms, all-reduces ms, gather ms)`` the model gives a tensor-parallel decode step over ``link``: the
+    unsharded ITL over the ranks' cores, ``ALL_REDUCES`` of the all-reduce as the rank graphs call it, one gather."""
+    cores, degree = int(results["cpus"]), int(results["degree"])
+    t1 = _median_of(results["decode"]["unsharded (ORT default threads)"], "itl_ms")
+    runs = results["collectives"][link]
+    per_call = _median_of(runs, "in_ort_us") / 1e3
+    return t1 * cores / min(degree, cores), ALL_REDUCES * per_call, _median_of(runs, "gather_us") / 1e3
+
+
+def collective_checks(results: dict[str, Any]) -> list[list[Any]]:
+    """``[term, predicted, measured]`` rows from a collectives bench: the capped link's all-reduce from the plain
+    veth's and the rate, and each gloo decode's ITL from its terms."""
+    fig = lambda values: {  # noqa: E731  (a figure of the page: its median and spread)
+        "median": round(median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2),
+        "rounds": [round(v, 2) for v in values],
+    }  # fmt: skip
+    coll, rows = results["collectives"], []
+    rate, hidden = float(results.get("rate_mbit") or 0), int(results["hidden"])
+    capped = f"gloo, veth capped at {rate:g} Mbit/s"
+    if VETH in coll and capped in coll:
+        for b in results["batches"]:
+            plain = _median_of(coll[VETH], "allreduce_us", str(b))
+            measured = [r["allreduce_us"][str(b)] for r in coll[capped] if "allreduce_us" in r]
+            rows.append(
+                [f"all-reduce of [{b}, {hidden}] at {rate:g} Mbit/s, us", round(plain + wire_us(b * hidden, rate), 1),
+                 fig(measured) if measured else "-"]
+            )  # fmt: skip
+    for name, link in GLOO_DECODES.items():
+        runs = [r["itl_ms"] for r in results["decode"].get(name, []) if "itl_ms" in r]
+        if runs and link in coll:
+            weights, reduces, gather = decode_terms(results, link)
+            rows.append([f"{name}: ITL ms", round(weights + reduces + gather, 2), fig(runs)])
+    return rows
+
+
+def collectives(results: dict[str, Any], link_us: float, link_gbps: float) -> list[str]:
+    """The checks above as lines, and a decode over two real hosts from the veth's terms and a link's."""
+    lines = [
+        f"{term}: predicted {predicted}, measured {measured['median'] if isinstance(measured, dict) else measured}"
+        for term, predicted, measured in collective_checks(results)
+    ]
+    if VETH in results["collectives"] and "unsharded (ORT default threads)" in results["decode"]:
+        weights, reduces, gather = decode_terms(results, VETH)
+        per_reduce = 2 * link_us + wire_us(int(results["hidden"]), link_gbps * 1e3)
+        per_gather = 2 * link_us + wire_us(int(results["vocab"]) // 2, link_gbps * 1e3)
+        itl = weights + reduces + gather + (ALL_REDUCES * per_reduce + per_gather) / 1e3
+        lines.append(
+            f"tensor parallel 2 on two hosts {link_us:g} us and {link_gbps:g} Gb/s apart: ITL ~{itl:.1f} ms (weights "
+            f"{weights:.1f} + {ALL_REDUCES} all-reduces x {(reduces * 1e3 / ALL_REDUCES + per_reduce) / 1e3:.3f} ms + "
+            f"gather {gather + per_gather / 1e3:.2f} ms: the veth's stack cost plus the link's round trip and bytes)"
+        )
+    return lines
+
+
 def sizing(cores: int, link_us: float, link_gbps: float) -> list[str]:
     """What the formulas give elsewhere (no measurement to check: the inputs a user sizes a deployment with)."""
     bytes_ar = 4 * HIDDEN
@@ -111,6 +188,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tp", type=Path, default=BENCH / "tensor_parallel.json")
     parser.add_argument("--pp", type=Path, default=BENCH / "pipeline_parallel.json")
+    parser.add_argument("--collectives", type=Path, default=BENCH / "collectives.json")
     parser.add_argument("--host-cores", type=int, default=2, help="cores of the host the benches ran on")
     parser.add_argument("--cores", type=int, default=32)
     parser.add_argument("--link-us", type=float, default=25.0, help="one-way latency between two hosts")
@@ -121,6 +199,8 @@ def main() -> None:
         lines += tensor_parallel(json.loads(args.tp.read_text()), args.host_cores)
     if args.pp.is_file():
         lines += pipeline_parallel(json.loads(args.pp.read_text()), args.host_cores)
+    if args.collectives.is_file():
+        lines += collectives(json.loads(args.collectives.read_text())["results"], args.link_us, args.link_gbps)
     lines += sizing(args.cores, args.link_us, args.link_gbps)
     sys.stdout.write("\n".join(lines) + "\n")
 
