@@ -11,7 +11,7 @@ ARGS ?=
 # With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
 _flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
-.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-draft bench-qat bench-serve bench-quality bench-tensor-parallel bench-pipeline-parallel bench-page targets clean device-check neuron-env tvm-ops-table
+.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-draft bench-qat bench-serve bench-quality bench-tensor-parallel bench-pipeline-parallel bench-collectives bench-page targets clean device-check neuron-env tvm-ops-table
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -120,6 +120,12 @@ bench-tensor-parallel: $(BIN)/.installed
 # bench-pipeline-parallel: --pipeline-parallel 2 vs the unsharded artifact on SmolLM2-135M, 8 concurrent requests.
 bench-pipeline-parallel: $(BIN)/.installed
 	$(BIN)/python tools/bench_pipeline_parallel.py $(ARGS)
+	$(BIN)/python tools/bench_page.py
+
+# bench-collectives: the all-reduce over shared memory, gloo on loopback and gloo between two network namespaces (root:
+# a veth pair stands in for two hosts), and a tensor-parallel 2 decode over each; the sizing model's terms.
+bench-collectives: $(BIN)/.installed
+	$(BIN)/python tools/bench_collectives.py $(ARGS)
 	$(BIN)/python tools/bench_page.py
 
 bench-page: $(BIN)/.installed

@@ -3,34 +3,20 @@ namespace (``tests/ray_cluster.py``): nothing here binds or dials this machine's
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.ray_scenario import SKIP, run_scenario
 
-
-def _netns_ok() -> str | None:
-    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
-        return "needs root, unshare and ip for a private network namespace"
-    run = subprocess.run(["unshare", "-n", "sh", "-c", "ip link set lo up"], capture_output=True, text=True)
-    return None if run.returncode == 0 else f"unshare -n failed: {run.stderr.strip()}"
-
-
-SKIP = _netns_ok()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 
 def _scenario(name: str, work: Path) -> dict:
-    script = f"ip link set lo up && exec {sys.executable} {ROOT / 'tests' / 'ray_cluster.py'} {name} {work}"
-    run = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, timeout=1500)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return dict(json.loads(run.stdout.strip().splitlines()[-1]))
+    return run_scenario("ray_cluster.py", name, work, timeout=1500)
 
 
 def test_a_plan_builds_on_a_one_node_ray_cluster(tmp_path: Path) -> None:

@@ -5,9 +5,6 @@ naming it before the next request runs on restarted actors, and ``aotforge gener
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +14,7 @@ import aotforge
 from aotforge.core.errors import OptionsError
 from aotforge.core.placement import Placement, Workers
 from tests.llm_models import MAX_BATCH, PROMPTS, build_text_generation
-from tests.test_farm_ray import ROOT, SKIP
+from tests.ray_scenario import SKIP, serving_scenario
 
 
 def test_stage_link_hands_on_arrays_in_the_order_they_were_sent() -> None:
@@ -41,18 +38,10 @@ def test_stage_actors_on_two_nodes_generate_like_the_unsharded_artifact(
     llama_dir: Path, llama_ort: object, tmp_path: Path
 ) -> None:
     staged = build_text_generation(llama_dir, tmp_path / "pp", pipeline_parallel=2)
-    unsharded = aotforge.load(llama_ort.path)  # type: ignore[attr-defined]
     prompts = [*PROMPTS, [9, 8, 7], PROMPTS[0][:5] + [11, 12, 13, 14]]
     new = 12
-    want = [unsharded.generate(np.array([p]), new, ignore_eos=True)[0, len(p) :].tolist() for p in prompts]
-    (tmp_path / "request.json").write_text(json.dumps({"prompts": prompts, "new": new}))
-    script = (
-        f"ip link set lo up && exec {sys.executable} {ROOT / 'tests' / 'ray_pipeline_stages.py'} "
-        f"{tmp_path} {staged.path} {tmp_path / 'request.json'}"
-    )
-    run = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, timeout=1200)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    reference = llama_ort.path  # type: ignore[attr-defined]
+    got, want = serving_scenario("ray_pipeline_stages.py", tmp_path, staged.path, reference, prompts, new)
     placed = got["placed"]
     assert sorted(placed["actors"]) == got["nodes"] and placed["actors"] == placed["bundles"], got  # one a node
     assert got["tokens"] == want

@@ -6,19 +6,15 @@ gloo collectives themselves against numpy's sums, in two processes of this host.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-import aotforge
 from tests.llm_models import PROMPTS
-from tests.test_farm_ray import ROOT, SKIP
+from tests.ray_scenario import SKIP, serving_scenario
 
 
 def _collectives(rank: int, port: int, ports: Any, results: Any) -> None:
@@ -59,18 +55,9 @@ def test_gloo_collectives_give_the_shared_memory_ones_results() -> None:
 
 def _scenario(tmp_path: Path, llama_tp: Any, llama_ort: Any, two_nodes: bool) -> tuple[dict[str, Any], list]:
     ranked = llama_tp  # conftest's: --tensor-parallel 2, shared with tests/test_tensor_parallel.py
-    unsharded = aotforge.load(llama_ort.path)
-    prompts = [*PROMPTS, [9, 8, 7]]
-    new = 8
-    want = [unsharded.generate(np.array([p]), new, ignore_eos=True)[0, len(p) :].tolist() for p in prompts]
-    (tmp_path / "request.json").write_text(json.dumps({"prompts": prompts, "new": new}))
-    script = (
-        f"ip link set lo up && exec {sys.executable} {ROOT / 'tests' / 'ray_tensor_parallel_ranks.py'} "
-        f"{tmp_path} {ranked.path} {tmp_path / 'request.json'} {'two-nodes' if two_nodes else 'one-node'}"
-    )
-    run = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, timeout=1200)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    nodes = "two-nodes" if two_nodes else "one-node"
+    script = "ray_tensor_parallel_ranks.py"
+    got, want = serving_scenario(script, tmp_path, ranked.path, llama_ort.path, [*PROMPTS, [9, 8, 7]], 8, nodes)
     print("scenario seconds:", got["seconds"])
     return got, want
 

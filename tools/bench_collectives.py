@@ -90,7 +90,8 @@ def collectives_rank(args: argparse.Namespace) -> dict[str, Any]:
 
     comm = _comm(args, 1 << 16)
     calls = args.calls
-    out: dict[str, Any] = {"allreduce_us": {}}
+    total = comm(np.full((2, HIDDEN), args.rank + 1, dtype=np.float32))
+    out: dict[str, Any] = {"allreduce_us": {}, "sums_right": bool(np.all(total == sum(range(1, DEGREE + 1))))}
     for batch in BATCHES:
         x = np.full((batch, HIDDEN), args.rank + 1, dtype=np.float32)
         out["allreduce_us"][str(batch)] = _per_call_us(lambda x=x: comm(x), calls)

@@ -145,6 +145,17 @@ BENCHES = (
         "8 in flight, one thread a stage against the unsharded artifact on the host's cores, each in a process of "
         "its own, alternating round by round: requests/s, and the stages' bubble against GPipe's (docs/parallel.md).",
     ),
+    Bench(
+        "collectives",
+        "Collectives on one host and across two",
+        "make bench-collectives",
+        "tools/bench_collectives.py times one all-reduce of the vectors tensor parallelism sends ([batch, 576] floats, "
+        "SmolLM2's hidden size) between two one-thread processes over the shared-memory segment, gloo over loopback, "
+        "and gloo between two network namespaces joined by a veth pair (two stand-in hosts, plain and with the link's "
+        "rate capped), each pair in processes of its own, alternating round by round; then a tensor-parallel 2 decode "
+        "over each link, and the sizing model's predictions from those terms beside what was measured "
+        "(docs/parallel.md, tools/parallel_model.py).",
+    ),
 )
 
 
