@@ -15,7 +15,7 @@
 Every configuration runs in processes of its own, alternating round by round; figures are medians. Writes
 docs/bench/collectives.json; ``tools/parallel_model.py`` reads it.
 
-    python tools/bench_collectives.py [--rounds 3] [--rate-mbit 1000] [--new 64]
+    python tools/bench_collectives.py [--rounds 3] [--rate-mbit 100] [--new 64]
 """
 
 from __future__ import annotations
@@ -107,49 +107,11 @@ def collectives_rank(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-class GatheredEngine:
-    """A rank's step engine whose logits are every rank's vocabulary slices, gathered over ``comm`` (what the
-    driver's gather is when rank 1 is on another host): every rank then picks the same greedy token, so the ranks
-    decode together without a driver."""
-
-    def __init__(self, engine: Any, comm: Any, spec: Any) -> None:
-        self.engine, self.comm, self.spec = engine, comm, spec
-
-    def _gather(self, part: np.ndarray) -> np.ndarray:
-        rows = part.reshape(-1, 1, part.shape[-1])
-        whole = self.comm.all_gather(rows, DEGREE)  # [rows, rank, slice]: the slices side by side
-        return whole.reshape(*part.shape[:-1], -1)[..., : self.spec.vocab]
-
-    def start(self, batch: int, prompt_len: int) -> None:
-        self.engine.start(batch, prompt_len)
-
-    def prefill(self, *args: np.ndarray) -> np.ndarray:
-        return self._gather(self.engine.prefill(*args))
-
-    def decode(self, *args: np.ndarray) -> np.ndarray:
-        return self._gather(self.engine.decode(*args))
-
-
 def decode_rank(args: argparse.Namespace) -> dict[str, Any]:
-    """One rank of a tensor-parallel 2 decode over gloo: the greedy tokens and the inter-token latency."""
-    from aotforge.artifacts.manifest import read_manifest
-    from aotforge.core.decoder import DecoderSpec
-    from aotforge.targets.generative.decoding import stream_tokens
-    from aotforge.targets.generative.rank_worker import RankWorker
+    """One rank of a tensor-parallel 2 decode over gloo (``gathered_decode.py``)."""
+    from gathered_decode import decode
 
-    record = read_manifest(args.artifact).target
-    payload = {"name": record.name, "options": record.options, "info": record.info}
-    comm = _comm(args, 1 << 20)
-    worker = RankWorker(str(args.artifact), payload, args.rank, comm, library="")
-    engine = GatheredEngine(worker.engine, comm, DecoderSpec.from_dict(record.info["decoder"]))
-    ids = np.arange(100, 100 + args.prompt, dtype=np.int64)[None, :]
-    list(stream_tokens(engine, ids, 4))  # warm-up
-    stamps, tokens = [], []
-    for step in stream_tokens(engine, ids, args.new):
-        stamps.append(time.perf_counter())
-        tokens.append(int(step[0]))
-    gaps = np.diff(stamps) * 1e3
-    return {"itl_ms": float(np.median(gaps)), "p90_itl_ms": float(np.percentile(gaps, 90)), "tokens": tokens}
+    return decode(args.artifact, args.rank, _comm(args, 1 << 20), args.prompt, args.new)
 
 
 def run_pair(child: list[str], wrap: Callable[[int, list[str]], list[str]]) -> dict[str, Any]:
@@ -207,7 +169,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=1000, help="all-reduces a batch size and process")
-    parser.add_argument("--rate-mbit", type=float, default=1000.0, help="the capped veth's rate (0: leave it out)")
+    parser.add_argument(  # low enough that the bytes' term stands out of a loaded host's noise
+        "--rate-mbit", type=float, default=100.0, help="the capped veth's rate (0: leave it out)"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/aotforge-tp-bench"))
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=64)
@@ -337,9 +301,10 @@ def tables(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "The sizing model (docs/parallel.md) against these measurements",
                 ("term", "predicted", "measured"),
                 checks,
-                "Predicted from the other measured terms (tools/parallel_model.py): the capped link's all-reduce as "
-                "the uncapped veth's plus its bytes at the rate; a decode's ITL as the unsharded ITL spread over the "
-                "ranks' cores, plus 61 all-reduces inside ONNX Runtime over the link and one gather of the logits.",
+                "Predicted from the other measured terms (tools/parallel_model.py): the capped link's all-reduce and "
+                "gather as the uncapped veth's plus the bytes a rank sends at the rate; a decode's ITL as the "
+                "unsharded ITL spread over the ranks' cores, plus 61 all-reduces inside ONNX Runtime over the link and "
+                "one gather of the logits.",
             )
         )
     return out

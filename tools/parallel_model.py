@@ -127,12 +127,11 @@ def decode_terms(results: dict[str, Any], link: str) -> tuple[float, float, floa
 
 
 def collective_checks(results: dict[str, Any]) -> list[list[Any]]:
-    """``[term, predicted, measured]`` rows from a collectives bench: the capped link's all-reduce from the plain
-    veth's and the rate, and each gloo decode's ITL from its terms."""
-    fig = lambda values: {  # noqa: E731  (a figure of the page: its median and spread)
-        "median": round(median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2),
-        "rounds": [round(v, 2) for v in values],
-    }  # fmt: skip
+    """``[term, predicted, measured]`` rows from a collectives bench: the capped link's all-reduce and gather from the
+    plain veth's and the rate, and each gloo decode's ITL from its terms."""
+    from bench_record import figure
+
+    fig = lambda values: figure(values, 2)  # noqa: E731
     coll, rows = results["collectives"], []
     rate, hidden = float(results.get("rate_mbit") or 0), int(results["hidden"])
     capped = f"gloo, veth capped at {rate:g} Mbit/s"
@@ -144,6 +143,16 @@ def collective_checks(results: dict[str, Any]) -> list[list[Any]]:
                 [f"all-reduce of [{b}, {hidden}] at {rate:g} Mbit/s, us", round(plain + wire_us(b * hidden, rate), 1),
                  fig(measured) if measured else "-"]
             )  # fmt: skip
+        measured = [r["gather_us"] for r in coll[capped] if "gather_us" in r]
+        slice_ = int(results["vocab"]) // int(results["degree"])
+        predicted = _median_of(coll[VETH], "gather_us") + wire_us(slice_, rate)
+        rows.append(
+            [
+                f"gather of [1, {slice_}] logits at {rate:g} Mbit/s, us",
+                round(predicted),
+                fig(measured) if measured else "-",
+            ]
+        )
     for name, link in GLOO_DECODES.items():
         runs = [r["itl_ms"] for r in results["decode"].get(name, []) if "itl_ms" in r]
         if runs and link in coll:
