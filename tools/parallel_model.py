@@ -79,8 +79,9 @@ def pipeline_parallel(data: dict[str, Any], host_cores: int) -> list[str]:
     lines = []
     wall = [fill * max(r["stage_busy_s"]) for r in staged]
     lines.append(
-        f"pipeline parallel {stages}, {m} micro-batches ({in_flight} in flight): wall predicted from the stages' "
-        "busy time "
+        f"pipeline parallel {stages}, "
+        f"{f'{in_flight} batches in flight' if in_flight >= stages else f'{m} micro-batches'}: "
+        "wall predicted from the stages' busy time "
         f"{median(wall):.2f} s, measured {median([r['wall_s'] for r in staged]):.2f} s; bubble theory "
         f"{results['bubble_theory']:.3f}, measured {median([r['bubble'] for r in staged]):.3f}"
     )
