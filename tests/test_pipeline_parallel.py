@@ -2,8 +2,9 @@
 
 Each artifact holds two stage graphs, each over its own layers (the embedding in the first, the norm and head in
 the last) and a KV cache of those layers only; its stages run as two processes that hand hidden states on from
-inside their graphs, a serving decode going through them as micro-batches, and whatever drives them
-(``generate``, the serving runtime) gets tokens identical to the unsharded model's. A killed stage fails its
+inside their graphs, the serving engine keeping a batch in flight a stage (or, one batch at a time, a decode
+going through them as micro-batches), and whatever drives them (``generate``, the serving runtime) gets tokens
+identical to the unsharded model's. A killed stage fails its
 requests with an error naming it, and a degree above the layer count is refused.
 """
 
@@ -14,6 +15,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import pytest
 
@@ -86,7 +88,8 @@ def test_each_stage_holds_its_layers_weights_and_cache(pp_build: Any) -> None:
     assert sum(pp["stage_weights_bytes"].values()) < total + 64 * 4096  # no layer twice (tables, padding aside)
 
 
-# The serving run: the Llama, whose verify graph lets prompts go in chunks; four rows in two micro-batches, and
+# The serving run one batch at a time: the Llama, whose verify graph lets prompts go in chunks; four rows in two
+# micro-batches, and
 # requests of different lengths, so sequences end mid-run and the others move between working rows; a step's prompt
 # chunks go through the stages in the same call as its decode.
 @pytest.mark.parametrize("pp_build", ["llama"], indirect=True)
@@ -96,7 +99,8 @@ def test_serving_runtime_drives_the_stages_in_micro_batches_token_exact(
     _, model, _ = pp_build
     rows = 2 * MAX_BATCH
     runner = pp_loaded._generative().engine.model_runner(rows)  # the same stages, a cache of their own
-    engine = LLMEngine(runner, EngineConfig(max_num_seqs=rows, max_num_batched_tokens=8))
+    config = EngineConfig(max_num_seqs=rows, max_num_batched_tokens=8, max_batches_in_flight=1)
+    engine = LLMEngine(runner, config)
     calls: list[tuple[str, Any]] = []
     stages_call = runner.engine.call
     monkeypatch.setattr(
@@ -120,6 +124,43 @@ def test_serving_runtime_drives_the_stages_in_micro_batches_token_exact(
     assert any(chunks and decode is not None for chunks, decode, _ in (args for _, args in calls))
     busy = pp_loaded._generative().engine.group.busy_seconds()
     assert len(busy) == DEGREE and all(b > 0 for b in busy)
+
+
+# Two batches in flight (vLLM's virtual engines): eight requests of different prompt and output lengths, so groups
+# shrink as sequences end and prompts arrive in chunks beside the other group's decodes.
+@pytest.mark.parametrize("pp_build", ["llama"], indirect=True)
+def test_eight_requests_in_two_batches_in_flight_match_the_unsharded_artifact(
+    pp_build: Any, pp_loaded: Any, llama_ort: Any
+) -> None:
+    rows = 8
+    runner = pp_loaded._generative().engine.model_runner(rows)
+    engine = LLMEngine(runner, EngineConfig(max_num_seqs=rows, max_num_batched_tokens=16))
+    assert engine.batches_in_flight == DEGREE
+    prompts = [PROMPTS[0], PROMPTS[1], [9, 8, 7], [40, 41], PROMPTS[0] * 3, [3] * 11, [200, 201, 202, 203], [77]]
+    lengths = [10, 4, 12, 6, 9, 3, 14, 7]
+    whole = aotforge.load(llama_ort.path)
+    want = {
+        f"r{i}": whole.generate(np.array([p]), n, ignore_eos=True)[0, len(p) :].tolist()
+        for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
+    }
+    for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=n, temperature=0))
+    got: dict[str, list[int]] = {k: [] for k in want}
+    aborted, steps = "", 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert out.error is None
+            got[out.request_id] += out.token_ids
+        steps += 1
+        if steps == 8:  # an abort while its batch is in flight: what that batch brings back for it is dropped
+            aborted = next(seq.request_id for seq in engine.scheduler.running if seq.in_flight)
+            assert engine.abort(aborted) is not None
+    cut = got.pop(aborted)
+    assert cut == want.pop(aborted)[: len(cut)] and len(cut) < lengths[int(aborted[1:])]
+    assert got == want
+    # The runner's own counters: a step went to the stages while another was still in them, two at most.
+    assert runner.peak_in_flight == DEGREE
+    assert runner.overlapped >= max(lengths) - 2
 
 
 @pytest.mark.parametrize("pp_build", ["llama"], indirect=True)

@@ -143,7 +143,8 @@ BENCHES = (
         "tools/bench_pipeline_parallel.py builds SmolLM2-135M-Instruct (fp32) with --pipeline-parallel 2 at the "
         "unsharded serving artifact's geometry and serves the same requests through the serving engine with each, "
         "8 in flight, one thread a stage against the unsharded artifact on the host's cores, each in a process of "
-        "its own, alternating round by round: requests/s, and the stages' bubble against GPipe's (docs/parallel.md).",
+        "its own, alternating round by round: requests/s, and the stages' bubble with a batch in flight a stage "
+        "(vLLM's virtual engines) against the schedule's and the stages' imbalance (docs/parallel.md).",
     ),
     Bench(
         "collectives",

@@ -6,10 +6,13 @@ Builds the real model as a ``--pipeline-parallel M`` onnxruntime artifact (one i
 (``--whole``, ONNX Runtime's default threads: the host's cores) and the stages. Each serves ``--requests`` requests
 of a ``--prompt``-token prompt and ``--new`` greedy tokens through the serving engine with ``--concurrency``
 sequences in flight; the figures are requests/s and, for the stages, the bubble: the share of the stages' time
-spent waiting on a neighbour, ``1 - sum(busy) / (M * wall)``, against GPipe's ``(M-1) / (m+M-1)`` for ``m``
-micro-batches a decode step. Writes docs/bench/pipeline_parallel.json.
+spent waiting on a neighbour, ``1 - sum(busy) / (M * wall)``. The engine keeps a batch in flight a stage (vLLM's
+virtual engines; ``--batches-in-flight 1``: one batch a step, in ``m`` micro-batches), so the schedule leaves no
+bubble in steady state (GPipe's ``(M-1) / (m+M-1)`` with one batch); what remains is the stages' imbalance,
+``1 - sum(busy) / (M * max(busy))``, reported beside it, and the driver's time between batches.
+Writes docs/bench/pipeline_parallel.json.
 
-    python tools/bench_pipeline_parallel.py [--model DIR] [--whole ARTIFACT] [--rounds 3]
+    python tools/bench_pipeline_parallel.py [--model DIR] [--whole ARTIFACT] [--rounds 3] [--batches-in-flight 1]
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ CACHE = Path.home() / ".cache" / "aotforge"
 MODEL = CACHE / "models" / "SmolLM2-135M-Instruct-fp32-b179c9523d0e6a0f"
 WHOLE = CACHE / "bench-serve" / "artifacts" / "onnxruntime-fp32" / "smollm2-fp32" / "1" / "onnxruntime"
 PREFIX = "RESULT "
+#: what a child run is told, in ``child``'s order
+CHILD_ARGS = ("requests", "concurrency", "prompt", "new", "batches_in_flight")
 
 
 def build(model: Path, work: Path, whole: Path, degree: int) -> Path:
@@ -51,12 +56,12 @@ def build(model: Path, work: Path, whole: Path, degree: int) -> Path:
     return Path(result.path)
 
 
-def child(artifact: Path, requests: int, concurrency: int, prompt: int, new: int) -> dict[str, Any]:
+def child(artifact: Path, requests: int, concurrency: int, prompt: int, new: int, in_flight: int) -> dict[str, Any]:
     """One runtime's run: load, one warm-up request, then ``requests`` requests ``concurrency`` at a time."""
     from aotforge.artifacts.engine_loader import load_engine
     from aotforge.runtime.params import EngineConfig, SamplingParams
 
-    engine, _, _ = load_engine(artifact, EngineConfig(max_num_seqs=concurrency))
+    engine, _, _ = load_engine(artifact, EngineConfig(max_num_seqs=concurrency, max_batches_in_flight=in_flight))
     engine.eos_token_ids = frozenset()  # every request decodes all of its tokens
 
     def serve(ids: range) -> float:
@@ -77,14 +82,19 @@ def child(artifact: Path, requests: int, concurrency: int, prompt: int, new: int
     out: dict[str, Any] = {"wall_s": wall, "requests_per_s": requests / wall, "tokens_per_s": requests * new / wall}
     if busy is not None and group is not None:
         spent = [after - before for before, after in zip(busy, group.busy_seconds(), strict=True)]
-        out |= {"stage_busy_s": spent, "bubble": 1 - sum(spent) / (len(spent) * wall)}
+        out |= {
+            "stage_busy_s": spent,
+            "bubble": 1 - sum(spent) / (len(spent) * wall),
+            "bubble_imbalance": 1 - sum(spent) / (len(spent) * max(spent)),
+            "batches_in_flight": engine.batches_in_flight,
+        }
     return out
 
 
 def _run(artifact: Path, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", str(artifact)]
-    for flag in ("requests", "concurrency", "prompt", "new"):
-        command += [f"--{flag}", str(getattr(args, flag))]
+    for flag in CHILD_ARGS:
+        command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     env = {**os.environ, "PYTHONPATH": str(TOOLS.parent)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
     for line in done.stdout.splitlines():
@@ -104,11 +114,14 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=32)
+    parser.add_argument(
+        "--batches-in-flight", type=int, default=0, help="batches the engine keeps in flight (0: one a stage)"
+    )
     parser.add_argument("--json", type=Path, default=bench_record.BENCH_DIR / "pipeline_parallel.json")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(PREFIX + json.dumps(child(args.child, args.requests, args.concurrency, args.prompt, args.new)))
+        print(PREFIX + json.dumps(child(args.child, *(getattr(args, k) for k in CHILD_ARGS))))
         return
     run = bench_record.start({k: v for k, v in vars(args).items() if k != "child"})
     artifact = build(args.model, args.work, args.whole, args.degree)
@@ -121,9 +134,15 @@ def main() -> None:
     for _ in range(args.rounds):  # alternating: each round runs every runtime once, each in its own process
         for name, path in runtimes.items():
             rounds[name].append(_run(path, args))
-    micro = min(int(pp["micro_batches"]), args.concurrency)
-    theory = (args.degree - 1) / (micro + args.degree - 1)
-    results = {"rounds": rounds, "bounds": pp["layout"]["bounds"], "micro_batches": micro, "bubble_theory": theory}
+    staged = [r for r in rounds[list(runtimes)[-1]] if "batches_in_flight" in r]
+    in_flight = staged[0]["batches_in_flight"] if staged else 1
+    # One batch a step goes as micro-batches, GPipe's fill and drain every step; a batch a stage, each as one.
+    micro = 1 if in_flight > 1 else min(int(pp["micro_batches"]), args.concurrency)
+    theory = 0.0 if in_flight >= args.degree else (args.degree - 1) / (micro + args.degree - 1)
+    results = {
+        "rounds": rounds, "bounds": pp["layout"]["bounds"], "micro_batches": micro, "bubble_theory": theory,
+        "batches_in_flight": in_flight,
+    }  # fmt: skip
     print(json.dumps(results, indent=1))
     bench_record.write(args.json, "pipeline_parallel", run, tables(rounds, theory, args), results)
 
@@ -135,7 +154,15 @@ def tables(rounds: dict[str, list[dict[str, Any]]], theory: float, args: argpars
     ratios = [p["requests_per_s"] / w["requests_per_s"] for w, p in zip(ok[whole], ok[pp], strict=False)]
     throughput = bench_record.table(
         f"Request throughput, {args.concurrency} concurrent requests, SmolLM2-135M-Instruct fp32",
-        ("runtime", "requests/s", "tokens/s", "throughput / unsharded (per round)", "bubble", "bubble (theory)"),
+        (
+            "runtime",
+            "requests/s",
+            "tokens/s",
+            "throughput / unsharded (per round)",
+            "bubble",
+            "bubble (theory)",
+            "stage imbalance",
+        ),  # fmt: skip
         [
             [
                 name,
@@ -144,13 +171,15 @@ def tables(rounds: dict[str, list[dict[str, Any]]], theory: float, args: argpars
                 fig(ratios, 3) if name == pp else "1",
                 fig([r["bubble"] for r in runs], 3) if name == pp else "",
                 round(theory, 3) if name == pp else "",
+                fig([r.get("bubble_imbalance", 0.0) for r in runs], 3) if name == pp else "",
             ]
             for name, runs in ok.items()
         ],  # fmt: skip
         f"{args.requests} requests of a {args.prompt}-token prompt and {args.new} new tokens through the serving "
         "engine, each runtime in a process of its own, alternating round by round; the ratio is taken within each "
-        "round. Bubble: the share of the stages' time spent waiting on a neighbour; theory: a decode step's "
-        "(M-1)/(m+M-1) for m micro-batches (a prompt alone through the stages waits (M-1)/M).",
+        "round. Bubble: the share of the stages' time spent waiting on a neighbour; theory: 0 with a batch in "
+        "flight a stage (the engine's default), else a decode step's (M-1)/(m+M-1) for m micro-batches; stage "
+        "imbalance: the part of the bubble that the slower stage leaves the others, 1 - sum(busy) / (M max(busy)).",
     )
     return [throughput]
 

@@ -10,8 +10,9 @@ Prints, for each measured layout, what the model predicts from the *other* measu
   the host's cores ``C`` add a scheduler hand-off to every all-reduce.
 * pipeline parallelism, a serving decode step of ``m`` micro-batches over ``M`` stages:
   ``wall = (m + M - 1) / m * max_s busy_s`` (GPipe's schedule over the stages' measured busy time) and the bubble
-  ``(M-1)/(m+M-1)``; and the throughput against the unsharded artifact from first principles, between two bounds
-  of a memory-bound step: one core drawing the host's whole bandwidth (``m/(m+M-1) * W / (m * W_max)``) or only
+  ``(M-1)/(m+M-1)``; with a batch in flight a stage (the engine's default), ``m`` batches of one micro-batch each
+  and ``wall = max_s busy_s``; and the throughput against the unsharded artifact from first principles, between two
+  bounds of a memory-bound step: one core drawing the host's whole bandwidth (``m/(m+M-1) * W / (m * W_max)``) or only
   its share (that times ``cores_per_stage / C1``).
 * and what the same formulas give for a host with more cores and for two hosts (``--cores``, ``--link-us``,
   ``--link-gbps``): the terms a user puts in to size a deployment.
@@ -72,11 +73,15 @@ def pipeline_parallel(data: dict[str, Any], host_cores: int) -> list[str]:
     staged = [r for r in results["rounds"][pp_name] if "requests_per_s" in r]
     bounds, m = results["bounds"], int(results["micro_batches"])
     stages = len(bounds) - 1
-    fill = (m + stages - 1) / m
+    # A batch in flight a stage keeps every stage busy: each batch is one micro-batch and there is no fill.
+    in_flight = int(results.get("batches_in_flight", 1))
+    m, fill = (in_flight, 1.0) if in_flight >= stages else (m, (m + stages - 1) / m)
     lines = []
     wall = [fill * max(r["stage_busy_s"]) for r in staged]
     lines.append(
-        f"pipeline parallel {stages}, {m} micro-batches: wall predicted from the stages' busy time "
+        f"pipeline parallel {stages}, "
+        f"{f'{in_flight} batches in flight' if in_flight >= stages else f'{m} micro-batches'}: "
+        "wall predicted from the stages' busy time "
         f"{median(wall):.2f} s, measured {median([r['wall_s'] for r in staged]):.2f} s; bubble theory "
         f"{results['bubble_theory']:.3f}, measured {median([r['bubble'] for r in staged]):.3f}"
     )

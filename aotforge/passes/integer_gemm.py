@@ -16,15 +16,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-
-def _const(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    """An initializer of ``graph`` (reused when one of that name exists: the scalars every rewrite shares)."""
-    if name in graph.initializers:
-        return graph.initializers[name]
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)))
-    value.const_value = ir.tensor(array, name=name)
-    graph.register_initializer(value)
-    return value
+from aotforge.core.onnx_values import add_initializer
 
 
 def int8_per_column(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -40,16 +32,17 @@ def integer_gemm(graph: ir.Graph, node: ir.Node) -> None:
     activation, weight = node.inputs[0], node.inputs[1]
     assert activation is not None and weight is not None and weight.const_value is not None
     quantized, scale = int8_per_column(weight.const_value.numpy().astype(np.float32))
-    w = _const(graph, f"{weight.name}_int8", quantized)
-    w_scale = _const(graph, f"{weight.name}_int8_scale", scale)
-    inv = _const(graph, "integer_gemm_inv127", np.array(1 / 127, np.float32))
-    tiny = _const(graph, "integer_gemm_tiny", np.array(1e-30, np.float32))  # an all-zero row: 0, not NaN
-    shift = _const(graph, "integer_gemm_128", np.array(128, np.float32))
-    zero = _const(graph, "integer_gemm_zero_point", np.array(128, np.uint8))
+    w = add_initializer(graph, f"{weight.name}_int8", quantized, share=True)
+    w_scale = add_initializer(graph, f"{weight.name}_int8_scale", scale, share=True)
+    inv = add_initializer(graph, "integer_gemm_inv127", np.array(1 / 127, np.float32), share=True)
+    # An all-zero row: 0, not NaN.
+    tiny = add_initializer(graph, "integer_gemm_tiny", np.array(1e-30, np.float32), share=True)
+    shift = add_initializer(graph, "integer_gemm_128", np.array(128, np.float32), share=True)
+    zero = add_initializer(graph, "integer_gemm_zero_point", np.array(128, np.uint8), share=True)
     name = str(node.name)
     magnitude = ir.node("Abs", [activation], name=f"{name}_abs")
     if graph.opset_imports.get("", 18) >= 18:  # the axes an input from opset 18, an attribute before
-        axes = _const(graph, "integer_gemm_axes", np.array([-1], np.int64))
+        axes = add_initializer(graph, "integer_gemm_axes", np.array([-1], np.int64), share=True)
         peak = ir.node("ReduceMax", [magnitude.outputs[0], axes], {"keepdims": 1}, name=f"{name}_peak")
     else:
         peak = ir.node("ReduceMax", [magnitude.outputs[0]], {"keepdims": 1, "axes": [-1]}, name=f"{name}_peak")

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 import numpy as np
 import onnx_ir as ir
 
+from aotforge.core.onnx_values import add_initializer, constant_array
 from aotforge.passes.quantization_debug import Feeds, tensor_values
 
 MS = "com.microsoft"
@@ -43,11 +44,11 @@ def fold_attention_weights(model: ir.Model) -> int:
         if not _is_attention(node) or len(node.inputs) < 2 or node.inputs[1] is None:
             continue
         concat = node.inputs[1].producer()
-        if concat is None or concat.op_type != "Concat" or any(_const(v) is None for v in concat.inputs):
+        if concat is None or concat.op_type != "Concat" or any(constant_array(v) is None for v in concat.inputs):
             continue
         axis = concat.attributes["axis"].as_int()
-        array = np.concatenate([_const(v) for v in concat.inputs], axis=axis)  # type: ignore[misc]
-        node.replace_input_with(1, _initializer(graph, f"{node.name}_qkv_weight", array))
+        array = np.concatenate([constant_array(v) for v in concat.inputs], axis=axis)  # type: ignore[misc]
+        node.replace_input_with(1, add_initializer(graph, f"{node.name}_qkv_weight", array))
         folded += 1
         if not concat.outputs[0].uses():
             graph.remove(concat, safe=True)
@@ -150,7 +151,7 @@ def smooth(model: ir.Model, feeds: list[Feeds], alpha: float, min_ratio: float, 
     for node in nodes:
         x, w = node.inputs[0], node.inputs[1]
         assert x is not None and w is not None  # _weighted checked both
-        act, weight = np.maximum(peaks[str(x.name)], 1e-5), _const(w)
+        act, weight = np.maximum(peaks[str(x.name)], 1e-5), constant_array(w)
         if weight is None or act.shape[0] != weight.shape[0] or act.max() < min_ratio * np.median(act):
             continue
         scale = act**alpha / np.maximum(np.abs(weight).max(axis=1), 1e-5) ** (1 - alpha)
@@ -158,14 +159,14 @@ def smooth(model: ir.Model, feeds: list[Feeds], alpha: float, min_ratio: float, 
         # a geometric mean of 1 instead, the quiet channels of the calibration data were scaled up, and inputs
         # unlike it (random token ids, longer sequences) lost the fp32 result (cosine 0.86 where plain got 0.98).
         scale = np.clip(scale / np.median(scale), 1.0, 1e3).astype(np.float32)
-        inverse = _initializer(graph, f"{node.name}_smooth", (1 / scale).astype(np.float32))
+        inverse = add_initializer(graph, f"{node.name}_smooth", (1 / scale).astype(np.float32))
         mul = ir.node("Mul", [x, inverse], name=f"{node.name}_smooth")
         mul.outputs[0].name, mul.outputs[0].shape = f"{node.name}_smoothed", x.shape
         if x.dtype is not None:
             mul.outputs[0].dtype = x.dtype
         graph.insert_before(node, mul)
         node.replace_input_with(0, mul.outputs[0])
-        node.replace_input_with(1, _initializer(graph, f"{node.name}_smooth_weight", weight * scale[:, None]))
+        node.replace_input_with(1, add_initializer(graph, f"{node.name}_smooth_weight", weight * scale[:, None]))
         if not w.uses() and w.name in graph.initializers:
             graph.initializers.pop(str(w.name))
         smoothed.append(str(node.name))
@@ -231,25 +232,5 @@ def _weighted(node: ir.Node) -> bool:
         return False
     if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
         return False
-    weight = _const(node.inputs[1])
+    weight = constant_array(node.inputs[1])
     return weight is not None and weight.ndim == 2 and weight.dtype == np.float32 and len(node.inputs[1].uses()) == 1
-
-
-def _const(value: ir.Value | None) -> np.ndarray | None:
-    if value is None or value.const_value is None:
-        return None
-    return value.const_value.numpy()
-
-
-def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    taken, unique, k = set(graph.initializers), name, 1
-    while unique in taken:
-        unique, k = f"{name}_{k}", k + 1
-    value = ir.Value(
-        name=unique,
-        shape=ir.Shape(array.shape),
-        type=ir.TensorType(ir.DataType.FLOAT),
-        const_value=ir.tensor(array, name=unique),
-    )
-    graph.register_initializer(value)
-    return value

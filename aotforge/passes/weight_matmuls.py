@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from aotforge.core.onnx_values import add_initializer
+
 
 def weight_shape(node: ir.Node) -> tuple[object, ...] | None:
     """The shape of ``node``'s constant weight (input 1), or None when it is computed at run time."""
@@ -82,15 +84,7 @@ def transposed_weights_as_constants(model: ir.Model) -> int:
             continue
         name = f"{weight.name}_kn"
         if name not in graph.initializers:
-            array = np.ascontiguousarray(weight.const_value.numpy().T)
-            graph.register_initializer(
-                ir.Value(
-                    name=name,
-                    shape=ir.Shape(array.shape),
-                    type=ir.TensorType(weight.const_value.dtype),
-                    const_value=ir.tensor(array, name=name),
-                )
-            )
+            add_initializer(graph, name, np.ascontiguousarray(weight.const_value.numpy().T))
         node.replace_input_with(1, graph.initializers[name])
         if not transpose.outputs[0].uses() and not transpose.outputs[0].is_graph_output():
             graph.remove(transpose, safe=True)
@@ -108,13 +102,7 @@ def gemms_as_matmuls(model: ir.Model, names: list[str]) -> None:
         if node.attributes.get_int("transB", 0):
             array = np.ascontiguousarray(array.T)
         name = f"{weight.name}_kn" if f"{weight.name}_kn" not in graph.initializers else f"{node.name}_weight_kn"
-        matrix = ir.Value(
-            name=name,
-            shape=ir.Shape(array.shape),
-            type=ir.TensorType(weight.const_value.dtype),
-            const_value=ir.tensor(array, name=name),
-        )
-        graph.register_initializer(matrix)
+        matrix = add_initializer(graph, name, array)
         new = [ir.node("MatMul", [node.inputs[0], matrix], name=str(node.name))]
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         if bias is not None:

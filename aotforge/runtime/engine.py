@@ -3,10 +3,17 @@
 ``add_request`` queues a prompt; each ``step`` runs what the scheduler planned (prompt chunks, then one
 decode over every decoding sequence), samples each sequence's next token with its own parameters, and
 returns what changed as :class:`RequestOutput`s. Not thread-safe: ``AsyncEngine`` drives it from one thread.
+
+Over a pipelined runner (``runner.PipelinedRunner``: stages that each work on a different step) the engine keeps
+``batches_in_flight`` batches of disjoint sequences in flight, as vLLM's engine core steps its batch queue: a step
+first submits a new batch while the queue has room and something is left to plan, else it waits for the oldest
+batch and returns its tokens. Running sequences so fall into as many groups as batches, each stepped in turn, and
+stage 0 runs one group while stage 1 runs the other.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -62,6 +69,11 @@ class LLMEngine:
         self._sequences: dict[str, Sequence] = {}
         self._stats = StepStats()
         self.last_stats = StepStats(kv_blocks_total=num_blocks)
+        #: batches the runner may hold at once (1: each step runs to its end before the next is planned)
+        depth = int(getattr(runner, "batches_in_flight", 1)) if hasattr(runner, "submit") else 1
+        self.batches_in_flight = max(1, min(depth, config.max_batches_in_flight or depth))
+        #: the plans submitted to a pipelined runner and not yet collected, oldest first
+        self._in_flight: collections.deque[Plan] = collections.deque()
 
     def _max_num_seqs(self, runner: ModelRunner) -> int:
         return min(self.config.max_num_seqs or runner.max_rows, runner.max_rows)
@@ -117,7 +129,7 @@ class LLMEngine:
         return self._finish(seq, FinishReason.ABORT)
 
     def has_unfinished(self) -> bool:
-        return bool(self.scheduler.waiting or self.scheduler.running)
+        return bool(self.scheduler.waiting or self.scheduler.running or self._in_flight)
 
     @property
     def num_waiting(self) -> int:
@@ -126,14 +138,12 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        plan = self.scheduler.schedule()
-        self._stats.num_preemptions = len(plan.preempted)
-        self._stats.prefix_cache_queries, self._stats.prefix_cache_hits = plan.prefix_queries, plan.prefix_hits
+        if self.batches_in_flight > 1:
+            pipelined = self._step_pipelined()
+            self._finish_stats()
+            return pipelined
+        plan = self._schedule()
         outputs: list[RequestOutput] = []
-        now = time.monotonic()
-        for seq, _ in plan.prefills:
-            if seq.scheduled_at is None:
-                seq.scheduled_at = now
         if hasattr(self.runner, "step"):  # a runner that pipelines the step's prompts with its decode (stages)
             outputs += self._run_step(plan)
             self._finish_stats()
@@ -147,10 +157,64 @@ class LLMEngine:
         self._finish_stats()
         return outputs
 
-    def _run_step(self, plan: Plan) -> list[RequestOutput]:
-        """The step's prompt chunks and its decode as one call of a runner that has ``step`` (``runner.py``)."""
-        if not (plan.prefills or plan.decodes):
+    def _schedule(self, max_seqs: int = 0) -> Plan:
+        plan = self.scheduler.schedule(max_seqs)
+        self._stats.num_preemptions += len(plan.preempted)
+        self._stats.prefix_cache_queries += plan.prefix_queries
+        self._stats.prefix_cache_hits += plan.prefix_hits
+        now = time.monotonic()
+        for seq, _ in plan.prefills:
+            if seq.scheduled_at is None:
+                seq.scheduled_at = now
+        return plan
+
+    def _step_pipelined(self) -> list[RequestOutput]:
+        """Submit a new batch while the runner has room for one and something is left to plan (filling the
+        pipeline comes first); else wait for the oldest batch and take its tokens."""
+        if len(self._in_flight) < self.batches_in_flight:
+            plan = self._schedule(self._batch_seqs())
+            if plan.prefills or plan.decodes:
+                chunks, decode = self._step_inputs(plan)
+                try:
+                    self.runner.submit(chunks, decode)  # type: ignore[attr-defined]
+                except RankFailedError as e:
+                    return self._lost_cache(e)
+                except Exception as e:
+                    return self._failed(plan, e)
+                for seq in self._planned(plan):
+                    seq.in_flight = True
+                self._in_flight.append(plan)
+                if len(self._in_flight) < self.batches_in_flight and self.scheduler.schedulable():
+                    return []
+        if not self._in_flight:
             return []
+        plan = self._in_flight.popleft()
+        for seq in self._planned(plan):
+            seq.in_flight = False
+        try:
+            prompt_logits, logits = self.runner.collect()  # type: ignore[attr-defined]
+        except RankFailedError as e:
+            return self._lost_cache(e)
+        except Exception as e:
+            return self._failed(plan, e)
+        # A sequence aborted while its batch was in flight is finished already: what the batch made for it goes.
+        outputs = []
+        for (seq, n), last in zip(plan.prefills, prompt_logits, strict=True):
+            outputs += [] if seq.finished else self._prefilled(seq, n, last)
+        return outputs + (self._decoded(plan, logits) if plan.decodes else [])
+
+    def _batch_seqs(self) -> int:
+        """How many sequences a batch takes: an even share of what may run, so the batches in flight are alike."""
+        s = self.scheduler
+        runnable = min(s.max_num_seqs, len(s.running) + len(s.waiting))
+        return max(1, -(-runnable // self.batches_in_flight))
+
+    @staticmethod
+    def _planned(plan: Plan) -> list[Sequence]:
+        return [seq for seq, _ in plan.prefills] + plan.decodes
+
+    def _step_inputs(self, plan: Plan) -> tuple[list[tuple[np.ndarray, int, np.ndarray]], Any]:
+        """A step's prompt chunks and decode, as ``ModelRunner.step`` takes them."""
         chunks = [
             (
                 np.asarray(seq.all_ids[seq.num_computed : seq.num_computed + n], np.int64),
@@ -159,18 +223,28 @@ class LLMEngine:
             )
             for seq, n in plan.prefills
         ]
-        decode = self._decode_inputs(plan) if plan.decodes else None
+        return chunks, self._decode_inputs(plan) if plan.decodes else None
+
+    def _run_step(self, plan: Plan) -> list[RequestOutput]:
+        """The step's prompt chunks and its decode as one call of a runner that has ``step`` (``runner.py``)."""
+        if not (plan.prefills or plan.decodes):
+            return []
+        chunks, decode = self._step_inputs(plan)
         try:
             prompt_logits, logits = self.runner.step(chunks, decode)  # type: ignore[attr-defined]
         except RankFailedError as e:
             return self._lost_cache(e)
-        except Exception as e:  # the call's sequences fail together: the call cannot say whose fault it was
-            why = f"the model runner failed: {describe(e, last=True)}"
-            return [self._finish(seq, FinishReason.ERROR, why) for seq in [s for s, _ in plan.prefills] + plan.decodes]
+        except Exception as e:
+            return self._failed(plan, e)
         outputs = []
         for (seq, n), last in zip(plan.prefills, prompt_logits, strict=True):
             outputs += self._prefilled(seq, n, last)
         return outputs + (self._decoded(plan, logits) if plan.decodes else [])
+
+    def _failed(self, plan: Plan, e: Exception) -> list[RequestOutput]:
+        """The call's sequences fail together: the call cannot say whose fault it was."""
+        why = f"the model runner failed: {describe(e, last=True)}"
+        return [self._finish(seq, FinishReason.ERROR, why) for seq in self._planned(plan) if not seq.finished]
 
     def _table(self, seq: Sequence) -> np.ndarray:
         table = np.full(self.table_width, SCRATCH_BLOCK, dtype=np.int64)
@@ -226,6 +300,8 @@ class LLMEngine:
     def _decoded(self, plan: Plan, logits: np.ndarray) -> list[RequestOutput]:
         outputs = []
         for row, seq in enumerate(plan.decodes):
+            if seq.finished:  # aborted while its batch was in flight
+                continue
             self._computed(seq, 1)
             outputs.append(self._append(seq, logits[row]))
         return outputs
@@ -235,6 +311,7 @@ class LLMEngine:
         every sequence with keys and values in the pool fails, and the prefix cache forgets what it held."""
         why = f"the model runner failed: {describe(e, last=True)}"
         outputs = [self._finish(seq, FinishReason.ERROR, why) for seq in list(self.scheduler.running)]
+        self._in_flight.clear()  # the runner's restarted stages hold none of them
         self.blocks.drop_cached()
         return outputs
 

@@ -67,17 +67,23 @@ def _columns(
     if unknown:
         raise TypeError(f"generate() got unexpected keyword arguments {sorted(unknown)}")
     sampler = Sampler(SamplingOptions(**sampling))
-    engine = _engine(model, batch, int(lengths.sum()))
+    engine = _engine(model, batch, int(lengths.sum()), sampler.options.do_sample)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0)  # the call's sampler draws; eos: _advance
     for row, (prompt, n) in enumerate(zip(packed.tolist(), lengths.tolist(), strict=True)):
         engine.add_request(str(row), prompt[:n], params, sampler=sampler)
     return _advance(engine, batch, stop_ids(eos_token_id))
 
 
-def _engine(model: Any, batch: int, prompt_tokens: int) -> LLMEngine:
+def _engine(model: Any, batch: int, prompt_tokens: int, sampled: bool) -> LLMEngine:
     """An engine for one call: a slot per row, every prompt prefilled whole in the first step (the budget holds
-    them all), no prefix reuse (each call starts from nothing, as the step engine's did)."""
-    config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(prompt_tokens, 1), enable_prefix_caching=False)
+    them all), no prefix reuse (each call starts from nothing, as the step engine's did). A sampled call steps one
+    batch at a time: its one generator draws row after row, which batches in flight would reorder."""
+    config = EngineConfig(
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(prompt_tokens, 1),
+        enable_prefix_caching=False,
+        max_batches_in_flight=1 if sampled else 0,
+    )
     return LLMEngine(model.model_runner(batch), config)
 
 

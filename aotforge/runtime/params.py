@@ -50,7 +50,8 @@ class EngineConfig:
 
     ``max_num_seqs`` 0 runs as many sequences as the artifact's ``max_batch``. ``num_blocks`` 0 sizes the cache
     from ``kv_cache_bytes``, and that 0 from ``max_num_seqs`` full-length sequences. ``max_waiting`` bounds the
-    queue: a request past it is refused (the server's 429)."""
+    queue: a request past it is refused (the server's 429). ``max_batches_in_flight`` 0 keeps as many batches in
+    flight as a pipelined runner takes (one a stage; ``runner.PipelinedRunner``), 1 one batch at a time."""
 
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 512
@@ -59,11 +60,12 @@ class EngineConfig:
     kv_cache_bytes: int = 0
     enable_prefix_caching: bool = True
     max_waiting: int = 256
+    max_batches_in_flight: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise InputSpecError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_num_seqs", "num_blocks", "kv_cache_bytes", "max_waiting"):
+        for name in ("max_num_seqs", "num_blocks", "kv_cache_bytes", "max_waiting", "max_batches_in_flight"):
             if getattr(self, name) < 0:
                 raise InputSpecError(f"{name} must be >= 0, got {getattr(self, name)}")

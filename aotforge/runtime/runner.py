@@ -12,6 +12,12 @@ A runner may also have ``step(chunks, decode) -> (chunk_logits, decode_logits)``
 ``[(token_ids, start, block_table), ...]`` (``prefill`` where ``start`` is 0, else ``extend``) and then its decode
 ``(token_ids, positions, block_tables)`` or ``None``, as one call. The engine uses it where it is there, so a runner
 whose stages pipeline (``targets/generative/stages.py``) runs a prompt as one more micro-batch of the decode's.
+
+A runner whose stages can each work on a different step (:class:`PipelinedRunner`) also has ``submit(chunks,
+decode)``, which sends a step as ``step`` takes it and returns at once, ``collect()``, which waits for the oldest
+submitted step's ``(chunk_logits, decode_logits)``, and ``batches_in_flight``, how many steps it can hold at once
+(its stages). The engine then keeps that many batches of disjoint sequences in flight (vLLM's virtual engines):
+stage 0 runs the next batch while stage 1 runs this one.
 """
 
 from __future__ import annotations
@@ -54,4 +60,19 @@ class ModelRunner(Protocol):
     def decode(self, token_ids: np.ndarray, positions: np.ndarray, block_tables: np.ndarray) -> np.ndarray:
         """One token per row ``[b]`` (``b = decode_rows(..)``) written at ``positions [b]`` through ``block_tables
         [b, table_width]`` (``table_width`` blocks cover the model's context); ``[b, vocab]``."""
+        ...
+
+
+class PipelinedRunner(ModelRunner, Protocol):
+    #: steps that can be in flight at once: one a stage keeps every stage busy
+    batches_in_flight: int
+
+    def submit(
+        self, chunks: list[tuple[np.ndarray, int, np.ndarray]], decode: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    ) -> None:
+        """Send a step (as ``step`` takes it) and return before it has run."""
+        ...
+
+    def collect(self) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """The oldest submitted step's results, as ``step`` returns them, once it has run."""
         ...

@@ -6,6 +6,10 @@ chunk of their prompt; then waiting requests are admitted first come, first serv
 from the cached blocks of its prompt's longest cached prefix. When a running sequence needs a block the pool
 has not got, the most recently admitted one is preempted: its blocks are freed and it waits at the head of
 the queue to be recomputed (nothing is lost).
+
+With a pipelined runner several batches are in flight at once: a step then plans at most ``max_seqs`` sequences,
+none of them in flight (its next token is not known until its batch returns), and preempts none in flight (the
+runner is still writing their blocks), as vLLM's scheduler skips a request whose tokens are still being computed.
 """
 
 from __future__ import annotations
@@ -39,12 +43,16 @@ class Scheduler:
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
 
-    def schedule(self) -> Plan:
+    def schedule(self, max_seqs: int = 0) -> Plan:
+        """This step's plan: at most ``max_seqs`` sequences (0: no limit but ``max_num_seqs``)."""
         plan = Plan()
         budget = self.config.max_num_batched_tokens
+        full = (lambda: len(plan.prefills) + len(plan.decodes) >= max_seqs) if max_seqs else (lambda: False)
         for seq in list(self.running):
-            if seq.status is not Status.RUNNING:
-                continue  # preempted by an earlier one of this loop
+            if full():
+                break
+            if seq.status is not Status.RUNNING or seq.in_flight:
+                continue  # preempted by an earlier one of this loop, or still in a batch of the runner's
             if seq.prefilling:  # blocks for this step's chunk, allocated once
                 n = self._fit(seq, self._chunk(seq, budget, bool(plan.prefills)))
                 if n and self._grow(seq, seq.num_computed + n, plan):
@@ -53,7 +61,7 @@ class Scheduler:
             elif self._grow(seq, seq.num_tokens, plan):
                 plan.decodes.append(seq)
                 budget -= 1
-        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0 and not full():
             seq = self.waiting[0]
             if not self._admit(seq, budget, plan):
                 break
@@ -99,14 +107,20 @@ class Scheduler:
         return True
 
     def _grow(self, seq: Sequence, positions: int, plan: Plan) -> bool:
-        """Blocks for ``positions`` of ``seq``, preempting the newest other running sequences if the pool is short."""
+        """Blocks for ``positions`` of ``seq``, preempting the newest other running sequences not in flight if the
+        pool is short (``seq`` itself last)."""
         while not self.blocks.allocate(seq.request_id, positions):
-            victim = self.running[-1]
+            victim = next(s for s in reversed(self.running) if not s.in_flight)
             self.preempt(victim)
             plan.preempted.append(victim)
             if victim is seq:
                 return False
         return True
+
+    def schedulable(self) -> bool:
+        """Whether a plan now could hold anything: a running sequence not in flight, or a request to admit."""
+        idle = any(not seq.in_flight for seq in self.running)
+        return idle or bool(self.waiting and len(self.running) < self.max_num_seqs)
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -33,6 +33,8 @@ class Sequence:
     num_computed: int = 0
     #: prompt tokens whose KV came from the prefix cache
     num_cached: int = 0
+    #: in a batch the runner has not returned yet (a pipelined runner): its next token is not known
+    in_flight: bool = False
     scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None

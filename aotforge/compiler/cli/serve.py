@@ -32,6 +32,7 @@ ENGINE_HELP = {
     "kv_cache_bytes": "KV-cache size in bytes (0: --max-num-seqs full-length sequences).",
     "enable_prefix_caching": "Reuse the KV blocks of a prompt prefix already computed.",
     "max_waiting": "Most requests waiting; past it a request is refused with 429.",
+    "max_batches_in_flight": "Most batches in flight at once on a pipeline-parallel artifact (0: one a stage).",
 }
 
 

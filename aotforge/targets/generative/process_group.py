@@ -128,6 +128,20 @@ class GroupEngine:
         except RankFailedError as e:
             raise RankFailedError(f"{e}; {self._restart()}") from e
 
+    def submit(self, where: str, method: str, *args: Any) -> None:
+        """:meth:`call`'s first half: send the call and return (a worker answers its calls in order)."""
+        try:
+            self.group.submit(where, method, *args)
+        except RankFailedError as e:
+            raise RankFailedError(f"{e}; {self._restart()}") from e
+
+    def collect(self) -> Any:
+        """:meth:`call`'s second half: the result of the oldest call submitted."""
+        try:
+            return self.group.collect()
+        except RankFailedError as e:
+            raise RankFailedError(f"{e}; {self._restart()}") from e
+
     def _restart(self) -> str:
         """Start a new group like the failed one; what the failed requests' error adds."""
         self.group.close()

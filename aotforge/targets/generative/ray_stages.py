@@ -15,6 +15,7 @@ aotforge importable; an actor that cannot load its stage says which node it ran 
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -106,7 +107,8 @@ class ActorGroup:
         self.settle_s = settle_s
         self.size = len(actors)
         self.failed = ""
-        self.pending: list[Any] = []
+        #: each sent call's result refs, oldest first (a pipelined runner has several in flight)
+        self.pending: collections.deque[list[Any]] = collections.deque()
         self.nodes: list[str] = []
         self.pids: list[int] = []
 
@@ -116,10 +118,11 @@ class ActorGroup:
         refs: list[Any] = [None] * self.size
         for i in range(self.size) if order is None else order:
             refs[i] = self.actors[i].call.remote(message)
-        self.pending = refs
+        self.pending.append(refs)
 
     def gather(self, stop_at_error: bool = False) -> list[Any]:
-        return self._results(self.pending, stop_at_error)
+        """The replies to the oldest call sent (an actor runs its calls in the order they were sent)."""
+        return self._results(self.pending.popleft(), stop_at_error)
 
     def call(self, message: Any, order: Any = None, stop_at_error: bool = False) -> list[Any]:
         self.send(message, order)

@@ -15,6 +15,7 @@ cache, as for tensor-parallel ranks (``process_group.GroupEngine``).
 
 from __future__ import annotations
 
+import collections
 import multiprocessing
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from aotforge.core.decoder import DecoderSpec
-from aotforge.core.errors import describe
+from aotforge.core.errors import RankFailedError, describe
 from aotforge.core.placement import Placement, Workers
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets import loaded_shard_runtime
@@ -88,10 +89,19 @@ class StageGroup:
         return self.workers.failed
 
     def call(self, where: str, method: str, *args: Any) -> Any:
-        """``method(*args)`` on every stage's engine (``where="engine"``) or runner; the last stage's result.
-        The last stage is told first: it is the one the others feed."""
-        order = range(self.degree - 1, -1, -1)
-        return self.workers.call((where, method, args), order, stop_at_error=True)[-1]
+        """``method(*args)`` on every stage's engine (``where="engine"``) or runner; the last stage's result."""
+        self.submit(where, method, *args)
+        return self.collect()
+
+    def submit(self, where: str, method: str, *args: Any) -> None:
+        """Send :meth:`call`'s message to every stage without waiting: each stage runs its calls in order, so a
+        stage works on the next call while the one after it works on this one. The last stage is told first: it is
+        the one the others feed."""
+        self.workers.send((where, method, args), range(self.degree - 1, -1, -1))
+
+    def collect(self) -> Any:
+        """The last stage's result of the oldest call submitted."""
+        return self.workers.gather(stop_at_error=True)[-1]
 
     def busy_seconds(self) -> list[float]:
         """Each stage's seconds computing so far (not waiting on a neighbour): the bubble is the rest."""
@@ -142,36 +152,55 @@ class StagedEngine(GroupEngine):
 
 class StagedModelRunner:
     """The serving runtime's ``ModelRunner`` over the stages' runners: each holds the KV pool of its layers under
-    the same block tables (the engine's); a decode goes through the stages as micro-batches."""
+    the same block tables (the engine's); a decode goes through the stages as micro-batches.
+
+    It is a ``PipelinedRunner`` (``runtime/runner.py``) of one batch in flight a stage: :meth:`submit` sends a step
+    to every stage and returns, so while the last stage runs one batch the first runs the next. Each batch in
+    flight decodes on working rows of its own (``slot``), so the groups of sequences that alternate keep theirs."""
 
     def __init__(self, engine: StagedEngine, max_rows: int) -> None:
         self.engine, self.spec, self.max_rows = engine, engine.spec, max_rows
         self.can_extend = engine.verify_width > 0
+        self.batches_in_flight = engine.group.degree
+        #: the working-row slot of each step submitted and not yet collected, oldest first
+        self._slots: collections.deque[int] = collections.deque()
+        #: steps submitted, and of those how many while another was in flight (the stages overlapped them)
+        self.submitted = self.overlapped = 0
+        self.peak_in_flight = 0
 
     @property
     def failure(self) -> str:
         """Why the stages cannot serve any more ('' while they can): a server's health check reads it."""
         return self.engine.group.failed
 
+    def _call(self, where: str, method: str, *args: Any) -> Any:
+        """A call that waits for its result, once every step in flight has come back (and been dropped: a caller
+        that calls now has given up on them, e.g. a ``generate()`` whose rows all stopped)."""
+        while self._slots:
+            self.collect()
+        return self.engine.call(where, method, *args)
+
     def allocate(self, num_blocks: int, block_size: int) -> None:
-        self.engine.call("runner", "allocate", num_blocks, block_size)
+        self._call("runner", "allocate", num_blocks, block_size)
         self.engine.pool = (num_blocks, block_size)
 
     def kv_cache_bytes(self) -> int:
+        while self._slots:
+            self.collect()
         return int(sum(self.engine.group.call_each("each", "kv_cache_bytes")))
 
     def prefill(self, token_ids: np.ndarray, block_table: np.ndarray) -> np.ndarray:
-        return self.engine.call("runner", "prefill", token_ids, block_table)
+        return self._call("runner", "prefill", token_ids, block_table)
 
     def extend(self, token_ids: np.ndarray, start: int, block_table: np.ndarray) -> np.ndarray:
-        return self.engine.call("runner", "extend", token_ids, start, block_table)
+        return self._call("runner", "extend", token_ids, start, block_table)
 
     def decode_rows(self, rows: int) -> int:
         return rows
 
     def decode(self, token_ids: np.ndarray, positions: np.ndarray, block_tables: np.ndarray) -> np.ndarray:
         parts = min(len(token_ids), self.engine.micro_batches)
-        return self.engine.call("runner", "decode", token_ids, positions, block_tables, parts)
+        return self._call("runner", "decode", token_ids, positions, block_tables, parts)
 
     def step(
         self, chunks: list[tuple[np.ndarray, int, np.ndarray]], decode: tuple[np.ndarray, np.ndarray, np.ndarray] | None
@@ -179,7 +208,36 @@ class StagedModelRunner:
         """A step's prompt chunks and decode as one call (``runtime/runner.py``): each prompt is one more item in
         the decode's fill and drain of the stages, so it waits for the stages once a step, not once a prompt."""
         parts = min(len(decode[0]), self.engine.micro_batches) if decode is not None else 0
-        return self.engine.call("runner", "step", chunks, decode, parts)
+        return self._call("runner", "step", chunks, decode, parts)
+
+    def submit(
+        self, chunks: list[tuple[np.ndarray, int, np.ndarray]], decode: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    ) -> None:
+        """:meth:`step` without waiting: its decode as one micro-batch (the other batches in flight fill the
+        stages), on the rows of the lowest slot no batch in flight holds."""
+        slot = min(set(range(self.batches_in_flight + 1)) - set(self._slots))
+        first = 0
+        if decode is not None:
+            share = -(-self.max_rows // self.batches_in_flight)
+            first = max(0, min(slot * share, self.max_rows - len(decode[0])))
+        try:
+            self.engine.submit("runner", "step", chunks, decode, 1, first)
+        except RankFailedError:
+            self._slots.clear()  # the restarted stages hold none of them
+            raise
+        self.submitted += 1
+        self.overlapped += bool(self._slots)
+        self._slots.append(slot)
+        self.peak_in_flight = max(self.peak_in_flight, len(self._slots))
+
+    def collect(self) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """The oldest submitted step's ``(chunk_logits, decode_logits)``."""
+        self._slots.popleft()
+        try:
+            return self.engine.collect()  # type: ignore[no-any-return]
+        except RankFailedError:
+            self._slots.clear()
+            raise
 
 
 def load_staged(artifact_dir: Path, record: TargetRecord, placement: Placement = Placement()) -> GenerativeRunner:

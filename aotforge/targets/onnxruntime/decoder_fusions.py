@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from aotforge.core.onnx_values import add_initializer
+
 
 def pack_for_ort(model: ir.Model) -> dict[str, int]:
     """The standard-op part (MatMul packing), run before the build's passes: a pass such as weight-only
@@ -76,15 +78,8 @@ def _pack_matmuls(model: ir.Model) -> int:
             continue
         arrays = [w for w in weights if w is not None]
         first = nodes[0]
-        joined = ir.Value(
-            name=f"{first.inputs[1].name}_packed",  # type: ignore[union-attr]
-            const_value=ir.tensor(np.concatenate(arrays, axis=1), name=f"{first.inputs[1].name}_packed"),  # type: ignore[union-attr]
-        )
-        model.graph.register_initializer(joined)
-        sizes = ir.Value(
-            name=f"{joined.name}_split", const_value=ir.tensor(np.array([a.shape[1] for a in arrays], dtype=np.int64))
-        )
-        model.graph.register_initializer(sizes)
+        joined = add_initializer(model.graph, f"{first.inputs[1].name}_packed", np.concatenate(arrays, axis=1))  # type: ignore[union-attr]
+        sizes = add_initializer(model.graph, f"{joined.name}_split", np.array([a.shape[1] for a in arrays], np.int64))
         matmul = ir.node("MatMul", [first.inputs[0], joined], name=f"{first.name}_packed")
         split = ir.node("Split", [matmul.outputs[0], sizes], attributes={"axis": -1}, num_outputs=len(nodes))
         split.name = f"{first.name}_split"

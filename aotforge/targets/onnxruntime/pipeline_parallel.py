@@ -95,7 +95,8 @@ class StageEngine(OrtStepEngine):
 
 class StageRunner(OrtModelRunner):
     """``OrtModelRunner`` whose decode runs as ``parts`` micro-batches, each over the working rows of its
-    sequences' places in the batch, so a sequence that keeps its place keeps its row."""
+    sequences' places in the batch, so a sequence that keeps its place keeps its row. ``first`` offsets those rows:
+    batches in flight together run on rows of their own, so neither moves the other's sequences off theirs."""
 
     def __init__(self, engine: StageEngine, max_rows: int) -> None:
         spec, sessions = engine.spec, (engine.prefill_session, engine.decode_session, engine.verify_session)
@@ -103,14 +104,14 @@ class StageRunner(OrtModelRunner):
         self.link = engine.link
 
     def decode(
-        self, token_ids: np.ndarray, positions: np.ndarray, block_tables: np.ndarray, parts: int = 1
+        self, token_ids: np.ndarray, positions: np.ndarray, block_tables: np.ndarray, parts: int = 1, first: int = 0
     ) -> np.ndarray:
         paged = self._rows()
-        n, link = len(token_ids), self.link
+        n, link, offset = len(token_ids), self.link, first
         size = -(-n // parts)
         out = []
         for lo in range(0, n, size):
-            hi, first = min(lo + size, n), lo
+            hi, first = min(lo + size, n), offset + lo
             tables, where = block_tables[lo:hi], np.asarray(positions[lo:hi], dtype=np.int64)
             order = paged.assign(tables, first)
             for i, row in enumerate(order):
@@ -133,13 +134,15 @@ class StageRunner(OrtModelRunner):
         chunks: list[tuple[np.ndarray, int, np.ndarray]],
         decode: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
         parts: int,
+        first: int = 0,
     ) -> tuple[list[np.ndarray], np.ndarray | None]:
-        """The prompt chunks, then the decode's micro-batches, one after the other: every stage runs them in the
-        same order, so each is one more item through the pipeline (``stages.StagedModelRunner.step``)."""
+        """The prompt chunks, then the decode's micro-batches from working row ``first``, one after the other:
+        every stage runs them in the same order, so each is one more item through the pipeline
+        (``stages.StagedModelRunner.step``)."""
         prompts = [
             self.prefill(ids, table) if not start else self.extend(ids, start, table) for ids, start, table in chunks
         ]
-        return prompts, self.decode(*decode, parts) if decode is not None else None
+        return prompts, self.decode(*decode, parts, first) if decode is not None else None
 
     def _part(self, first: int, rows: int) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
         """The decode binding over working rows ``first .. first + rows - 1``, made once per range."""

@@ -17,6 +17,7 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes
 
+from aotforge.core.onnx_values import constant_array
 from aotforge.targets.tvm.importable.base import ImportStep, infer_types, opset, static_shape
 from aotforge.targets.tvm.importable.nodes import Nodes
 
@@ -90,8 +91,8 @@ def _unroll_scan(tape: Nodes, node: ir.Node, prefix: str, version: int) -> list[
 
 def _unroll_loop(tape: Nodes, node: ir.Node, prefix: str, version: int) -> list[ir.Value] | None:
     body = node.attributes["body"].as_graph()
-    trips = _const(node.inputs[0])
-    cond = _const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else np.array(True)
+    trips = constant_array(node.inputs[0])
+    cond = constant_array(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else np.array(True)
     if trips is None or cond is None or not bool(cond.reshape(-1)[0]) or not 0 < int(trips.reshape(-1)[0]) <= MAX_STEPS:
         return None
     cond_in, cond_out = body.inputs[1], body.outputs[0]
@@ -121,10 +122,6 @@ def _stack(tape: Nodes, values: Sequence[ir.Value], axis: int, version: int) -> 
     else:
         stacked = [tape.op("Unsqueeze", [value], {"axes": [axis]}) for value in values]
     return tape.op("Concat", stacked, {"axis": axis})
-
-
-def _const(value: ir.Value | None) -> np.ndarray | None:
-    return None if value is None or value.const_value is None else value.const_value.numpy()
 
 
 def _ints(node: ir.Node, name: str, count: int) -> list[int]:
