@@ -236,12 +236,12 @@ def test_same_or_smaller_budget_reuses(tuned_store: Path, tmp_path: Path) -> Non
 def test_bigger_budget_retunes_from_the_records_and_records_the_trials(tuned_store: Path, tmp_path: Path) -> None:
     store = _copy(tuned_store, tmp_path)
     before = _only_entry(store)
-    report = _tuned_build(store, 3, tmp_path / "w")
-    assert (report["retuned"], report["reused"], report["tuned"], report["trials_per_task"]) == (1, 0, 0, 3)
-    assert report["trials"] == 1  # continued: the 1 trial the entry lacked, not 3 afresh
+    report = _tuned_build(store, 4, tmp_path / "w")
+    assert (report["retuned"], report["reused"], report["tuned"], report["trials_per_task"]) == (1, 0, 0, 4)
+    assert report["trials"] == 2  # continued: the 2 trials the entry lacked, not 4 afresh
     after = _only_entry(store)
-    assert after.trials == 3 and after.run_secs[0] <= before.run_secs[0]
-    again = _tuned_build(store, 3, tmp_path / "w2")
+    assert after.trials == 4 and after.run_secs[0] <= before.run_secs[0]
+    again = _tuned_build(store, 4, tmp_path / "w2")
     assert (again["reused"], again["retuned"], again["trials"]) == (1, 0, 0)
 
 
@@ -252,10 +252,10 @@ def test_retune_that_finds_nothing_better_keeps_the_old_record(tuned_store: Path
     best = dataclasses.replace(old, run_secs=(1e-12, *old.run_secs[1:]))
     store_obj = TuningStore(store)
     store_obj.path(old.key).write_text(json.dumps(best.to_json()))
-    report = _tuned_build(store, 3, tmp_path / "w")
+    report = _tuned_build(store, 4, tmp_path / "w")
     assert report["retuned"] == 1 and report["retuned_faster"] == 0 and report["trials"] > 0
     after = _only_entry(store)
-    assert after.trials == 3
+    assert after.trials == 4
     assert (after.run_secs[0], after.records[0]) == (1e-12, old.records[0])
 
 
