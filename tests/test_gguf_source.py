@@ -48,11 +48,15 @@ GGUF_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-@pytest.mark.parametrize("target", ["onnxruntime", pytest.param("tvm", marks=pytest.mark.slow)])
+#: Slow: by default, each family's file loads as the model it was written from (logits, through the build's own
+#: ``load_causal_lm``: the rotary order undone) and the fp16 CLI build below generates as the model its file holds,
+#: its manifest naming the file as the source; together they are this build's property, one export fewer.
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["onnxruntime", "tvm"])
 def test_fp32_gguf_builds_token_exact_against_the_model_it_was_written_from(target: str, tmp_path: Path) -> None:
     """The GGUF stores the Q / K rows in llama.cpp's rotary order: tokens equal to the original transformers
     model's prove the conversion undid it, and the manifest names the file as the source. (tvm builds what
-    the converted directory gives it, the path tests/test_generative_tvm.py covers: behind slow.)"""
+    the converted directory gives it, the path tests/test_generative_tvm.py covers.)"""
     model = tiny_causal_lm("llama")
     gguf = write_gguf(model, tmp_path / "tiny-llama.gguf")
     options = {"target_options": TVM_BUCKETS} if target == "tvm" else {}
@@ -75,7 +79,8 @@ def test_fp32_gguf_builds_token_exact_against_the_model_it_was_written_from(targ
 
 def test_cli_compiles_an_fp16_gguf_without_task_and_refuses_a_broken_one(tmp_path: Path) -> None:
     """fp16 tensors are widened to fp32 exactly: the artifact generates as transformers does on the same file,
-    whose weights are the fp16 values (not the original model's). A file cut short is one clear error."""
+    whose weights are the fp16 values (not the original model's), and its manifest names the file as the source.
+    A file cut short is one clear error."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -88,7 +93,12 @@ def test_cli_compiles_an_fp16_gguf_without_task_and_refuses_a_broken_one(tmp_pat
     common = ["--target", "onnxruntime", "--no-bench", "--max-seq-len", str(MAX_SEQ), "--max-batch", str(MAX_BATCH)]
     proc = invoke_cli("compile", str(gguf), "--out", str(tmp_path / "out"), *common)
     assert proc.returncode == 0, proc.stderr
-    assert_generates_like_transformers(aotforge.load(proc.stdout.strip().splitlines()[-1]), read)
+    artifact = aotforge.load(proc.stdout.strip().splitlines()[-1])
+    assert_generates_like_transformers(artifact, read)
+    source = artifact.manifest.source
+    assert (source["format"], source["sha256"], artifact.manifest.name) == ("gguf", gguf_sha256(gguf), "half")
+    # the 16 matrices (7 a layer, the embedding, the untied head) in fp16, the 5 norm vectors kept fp32
+    assert source["gguf"] == {"architecture": "llama", "file_type": None, "tensor_types": {"F16": 16, "F32": 5}}
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(gguf.read_bytes()[:4096])  # a download cut short
     proc = invoke_cli("compile", str(broken), "--out", str(tmp_path / "out2"), *common)
