@@ -184,3 +184,18 @@ def test_sequence_level_distillation_brings_the_student_closer(
     refused = CliRunner().invoke(main, [*args[:-1], "64", "--out", str(tmp_path / "b")])
     assert refused.exit_code == 2 and "--continuation 64: give 0 to 63" in refused.output
     assert not (tmp_path / "b").exists()
+
+
+def test_the_sparse_loss_over_every_token_is_the_full_kl() -> None:
+    """The pool keeps the teacher's top-k logits: with k the whole vocabulary, its loss is the response-based KL."""
+    import torch
+
+    from aotforge.compiler.training.distill import response_loss, sparse_response_loss
+
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 5, 12), torch.randn(2, 5, 12)
+    values, indices = teacher.topk(12, dim=-1)
+    for temperature in (1.0, 2.0):
+        want = response_loss(student, teacher, temperature)
+        got = sparse_response_loss(student, indices, values, temperature)
+        assert torch.allclose(got, want, atol=1e-5)
