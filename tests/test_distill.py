@@ -55,7 +55,7 @@ def test_distilled_student_comes_closer_to_the_teacher_on_held_out_text(
 def test_a_layer_cut_student_starts_from_the_teachers_weights() -> None:
     teacher = tiny_causal_lm("llama")
     student = student_from_layers(teacher, 1)
-    assert layer_map(1, 2) == [1] and layer_map(3, 30) == [0, 14, 29]
+    assert layer_map(1, 2) == [1] and layer_map(3, 30) == [0, 14, 29] and layer_map(2, 30, "first") == [0, 1]
     t, s = teacher.state_dict(), student.state_dict()
     assert all(np.array_equal(s[k].numpy(), t[k].numpy()) for k in s if ".layers." not in k)
     assert np.array_equal(s["model.layers.0.mlp.up_proj.weight"], t["model.layers.1.mlp.up_proj.weight"])
@@ -142,14 +142,60 @@ def test_the_teachers_continuation_is_its_greedy_output_with_its_logits(arch: st
     np.testing.assert_allclose(logits.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_sequence_level_distillation_brings_the_student_closer(teacher: Path, tmp_path: Path) -> None:
+def test_the_teachers_pool_is_made_once_and_its_cost_counted_when_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sequence-level distillation's pool: each prompt continued by the teacher's greedy tokens, its top-k logits over
+    the student's tokens at every position; a second run with the same inputs reads it back with what it cost."""
+    import torch
+
+    from aotforge.compiler.training.teacher import Teacher
+    from aotforge.compiler.training.teacher_data import teacher_sequences
+
+    monkeypatch.setenv("AOTFORGE_DISTILL_CACHE", str(tmp_path))
+    model = tiny_causal_lm("llama")
+    keep = np.arange(0, 500, 2, dtype=np.int64)
+    prompts = np.array([[5, 17, 42, 99], [7, 8, 9, 10], [1, 2, 3, 4]])
+    made = teacher_sequences(Teacher(model, keep, None), prompts, 5, 4)
+    read = teacher_sequences(Teacher(model, keep, None), prompts, 5, 4)
+    assert not made.cached and read.cached and read.cpu_seconds == made.cpu_seconds > 0
+    assert np.array_equal(read.ids, made.ids) and np.array_equal(read.top_ids, made.top_ids)
+    ids, logits = Teacher(model, keep, None).continue_greedy(torch.from_numpy(prompts), 5)
+    assert np.array_equal(made.ids, ids.numpy()) and made.top_ids.shape == (3, 9, 4)
+    want = logits.topk(4, dim=-1)
+    assert np.array_equal(made.top_ids, want.indices.numpy())
+    np.testing.assert_allclose(made.top_logits.astype(np.float32), want.values.numpy(), rtol=1e-2, atol=1e-2)
+    assert not teacher_sequences(Teacher(model, keep[:-1], None), prompts, 5, 4).cached  # another student vocabulary
+
+
+def test_sequence_level_distillation_brings_the_student_closer(
+    teacher: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AOTFORGE_DISTILL_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "student"
     args = ["distill", str(teacher), "--student-layers", "1", "--out", str(out), *FAST, "--continuation", "16"]
-    ran = CliRunner().invoke(main, [*args, "--draft-vocab", "300", "--json"])
+    ran = CliRunner().invoke(main, [*args, "--draft-vocab", "300", "--pool", "16", "--json"])
     assert ran.exit_code == 0, ran.output
     report = json.loads(ran.output[ran.output.index("{") :])
     assert report["options"]["continuation"] == 16 and report["steps"] == 40
+    assert report["pool_cpu_seconds"] > 0 and not report["pool_cached"] and report["distinct_tokens"] == 16 * 64
     assert report["after"]["kl_teacher_student"] < report["before"]["kl_teacher_student"]
+    assert report["after"]["continuation_agreement"] > report["before"]["continuation_agreement"]
     refused = CliRunner().invoke(main, [*args[:-1], "64", "--out", str(tmp_path / "b")])
     assert refused.exit_code == 2 and "--continuation 64: give 0 to 63" in refused.output
     assert not (tmp_path / "b").exists()
+
+
+def test_the_sparse_loss_over_every_token_is_the_full_kl() -> None:
+    """The pool keeps the teacher's top-k logits: with k the whole vocabulary, its loss is the response-based KL."""
+    import torch
+
+    from aotforge.compiler.training.distill import response_loss, sparse_response_loss
+
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 5, 12), torch.randn(2, 5, 12)
+    values, indices = teacher.topk(12, dim=-1)
+    for temperature in (1.0, 2.0):
+        want = response_loss(student, teacher, temperature)
+        got = sparse_response_loss(student, indices, values, temperature)
+        assert torch.allclose(got, want, atol=1e-5)

@@ -232,7 +232,8 @@ def main() -> None:
     trained = args.draft_model / "distill_report.json" if args.draft_model else None
     if trained is not None and trained.is_file():  # how the draft was made: the page says it beside its speed
         report = json.loads(trained.read_text())
-        keep = ("student", "draft_vocab", "steps", "train_seconds", "train_cpu_seconds", "tokens_seen", "options")
+        keep = ("student", "draft_vocab", "steps", "train_seconds", "train_cpu_seconds", "pool_cpu_seconds")
+        keep += ("tokens_seen", "distinct_tokens", "options")
         results["draft_training"] = {k: report.get(k) for k in keep} | {"held_out": report.get("after")}
     for target in filter(None, args.targets.split(",")):
         results[target] = bench_target(args, target)
@@ -252,15 +253,24 @@ def page_tables(results: dict[str, Any]) -> list[dict[str, Any]]:
         tables.append(
             bench_record.table(
                 "The draft",
-                ("student", "vocabulary", "steps", "train s (wall)", "train CPU s", "greedy agreement (held out)"),
+                (
+                    "student",
+                    "vocabulary",
+                    "steps",
+                    "train s (wall)",
+                    "train CPU s (teacher's pool)",
+                    "greedy agreement (held out)",
+                    "on the teacher's continuations",
+                ),
                 [
                     [
                         str(trained["student"]),
                         str(trained.get("draft_vocab") or "the target's"),
                         str(trained["steps"]),
                         str(trained["train_seconds"]),
-                        str(trained.get("train_cpu_seconds")),
+                        f"{trained.get('train_cpu_seconds')} ({trained.get('pool_cpu_seconds') or 0})",
                         f"{held.get('greedy_agreement', float('nan')):.1%}",
+                        f"{held.get('continuation_agreement', float('nan')):.1%}",
                     ]
                 ],
                 f"aotforge distill options: {json.dumps(options, sort_keys=True)}",

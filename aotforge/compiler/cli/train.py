@@ -13,6 +13,7 @@ import click
 
 from aotforge.compiler.cli.common import user_errors
 from aotforge.compiler.training.options import QAT_OPTIONS, DistillOptions, Placement
+from aotforge.compiler.training.students import LAYER_PICKS
 
 _HELP = {
     "max_minutes": "Wall-clock budget of the training loop.",
@@ -26,6 +27,8 @@ _HELP = {
     "temperature": "Softmax temperature of the response-based (logit) loss.",
     "feature_weight": "Weight of the feature-based loss (hidden states through a learned projection); 0: off.",
     "continuation": "Sequence-level distillation: each sequence's last N tokens are the teacher's greedy continuation.",
+    "pool": "With --continuation: sequences the teacher continues once, up front (cached; its cost in the budget).",
+    "top_k": "With --continuation: the teacher's largest logits kept per position (the KL is over them).",
     "seed": "Seed of the batches and the projections.",
     "held_out_tokens": "Tokens the report scores teacher and student on (never trained on).",
 }
@@ -70,6 +73,13 @@ _TEXT = click.option(
     "--student-layers", type=click.IntRange(min=1), help="The student: the teacher cut to N evenly spaced layers."
 )
 @click.option(
+    "--layer-pick",
+    type=click.Choice(LAYER_PICKS),
+    default=LAYER_PICKS[0],
+    show_default=True,
+    help="Which teacher layers --student-layers N takes: evenly spaced (first and last kept), or the first N.",
+)
+@click.option(
     "--draft-vocab",
     type=click.IntRange(min=2),
     help="A draft's reduced vocabulary: keep the N tokens most frequent in the training text (embedding and head).",
@@ -83,6 +93,7 @@ def distill(
     out: Path,
     student: Path | None,
     student_layers: int | None,
+    layer_pick: str,
     draft_vocab: int | None,
     text: tuple[Path, ...],
     as_json: bool,
@@ -100,6 +111,7 @@ def distill(
         out,
         student=student,
         student_layers=student_layers,
+        layer_pick=layer_pick,
         text=text,
         options=options,
         draft_vocab=draft_vocab,

@@ -4,9 +4,10 @@ Response-based: the temperature-scaled KL divergence from the teacher's next-tok
 (Hinton et al.; ``T**2`` keeps its gradient's scale as ``T`` changes). Feature-based, when ``feature_weight`` > 0:
 each student layer's hidden state, through a learned linear projection, regressed on the hidden state of the
 teacher layer it maps to (:func:`~aotforge.compiler.training.students.layer_map`), scaled by the teacher's
-variance there (FitNets). The teacher runs once per batch without gradients (``teacher.py``; with ``continuation``, it
-also writes the end of each sequence: sequence-level distillation); both run in bfloat16 where the CPU has bfloat16
-matmuls (AVX512-BF16 / AMX), else in fp32.
+variance there (FitNets). The teacher runs once per batch without gradients (``teacher.py``); with ``continuation``
+(sequence-level distillation) it instead continues a pool of text prompts once, up front (``teacher_data.py``), and
+the steps learn its sparse top-k distribution at every position of those sequences. Both run in bfloat16 where the
+CPU has bfloat16 matmuls (AVX512-BF16 / AMX), else in fp32.
 
 The report scores teacher and student on held-out tokens no step trained on: perplexity, and how often the
 student's greedy next token is the teacher's (what a draft's acceptance follows).
@@ -25,6 +26,7 @@ import numpy as np
 from aotforge.compiler.training.options import DistillOptions
 from aotforge.compiler.training.students import decoder_layers, layer_map
 from aotforge.compiler.training.teacher import Teacher
+from aotforge.compiler.training.teacher_data import TeacherSequences, teacher_sequences
 from aotforge.compiler.training.text import TokenStreams
 from aotforge.targets.generative.draft_vocab import DraftVocab
 
@@ -63,26 +65,42 @@ def distill(
     optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0, fused=True)
     view = VocabView(vocab, int(teacher.config.vocab_size))
     fast = None if projections is not None else Teacher(teacher, vocab.ids if vocab is not None else None, autocast)
-    before = score(teacher, student, streams.held_out, options, vocab)
+    pool = held_out_pool = None
+    if options.continuation:
+        assert fast is not None  # DistillOptions refuses --continuation with --feature-weight
+        prompt = options.seq_len - options.continuation
+        pool = teacher_sequences(
+            fast, _prompts(streams.train, prompt, options.pool, rng), options.continuation, options.top_k
+        )
+        held_out_pool = teacher_sequences(fast, _windows(streams.held_out, prompt), options.continuation, 1)
+        made = "read from the cache, made" if pool.cached else "made"
+        say(f"teacher's pool of {len(pool.ids)} continued sequences {made} in {pool.cpu_seconds:.0f} CPU s")
+    before = score(teacher, student, streams.held_out, options, vocab, held_out_pool)
     say(f"before: student perplexity {before['student_perplexity']:.2f}, teacher {before['teacher_perplexity']:.2f}")
-    budget = Budget(options)
+    budget = Budget(options, pool)
     step, losses = 0, []
     while (spent := budget.spent(step)) < 1.0:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(options, step, spent)
-        starts = rng.integers(0, len(data) - options.seq_len, size=options.batch)
-        ids = torch.stack([data[s : s + options.seq_len - options.continuation] for s in starts])
+        if pool is not None:
+            rows = rng.integers(0, len(pool.ids), size=options.batch)
+            ids = torch.from_numpy(pool.ids[rows])
+        else:
+            starts = rng.integers(0, len(data) - options.seq_len, size=options.batch)
+            ids = torch.stack([data[s : s + options.seq_len] for s in starts])
         if fast is None:  # the feature loss needs the hidden states too: the whole teacher, under autocast
             with torch.no_grad(), torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
                 taught = teacher(input_ids=ids, output_hidden_states=True)
             targets = view.teacher_logits(taught.logits.float())
-        elif options.continuation:
-            ids, targets = fast.continue_greedy(ids, options.continuation)
-        else:
+        elif pool is None:
             targets = fast.logits(ids)
         with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
             learnt = student(input_ids=view.student_ids(ids), output_hidden_states=projections is not None)
-        loss = response_loss(learnt.logits.float(), targets, options.temperature)
+        if pool is not None:
+            top_ids, top_logits = (torch.from_numpy(a[rows]) for a in (pool.top_ids, pool.top_logits))
+            loss = sparse_response_loss(learnt.logits.float(), top_ids.long(), top_logits.float(), options.temperature)
+        else:
+            loss = response_loss(learnt.logits.float(), targets, options.temperature)
         if projections is not None:
             loss = loss + options.feature_weight * _feature_loss(
                 learnt.hidden_states, taught.hidden_states, projections
@@ -98,14 +116,16 @@ def distill(
             say(f"step {step}: loss {np.mean(losses[-10:]):.4f} ({clock})")
     seconds, cpu_seconds = budget.seconds(), budget.cpu_seconds()
     student.eval()
-    after = score(teacher, student, streams.held_out, options, vocab)
-    return {
+    after = score(teacher, student, streams.held_out, options, vocab, held_out_pool)
+    pool_cost = {} if pool is None else {"pool_cpu_seconds": round(pool.cpu_seconds, 1), "pool_cached": pool.cached}
+    return pool_cost | {
         "options": dataclasses.asdict(options),
         "text": streams.about,
         "steps": step,
         "train_seconds": round(seconds, 1),
         "train_cpu_seconds": round(cpu_seconds, 1),
         "tokens_seen": step * options.batch * options.seq_len,
+        "distinct_tokens": len(pool.ids) * options.seq_len if pool is not None else None,
         "autocast": str(autocast).replace("torch.", "") if autocast is not None else "float32",
         "loss_first": losses[0] if losses else None,
         "loss_last": float(np.mean(losses[-20:])) if losses else None,
@@ -117,11 +137,14 @@ def distill(
 
 
 class Budget:
-    """What a run has spent of its step, wall-clock and process CPU-time budgets, as the largest fraction."""
+    """What a run has spent of its step, wall-clock and process CPU-time budgets, as the largest fraction; the
+    teacher's ``pool`` counts as spent from the start (its cost when it was made, had it come from the cache)."""
 
-    def __init__(self, options: DistillOptions) -> None:
+    def __init__(self, options: DistillOptions, pool: TeacherSequences | None = None) -> None:
         self.options = options
         self.wall, self.cpu = time.perf_counter(), time.process_time()
+        if pool is not None:
+            self.wall, self.cpu = self.wall - pool.seconds, self.cpu - pool.cpu_seconds
 
     def seconds(self) -> float:
         return time.perf_counter() - self.wall
@@ -155,6 +178,29 @@ def response_loss(student_logits: Any, teacher_logits: Any, temperature: float) 
     return kl * temperature**2
 
 
+def sparse_response_loss(student_logits: Any, top_ids: Any, top_logits: Any, temperature: float) -> Any:
+    """``T**2 * KL(p || q)`` per token, ``p`` the teacher's softmax over its ``k`` largest logits (``top_logits`` at
+    the student's ids ``top_ids``), ``q`` the student's distribution at those ids (the rest of its mass is what the
+    KL's ``log q`` pushes down)."""
+    import torch
+
+    t = torch.log_softmax(top_logits / temperature, -1)
+    s = torch.log_softmax(student_logits / temperature, -1).gather(-1, top_ids)
+    return (t.exp() * (t - s)).sum(-1).mean() * temperature**2
+
+
+def _prompts(train: np.ndarray, length: int, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` windows of ``length`` tokens at random places of ``train``: the pool's prompts."""
+    starts = rng.integers(0, len(train) - length, size=count)
+    return np.stack([train[s : s + length] for s in starts])
+
+
+def _windows(tokens: np.ndarray, length: int, most: int = 16) -> np.ndarray:
+    """Up to ``most`` consecutive windows of ``length`` tokens of ``tokens``: the held-out prompts."""
+    count = max(1, min(most, len(tokens) // length))
+    return np.stack([tokens[i * length : (i + 1) * length] for i in range(count)])
+
+
 class VocabView:
     """The student's side of a batch when it speaks a subset of the teacher's vocabulary (identity otherwise)."""
 
@@ -176,14 +222,23 @@ class VocabView:
 
 
 def score(
-    teacher: Any, student: Any, tokens: np.ndarray, options: DistillOptions, vocab: DraftVocab | None = None
+    teacher: Any,
+    student: Any,
+    tokens: np.ndarray,
+    options: DistillOptions,
+    vocab: DraftVocab | None = None,
+    continued: TeacherSequences | None = None,
 ) -> dict[str, float]:
     """Perplexity of each model on ``tokens`` (windows of ``seq_len``, each scored after its first token), the mean
     KL(teacher || student) per token, and the fraction of positions where the student's greedy next token is the
     teacher's (what a greedy draft's acceptance follows).
 
     With ``vocab`` (a student over a subset): the student's perplexity counts the positions whose next token is in
-    the subset (``vocab_coverage`` of them), and the KL is from the teacher's distribution restricted to it."""
+    the subset (``vocab_coverage`` of them), and the KL is from the teacher's distribution restricted to it.
+
+    With ``continued`` (held-out prompts and the teacher's greedy continuations): ``continuation_agreement``, how
+    often the student's greedy next token is the teacher's over the continuations, what greedy speculative decoding
+    accepts a proposal on."""
     import torch
 
     view = VocabView(vocab, int(teacher.config.vocab_size))
@@ -217,7 +272,20 @@ def score(
     }
     if vocab is not None:
         report["vocab_coverage"] = covered / count
+    if continued is not None:
+        report["continuation_agreement"] = continuation_agreement(student, continued, options.continuation, view)
     return report
+
+
+def continuation_agreement(student: Any, continued: TeacherSequences, new_tokens: int, view: VocabView) -> float:
+    """The fraction of the teacher's ``new_tokens`` greedy tokens ending each of ``continued``'s sequences that the
+    student, reading the sequence so far, predicts greedily."""
+    import torch
+
+    ids = torch.from_numpy(continued.ids)
+    with torch.no_grad():
+        guesses = view.teacher_tokens(student(input_ids=view.student_ids(ids)).logits.argmax(-1))
+    return float((guesses[:, -new_tokens - 1 : -1] == ids[:, -new_tokens:]).float().mean())
 
 
 def _autocast_dtype() -> Any:
@@ -238,7 +306,8 @@ def _projections(teacher: Any, student: Any) -> Any:
         for linear in linears:
             torch.nn.init.eye_(linear.weight)
     maps = torch.nn.ModuleList(linears)
-    maps.pairs = list(zip(range(layers), layer_map(layers, decoder_layers(teacher)[1]), strict=True))  # type: ignore[assignment]
+    picks = getattr(student, "teacher_layers", None) or layer_map(layers, decoder_layers(teacher)[1])
+    maps.pairs = list(zip(range(layers), picks, strict=True))  # type: ignore[assignment]
     return maps
 
 

@@ -30,6 +30,7 @@ def distill_model(
     *,
     student: Path | None = None,
     student_layers: int | None = None,
+    layer_pick: str = "spread",
     text: tuple[Path, ...] = (),
     options: DistillOptions = DistillOptions(),
     draft_vocab: int | None = None,
@@ -48,16 +49,18 @@ def distill_model(
         made = student_from_path(student, model)
     else:
         assert student_layers is not None  # exactly one of the two, checked above
-        made = student_from_layers(model, student_layers)
+        made = student_from_layers(model, student_layers, layer_pick)
+    picks = getattr(made, "teacher_layers", None)
     streams = token_streams(text, tokenizer, options.held_out_tokens)
     vocab = None
     if draft_vocab:
         full = int(model.config.vocab_size)
         vocab = frequent_vocab(streams.train, draft_vocab, full, special_ids(model, tokenizer))
         made = restrict_vocab(made, vocab)
+        made.teacher_layers = picks
     report: dict[str, Any] = {
         "teacher": str(teacher),
-        "student": str(student) if student else f"{student_layers} teacher layers",
+        "student": str(student) if student else f"{student_layers} teacher layers ({layer_pick})",
     }
     if vocab is not None:
         report["draft_vocab"] = len(vocab.ids)

@@ -34,6 +34,12 @@ class DistillOptions:
     #: Sequence-level distillation: the last this many tokens of each training sequence are the teacher's own greedy
     #: continuation of the text before them (what a draft's proposals are checked against); 0: the text only.
     continuation: int = 0
+    #: With ``continuation``: how many sequences the teacher continues once, before the first step (batched through
+    #: its cache, cached on disk, its cost counted in the budget); the steps draw their batches from them.
+    pool: int = 512
+    #: With ``continuation``: the teacher's largest logits kept per position; the loss is the KL divergence from its
+    #: distribution over them (their softmax) to the student's.
+    top_k: int = 16
     seed: int = 0
     #: Tokens the report scores on (never trained on).
     held_out_tokens: int = 2048
@@ -47,6 +53,8 @@ class DistillOptions:
             raise OptionsError(
                 f"--continuation {self.continuation}: give 0 to {self.seq_len - 1} (fewer than --seq-len's tokens)"
             )
+        if self.pool < 1 or self.top_k < 1:
+            raise OptionsError(f"--pool {self.pool} / --top-k {self.top_k}: give at least 1 each")
         if self.continuation and self.feature_weight > 0:
             raise OptionsError(
                 "--continuation and --feature-weight: the teacher's continuation is decoded step by step and keeps no "

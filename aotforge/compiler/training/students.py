@@ -10,10 +10,15 @@ from typing import Any
 
 from aotforge.core.errors import InputSpecError, ModelLoadError, describe
 
+#: How ``--student-layers N`` picks the teacher's layers: ``spread``: evenly spaced, the first and the last kept;
+#: ``first``: the first N (the hidden state the head reads is then an early layer's, which training must move).
+LAYER_PICKS = ("spread", "first")
 
-def layer_map(student_layers: int, teacher_layers: int) -> list[int]:
-    """The teacher layer each student layer starts from (and is matched to by the feature loss): evenly spaced,
-    the first and the last kept."""
+
+def layer_map(student_layers: int, teacher_layers: int, pick: str = "spread") -> list[int]:
+    """The teacher layer each student layer starts from (and is matched to by the feature loss), as ``pick`` says."""
+    if pick == "first":
+        return list(range(student_layers))
     if student_layers == 1:
         return [teacher_layers - 1]
     return [round(i * (teacher_layers - 1) / (student_layers - 1)) for i in range(student_layers)]
@@ -30,15 +35,16 @@ def decoder_layers(model: Any) -> tuple[str, int]:
     raise InputSpecError(f"{type(model).__name__} has no list of {count} decoder layers to take a student from")
 
 
-def student_from_layers(teacher: Any, layers: int) -> Any:
-    """``teacher`` with ``layers`` of its decoder layers (:func:`layer_map`), every other weight copied."""
+def student_from_layers(teacher: Any, layers: int, pick: str = "spread") -> Any:
+    """``teacher`` with ``layers`` of its decoder layers (:func:`layer_map`), every other weight copied; the teacher
+    layers it took as ``student.teacher_layers`` (what the feature loss matches each student layer to)."""
     prefix, count = decoder_layers(teacher)
     if not 1 <= layers < count:
         raise InputSpecError(f"--student-layers {layers}: the teacher has {count} layers; give 1 to {count - 1}")
     config = copy.deepcopy(teacher.config)
     config.num_hidden_layers = layers
     student = type(teacher)(config)
-    picks = layer_map(layers, count)
+    picks = layer_map(layers, count, pick)
     teacher_state = teacher.state_dict()
     state = {}
     for key in student.state_dict():
@@ -49,6 +55,7 @@ def student_from_layers(teacher: Any, layers: int) -> Any:
             key_in_teacher = key
         state[key] = teacher_state[key_in_teacher].detach().clone()
     student.load_state_dict(state, strict=True)
+    student.teacher_layers = picks
     return student
 
 

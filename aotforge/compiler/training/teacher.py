@@ -20,6 +20,9 @@ class Teacher:
     def __init__(self, model: Any, ids: np.ndarray | None, dtype: Any | None) -> None:
         import torch
 
+        #: What the teacher's outputs depend on (``teacher_data.py``'s cache key): its weights as given, the dtype it
+        #: runs in, the student's tokens.
+        self.source_state, self.dtype, self.ids = model.state_dict(), dtype, ids
         if dtype is not None:
             model = copy.deepcopy(model).to(dtype)
         model.eval().requires_grad_(False)
