@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -29,6 +30,9 @@ from aotforge.runtime.runner import ModelRunner
 from aotforge.runtime.scheduler import Plan, Scheduler
 from aotforge.runtime.sequence import Sequence, Status
 from aotforge.targets.generative.sampling import Sampler
+
+#: what a runner's ``step`` and ``collect`` return: each prompt chunk's last logits, then the decode's (or None)
+StepLogits = tuple[list[np.ndarray], np.ndarray | None]
 
 
 def kv_block_bytes(runner: ModelRunner, block_size: int) -> int:
@@ -191,17 +195,7 @@ class LLMEngine:
         plan = self._in_flight.popleft()
         for seq in self._planned(plan):
             seq.in_flight = False
-        try:
-            prompt_logits, logits = self.runner.collect()  # type: ignore[attr-defined]
-        except RankFailedError as e:
-            return self._lost_cache(e)
-        except Exception as e:
-            return self._failed(plan, e)
-        # A sequence aborted while its batch was in flight is finished already: what the batch made for it goes.
-        outputs = []
-        for (seq, n), last in zip(plan.prefills, prompt_logits, strict=True):
-            outputs += [] if seq.finished else self._prefilled(seq, n, last)
-        return outputs + (self._decoded(plan, logits) if plan.decodes else [])
+        return self._outputs(plan, self.runner.collect)  # type: ignore[attr-defined]
 
     def _batch_seqs(self) -> int:
         """How many sequences a batch takes: an even share of what may run, so the batches in flight are alike."""
@@ -230,16 +224,25 @@ class LLMEngine:
         if not (plan.prefills or plan.decodes):
             return []
         chunks, decode = self._step_inputs(plan)
+        return self._outputs(plan, lambda: self.runner.step(chunks, decode))  # type: ignore[attr-defined]
+
+    def _outputs(self, plan: Plan, call: Callable[[], StepLogits]) -> list[RequestOutput]:
+        """``call`` (the runner's ``step`` or ``collect`` of ``plan``) and what its logits make. A failure fails the
+        plan's sequences, or every sequence in the pool where a rank died. A sequence aborted while its batch was in
+        flight is finished already: what the batch made for it goes."""
         try:
-            prompt_logits, logits = self.runner.step(chunks, decode)  # type: ignore[attr-defined]
+            prompt_logits, logits = call()
         except RankFailedError as e:
             return self._lost_cache(e)
         except Exception as e:
             return self._failed(plan, e)
         outputs = []
         for (seq, n), last in zip(plan.prefills, prompt_logits, strict=True):
-            outputs += self._prefilled(seq, n, last)
-        return outputs + (self._decoded(plan, logits) if plan.decodes else [])
+            outputs += [] if seq.finished else self._prefilled(seq, n, last)
+        if plan.decodes:
+            assert logits is not None, "a runner returned no logits for a step with a decode"
+            outputs += self._decoded(plan, logits)
+        return outputs
 
     def _failed(self, plan: Plan, e: Exception) -> list[RequestOutput]:
         """The call's sequences fail together: the call cannot say whose fault it was."""
