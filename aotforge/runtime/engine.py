@@ -5,15 +5,12 @@ decode over every decoding sequence), samples each sequence's next token with it
 returns what changed as :class:`RequestOutput`s. Not thread-safe: ``AsyncEngine`` drives it from one thread.
 
 Over a pipelined runner (``runner.PipelinedRunner``: stages that each work on a different step) the engine keeps
-``batches_in_flight`` batches of disjoint sequences in flight, as vLLM's engine core steps its batch queue: a step
-first submits a new batch while the queue has room and something is left to plan, else it waits for the oldest
-batch and returns its tokens. Running sequences so fall into as many groups as batches, each stepped in turn, and
-stage 0 runs one group while stage 1 runs the other.
+``batches_in_flight`` batches of disjoint sequences in flight through its batch queue (``batch_queue.py``), and a
+step of one batch is the runner's ``step``: its prompt chunks and decode in one call.
 """
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -22,17 +19,15 @@ from typing import Any
 import numpy as np
 
 from aotforge.core.errors import InputSpecError, RankFailedError, describe
+from aotforge.runtime.batch_queue import BatchQueue, StepLogits, planned
 from aotforge.runtime.detokenizer import Detokenizer
 from aotforge.runtime.kv_blocks import SCRATCH_BLOCK, KVBlockManager
 from aotforge.runtime.outputs import FinishedRequestStats, FinishReason, RequestOutput, StepStats
 from aotforge.runtime.params import EngineConfig, SamplingParams
-from aotforge.runtime.runner import ModelRunner
+from aotforge.runtime.runner import ModelRunner, PipelinedRunner
 from aotforge.runtime.scheduler import Plan, Scheduler
 from aotforge.runtime.sequence import Sequence, Status
 from aotforge.targets.generative.sampling import Sampler
-
-#: what a runner's ``step`` and ``collect`` return: each prompt chunk's last logits, then the decode's (or None)
-StepLogits = tuple[list[np.ndarray], np.ndarray | None]
 
 
 def kv_block_bytes(runner: ModelRunner, block_size: int) -> int:
@@ -73,11 +68,14 @@ class LLMEngine:
         self._sequences: dict[str, Sequence] = {}
         self._stats = StepStats()
         self.last_stats = StepStats(kv_blocks_total=num_blocks)
+        #: a runner whose stages each work on a different step; None: each step runs to its end in one call
+        self.pipelined = runner if isinstance(runner, PipelinedRunner) else None
+        #: the batches submitted to a pipelined runner and not yet collected
+        self._queue = (
+            BatchQueue(self.pipelined, self.scheduler, config.max_batches_in_flight) if self.pipelined else None
+        )
         #: batches the runner may hold at once (1: each step runs to its end before the next is planned)
-        depth = int(getattr(runner, "batches_in_flight", 1)) if hasattr(runner, "submit") else 1
-        self.batches_in_flight = max(1, min(depth, config.max_batches_in_flight or depth))
-        #: the plans submitted to a pipelined runner and not yet collected, oldest first
-        self._in_flight: collections.deque[Plan] = collections.deque()
+        self.batches_in_flight = self._queue.depth if self._queue is not None else 1
 
     def _max_num_seqs(self, runner: ModelRunner) -> int:
         return min(self.config.max_num_seqs or runner.max_rows, runner.max_rows)
@@ -133,7 +131,7 @@ class LLMEngine:
         return self._finish(seq, FinishReason.ABORT)
 
     def has_unfinished(self) -> bool:
-        return bool(self.scheduler.waiting or self.scheduler.running or self._in_flight)
+        return bool(self.scheduler.waiting or self.scheduler.running or self._queue)
 
     @property
     def num_waiting(self) -> int:
@@ -142,23 +140,23 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        if self.batches_in_flight > 1:
-            pipelined = self._step_pipelined()
-            self._finish_stats()
-            return pipelined
-        plan = self._schedule()
+        if self._queue is not None and self._queue.depth > 1:
+            outputs = self._step_pipelined(self._queue)
+        elif self.pipelined is not None:  # one batch in flight: the step's prompts pipeline with its decode
+            outputs = self._run_step(self.pipelined, self._schedule())
+        else:
+            outputs = self._step_plain(self._schedule())
+        self._finish_stats()
+        return outputs
+
+    def _step_plain(self, plan: Plan) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
-        if hasattr(self.runner, "step"):  # a runner that pipelines the step's prompts with its decode (stages)
-            outputs += self._run_step(plan)
-            self._finish_stats()
-            return outputs
         for seq, n in plan.prefills:
             if not seq.finished:  # a lost KV cache (below) ends the step's other sequences too
                 outputs += self._run_prefill(seq, n)
         plan.decodes = [seq for seq in plan.decodes if not seq.finished]
         if plan.decodes:
             outputs += self._run_decode(plan)
-        self._finish_stats()
         return outputs
 
     def _schedule(self, max_seqs: int = 0) -> Plan:
@@ -172,40 +170,23 @@ class LLMEngine:
                 seq.scheduled_at = now
         return plan
 
-    def _step_pipelined(self) -> list[RequestOutput]:
-        """Submit a new batch while the runner has room for one and something is left to plan (filling the
+    def _step_pipelined(self, queue: BatchQueue) -> list[RequestOutput]:
+        """Submit a new batch while the queue has room for one and something is left to plan (filling the
         pipeline comes first); else wait for the oldest batch and take its tokens."""
-        if len(self._in_flight) < self.batches_in_flight:
-            plan = self._schedule(self._batch_seqs())
+        if queue.has_room():
+            plan = self._schedule(queue.batch_seqs())
             if plan.prefills or plan.decodes:
-                chunks, decode = self._step_inputs(plan)
                 try:
-                    self.runner.submit(chunks, decode)  # type: ignore[attr-defined]
+                    queue.submit(plan, *self._step_inputs(plan))
                 except RankFailedError as e:
                     return self._lost_cache(e)
                 except Exception as e:
                     return self._failed(plan, e)
-                for seq in self._planned(plan):
-                    seq.in_flight = True
-                self._in_flight.append(plan)
-                if len(self._in_flight) < self.batches_in_flight and self.scheduler.schedulable():
+                if queue.wants_more():
                     return []
-        if not self._in_flight:
+        if not queue:
             return []
-        plan = self._in_flight.popleft()
-        for seq in self._planned(plan):
-            seq.in_flight = False
-        return self._outputs(plan, self.runner.collect)  # type: ignore[attr-defined]
-
-    def _batch_seqs(self) -> int:
-        """How many sequences a batch takes: an even share of what may run, so the batches in flight are alike."""
-        s = self.scheduler
-        runnable = min(s.max_num_seqs, len(s.running) + len(s.waiting))
-        return max(1, -(-runnable // self.batches_in_flight))
-
-    @staticmethod
-    def _planned(plan: Plan) -> list[Sequence]:
-        return [seq for seq, _ in plan.prefills] + plan.decodes
+        return self._outputs(queue.oldest(), queue.collect)
 
     def _step_inputs(self, plan: Plan) -> tuple[list[tuple[np.ndarray, int, np.ndarray]], Any]:
         """A step's prompt chunks and decode, as ``ModelRunner.step`` takes them."""
@@ -219,12 +200,12 @@ class LLMEngine:
         ]
         return chunks, self._decode_inputs(plan) if plan.decodes else None
 
-    def _run_step(self, plan: Plan) -> list[RequestOutput]:
-        """The step's prompt chunks and its decode as one call of a runner that has ``step`` (``runner.py``)."""
+    def _run_step(self, runner: PipelinedRunner, plan: Plan) -> list[RequestOutput]:
+        """The step's prompt chunks and its decode as one call of the runner's ``step`` (``runner.py``)."""
         if not (plan.prefills or plan.decodes):
             return []
         chunks, decode = self._step_inputs(plan)
-        return self._outputs(plan, lambda: self.runner.step(chunks, decode))  # type: ignore[attr-defined]
+        return self._outputs(plan, lambda: runner.step(chunks, decode))
 
     def _outputs(self, plan: Plan, call: Callable[[], StepLogits]) -> list[RequestOutput]:
         """``call`` (the runner's ``step`` or ``collect`` of ``plan``) and what its logits make. A failure fails the
@@ -247,7 +228,7 @@ class LLMEngine:
     def _failed(self, plan: Plan, e: Exception) -> list[RequestOutput]:
         """The call's sequences fail together: the call cannot say whose fault it was."""
         why = f"the model runner failed: {describe(e, last=True)}"
-        return [self._finish(seq, FinishReason.ERROR, why) for seq in self._planned(plan) if not seq.finished]
+        return [self._finish(seq, FinishReason.ERROR, why) for seq in planned(plan) if not seq.finished]
 
     def _table(self, seq: Sequence) -> np.ndarray:
         table = np.full(self.table_width, SCRATCH_BLOCK, dtype=np.int64)
@@ -314,7 +295,8 @@ class LLMEngine:
         every sequence with keys and values in the pool fails, and the prefix cache forgets what it held."""
         why = f"the model runner failed: {describe(e, last=True)}"
         outputs = [self._finish(seq, FinishReason.ERROR, why) for seq in list(self.scheduler.running)]
-        self._in_flight.clear()  # the runner's restarted stages hold none of them
+        if self._queue is not None:
+            self._queue.clear()  # the runner's restarted stages hold none of them
         self.blocks.drop_cached()
         return outputs
 

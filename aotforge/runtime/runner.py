@@ -8,21 +8,19 @@ sequence's **block table** (int64 block ids, position ``t`` in block ``table[t /
 step (a target's batch bucket) have all-0 tables and write there, and no sequence's table names it. Blocks
 named by several tables (a shared prefix) are only read.
 
-A runner may also have ``step(chunks, decode) -> (chunk_logits, decode_logits)``: a step's prompt chunks
-``[(token_ids, start, block_table), ...]`` (``prefill`` where ``start`` is 0, else ``extend``) and then its decode
-``(token_ids, positions, block_tables)`` or ``None``, as one call. The engine uses it where it is there, so a runner
-whose stages pipeline (``targets/generative/stages.py``) runs a prompt as one more micro-batch of the decode's.
-
-A runner whose stages can each work on a different step (:class:`PipelinedRunner`) also has ``submit(chunks,
-decode)``, which sends a step as ``step`` takes it and returns at once, ``collect()``, which waits for the oldest
-submitted step's ``(chunk_logits, decode_logits)``, and ``batches_in_flight``, how many steps it can hold at once
-(its stages). The engine then keeps that many batches of disjoint sequences in flight (vLLM's virtual engines):
-stage 0 runs the next batch while stage 1 runs this one.
+A runner whose stages can each work on a different step (:class:`PipelinedRunner`, ``targets/generative/stages.py``)
+also has ``step(chunks, decode) -> (chunk_logits, decode_logits)``: a step's prompt chunks ``[(token_ids, start,
+block_table), ...]`` (``prefill`` where ``start`` is 0, else ``extend``) and then its decode ``(token_ids, positions,
+block_tables)`` or ``None``, as one call, so a prompt runs as one more micro-batch of the decode's; ``submit(chunks,
+decode)``, which sends a step as ``step`` takes it and returns at once; ``collect()``, which waits for the oldest
+submitted step's ``(chunk_logits, decode_logits)``; and ``batches_in_flight``, how many steps it can hold at once
+(its stages). The engine then keeps that many batches of disjoint sequences in flight (vLLM's virtual engines,
+``batch_queue.py``): stage 0 runs the next batch while stage 1 runs this one.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -63,9 +61,16 @@ class ModelRunner(Protocol):
         ...
 
 
+@runtime_checkable
 class PipelinedRunner(ModelRunner, Protocol):
     #: steps that can be in flight at once: one a stage keeps every stage busy
     batches_in_flight: int
+
+    def step(
+        self, chunks: list[tuple[np.ndarray, int, np.ndarray]], decode: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    ) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """A step's prompt chunks, then its decode (or None), as one call: each chunk's last logits, the decode's."""
+        ...
 
     def submit(
         self, chunks: list[tuple[np.ndarray, int, np.ndarray]], decode: tuple[np.ndarray, np.ndarray, np.ndarray] | None
