@@ -55,5 +55,11 @@ def _refuse(opts: BuildOptions) -> None:
 
 
 PIPELINE_PARALLEL = Sharding(
-    kind="pipeline_parallel", folder="stages", noun="stage", split=_split, engine=StagedEngine, refuse=_refuse
+    kind="pipeline_parallel",
+    folder="stages",
+    noun="stage",
+    split=_split,
+    engine=StagedEngine,
+    refuse=_refuse,
+    weight_only=True,
 )

@@ -22,6 +22,7 @@ from typing import Any
 
 from aotforge.artifacts.hashing import sha256_file
 from aotforge.compiler.build_direct import DirectPlan
+from aotforge.compiler.build_plan import pass_entry
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import (
     ArtifactPlace,
@@ -40,18 +41,22 @@ from aotforge.compiler.generative.build import (
     _decode_attention,
     _dump_compiled,
     _target_options,
+    _validator,
     export_and_store,
 )
 from aotforge.compiler.generative.decoder_stage import ShardRequest
 from aotforge.compiler.generative.export import decoder_spec, export_graphs, export_verify, save_shared
+from aotforge.compiler.generative.graph_passes import backend_target_passes, graph_passes_of
 from aotforge.compiler.generative.graphs import unsupported
+from aotforge.compiler.generative.pass_list import decoder_pass_options
 from aotforge.compiler.generative.source import CausalLM, load_causal_lm
-from aotforge.compiler.generative.validation import validate_generation
+from aotforge.compiler.generative.weight_calibration import calibrated_source, weight_only_params
 from aotforge.compiler.isolation import run_isolated
 from aotforge.compiler.option_flags import flag_name
 from aotforge.compiler.options import BuildOptions
 from aotforge.core.decoder import (
     DECODE_FILE,
+    GRAPH_ROLES,
     PREFILL_FILE,
     TEXT_GENERATION,
     VERIFY_FILE,
@@ -62,6 +67,7 @@ from aotforge.core.decoder import (
 from aotforge.core.errors import OptionsError, UnsupportedModelError
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET
+from aotforge.passes.manager import run_passes
 from aotforge.targets import get_target, shard_runtime, sharded_targets
 from aotforge.targets.base import CompileResult, GenerativeBackend, Target
 from aotforge.targets.generative.runner import GenerativeRunner
@@ -99,6 +105,9 @@ class Sharding:
     engine: Callable[[Path, TargetRecord], Any]
     #: options this kind refuses beside those every sharded build does
     refuse: Callable[[BuildOptions], None] | None = None
+    #: whether its shards take the weight-only passes (``--precision int4/int8``): a stage holds whole layers, so
+    #: each weight is quantized as the unsharded build quantizes it; a rank's slices are not (yet)
+    weight_only: bool = False
 
     @property
     def flag(self) -> str:
@@ -111,6 +120,7 @@ def build_sharded(
     """Compile a causal LM as ``opts.generation.<kind>`` shard graphs in one artifact (``load(path).generate``)."""
     started = time.perf_counter()
     target = get_target(opts.target)
+    opts = decoder_pass_options(opts)
     _refuse(opts, sharding)
     backend = _backend(opts, target)
     # One intra-op thread a shard unless the user sets it: the shards are the parallelism.
@@ -144,7 +154,17 @@ def _export(
         raise UnsupportedModelError(f"{source.name} cannot be built for {opts.target}: {why}")
     if backend.plan is not None:  # options the target cannot honour are refused before the export
         backend.plan(spec, target_opts)
-    split = sharding.split(source.model, spec, opts, source.name)
+    # Weight-only int4/int8 as the unsharded build: calibrated weights (the source stays the fp32 reference) are
+    # split, and each shard's graphs go through the same passes.
+    weight_only = weight_only_params(backend_target_passes(opts, target, backend)[1])
+    if weight_only is not None and (weight_only.layers_8bit or weight_only.sensitive_layers_8bit):
+        raise OptionsError(
+            f"{sharding.flag}: weight-only layers_8bit / sensitive_layers_8bit name the whole decoder's layers, which "
+            f"each {sharding.noun} graph numbers from 0: drop them, or build with {sharding.flag} 1"
+        )
+    exported, opts, pass_entries = calibrated_source(source, opts, weight_only, say)
+    graph_passes = graph_passes_of(opts, target, backend)
+    split = sharding.split(exported, spec, opts, source.name)
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.benchmark.plots)
     verify_width = opts.generation.speculative_k + 1 if opts.generation.speculative_k else 0
     attention, plain_why = _decode_attention(backend, source.model, spec)
@@ -159,9 +179,15 @@ def _export(
         graphs, opset = {PREFILL_FILE: prefill, DECODE_FILE: decode}, prefill.opset_imports.get("", 0)
         if verify_width:
             graphs[VERIFY_FILE] = export_verify(part, shard_spec, place.name, attention)
-        for step in (backend.prepare_graphs, backend.rewrite_graphs):
-            if step is not None:
-                step(graphs, shard_spec)
+        if backend.prepare_graphs is not None:
+            backend.prepare_graphs(graphs, shard_spec)
+        for file_name, graph in graphs.items():
+            if graph_passes:
+                records = run_passes(graph, [p.for_graph(GRAPH_ROLES[file_name]) for p in graph_passes()])
+                where = f"{rel}/{file_name.removesuffix('.onnx')}"
+                pass_entries += [{**pass_entry(r), "graph": where} for r in records]
+        if backend.rewrite_graphs is not None:
+            backend.rewrite_graphs(graphs, shard_spec)
         if opts.passes.dump_ir is not None:
             _dump_compiled(graphs, opts.passes.dump_ir / rel, say)
         weights[str(i)] = save_shared(graphs, stage / rel)["weights_file_bytes"]
@@ -196,15 +222,21 @@ def _export(
         info=info,
         ir={"sha256": _graphs_sha(stage, ir_files), "opset": opset},
         weight_bytes=sum(weights.values()),
-        model=source.model,
-        opts=opts,
+        validate=_validator(source, spec, opts, any(e.get("changes_numerics") for e in pass_entries)),
+        bench=opts.benchmark.bench,
         engine=sharding.engine,
     )
-    return source, _job(place, target, target_opts, work, source, opts)
+    return source, _job(place, target, target_opts, work, source, opts, pass_entries)
 
 
 def _job(
-    place: ArtifactPlace, target: Target, target_opts: Any, work: ShardWork, source: CausalLM, opts: BuildOptions
+    place: ArtifactPlace,
+    target: Target,
+    target_opts: Any,
+    work: ShardWork,
+    source: CausalLM,
+    opts: BuildOptions,
+    passes: list[dict[str, Any]],
 ) -> TailJob:
     toolchain = key_toolchain(opts.target, target.probe())
     return TailJob(
@@ -213,7 +245,7 @@ def _job(
         target_options=target_opts,
         work=work,
         source={"format": source.format, "sha256": source.sha256, "task": TEXT_GENERATION, **source.details},
-        passes=[],
+        passes=passes,
         toolchain=toolchain,
         cache_dir=opts.cache_dir,
         build_extra={"toolchain_key": toolchain},
@@ -239,8 +271,10 @@ class ShardWork:
     info: Mapping[str, Any]
     ir: Mapping[str, Any]
     weight_bytes: int
-    model: Any
-    opts: BuildOptions
+    #: ``(runner, name, say) -> the validation record``: greedy tokens against the unsharded source model, gated
+    #: where the weights are fp32, quality-gated where the passes change numerics (``build._validator``)
+    validate: Callable[[Any, str, Progress], dict[str, Any]]
+    bench: bool
     engine: Callable[[Path, TargetRecord], Any]
 
     def cache_key(self, toolchain: Mapping[str, str], passes: Sequence[Mapping[str, Any]]) -> CacheKey:
@@ -273,15 +307,10 @@ class ShardWork:
         say(f"starting {len(self.shards)} {self.noun} processes")
         engine = self.engine(stage, record)
         runner = GenerativeRunner(engine)
-        opts = self.opts
         try:
-            say("validating greedy generation against transformers (the unsharded model)")
-            validation = validate_generation(
-                self.model, runner, self.spec, seed=opts.validation.seed, tolerance=opts.validation.tolerance,
-                min_agreement=opts.generation.min_token_agreement, name=job.place.name, gate=True,
-            )  # fmt: skip
+            validation = self.validate(runner, job.place.name, say)
             bench = None
-            if opts.benchmark.bench:
+            if self.bench:
                 say("benchmarking generation")
                 bench = {"generation": benchmark_generation(runner, self.spec, self.weight_bytes)}
         finally:
@@ -305,7 +334,7 @@ def _refuse(opts: BuildOptions, sharding: Sharding) -> None:
         )
     if sharding.refuse is not None:
         sharding.refuse(opts)
-    if tuple(opts.passes.names) not in ((DEFAULT_PRESET,), ()):
+    if tuple(opts.passes.names) not in ((DEFAULT_PRESET,), ()) and not sharding.weight_only:
         raise OptionsError(f"{flag} builds are fp32 for now: drop --precision / --passes, or build with {flag} 1")
     if opts.prepare_only:
         raise OptionsError(f"{flag} builds are not bundled (--prepare-only): build on the serving host")
