@@ -147,6 +147,15 @@ BENCHES = (
         "(vLLM's virtual engines) against the schedule's and the stages' imbalance (docs/parallel.md).",
     ),
     Bench(
+        "pipeline_parallel_int4",
+        "Pipeline parallelism at int4",
+        "make bench-pipeline-parallel ARGS='--precision int4'",
+        "tools/bench_pipeline_parallel.py --precision int4 builds the same stages with the weight-only int4 "
+        "parameters of the unsharded int4 serving artifact and serves the same requests against that artifact: "
+        "a stage streams an eighth of the fp32 bytes each time it runs a batch, so re-reading its weights once per "
+        "batch in flight costs less (docs/parallel.md).",
+    ),
+    Bench(
         "collectives",
         "Collectives on one host and across two",
         "make bench-collectives",

@@ -10,9 +10,12 @@ spent waiting on a neighbour, ``1 - sum(busy) / (M * wall)``. The engine keeps a
 virtual engines; ``--batches-in-flight 1``: one batch a step, in ``m`` micro-batches), so the schedule leaves no
 bubble in steady state (GPipe's ``(M-1) / (m+M-1)`` with one batch); what remains is the stages' imbalance,
 ``1 - sum(busy) / (M * max(busy))``, reported beside it, and the driver's time between batches.
-Writes docs/bench/pipeline_parallel.json.
+``--precision int4`` runs the same against the unsharded int4 artifact (default ``artifacts/onnxruntime-int4``), the
+stages built with that artifact's weight-only parameters (its method, block size, head bits...), and writes
+docs/bench/pipeline_parallel_int4.json; fp32 (the default) writes docs/bench/pipeline_parallel.json.
 
-    python tools/bench_pipeline_parallel.py [--model DIR] [--whole ARTIFACT] [--rounds 3] [--batches-in-flight 1]
+    python tools/bench_pipeline_parallel.py [--model DIR] [--precision fp32|int4] [--whole ARTIFACT] [--rounds 3]
+        [--batches-in-flight 1]
 """
 
 from __future__ import annotations
@@ -33,27 +36,45 @@ import bench_record  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "aotforge"
 MODEL = CACHE / "models" / "SmolLM2-135M-Instruct-fp32-b179c9523d0e6a0f"
-WHOLE = CACHE / "bench-serve" / "artifacts" / "onnxruntime-fp32" / "smollm2-fp32" / "1" / "onnxruntime"
+#: the unsharded artifact each precision is measured against
+BENCH_SERVE = CACHE / "bench-serve" / "artifacts"
+WHOLE = {p: BENCH_SERVE / f"onnxruntime-{p}" / f"smollm2-{p}" / "1" / "onnxruntime" for p in ("fp32", "int4")}
+#: the weight-only parameters a stage build copies from the unsharded int4 artifact's manifest
+WEIGHT_ONLY_KEYS = ("bits", "block_size", "head_bits", "accuracy_level", "symmetric", "prompt_int8")
 PREFIX = "RESULT "
 #: what a child run is told, in ``child``'s order
 CHILD_ARGS = ("requests", "concurrency", "prompt", "new", "batches_in_flight")
 
 
-def build(model: Path, work: Path, whole: Path, degree: int) -> Path:
-    """The pipeline-parallel artifact (built once into ``work``), at the unsharded artifact's geometry."""
+def build(model: Path, work: Path, whole: Path, degree: int, precision: str) -> Path:
+    """The pipeline-parallel artifact (built once into ``work``), at the unsharded artifact's geometry and, at int4,
+    with its weight-only parameters."""
     import aotforge
 
-    found = sorted(work.glob(f"out/smollm2-pp{degree}/*/onnxruntime/manifest.json"))
+    name = f"smollm2-pp{degree}" + ("" if precision == "fp32" else f"-{precision}")
+    found = sorted(work.glob(f"out/{name}/*/onnxruntime/manifest.json"))
     if found:
         return found[-1].parent
-    info = json.loads((whole / "manifest.json").read_text())["target"]["info"]
+    manifest = json.loads((whole / "manifest.json").read_text())
+    info = manifest["target"]["info"]
     spec, speculative = info["decoder"], info.get("speculative", {})
+    low_bit = {} if precision == "fp32" else {"precision": precision, "pass_opt": weight_only_opts(manifest)}
     result = aotforge.build(
-        model, target="onnxruntime", task="text-generation", out=work / "out", name=f"smollm2-pp{degree}",
+        model, target="onnxruntime", task="text-generation", out=work / "out", name=name,
         pipeline_parallel=degree, max_seq_len=spec["max_seq_len"], max_batch=spec["max_batch"],
-        speculative_k=int(speculative.get("max_tokens", 0)), bench=False,
+        speculative_k=int(speculative.get("max_tokens", 0)), bench=False, **low_bit,
     )  # fmt: skip
     return Path(result.path)
+
+
+def weight_only_opts(manifest: dict[str, Any]) -> list[str]:
+    """``--pass-opt``s that quantize as the unsharded artifact did: its weight-only parameters and its method (an
+    artifact that records none was rounded to nearest)."""
+    passes = {p["name"]: p["params"] for p in manifest["passes"]}
+    params = passes["weight-only"]
+    method = params.get("method") or passes.get("calibrate-int4", {}).get("method") or "rtn"
+    values = {"method": method, "prompt_int8": False} | {k: params[k] for k in WEIGHT_ONLY_KEYS if k in params}
+    return [f"weight-only.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]
 
 
 def child(artifact: Path, requests: int, concurrency: int, prompt: int, new: int, in_flight: int) -> dict[str, Any]:
@@ -106,7 +127,10 @@ def _run(artifact: Path, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=MODEL)
-    parser.add_argument("--whole", type=Path, default=WHOLE, help="the unsharded fp32 artifact (same model)")
+    parser.add_argument("--precision", choices=sorted(WHOLE), default="fp32", help="the weights' precision")
+    parser.add_argument(
+        "--whole", type=Path, help="the unsharded artifact of that precision (same model; default: the bench-serve one)"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/aotforge-pp-bench"))
     parser.add_argument("--degree", type=int, default=2, help="stages")
     parser.add_argument("--rounds", type=int, default=3)
@@ -117,17 +141,20 @@ def main() -> None:
     parser.add_argument(
         "--batches-in-flight", type=int, default=0, help="batches the engine keeps in flight (0: one a stage)"
     )
-    parser.add_argument("--json", type=Path, default=bench_record.BENCH_DIR / "pipeline_parallel.json")
+    parser.add_argument("--json", type=Path, help="default: docs/bench/pipeline_parallel[_int4].json")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(PREFIX + json.dumps(child(args.child, *(getattr(args, k) for k in CHILD_ARGS))))
         return
+    args.whole = args.whole or WHOLE[args.precision]
+    suffix = "" if args.precision == "fp32" else f"_{args.precision}"
+    args.json = args.json or bench_record.BENCH_DIR / f"pipeline_parallel{suffix}.json"
     run = bench_record.start({k: v for k, v in vars(args).items() if k != "child"})
-    artifact = build(args.model, args.work, args.whole, args.degree)
+    artifact = build(args.model, args.work, args.whole, args.degree, args.precision)
     pp = json.loads((artifact / "manifest.json").read_text())["target"]["info"]["pipeline_parallel"]
     runtimes = {
-        "unsharded (ORT default threads)": args.whole,
+        f"unsharded{'' if args.precision == 'fp32' else ' ' + args.precision} (ORT default threads)": args.whole,
         f"pipeline-parallel {args.degree} (1 thread a stage)": artifact,
     }
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in runtimes}
@@ -141,7 +168,7 @@ def main() -> None:
     theory = 0.0 if in_flight >= args.degree else (args.degree - 1) / (micro + args.degree - 1)
     results = {
         "rounds": rounds, "bounds": pp["layout"]["bounds"], "micro_batches": micro, "bubble_theory": theory,
-        "batches_in_flight": in_flight,
+        "batches_in_flight": in_flight, "precision": args.precision,
     }  # fmt: skip
     print(json.dumps(results, indent=1))
     bench_record.write(args.json, "pipeline_parallel", run, tables(rounds, theory, args), results)
@@ -153,7 +180,7 @@ def tables(rounds: dict[str, list[dict[str, Any]]], theory: float, args: argpars
     whole, pp = list(ok)
     ratios = [p["requests_per_s"] / w["requests_per_s"] for w, p in zip(ok[whole], ok[pp], strict=False)]
     throughput = bench_record.table(
-        f"Request throughput, {args.concurrency} concurrent requests, SmolLM2-135M-Instruct fp32",
+        f"Request throughput, {args.concurrency} concurrent requests, SmolLM2-135M-Instruct {args.precision}",
         (
             "runtime",
             "requests/s",
