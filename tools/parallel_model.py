@@ -1,6 +1,7 @@
 """The sizing model of docs/parallel.md, checked against this host's measurements (the bench JSON files).
 
     python tools/parallel_model.py [--tp docs/bench/tensor_parallel.json] [--pp docs/bench/pipeline_parallel.json]
+        [--pp-int4 docs/bench/pipeline_parallel_int4.json]
 
 Prints, for each measured layout, what the model predicts from the *other* measured terms beside what was measured:
 
@@ -13,7 +14,9 @@ Prints, for each measured layout, what the model predicts from the *other* measu
   ``(M-1)/(m+M-1)``; with a batch in flight a stage (the engine's default), ``m`` batches of one micro-batch each
   and ``wall = max_s busy_s``; and the throughput against the unsharded artifact from first principles, between two
   bounds of a memory-bound step: one core drawing the host's whole bandwidth (``m/(m+M-1) * W / (m * W_max)``) or only
-  its share (that times ``cores_per_stage / C1``).
+  its share (that times ``cores_per_stage / C1``); at int4 (``--pp-int4``), where the weights stream an eighth of the
+  bytes and the rows' compute dominates, also the compute-bound limit ``min(M, C1) / C1 / fill`` (M one-thread stages
+  against one process on the host's ``C1`` cores).
 * and what the same formulas give for a host with more cores and for two hosts (``--cores``, ``--link-us``,
   ``--link-gbps``): the terms a user puts in to size a deployment.
 """
@@ -92,10 +95,17 @@ def pipeline_parallel(data: dict[str, Any], host_cores: int) -> list[str]:
     best = 1 / fill / (m * max(shares))
     worst = best * 1 / host_cores
     ratio = median([p["requests_per_s"] / w["requests_per_s"] for w, p in zip(whole, staged, strict=False)])
+    precision = results.get("precision", "fp32")
     lines.append(
-        f"pipeline parallel {stages}, throughput / unsharded: predicted {worst:.2f} .. {best:.2f} "
+        f"pipeline parallel {stages} {precision}, throughput / unsharded: predicted {worst:.2f} .. {best:.2f} "
         f"(a stage's one core drawing its share .. all of the host's bandwidth), measured {ratio:.2f}"
     )
+    if precision != "fp32":  # the weight term shrinks: the step tends to the rows' compute, shared by the stages
+        limit = min(stages, host_cores) / host_cores / fill
+        lines.append(
+            f"pipeline parallel {stages} {precision}, compute-bound limit {limit:.2f} ({stages} one-thread stages "
+            f"against one process on {host_cores} cores), measured {ratio:.2f}"
+        )
     return lines
 
 
@@ -202,6 +212,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tp", type=Path, default=BENCH / "tensor_parallel.json")
     parser.add_argument("--pp", type=Path, default=BENCH / "pipeline_parallel.json")
+    parser.add_argument("--pp-int4", type=Path, default=BENCH / "pipeline_parallel_int4.json")
     parser.add_argument("--collectives", type=Path, default=BENCH / "collectives.json")
     parser.add_argument("--host-cores", type=int, default=2, help="cores of the host the benches ran on")
     parser.add_argument("--cores", type=int, default=32)
@@ -211,8 +222,9 @@ def main() -> None:
     lines: list[str] = []
     if args.tp.is_file():
         lines += tensor_parallel(json.loads(args.tp.read_text()), args.host_cores)
-    if args.pp.is_file():
-        lines += pipeline_parallel(json.loads(args.pp.read_text()), args.host_cores)
+    for pp in (args.pp, args.pp_int4):
+        if pp.is_file():
+            lines += pipeline_parallel(json.loads(pp.read_text()), args.host_cores)
     if args.collectives.is_file():
         lines += collectives(json.loads(args.collectives.read_text())["results"], args.link_us, args.link_gbps)
     lines += sizing(args.cores, args.link_us, args.link_gbps)
