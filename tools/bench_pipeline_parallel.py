@@ -58,7 +58,11 @@ def build(model: Path, work: Path, whole: Path, degree: int, precision: str) -> 
     manifest = json.loads((whole / "manifest.json").read_text())
     info = manifest["target"]["info"]
     spec, speculative = info["decoder"], info.get("speculative", {})
-    low_bit = {} if precision == "fp32" else {"precision": precision, "pass_opt": weight_only_opts(manifest)}
+    low_bit: dict[str, Any] = {}
+    if precision != "fp32":  # the unsharded artifact's quantization and the quality budget it was built under
+        budget = manifest["validation"].get("quality", {}).get("max_perplexity_increase")
+        low_bit = {"precision": precision, "pass_opt": weight_only_opts(manifest)}
+        low_bit |= {"max_perplexity_increase": budget} if budget is not None else {}
     result = aotforge.build(
         model, target="onnxruntime", task="text-generation", out=work / "out", name=name,
         pipeline_parallel=degree, max_seq_len=spec["max_seq_len"], max_batch=spec["max_batch"],
