@@ -15,8 +15,10 @@ import onnx
 import pytest
 
 import aotforge
+from aotforge.artifacts.engine_loader import load_engine
 from aotforge.core.errors import OptionsError
-from tests.llm_models import PROMPTS, build_text_generation
+from aotforge.runtime.params import EngineConfig, SamplingParams
+from tests.llm_models import MAX_BATCH, PROMPTS, build_text_generation
 
 DEGREE = 2
 #: round to nearest: no calibration, so the test builds quickly and both builds quantize the same weights alike
@@ -45,6 +47,33 @@ def test_int4_stages_generate_exactly_what_the_unsharded_int4_artifact_generates
             assert staged.generate(ids, 12, ignore_eos=True).tolist() == want.tolist()
     finally:
         staged._generative().engine.close()
+
+
+def _serve(artifact: Path, prompts: list[list[int]], lengths: list[int]) -> tuple[dict[str, list[int]], Any]:
+    engine, _, _ = load_engine(artifact, EngineConfig(max_num_seqs=MAX_BATCH, max_num_batched_tokens=16))
+    for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
+    got: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert out.error is None
+            got[out.request_id] += out.token_ids
+    return got, engine
+
+
+def test_int4_stages_serve_batches_in_flight_like_the_unsharded_int4_artifact(int4_builds: Any) -> None:
+    """The serving engine keeps a batch in flight a stage; the last stage hands each decode's logits back through
+    the group's shared segment, not its pipe."""
+    whole, staged = int4_builds
+    prompts, lengths = [PROMPTS[0], PROMPTS[1], [9, 8, 7], [40, 41], [3] * 11], [9, 4, 12, 6, 3]
+    want, _ = _serve(Path(whole.path), prompts, lengths)
+    got, engine = _serve(Path(staged.path), prompts, lengths)
+    try:
+        assert engine.batches_in_flight == DEGREE and engine.runner.peak_in_flight == DEGREE
+        assert engine.runner.engine.group.logits is not None
+        assert got == want
+    finally:
+        engine.runner.engine.close()
 
 
 def test_each_int4_stage_holds_4_bit_matmuls_and_the_build_is_quality_gated(int4_builds: Any) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
+from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +30,18 @@ from aotforge.core.target_record import TargetRecord
 from aotforge.targets import loaded_shard_runtime
 from aotforge.targets.generative.process_group import GroupEngine, ProcessGroup
 from aotforge.targets.generative.runner import GenerativeRunner
-from aotforge.targets.generative.stage_worker import StageWorker
+from aotforge.targets.generative.stage_worker import StageWorker, logits_shape
 
 #: What the errors call a stage.
 KIND = "pipeline-parallel stage"
 
 
-def _stage_main(conn: Any, artifact_dir: str, record: dict[str, Any], stage: int, recv: Any, send: Any) -> None:
+def _stage_main(
+    conn: Any, artifact_dir: str, record: dict[str, Any], stage: int, recv: Any, send: Any, logits: str = ""
+) -> None:
     """A stage process: load the stage, then serve ``(where, method, args)`` calls until the driver hangs up."""
     try:
-        worker = StageWorker(artifact_dir, record, stage, recv, send)
+        worker = StageWorker(artifact_dir, record, stage, recv, send, logits)
         conn.send(("ok", None))
     except Exception as e:
         conn.send(("error", describe(e, last=True)))
@@ -56,7 +59,10 @@ def _stage_main(conn: Any, artifact_dir: str, record: dict[str, Any], stage: int
 
 class StageGroup:
     """The stage processes of one artifact, the pipes from the driver to each, and between neighbours; or, with
-    ``placement.workers`` Ray, the stages' actors (``ray_stages.py``), driven the same way."""
+    ``placement.workers`` Ray, the stages' actors (``ray_stages.py``), driven the same way.
+
+    On one host the last stage writes a serving step's decode logits into :attr:`logits`, a shared segment of
+    ``[slots, max_batch, vocab]`` (``stage_worker.logits_shape``), rather than sending them back over its pipe."""
 
     def __init__(self, artifact_dir: Path, record: TargetRecord, placement: Placement = Placement()) -> None:
         pp = record.info["pipeline_parallel"]
@@ -64,25 +70,35 @@ class StageGroup:
         runtime = loaded_shard_runtime(record.name, "pipeline_parallel")
         payload = {"name": record.name, "options": record.options, "info": record.info}
         self.workers: Any
+        self.logits: np.ndarray | None = None
+        self._segment: shared_memory.SharedMemory | None = None
         if placement.workers is Workers.RAY:
             from aotforge.targets.generative.ray_stages import start_stage_actors
 
             self.workers = start_stage_actors(KIND, str(artifact_dir), payload, self.degree, placement)
             return
         links = [multiprocessing.Pipe(duplex=False) for _ in range(self.degree - 1)]  # (s+1 reads, s writes)
+        shape = logits_shape(payload)
+        segment = shared_memory.SharedMemory(create=True, size=4 * shape[0] * shape[1] * shape[2])
         args = [
             (
                 str(artifact_dir), payload, stage,
                 links[stage - 1][0] if stage > 0 else None,
                 links[stage][1] if stage < self.degree - 1 else None,
+                segment.name,
             )
             for stage in range(self.degree)
         ]  # fmt: skip
-        self.workers = ProcessGroup(KIND, _stage_main, args, runtime.preload)
-        for reader, writer in links:  # the stages hold them now: a dead stage's neighbour sees its pipe close
-            reader.close()
-            writer.close()
-        self.workers.gather(stop_at_error=True)
+        try:
+            self.workers = ProcessGroup(KIND, _stage_main, args, runtime.preload)
+            for reader, writer in links:  # the stages hold them now: a dead stage's neighbour sees its pipe close
+                reader.close()
+                writer.close()
+            self.workers.gather(stop_at_error=True)
+        finally:  # the last stage keeps its mapping, this process its own: no name is left behind, even if killed
+            segment.unlink()
+        self._segment = segment
+        self.logits = np.ndarray(shape, dtype=np.float32, buffer=segment.buf)
 
     @property
     def failed(self) -> str:
@@ -113,6 +129,13 @@ class StageGroup:
 
     def close(self) -> None:
         self.workers.close()
+        if self._segment is not None:
+            self.logits = None
+            try:
+                self._segment.close()
+            except BufferError:  # a caller still holds a view of it: the mapping goes with the last one
+                pass
+            self._segment = None
 
 
 class StagedEngine(GroupEngine):
@@ -220,8 +243,13 @@ class StagedModelRunner:
         if decode is not None:
             share = -(-self.max_rows // self.batches_in_flight)
             first = max(0, min(slot * share, self.max_rows - len(decode[0])))
+        logits = self.engine.group.logits
+        shared = logits is not None and slot < len(logits) and (decode is None or len(decode[0]) <= logits.shape[1])
         try:
-            self.engine.submit("runner", "step", chunks, decode, 1, first)
+            if shared:  # the decode logits come back through the group's shared segment, in this slot
+                self.engine.submit("shared", "step", slot, chunks, decode, 1, first)
+            else:
+                self.engine.submit("runner", "step", chunks, decode, 1, first)
         except RankFailedError:
             self._slots.clear()  # the restarted stages hold none of them
             raise
@@ -232,12 +260,15 @@ class StagedModelRunner:
 
     def collect(self) -> tuple[list[np.ndarray], np.ndarray | None]:
         """The oldest submitted step's ``(chunk_logits, decode_logits)``."""
-        self._slots.popleft()
+        slot = self._slots.popleft()
         try:
-            return self.engine.collect()  # type: ignore[no-any-return]
+            prompts, logits = self.engine.collect()
         except RankFailedError:
             self._slots.clear()
             raise
+        if isinstance(logits, int):  # rows in the shared segment's slot, which the next submit may reuse: copied
+            logits = self.engine.group.logits[slot, :logits].copy()
+        return prompts, logits
 
 
 def load_staged(artifact_dir: Path, record: TargetRecord, placement: Placement = Placement()) -> GenerativeRunner:
