@@ -122,7 +122,12 @@ class FeatureProposer:
                 "with --speculative-k K with this aotforge (artifacts built before return none)"
             )
         draft.check_target(size, engine.spec.vocab, "this artifact")
+        from threadpoolctl import ThreadpoolController
+
         self.draft, self.engine = draft, cast(HiddenEngine, engine)
+        # The draft's matmuls are GEMVs of a row or a few: a second BLAS thread gains nothing on them, and waiting
+        # for one that the target's own threads keep off a core costs more than the work itself.
+        self.blas = ThreadpoolController()
         self.hidden = np.zeros((0, size), dtype=np.float32)
         # Logits over the target's vocabulary: -inf outside the draft's sub-vocabulary, so a sampled q is 0 there.
         self.logits = np.zeros((0, engine.spec.vocab), dtype=np.float32)
@@ -138,10 +143,11 @@ class FeatureProposer:
         self, history: list[list[int]], length: list[int], ids: np.ndarray, pos: np.ndarray, rule: Greedy | Sampled
     ) -> int:
         hidden, vocab_ids = self.hidden, self.draft.weights["vocab_ids"]
-        for i in range(ids.shape[1] - 1):
-            hidden, sub = self.draft.step(hidden, ids[:, i])
-            self.logits[:, vocab_ids] = sub
-            rule.propose(self.logits, out=ids[:, i + 1])
+        with self.blas.limit(limits=1, user_api="blas"):
+            for i in range(ids.shape[1] - 1):
+                hidden, sub = self.draft.step(hidden, ids[:, i])
+                self.logits[:, vocab_ids] = sub
+                rule.propose(self.logits, out=ids[:, i + 1])
         return ids.shape[1] - 1
 
     def accepted(self, row: int, kept: int, length: int) -> None:
