@@ -8,6 +8,9 @@ costs little more than one): the fp32 target with a verify graph against target-
 each run in its own process, alternating rounds, prompts of held-out English (the quality gate's corpus, never
 trained on). Writes docs/bench/draft.json (the draft's training report beside the timings) for tools/bench_page.py.
 
+--draft may name a feature draft's directory (``feature_draft.json``: proposals from the target's own hidden
+state) instead: it is timed as it is, into docs/bench/feature-draft.json.
+
     python tools/bench_draft.py [--work /tmp/aotforge-draft-bench] [--ks 2,3,4,5] [--rounds 3] [--targets tvm]
 """
 
@@ -53,7 +56,9 @@ def make_draft(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("/tmp/aotforge-draft-bench"))
-    parser.add_argument("--draft", type=Path, help="an existing draft directory (default: made into --work)")
+    parser.add_argument(
+        "--draft", type=Path, help="an existing draft directory, or a feature draft's (default: made into --work)"
+    )
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--layer-pick", default="spread", help="aotforge distill --layer-pick")
     parser.add_argument("--draft-vocab", type=int, default=8192)
@@ -67,9 +72,11 @@ def main() -> None:
     model = smollm2_dir()
     recipe = hashlib.sha256(json.dumps([RECIPE, args.cpu_minutes]).encode()).hexdigest()[:8]
     draft = args.draft or args.work / f"draft-{args.layers}l-{args.layer_pick}-{args.draft_vocab}v-{recipe}"
-    if not (draft / "config.json").is_file():
+    feature = (draft / "feature_draft.json").is_file()
+    if not feature and not (draft / "config.json").is_file():
         make_draft(model, draft, args.layers, args.layer_pick, args.draft_vocab, args.cpu_minutes, args.wall_minutes)
-    cmd = [sys.executable, str(TOOLS / "bench_speculative.py"), "--name", "draft", "--work", str(args.work)]
+    name = "feature-draft" if feature else "draft"
+    cmd = [sys.executable, str(TOOLS / "bench_speculative.py"), "--name", name, "--work", str(args.work)]
     cmd += ["--target-model", str(model), "--draft-model", str(draft), "--ks", args.ks, "--rounds", str(args.rounds)]
     cmd += ["--prompts", str(args.prompts), "--targets", args.targets]
     subprocess.run(cmd, check=True)

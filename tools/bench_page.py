@@ -70,6 +70,15 @@ BENCHES = (
         "target alone against speculative decoding with each k, greedy, batch 1, prompts of held-out English.",
     ),
     Bench(
+        "feature-draft",
+        "A feature draft for a real model",
+        "make bench-draft ARGS='--draft DIR'",
+        "tools/bench_draft.py --draft DIR with a feature draft of SmolLM2-135M-Instruct (aotforge distill's "
+        "attention-free head over the target's own last hidden state: no cache, a few small matmuls a proposal) "
+        "times it as tools/bench_speculative.py does: the fp32 target (its verify graph returning the hidden state) "
+        "alone against speculative decoding with each k, greedy, batch 1, prompts of held-out English.",
+    ),
+    Bench(
         "serve",
         "Serving",
         "make bench-serve",

@@ -14,6 +14,10 @@ prefills in it), and end to end; the acceptance rate. The speed-ups over target-
 round's own ratio; the best k is the one with the highest decode speed-up. Also whether every run's tokens
 are the target's own greedy tokens. The load average is printed before and after.
 
+A feature draft (``aotforge distill``'s feature-draft directory, ``feature_draft.json`` in it) as --draft-model
+is not built: each speculative run passes the directory as ``draft=`` (proposals from the target's own hidden
+state), and there is no "draft only" run.
+
     python tools/bench_speculative.py --work /tmp/aotforge-spec-bench [--ks 1,2,3,4] [--targets onnxruntime]
 """
 
@@ -80,8 +84,9 @@ def build(model_dir: Path, work: Path, target: str, role: str, k: int, max_seq: 
     An onnxruntime draft gets no verify graph: its verify call of 2 tokens cost more CPU than the two decode calls
     it replaces (its session's own copy of the weights is cold in cache)."""
     spec_k = k if role == "target" else 1 if target == "tvm" else 0
-    # A draft's name says which directory it came from: a new draft in the same --work is built, not reused.
-    which = "" if role == "target" else "-" + hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest()[:8]
+    # A draft's name says which directory it came from: a new draft in the same --work is built, not reused. A
+    # target's says its graphs return the hidden state (a feature draft's input): one built before is not reused.
+    which = "-h" if role == "target" else "-" + hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest()[:8]
     return text_generation_artifact(
         model_dir,
         work / "artifacts",
@@ -99,9 +104,13 @@ def run(target: Path, draft: Path | None, k: int, prompts: list[list[int]], new:
     the decode phase (after each prompt's first token: what the manifest's ``tokens_per_s`` counts; the first
     token's time, prefill included, is TTFT) and end to end (prefills included), the acceptance rate."""
     import aotforge
+    from aotforge.targets.generative.feature_draft import is_feature_draft, load_feature_draft
 
     artifact = aotforge.load(target)
-    kw: dict[str, Any] = {} if draft is None else {"draft": aotforge.load(draft), "num_speculative_tokens": k}
+    kw: dict[str, Any] = {}
+    if draft is not None:
+        kw = {"draft": load_feature_draft(draft) if is_feature_draft(draft) else aotforge.load(draft)}
+        kw["num_speculative_tokens"] = k
     artifact.generate(np.array([prompts[0]]), 8, ignore_eos=True, **kw)  # warm-up
     proposed = accepted = 0
     decode_wall = decode_cpu = 0.0
@@ -147,15 +156,22 @@ def max_seq_len(args: argparse.Namespace) -> int:
     return 1 << (need - 1).bit_length()
 
 
+def feature_draft(args: argparse.Namespace) -> bool:
+    """Whether --draft-model is a feature draft's directory (run as it is, not built)."""
+    return bool(args.draft_model and (args.draft_model / "feature_draft.json").is_file())
+
+
 def bench_target(args: argparse.Namespace, target: str) -> dict[str, Any]:
-    paths = {role: spawn(args, f"build:{target}:{role}") for role in ("target", "draft")}
+    paths = {"target": spawn(args, f"build:{target}:target")}
+    paths["draft"] = {"path": str(args.draft_model)} if feature_draft(args) else spawn(args, f"build:{target}:draft")
     if any("path" not in v for v in paths.values()):
         return {"error": paths}
     runs = [("target only", f"run:{target}:{paths['target']['path']}||0")]
     runs += [
         (f"k={k}", f"run:{target}:{paths['target']['path']}|{paths['draft']['path']}|{k}") for k in args.ks.split(",")
     ]
-    if not (args.draft_model and (args.draft_model / "draft_vocab.json").is_file()):  # a subset reads no prompt
+    if not (args.draft_model and (args.draft_model / "draft_vocab.json").is_file()) and not feature_draft(args):
+        # (a subset's draft reads no prompt; a feature draft has no prefill of its own)
         runs.append(("draft only", f"run:{target}:{paths['draft']['path']}||0"))
     rounds: dict[str, list[dict[str, Any]]] = {}
     for r in range(args.rounds):  # each round starts one run later: a load that drifts favours no run
@@ -235,6 +251,9 @@ def main() -> None:
         keep = ("student", "draft_vocab", "steps", "train_seconds", "train_cpu_seconds", "pool_cpu_seconds")
         keep += ("tokens_seen", "distinct_tokens", "options")
         results["draft_training"] = {k: report.get(k) for k in keep} | {"held_out": report.get("after")}
+    if feature_draft(args):  # its sizes and how it was made, beside its speed
+        config = json.loads((args.draft_model / "feature_draft.json").read_text())
+        results["feature_draft"] = {k: v for k, v in config.items() if k not in ("format", "version")}
     for target in filter(None, args.targets.split(",")):
         results[target] = bench_target(args, target)
     results["load_after"] = os.getloadavg()
@@ -277,7 +296,7 @@ def page_tables(results: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     for target, r in results.items():
-        if target == "draft_training":
+        if target in ("draft_training", "feature_draft"):
             continue
         if not isinstance(r, dict) or "runs" not in r:
             if isinstance(r, dict) and "error" in r:

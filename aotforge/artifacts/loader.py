@@ -74,7 +74,9 @@ class LoadedArtifact:
 
         ``draft=`` (a loaded text-generation artifact or its path) with ``num_speculative_tokens=k``:
         speculative decoding, this artifact's verify graph checking the draft's proposals; the draft
-        must have this artifact's vocabulary and tokenizer files (refused by name otherwise).
+        must have this artifact's vocabulary and tokenizer files (refused by name otherwise). A feature draft
+        (``targets.generative.feature_draft``: loaded, or its directory) proposes from this artifact's own
+        hidden state instead; it must be made for this artifact's model (hidden size and vocabulary).
 
         Runs on the serving runtime's engine (``aotforge.runtime.offline``, a floor above, imported when called), so
         offline and served generation are one path."""
@@ -124,6 +126,12 @@ class LoadedArtifact:
         draft = kwargs.get("draft")
         if draft is None:
             return kwargs
+        from aotforge.targets.generative.feature_draft import FeatureDraft, is_feature_draft, load_feature_draft
+
+        if is_feature_draft(draft):  # a feature draft's directory (checked against the target when the call starts)
+            draft = load_feature_draft(draft)
+        if isinstance(draft, FeatureDraft):
+            return {**kwargs, "draft": draft}
         if not isinstance(draft, LoadedArtifact):
             draft = load(draft)
         check_draft(self.manifest, draft.manifest)

@@ -39,8 +39,9 @@ from aotforge.core.errors import InputSpecError
 @click.option(
     "--draft",
     type=click.Path(path_type=Path),
-    help="Speculative decoding: a smaller text-generation artifact (same vocabulary and tokenizer) proposes "
-    "tokens that ARTIFACT's verify graph (built with --speculative-k) checks.",
+    help="Speculative decoding: a smaller text-generation artifact (same vocabulary and tokenizer), or a feature "
+    "draft directory of ARTIFACT's model, proposes tokens that ARTIFACT's verify graph (built with --speculative-k) "
+    "checks.",
 )
 @click.option(
     "--num-speculative-tokens",
@@ -86,7 +87,10 @@ def generate(
     if kw["draft"] is None:
         del kw["draft"], kw["num_speculative_tokens"]
     else:
-        kw["draft"] = load(kw["draft"])  # type: ignore[arg-type]
+        from aotforge.targets.generative.feature_draft import is_feature_draft
+
+        if not is_feature_draft(kw["draft"]):  # a feature draft's directory is loaded by the call
+            kw["draft"] = load(kw["draft"])  # type: ignore[arg-type]
     new: list[int] = []
     for tokens in loaded.stream(np.array([ids], dtype=np.int64), ignore_eos=ignore_eos, **kw):  # type: ignore[arg-type]
         new.append(int(tokens[0]))

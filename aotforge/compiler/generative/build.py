@@ -136,12 +136,14 @@ def _export(
 
     def export() -> dict[str, Any]:
         say("exporting the prefill and decode graphs")
-        prefill, decode = export_graphs(exported, spec, place.name, decode_attention=attention)
+        # A speculative build's prefill and verify also return the LM head's input, what a feature draft reads.
+        hidden = bool(verify_width)
+        prefill, decode = export_graphs(exported, spec, place.name, decode_attention=attention, hidden=hidden)
         graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
         if verify_width:
             k = opts.generation.speculative_k
             say(f"exporting the verify graph (speculative decoding, up to {k} draft tokens)")
-            graphs[VERIFY_FILE] = export_verify(exported, spec, place.name, decode_attention=attention)
+            graphs[VERIFY_FILE] = export_verify(exported, spec, place.name, decode_attention=attention, hidden=True)
         return graphs
 
     export_dir = export_cache_dir(opts.export_cache_dir, opts.cache_dir)

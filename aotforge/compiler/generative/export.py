@@ -50,13 +50,14 @@ def export_graphs(
     name: str,
     decode_attention: str = "masked",
     prefill_scope: AbstractContextManager[Any] | None = None,
+    hidden: bool = False,
 ) -> tuple[ir.Model, ir.Model]:
     """The prefill and decode graphs as IR, inputs/outputs named as ``generative.graphs`` documents.
 
     ``decode_attention``: ``"masked"`` (standard ONNX ops: the new token scattered into the cache, attention
     over all of ``max_seq_len`` under a mask; any runtime) or ``"gqa"`` (onnxruntime's
     ``com.microsoft::GroupQueryAttention``, in place over each slot's filled length, and over the prompt in
-    prefill: ``slot_attention``).
+    prefill: ``slot_attention``). ``hidden``: the prefill graph also returns ``hidden [batch, d]`` (``graphs``).
     """
     import torch
 
@@ -72,10 +73,10 @@ def export_graphs(
     fused = decode_attention == "gqa"
     with prefill_scope or nullcontext():
         prefill = _export(
-            Prefill(model, fused_attention=fused, max_seq_len=shape.max_seq_len),
+            Prefill(model, fused_attention=fused, max_seq_len=shape.max_seq_len, hidden=hidden),
             (ids, mask, pos),
             ["input_ids", "attention_mask", "position_ids"],
-            prefill_out,
+            [*prefill_out, *(["hidden"] if hidden else [])],
             ({0: batch, 1: prompt},) * 3,
             name,
             slot_attention.translation_table() if fused else None,
@@ -94,9 +95,12 @@ def export_graphs(
     return prefill, decode
 
 
-def export_verify(model: Any, shape: DecoderSpec, name: str, decode_attention: str = "masked") -> ir.Model:
+def export_verify(
+    model: Any, shape: DecoderSpec, name: str, decode_attention: str = "masked", hidden: bool = False
+) -> ir.Model:
     """The verify graph (``graphs.Verify``): a dynamic number of query tokens per slot against the cache, the
-    logits of every position; same inputs and caches as decode, ``logits [batch, steps, vocab]``."""
+    logits of every position; same inputs and caches as decode, ``logits [batch, steps, vocab]`` (and with
+    ``hidden``, last, the LM head's input ``hidden [batch, steps, d]``)."""
     import torch
 
     if decode_attention not in DECODE_ATTENTION:
@@ -109,10 +113,10 @@ def export_verify(model: Any, shape: DecoderSpec, name: str, decode_attention: s
     pos = (torch.arange(width) + 4).repeat(2, 1)
     fused = decode_attention == "gqa"
     return _export(
-        Verify(model, fused_attention=fused),
+        Verify(model, fused_attention=fused, hidden=hidden),
         (ids, pos, torch.full((2,), 4), *cache),
         ["input_ids", "position_ids", "write_pos", *shape.kv_names("past")],
-        ["logits", *shape.kv_names("present")],
+        ["logits", *shape.kv_names("present"), *(["hidden"] if hidden else [])],
         ({0: batch, 1: steps}, {0: batch, 1: steps}, {0: batch}, tuple([{0: batch}] * len(cache))),
         name,
         slot_attention.translation_table() if fused else None,

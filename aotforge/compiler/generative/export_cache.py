@@ -63,7 +63,15 @@ def key_components(model: Any, spec: DecoderSpec, attention: str, verify: bool) 
     """sha256 of each part of an export's key, by name."""
     return {
         "model": model_digest(model),
-        "export": _digest({"spec": dataclasses.asdict(spec), "decode_attention": attention, "verify": verify}),
+        # A verify build's prefill and verify graphs also return ``hidden``: keyed apart from entries made before.
+        "export": _digest(
+            {
+                "spec": dataclasses.asdict(spec),
+                "decode_attention": attention,
+                "verify": verify,
+                **({"outputs": "hidden"} if verify else {}),
+            }
+        ),
         "toolchain": _digest(toolchain_fingerprint()),
     }
 

@@ -9,6 +9,10 @@
   ``present_{key,value}_<layer>``: the same cache with the new token scattered in at ``write_pos``.
   A runtime binds ``past_*`` and ``present_*`` to one buffer, so the update happens in place.
 
+``Prefill(..., hidden=True)`` and ``Verify(..., hidden=True)`` (a build with ``--speculative-k``) also return,
+last, ``hidden``: the LM head's input (after the final norm) at the positions they return logits for, ``[batch, d]``
+and ``[batch, steps, d]``; a feature draft (``targets/generative/feature_draft``) proposes from it.
+
 Both run the model's own layers (RoPE, RMSNorm, GQA, Conv1D ... whatever the architecture has);
 only the cache and the mask are ours: a :class:`transformers.Cache` whose layers scatter into the
 static buffers, and a ready 4D additive mask (transformers uses a 4D mask as given). A sliding window
@@ -140,11 +144,14 @@ class Prefill(torch.nn.Module):
     GroupQueryAttention over the prompt (``slot_attention.prompt_gqa``), same inputs and outputs. ``max_seq_len``:
     the cache the prompts go to, so that a sliding window no shorter than it is no mask of its own."""
 
-    def __init__(self, model: Any, fused_attention: bool = False, max_seq_len: int | None = None) -> None:
+    def __init__(
+        self, model: Any, fused_attention: bool = False, max_seq_len: int | None = None, hidden: bool = False
+    ) -> None:
         super().__init__()
         self.model = model
         self.fused_attention = fused_attention
         self.windows = sliding_windows(model.config, max_seq_len)
+        self.hidden = hidden
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> Any:
         steps = input_ids.shape[1]
@@ -165,9 +172,9 @@ class Prefill(torch.nn.Module):
                 use_cache=True,
             )
         last = (attention_mask.sum(dim=1) - 1).view(-1, 1, 1).expand(-1, 1, out.last_hidden_state.shape[-1])
-        logits = _head(self.model, out.last_hidden_state.gather(1, last)[:, 0])
+        hidden = out.last_hidden_state.gather(1, last)[:, 0]
         kv = [t for layer in layers for t in (layer.keys, layer.values)]
-        return (logits, *kv)
+        return (_head(self.model, hidden), *kv, *((hidden,) if self.hidden else ()))
 
 
 @contextmanager
@@ -225,10 +232,11 @@ class Verify(torch.nn.Module):
     attends to positions ``0 .. write_pos + i``: whatever a rejected proposal left beyond is masked.
     """
 
-    def __init__(self, model: Any, fused_attention: bool = False) -> None:
+    def __init__(self, model: Any, fused_attention: bool = False, hidden: bool = False) -> None:
         super().__init__()
         self.model = model
         self.fused_attention = fused_attention
+        self.hidden = hidden
 
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, write_pos: torch.Tensor, *past: torch.Tensor
@@ -254,7 +262,7 @@ class Verify(torch.nn.Module):
             )
         logits = _head(self.model, out.last_hidden_state)
         kv = [t for layer in layers for t in (layer.keys, layer.values)]
-        return (logits, *kv)
+        return (logits, *kv, *((out.last_hidden_state,) if self.hidden else ()))
 
 
 #: The layer types these graphs mask (``sliding_windows``); any other (chunked, linear attention) is refused.

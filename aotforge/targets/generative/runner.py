@@ -15,6 +15,7 @@ import numpy as np
 from aotforge.core.errors import InputSpecError
 from aotforge.targets.base import Arrays
 from aotforge.targets.generative.decoding import StepEngine, StopIds, generate_tokens, stream_tokens
+from aotforge.targets.generative.feature_draft import FeatureDraft
 from aotforge.targets.generative.perplexity import Perplexity, perplexity
 from aotforge.targets.generative.sampling import SamplingOptions
 from aotforge.targets.generative.speculative import VerifyEngine, generate_speculative, stream_speculative
@@ -55,21 +56,21 @@ class GenerativeRunner:
         top_p: float = 1.0,
         seed: int | None = None,
         eos_token_id: StopIds = None,
-        draft: GenerativeRunner | None = None,
+        draft: GenerativeRunner | FeatureDraft | None = None,
         num_speculative_tokens: int | None = None,
     ) -> np.ndarray:
         """``[batch, prompt + new tokens]``: the prompts as given, then what was decoded; a row stops at one of
         ``eos_token_id`` (an id or several; none: every row runs to ``max_new_tokens``) and repeats it.
 
-        With ``draft`` (another text-generation runner over the same vocabulary), speculative decoding:
-        the draft proposes ``num_speculative_tokens`` (default: as many as the verify graph takes) and
-        this artifact's verify graph checks them (``speculative``)."""
+        With ``draft`` (another text-generation runner over the same vocabulary, or a feature draft of this
+        artifact's model: ``feature_draft``), speculative decoding: the draft proposes ``num_speculative_tokens``
+        (default: as many as the verify graph takes) and this artifact's verify graph checks them (``speculative``)."""
         sampling = SamplingOptions(do_sample, temperature, top_k, top_p, seed)
         if draft is None:
             return generate_tokens(self.engine, input_ids, max_new_tokens, attention_mask, sampling, eos_token_id)
         engine, k = self._speculative(draft, num_speculative_tokens)
         return generate_speculative(
-            engine, draft.engine, input_ids, max_new_tokens, k, attention_mask, sampling, eos_token_id,
+            engine, _proposing(draft), input_ids, max_new_tokens, k, attention_mask, sampling, eos_token_id,
             self.speculative_stats,
         )  # fmt: skip
 
@@ -84,7 +85,7 @@ class GenerativeRunner:
         top_p: float = 1.0,
         seed: int | None = None,
         eos_token_id: StopIds = None,
-        draft: GenerativeRunner | None = None,
+        draft: GenerativeRunner | FeatureDraft | None = None,
         num_speculative_tokens: int | None = None,
     ) -> Iterator[np.ndarray]:
         """Each step's new tokens ``[batch]`` as soon as they are decoded (a speculative round's all at once)."""
@@ -93,11 +94,13 @@ class GenerativeRunner:
             return stream_tokens(self.engine, input_ids, max_new_tokens, attention_mask, sampling, eos_token_id)
         engine, k = self._speculative(draft, num_speculative_tokens)
         return stream_speculative(
-            engine, draft.engine, input_ids, max_new_tokens, k, attention_mask, sampling, eos_token_id,
+            engine, _proposing(draft), input_ids, max_new_tokens, k, attention_mask, sampling, eos_token_id,
             self.speculative_stats,
         )  # fmt: skip
 
-    def _speculative(self, draft: GenerativeRunner, num_speculative_tokens: int | None) -> tuple[VerifyEngine, int]:
+    def _speculative(
+        self, draft: GenerativeRunner | FeatureDraft, num_speculative_tokens: int | None
+    ) -> tuple[VerifyEngine, int]:
         """This runner's engine as a verify engine and the number of draft tokens per round; refusals first."""
         width = int(getattr(self.engine, "verify_width", 0))
         if not width:
@@ -113,3 +116,8 @@ class GenerativeRunner:
     def perplexity(self, input_ids: np.ndarray, window: int | None = None) -> Perplexity:
         """Perplexity of a token sequence, in non-overlapping windows (default ``max_seq_len + 1`` tokens)."""
         return perplexity(self.engine, input_ids, window)
+
+
+def _proposing(draft: GenerativeRunner | FeatureDraft) -> StepEngine | FeatureDraft:
+    """What proposes for ``draft``: a draft artifact's step engine, or the feature draft itself."""
+    return draft if isinstance(draft, FeatureDraft) else draft.engine

@@ -1,4 +1,4 @@
-"""Speculative decoding: a small draft artifact proposes ``k`` tokens, the target checks them in one pass.
+"""Speculative decoding: a small draft proposes ``k`` tokens, the target checks them in one pass.
 
 Each round, per slot (``length`` = tokens in the target's cache, ``last`` = the newest token, not
 yet in any cache):
@@ -23,6 +23,11 @@ decoded by the draft): the next round first decodes it (rows that are not behind
 a finished slot stays where it is. Near the end of either cache, or with one token left to make,
 the rest is plain target decoding.
 
+A feature draft (``feature_draft``, ``draft=`` a loaded one or its directory) has no cache and proposes from the
+target's own LM-head input: step 1 chains ``k`` proposals from the ``hidden`` the target returned at the position
+whose logits gave ``last`` (prefill's last prompt token, then verify's position ``accepted``); steps 2-4 are the
+same. What differs between the two kinds of draft lives in ``proposers.py``.
+
 The loop keeps its per-slot state in Python lists and ints: at a small model's step (a tenth of a
 millisecond for the trained draft of ``tests/lm_pair.py``) every numpy call on a one-row array is a
 visible part of a round.
@@ -38,6 +43,8 @@ import numpy as np
 from aotforge.core.errors import InputSpecError
 from aotforge.targets.generative.acceptance import Greedy, Sampled
 from aotforge.targets.generative.decoding import StepEngine, StopIds, check_fits, pack_prompts, stop_ids
+from aotforge.targets.generative.feature_draft import FeatureDraft
+from aotforge.targets.generative.proposers import proposer_for
 from aotforge.targets.generative.sampling import Sampler, SamplingOptions
 
 
@@ -55,12 +62,14 @@ class VerifyEngine(StepEngine, Protocol):
 
 
 class _Speculation:
-    """One call's state: the prefilled caches, each slot's tokens and positions; ``steps()`` advances it."""
+    """One call's state: the prefilled caches, each slot's tokens and positions; ``steps()`` advances it. What
+    proposes (a draft artifact, a feature draft) is its ``proposer``; the rounds, the verify call and the
+    acceptance are the same for both."""
 
     def __init__(
         self,
         engine: VerifyEngine,
-        draft: StepEngine,
+        draft: StepEngine | FeatureDraft,
         input_ids: np.ndarray,
         max_new_tokens: int,
         k: int,
@@ -71,28 +80,21 @@ class _Speculation:
         packed, lengths = pack_prompts(input_ids, attention_mask)
         batch, longest = packed.shape[0], int(lengths.max())
         check_fits(engine.spec, batch, longest, max_new_tokens)
-        if batch > draft.spec.max_batch or longest > draft.spec.max_seq_len:
-            raise InputSpecError(
-                f"the draft artifact holds batch {draft.spec.max_batch} x {draft.spec.max_seq_len} positions, this "
-                f"call needs batch {batch} with prompts of up to {longest} tokens: rebuild the draft with a larger "
-                "--max-batch / --max-seq-len"
-            )
-        self.engine, self.draft, self.k, self.eos = engine, draft, k, stop_ids(eos_token_id)
+        self.proposer = proposer_for(draft, engine, batch, longest)
+        self.engine, self.k, self.eos = engine, k, stop_ids(eos_token_id)
         self.max_new, self.batch = max_new_tokens, batch
         self.sample = Sampler(sampling or SamplingOptions())
         self.rule: Greedy | Sampled = Sampled(self.sample) if self.sample.options.do_sample else Greedy()
         self.counts = {"proposed": 0, "accepted": 0, "rounds": 0, "draft_calls": 0, "plain_steps": 0}
         engine.start(batch, packed.shape[1])
-        draft.start(batch, packed.shape[1])
         mask = (np.arange(packed.shape[1])[None, :] < lengths[:, None]).astype(np.int64)
         positions = np.broadcast_to(np.arange(packed.shape[1], dtype=np.int64), packed.shape).copy()
         self.first_logits = engine.prefill(packed, mask, positions)
-        draft.prefill(packed, mask, positions)
         self.history = [list(row[:n]) for row, n in zip(packed.tolist(), lengths.tolist(), strict=True)]
         self.out: list[list[int]] = [[] for _ in range(batch)]
         self.done = [False] * batch
         self.length: list[int] = lengths.tolist()  # tokens of each slot in the target's cache
-        self.draft_len = list(self.length)  # ... and in the draft's (one behind after a round that kept all k)
+        self.proposer.prefill(packed, mask, positions, self.length)
         self.plain = False
 
     def emit(self, row: int, tokens: list[int]) -> None:
@@ -121,7 +123,7 @@ class _Speculation:
                 self.plain
                 or kk < 1
                 or front + self.engine.verify_positions(kk + 1) > self.engine.spec.max_seq_len
-                or front + kk + 1 > self.draft.spec.max_seq_len
+                or not self.proposer.fits(front, kk)
             )  # once plain, the rest decodes plainly: the draft falls behind for good
             self._plain_step(slots) if self.plain else self._round(slots, kk)
             yield
@@ -135,30 +137,14 @@ class _Speculation:
             self.length[slot] += 1
 
     def _round(self, slots: list[int], kk: int) -> None:
-        history, length, draft_len, counts = self.history, self.length, self.draft_len, self.counts
+        length, counts = self.length, self.counts
         # [last, d1 .. dk] per slot: the verify call's input, each proposal written into it as it is drawn
         # (column i is also the draft's input at step i).
         ids = np.empty((self.batch, kk + 1), dtype=np.int64)
-        ids[:, 0] = [h[-1] for h in history]
+        ids[:, 0] = [h[-1] for h in self.history]
         pos = np.array(length, dtype=np.int64)
         self.rule.start_round()
-        behind = draft_len != length  # (never ahead) the last round kept all k: the draft has not decoded dk
-        fold = behind and self._draft_folds(max(length))
-        if behind and not fold:
-            late = [d < n for d, n in zip(draft_len, length, strict=True)]
-            fix = [h[d] if b else h[-1] for h, d, b in zip(history, draft_len, late, strict=True)]
-            at = [d if b else n for d, n, b in zip(draft_len, length, late, strict=True)]
-            self.draft.decode(np.array(fix, dtype=np.int64)[:, None], np.array(at, dtype=np.int64))
-            counts["draft_calls"] += 1  # (rows not behind decode last, which their first step writes again)
-        draft_len[:] = length
-        for i in range(kk):
-            if fold and not i:  # dk and last in one call of the draft's own verify graph
-                pair = np.array([h[n - 1 : n] + h[-1:] for h, n in zip(history, length, strict=True)], dtype=np.int64)
-                d_logits = self.draft.verify(pair, pos - 1)[:, 1]  # type: ignore[attr-defined]
-            else:
-                d_logits = self.draft.decode(ids[:, i : i + 1], pos + i if i else pos)
-            self.rule.propose(d_logits, out=ids[:, i + 1])
-        counts["draft_calls"] += kk
+        self.counts["draft_calls"] += self.proposer.propose(self.history, length, ids, pos, self.rule)
         logits = self.engine.verify(ids, pos)
         counts["rounds"] += 1
         proposed = ids[:, 1:].tolist()
@@ -168,13 +154,7 @@ class _Speculation:
             counts["accepted"] += kept
             self.emit(r, [*proposed[r][:kept], extra])
             length[r] += kept + 1
-            draft_len[r] = min(length[r], draft_len[r] + kk)
-
-    def _draft_folds(self, front: int) -> bool:
-        """Whether the draft catches up inside its first proposal step: a draft built with a verify graph
-        (``--speculative-k``) runs ``[dk, last]`` in one call where another would decode ``dk`` alone first."""
-        width = int(getattr(self.draft, "verify_width", 0))
-        return width >= 2 and front - 1 + self.draft.verify_positions(2) <= self.draft.spec.max_seq_len  # type: ignore[attr-defined]
+            self.proposer.accepted(r, kept, length[r])
 
     def stats(self) -> dict[str, Any]:
         proposed = self.counts["proposed"]
@@ -183,7 +163,7 @@ class _Speculation:
 
 def _advance(
     engine: VerifyEngine,
-    draft: StepEngine,
+    draft: StepEngine | FeatureDraft,
     input_ids: np.ndarray,
     max_new_tokens: int,
     num_speculative_tokens: int,
@@ -211,7 +191,7 @@ def _advance(
 
 def stream_speculative(
     engine: VerifyEngine,
-    draft: StepEngine,
+    draft: StepEngine | FeatureDraft,
     input_ids: np.ndarray,
     max_new_tokens: int,
     num_speculative_tokens: int,
@@ -249,7 +229,7 @@ def _column(run: _Speculation, index: int) -> list[int] | None:
 
 def generate_speculative(
     engine: VerifyEngine,
-    draft: StepEngine,
+    draft: StepEngine | FeatureDraft,
     input_ids: np.ndarray,
     max_new_tokens: int,
     num_speculative_tokens: int,

@@ -155,6 +155,7 @@ class _VerifyCall:
     ids: np.ndarray
     positions: np.ndarray  # [batch, width]; its first column is bound as write_pos too
     logits: np.ndarray
+    hidden: np.ndarray  # [batch, width, d] (an artifact whose verify graph returns ``hidden``; else [batch, width, 0])
     steps: np.ndarray  # [1, width]: 0 .. width - 1, the offsets of each token's position
     rows: list[Any] = dataclasses.field(default_factory=list)
 
@@ -187,6 +188,10 @@ class OrtStepEngine:
         except Exception as e:
             raise CompileError(f"onnxruntime cannot open the prefill/decode graphs: {describe(e, last=True)}") from e
         self._past, self._present = spec.kv_names("past"), spec.kv_names("present")
+        #: The LM head's input size where the prefill and verify graphs return it (``hidden``: a build with
+        #: ``--speculative-k``), else 0; ``hidden()`` reads the last prefill's or verify call's.
+        self.hidden_size = _hidden_size(self.verify_session)
+        self._hidden: np.ndarray = np.zeros((0, self.hidden_size), dtype=np.float32)
         self.cache: list[np.ndarray] = []
         self._binding: Any = None
         self._verify_calls: dict[int, _VerifyCall] = {}
@@ -228,11 +233,19 @@ class OrtStepEngine:
 
     def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-        logits, *present = self.prefill_session.run(None, feeds)
+        names = ["logits", *self._present, *(["hidden"] if self.hidden_size else [])]
+        logits, *present = self.prefill_session.run(names, feeds)
+        if self.hidden_size:
+            self._hidden = present.pop()
         steps = input_ids.shape[1]
         for buffer, values in zip(self.cache, present, strict=True):
             buffer[:, :, :steps] = values  # once per call: the prompt's keys/values into its slots
         return np.asarray(logits)
+
+    def hidden(self) -> np.ndarray:
+        """The LM head's input of the last prefill (``[batch, d]``, at each prompt's last token) or verify call
+        (``[batch, w, d]``); a buffer of this engine, as the logits."""
+        return self._hidden
 
     def decode(self, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
         self._ids[:] = input_ids  # [batch, 1] (np.reshape's dispatch alone costs more than the copy)
@@ -250,6 +263,7 @@ class OrtStepEngine:
         np.add(write_pos[:, None], call.steps, out=call.positions[:batch])
         for binding in call.rows[:batch]:
             self.verify_session.run_with_iobinding(binding)
+        self._hidden = call.hidden[:batch, :width]
         return call.logits[:batch]
 
     def _bind_verify(self, width: int) -> _VerifyCall:
@@ -264,6 +278,7 @@ class OrtStepEngine:
             ids=np.zeros((batch, width), dtype=np.int64),
             positions=np.zeros((batch, width), dtype=np.int64),
             logits=np.empty((batch, width, self.spec.vocab), dtype=np.float32),
+            hidden=np.empty((batch, width, self.hidden_size), dtype=np.float32),
             steps=np.arange(width, dtype=np.int64)[None, :],
         )
         for row in range(batch):
@@ -275,6 +290,8 @@ class OrtStepEngine:
             ):
                 binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
             binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(call.logits[row : row + 1]))
+            if self.hidden_size:
+                binding.bind_ortvalue_output("hidden", ort.OrtValue.ortvalue_from_numpy(call.hidden[row : row + 1]))
             for past, present, buffer in zip(self._past, self._present, self.cache, strict=True):
                 value = ort.OrtValue.ortvalue_from_numpy(buffer[row : row + 1])
                 binding.bind_ortvalue_input(past, value)
@@ -298,3 +315,12 @@ class OrtStepEngine:
 
     def buffer_pointers(self) -> list[int]:
         return [buffer.ctypes.data for buffer in self.cache]
+
+
+def _hidden_size(verify_session: Any) -> int:
+    """``d`` of the verify graph's ``hidden [batch, steps, d]`` output; 0 without one (no verify graph, or one
+    built before the graphs returned it)."""
+    if verify_session is None:
+        return 0
+    shapes = {o.name: o.shape for o in verify_session.get_outputs()}
+    return int(shapes["hidden"][-1]) if "hidden" in shapes else 0

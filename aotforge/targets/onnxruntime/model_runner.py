@@ -97,7 +97,7 @@ class OrtModelRunner:
             "attention_mask": np.ones((1, n), dtype=np.int64),
             "position_ids": np.arange(n, dtype=np.int64)[None, :],
         }
-        logits, *present = self.prefill_session.run(None, feeds)
+        logits, *present = self.prefill_session.run(["logits", *self.spec.kv_names("present")], feeds)
         self._rows().scatter([values[0] for values in present], block_table, 0)
         return np.asarray(logits)[0]
 

@@ -108,6 +108,7 @@ def compile_generative(
         "functions": functions,
         "weights": {ref.name: ref.to_dict() for ref in stored},
         "verify_width": verify_width,
+        "hidden_size": _hidden_size(verify),
         "huge_pages": options.huge_pages,
         # the functions over a paged cache (``rewrites/paged_kv``) are named ``paged_<slot function>``
         "paged": bool(paged.get("functions")),
@@ -138,6 +139,13 @@ def compile_generative(
     return CompileResult(
         files=(LIBRARY, INFO_FILE, TVM_WEIGHTS_FILE), target_info=target_info, toolchain={"tvm": tvm.__version__}
     )
+
+
+def _hidden_size(verify: Prepared | None) -> int:
+    """``d`` of the verify graph's ``hidden [batch, steps, d]`` output (the prefill graph returns it too), else 0."""
+    outputs = {str(v.name): v for v in verify.model.graph.outputs} if verify is not None else {}
+    shape = outputs["hidden"].shape if "hidden" in outputs else None
+    return int(shape[-1]) if shape is not None and isinstance(shape[-1], int) else 0
 
 
 def _sizes(sizes: tuple[int, ...]) -> str:

@@ -157,7 +157,7 @@ def prefill_one(engine: TvmStepEngine, token_ids: np.ndarray) -> tuple[Any, list
     padded[0][0, :n], padded[1][0, :n], padded[2][0, :n] = token_ids, 1, np.arange(n)
     name = f"prefill_{size}"
     logits, *present = engine._functions[name](*map(engine._tvm.runtime.tensor, padded), *engine._weights[name])
-    return logits, present
+    return logits, present[: 2 * engine.spec.layers]  # (a speculative build's ``hidden`` comes last)
 
 
 class TvmRowsRunner(_SplitPrefill):

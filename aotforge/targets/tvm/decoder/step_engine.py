@@ -46,6 +46,10 @@ class TvmStepEngine:
         self.prompt_buckets = tuple(info["prompt_buckets"])
         self.batch_buckets = tuple(info["batch_buckets"])
         self.verify_width = int(info.get("verify_width", 0))
+        #: The LM head's input size where the prefill and verify functions return it last (``hidden``: a build
+        #: with ``--speculative-k``), else 0; ``hidden()`` reads the last prefill's or verify call's.
+        self.hidden_size = int(info.get("hidden_size", 0))
+        self._hidden: np.ndarray = np.zeros((0, self.hidden_size), dtype=np.float32)
         #: the functions over a paged KV cache are there (``paged_<name>``; artifacts built before have none)
         self.paged = bool(info.get("paged", False))
         try:
@@ -92,9 +96,20 @@ class TvmStepEngine:
             rows.append(
                 self._prefill_row(row, input_ids[row, :used], attention_mask[row, :used], position_ids[row, :used])
             )
-        return np.stack(rows)
+        if self.hidden_size:
+            self._hidden = np.stack([hidden for _, hidden in rows if hidden is not None])
+        return np.stack([logits for logits, _ in rows])
 
-    def _prefill_row(self, row: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def hidden(self) -> np.ndarray:
+        """The LM head's input of the last prefill (``[batch, d]``, at each prompt's last token) or verify call
+        (``[batch, w, d]``, a view of the function's output, as the logits)."""
+        return self._hidden
+
+    def _prefill_row(
+        self, row: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One prompt's logits and (a speculative build) LM-head input at its last token; its keys / values into
+        the cache's ``row``."""
         size = next(p for p in self.prompt_buckets if p >= ids.shape[0])
         used = ids.shape[0]
         padded = [np.zeros((1, size), dtype=np.int64) for _ in range(3)]
@@ -102,9 +117,10 @@ class TvmStepEngine:
             buffer[0, :used] = values
         name = f"prefill_{size}"
         logits, *present = self._functions[name](*map(self._tvm.runtime.tensor, padded), *self._weights[name])
+        hidden = present.pop().numpy()[0] if self.hidden_size else None
         for view, values in zip(self._views, present, strict=True):
             view[row, :, :used] = np.from_dlpack(values)[0, :, :used]
-        return logits.numpy()[0]
+        return logits.numpy()[0], hidden
 
     def decode(self, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
         batch = input_ids.shape[0]
@@ -115,7 +131,10 @@ class TvmStepEngine:
         ``verify_width`` tokens, so a shorter call is padded (its padding writes positions nobody reads
         before they are written again; ``verify_positions``)."""
         batch, width = input_ids.shape
-        return self._step("verify", input_ids, write_pos)[:batch, :width]
+        logits = self._step("verify", input_ids, write_pos)[:batch, :width]
+        if self.hidden_size:
+            self._hidden = np.from_dlpack(self._last[-1])[:batch, :width]
+        return logits
 
     def _step(self, kind: str, input_ids: np.ndarray, write_pos: np.ndarray) -> np.ndarray:
         """Fill the ``kind`` function's input tensors (rows past ``batch`` and columns past ``width``: token 0 at
@@ -140,7 +159,7 @@ class TvmStepEngine:
 
     def cache_pointers(self) -> list[int]:
         """Where the last decode step's ``present_*`` outputs live (the cache, if it was updated in place)."""
-        return [t.data_ptr() for t in list(self._last)[1:]]
+        return [t.data_ptr() for t in list(self._last)[1 : 1 + 2 * self.spec.layers]]
 
     def buffer_pointers(self) -> list[int]:
         return [t.data_ptr() for t in self.cache]
