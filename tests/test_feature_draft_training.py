@@ -153,7 +153,7 @@ def test_refusals_name_the_fix(tmp_path: Path) -> None:
     teacher = teacher_dir("llama", tmp_path / "teacher")
     for flags, message in [
         (["--sub-vocab", "600"], "fewer than 500"),
-        (["--chain", "30"], "--chain 30: give 1 to 23"),
+        (["--chain", "30"], "--chain 30 / --continuation 24: give a chain of 1 to --continuation - 1"),
         (["--schedule", "linear"], "--schedule is one of constant, cosine"),
     ]:
         args = ["distill-draft", str(teacher), "--out", str(tmp_path / "d"), *FAST, *flags]

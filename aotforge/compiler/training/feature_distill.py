@@ -42,6 +42,8 @@ from aotforge.targets.generative.draft_vocab import DraftVocab
 
 #: Steps between the progress lines that give the held-out chain acceptance (a learning curve; cheap beside a step).
 SCORE_EVERY = 100
+#: Proposals the report's held-out chain simulates (whatever length the training unrolls): what k=3 rounds accept.
+SCORED_CHAIN = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,19 +186,19 @@ def held_out(
 def score(
     draft: FeatureDraft, held: Positions, options: FeatureDraftOptions, vocab: DraftVocab, prompt: int
 ) -> dict[str, Any]:
-    """The chain of ``options.chain`` proposals simulated from every held-out continuation position whose next
-    ``chain`` tokens are the fp32 teacher's greedy path: each position's acceptance given the earlier ones; the mean
-    chain loss there."""
-    length = held.ids.shape[1]
-    starts = torch.arange(prompt - 1, length - options.chain)
+    """The chain of ``SCORED_CHAIN`` proposals (or ``options.chain``, if longer) simulated from every held-out
+    continuation position whose next tokens are the fp32 teacher's greedy path: each proposal's acceptance given
+    the earlier ones; the mean chain loss there."""
+    length, chain = held.ids.shape[1], max(SCORED_CHAIN, options.chain)
+    starts = torch.arange(prompt - 1, length - chain)
     rows, starts = (t.reshape(-1) for t in torch.meshgrid(torch.arange(len(held.ids)), starts, indexing="ij"))
     greedy_path = torch.ones(len(rows), dtype=torch.bool)
-    for j in range(1, options.chain + 1):
+    for j in range(1, chain + 1):
         greedy_path &= held.ids[rows, starts + j] == held.greedy[rows, starts + j - 1]
     rows, starts = rows[greedy_path], starts[greedy_path]
     h, token = held.hidden[rows, starts].float(), held.ids[rows, starts + 1]
     alive, acceptance = torch.ones(len(rows), dtype=torch.bool), []
-    for j in range(1, options.chain + 1):
+    for j in range(1, chain + 1):
         h = draft.step(h, token)
         token = draft.propose(h)
         hit = alive & (token == held.greedy[rows, starts + j])

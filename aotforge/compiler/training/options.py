@@ -155,8 +155,11 @@ class FeatureDraftOptions:
             raise OptionsError(f"--schedule is one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if not 0 < self.continuation < self.seq_len:
             raise OptionsError(f"--continuation {self.continuation}: give 1 to {self.seq_len - 1}")
-        if not 1 <= self.chain < self.continuation:
-            raise OptionsError(f"--chain {self.chain}: give 1 to {self.continuation - 1}")
+        if not 1 <= self.chain < self.continuation or self.continuation < 4:
+            raise OptionsError(
+                f"--chain {self.chain} / --continuation {self.continuation}: give a chain of 1 to --continuation - 1 "
+                "and a --continuation of at least 4 (the report scores chains of 3)"
+            )
         if min(self.pool, self.top_k, self.batch) < 1 or self.intermediate_size < 0 or self.text_windows < 0:
             raise OptionsError("--pool, --top-k and --batch are at least 1, --intermediate-size and --text-windows 0+")
         if self.response_weight + self.greedy_weight + self.feature_weight <= 0:
