@@ -26,6 +26,7 @@ COMMANDS = (
     generate.generate,
     generate.perplexity,
     train.distill,
+    train.distill_draft,
     train.qat,
     integrity.keygen,
     integrity.sign,

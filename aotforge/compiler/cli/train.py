@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from aotforge.compiler.cli.common import user_errors
-from aotforge.compiler.training.options import QAT_OPTIONS, DistillOptions, Placement
+from aotforge.compiler.training.options import QAT_OPTIONS, DistillOptions, FeatureDraftOptions, Placement
 from aotforge.compiler.training.students import LAYER_PICKS
 
 _HELP = {
@@ -34,18 +34,40 @@ _HELP = {
 }
 
 
-def _option_flags(defaults: DistillOptions) -> Any:
-    """A click option per :class:`DistillOptions` field, its default ``defaults``' (written once, there)."""
+_DRAFT_HELP = {
+    **_HELP,
+    "max_cpu_minutes": "Process CPU-time budget (all threads), the teacher's pool and features included; 0: none.",
+    "max_minutes": "Wall-clock budget, the teacher's pool and features included.",
+    "intermediate_size": "The draft MLP's width; 0: twice the teacher's hidden size.",
+    "sub_vocab": "Rows of the draft's head: the training text's most frequent tokens.",
+    "chain": "Chain steps trained per position (step 2 on reads the draft's own output).",
+    "chain_decay": "Chain step i's loss weighs chain_decay ** (i - 1).",
+    "batch": "Positions per step.",
+    "response_weight": "Weight of the KL from the teacher's top-k logits.",
+    "greedy_weight": "Weight of the cross-entropy on the teacher's greedy token.",
+    "feature_weight": "Weight of the smooth-L1 loss to the teacher's next feature.",
+    "train_head": "Train the head (else it stays the teacher's LM-head rows).",
+    "continuation": "Each pooled sequence's last N tokens are the teacher's greedy continuation.",
+    "pool": "Sequences the teacher continues once, up front (cached; its cost in the budget).",
+    "top_k": "The teacher's largest logits kept per position (the KL is over them).",
+    "text_windows": "Windows of plain training text beside the pool; 0: the pool only.",
+    "held_out_tokens": "Held-out text whose windows prompt the held-out continuations the report scores.",
+}
+
+
+def _option_flags(defaults: Any, helps: dict[str, str] = _HELP) -> Any:
+    """A click option per field of ``defaults``' options dataclass, its default ``defaults``' (written once, there)."""
 
     def decorate(command: Any) -> Any:
-        for field in reversed(dataclasses.fields(DistillOptions)):
+        for field in reversed(dataclasses.fields(defaults)):
             default = getattr(defaults, field.name)
+            name = field.name.replace("_", "-")
             command = click.option(
-                f"--{field.name.replace('_', '-')}",
-                type=type(default),
+                f"--{name}/--no-{name}" if isinstance(default, bool) else f"--{name}",
+                type=None if isinstance(default, bool) else type(default),
                 default=default,
                 show_default=True,
-                help=_HELP[field.name],
+                help=helps[field.name],
             )(command)
         return command
 
@@ -126,6 +148,35 @@ def distill(
         f"perplexity teacher {after['teacher_perplexity']:.2f}, student {before['student_perplexity']:.2f} -> "
         f"{after['student_perplexity']:.2f}; greedy agreement {before['greedy_agreement']:.1%} -> "
         f"{after['greedy_agreement']:.1%}"
+    )
+    click.echo(str(out))
+
+
+@click.command("distill-draft")
+@click.argument("teacher", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="A new directory for the draft.")
+@_TEXT
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_option_flags(FeatureDraftOptions(), _DRAFT_HELP)
+@user_errors
+def distill_draft(teacher: Path, out: Path, text: tuple[Path, ...], as_json: bool, **kw: Any) -> None:
+    """Distill a feature draft of TEACHER (a causal-LM directory, GGUF or .py file) for speculative decoding into --out.
+
+    The draft (EAGLE/Hydra-style, attention-free) reads the target's own last hidden state and the next token and
+    predicts the next hidden state and token; trained on the teacher's features over its greedy continuations of
+    the text, for a CPU-time budget. The report gives each chain position's held-out acceptance."""
+    from aotforge.compiler.training.feature_job import feature_draft_model
+
+    options = FeatureDraftOptions(**kw)
+    report = feature_draft_model(teacher, out, text=text, options=options, progress=click.echo)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    after = report["after"]
+    rates = ", ".join(f"a{i + 1} {a:.1%}" for i, a in enumerate(after["acceptance"]))
+    click.echo(
+        f"{report['steps']} steps in {report['train_cpu_seconds']:.0f} CPU s ({report['train_seconds']:.0f} s); "
+        f"held-out chain acceptance {rates}; tokens per round {after['expected_tokens']}"
     )
     click.echo(str(out))
 

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from aotforge.compiler.training.options import DistillOptions
+from aotforge.compiler.training.options import DistillOptions, FeatureDraftOptions
 from aotforge.compiler.training.students import decoder_layers, layer_map
 from aotforge.compiler.training.teacher import Teacher
 from aotforge.compiler.training.teacher_data import TeacherSequences, teacher_sequences
+from aotforge.compiler.training.teacher_features import TeacherFeatures
 from aotforge.compiler.training.text import TokenStreams
 from aotforge.targets.generative.draft_vocab import DraftVocab
 
@@ -138,13 +139,15 @@ def distill(
 
 class Budget:
     """What a run has spent of its step, wall-clock and process CPU-time budgets, as the largest fraction; the
-    teacher's ``pool`` counts as spent from the start (its cost when it was made, had it come from the cache)."""
+    teacher's data ``made`` up front (a pool, features) counts as spent from the start (its cost when it was made,
+    had it come from the cache)."""
 
-    def __init__(self, options: DistillOptions, pool: TeacherSequences | None = None) -> None:
+    def __init__(self, options: DistillOptions | FeatureDraftOptions, *made: TeacherSequences | TeacherFeatures | None):
         self.options = options
         self.wall, self.cpu = time.perf_counter(), time.process_time()
-        if pool is not None:
-            self.wall, self.cpu = self.wall - pool.seconds, self.cpu - pool.cpu_seconds
+        for data in made:
+            if data is not None:
+                self.wall, self.cpu = self.wall - data.seconds, self.cpu - data.cpu_seconds
 
     def seconds(self) -> float:
         return time.perf_counter() - self.wall
@@ -160,7 +163,7 @@ class Budget:
         return max(fractions)
 
 
-def learning_rate(options: DistillOptions, step: int, spent: float) -> float:
+def learning_rate(options: DistillOptions | FeatureDraftOptions, step: int, spent: float) -> float:
     """Linear warm-up over ``warmup_steps``, then constant or cosine-decayed over the budget's spent fraction."""
     warm = min(1.0, (step + 1) / max(1, options.warmup_steps))
     if options.schedule == "cosine":

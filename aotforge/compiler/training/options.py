@@ -99,3 +99,68 @@ class Placement:
             raise OptionsError(f"--bits / --head-bits are 4 or 8, got {self.bits} / {self.head_bits}")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise OptionsError(f"--block-size is a power of two >= 16, got {self.block_size}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureDraftOptions:
+    """How ``aotforge distill-draft`` trains a feature draft (``feature_draft.py``) and what it may spend. The pool's
+    sizes (``seq_len``, ``continuation``, ``pool``, ``top_k``, ``seed``) are ``make bench-draft``'s token draft's, so
+    both read the same cached teacher continuations."""
+
+    #: Process CPU-time budget, CPU-minutes (all threads), the teacher's pool and features included: 2 cores for 15
+    #: minutes, the issue's allowance for a draft.
+    max_cpu_minutes: float = 30.0
+    #: Wall-clock budget, minutes, the same counted; on a shared host the CPU budget is the one that binds.
+    max_minutes: float = 60.0
+    max_steps: int = 100_000
+    #: The draft MLP's width f (the spec's ``intermediate_size``); 0: twice the teacher's hidden size.
+    intermediate_size: int = 0
+    #: Rows of the draft's head: the training text's most frequent tokens (``sub_vocab.py``).
+    sub_vocab: int = 8192
+    #: Chain steps trained per position: step 1 reads the teacher's feature, each later one the draft's own output.
+    chain: int = 3
+    #: Weight of chain step i's loss is ``chain_decay ** (i - 1)``.
+    chain_decay: float = 0.7
+    #: Positions (all chain steps of each) per optimizer step.
+    batch: int = 2048
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    #: After the warm-up: ``constant``, or ``cosine``, decayed to 0 over the budget.
+    schedule: str = "cosine"
+    #: Weight of the response-based loss: the KL from the teacher's distribution over its ``top_k`` largest logits.
+    response_weight: float = 1.0
+    #: Weight of the cross-entropy on the teacher's greedy token (where the draft's head has it).
+    greedy_weight: float = 0.0
+    #: Weight of the feature-based loss: smooth-L1 from the draft's output to the teacher's next feature (EAGLE).
+    feature_weight: float = 0.5
+    temperature: float = 1.0
+    #: The head trains (True) or stays the teacher's LM-head rows.
+    train_head: bool = True
+    #: Tokens per training sequence: text, then (``continuation``) the teacher's greedy continuation of it.
+    seq_len: int = 128
+    continuation: int = 64
+    #: Sequences the teacher continues greedily, up front (cached; on-distribution for greedy decoding).
+    pool: int = 768
+    top_k: int = 16
+    #: Further windows of plain training text (``seq_len`` tokens each) beside the pool; 0: the pool only.
+    text_windows: int = 256
+    seed: int = 0
+    #: Held-out text whose first tokens prompt the held-out continuations the report's chain is scored on.
+    held_out_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        from aotforge.core.errors import OptionsError
+
+        if self.schedule not in SCHEDULES:
+            raise OptionsError(f"--schedule is one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if not 0 < self.continuation < self.seq_len:
+            raise OptionsError(f"--continuation {self.continuation}: give 1 to {self.seq_len - 1}")
+        if not 1 <= self.chain < self.continuation or self.continuation < 4:
+            raise OptionsError(
+                f"--chain {self.chain} / --continuation {self.continuation}: give a chain of 1 to --continuation - 1 "
+                "and a --continuation of at least 4 (the report scores chains of 3)"
+            )
+        if min(self.pool, self.top_k, self.batch) < 1 or self.intermediate_size < 0 or self.text_windows < 0:
+            raise OptionsError("--pool, --top-k and --batch are at least 1, --intermediate-size and --text-windows 0+")
+        if self.response_weight + self.greedy_weight + self.feature_weight <= 0:
+            raise OptionsError("give a positive --response-weight, --greedy-weight or --feature-weight")

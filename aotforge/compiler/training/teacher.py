@@ -39,7 +39,7 @@ class Teacher:
         import torch
 
         with torch.no_grad():
-            return self._sub_head(self.base(input_ids=input_ids).last_hidden_state)
+            return self.sub_logits(self.base(input_ids=input_ids).last_hidden_state)
 
     def continue_greedy(self, prompt: Any, new_tokens: int) -> tuple[Any, Any]:
         """``prompt [batch, p]`` followed by the teacher's ``new_tokens`` greedy tokens (argmax over its whole
@@ -49,16 +49,17 @@ class Teacher:
 
         with torch.no_grad():
             out = self.base(input_ids=prompt, use_cache=True)
-            tokens, logits = [prompt], [self._sub_head(out.last_hidden_state)]
+            tokens, logits = [prompt], [self.sub_logits(out.last_hidden_state)]
             for _ in range(new_tokens):
                 last = out.last_hidden_state[:, -1:]
                 token = torch.nn.functional.linear(last, self.weight, self.bias).argmax(-1)
                 out = self.base(input_ids=token, cache=out.cache, use_cache=True)
                 tokens.append(token)
-                logits.append(self._sub_head(out.last_hidden_state))
+                logits.append(self.sub_logits(out.last_hidden_state))
             return torch.cat(tokens, 1), torch.cat(logits, 1)
 
-    def _sub_head(self, hidden: Any) -> Any:
+    def sub_logits(self, hidden: Any) -> Any:
+        """fp32 logits of the student's tokens from the LM-head input ``hidden``."""
         import torch
 
         return torch.nn.functional.linear(hidden, self.sub_weight, self.sub_bias).float()

@@ -75,10 +75,16 @@ def _generate(teacher: Teacher, prompts: np.ndarray, new_tokens: int, top_k: int
 
 
 def _key(teacher: Teacher, prompts: np.ndarray, new_tokens: int, top_k: int) -> str:
+    return cache_key(teacher, prompts, [new_tokens, top_k])
+
+
+def cache_key(teacher: Teacher, tokens: np.ndarray, sizes: list[object]) -> str:
+    """The hash of everything the teacher's outputs on ``tokens`` depend on: ``sizes``, its dtype, its weights,
+    the student's tokens."""
     import torch
 
-    digest = hashlib.sha256(json.dumps([new_tokens, top_k, str(teacher.dtype), list(prompts.shape)]).encode())
-    digest.update(np.ascontiguousarray(prompts, dtype=np.int64).tobytes())
+    digest = hashlib.sha256(json.dumps([*sizes, str(teacher.dtype), list(tokens.shape)]).encode())
+    digest.update(np.ascontiguousarray(tokens, dtype=np.int64).tobytes())
     digest.update(np.ascontiguousarray(teacher.ids).tobytes() if teacher.ids is not None else b"all")
     for name, tensor in sorted(teacher.source_state.items()):
         digest.update(name.encode())
@@ -87,9 +93,13 @@ def _key(teacher: Teacher, prompts: np.ndarray, new_tokens: int, top_k: int) -> 
 
 
 def _write(path: Path, made: TeacherSequences) -> None:
-    """The pool at ``path`` in one rename (a run interrupted while writing leaves no half-written pool)."""
+    write_npz(path, made.seconds, made.cpu_seconds, ids=made.ids, top_ids=made.top_ids, top_logits=made.top_logits)
+
+
+def write_npz(path: Path, seconds: float, cpu_seconds: float, **arrays: np.ndarray) -> None:
+    """``arrays`` and what making them cost at ``path`` in one rename (an interrupted write leaves nothing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    cost = json.dumps({"seconds": made.seconds, "cpu_seconds": made.cpu_seconds})
+    cost = json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds})
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.stem}-", suffix=".npz", delete=False) as f:
-        np.savez(f, ids=made.ids, top_ids=made.top_ids, top_logits=made.top_logits, cost=np.asarray(cost))
+        np.savez(f, **({"cost": np.asarray(cost)} | arrays))  # type: ignore[arg-type]
     Path(f.name).rename(path)
