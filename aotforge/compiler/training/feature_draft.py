@@ -5,7 +5,6 @@ as the runtime reads it."""
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,9 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from aotforge.core.errors import InputSpecError
-
-FORMAT, VERSION = "aotforge-feature-draft", 1
-CONFIG_FILE, WEIGHTS_FILE = "feature_draft.json", "weights.safetensors"
 
 
 def rms_eps(config: Any) -> float:
@@ -94,34 +90,22 @@ class FeatureDraft(torch.nn.Module):
 
 
 def write_feature_draft(out: Path, draft: Any, teacher_config: Any, name_or_path: str, report: dict[str, Any]) -> None:
-    """``draft`` as the spec's directory at ``out`` (float32 safetensors, ``vocab_ids`` int64), in one rename."""
-    from safetensors.numpy import save_file
+    """``draft`` as the runtime's directory at ``out`` (``save_feature_draft``), staged and moved in one rename."""
+    from aotforge.targets.generative.feature_draft import save_feature_draft
 
     state = {k: v.detach().float().contiguous().numpy() for k, v in draft.named_parameters()}
     state["vocab_ids"] = draft.vocab_ids.detach().numpy().astype(np.int64)
-    d, f = state["gate"].shape[1], state["gate"].shape[0]
-    config = {
-        "format": FORMAT,
-        "version": VERSION,
-        "hidden_size": int(d),
-        "intermediate_size": int(f),
-        "vocab_size": int(state["embed"].shape[0]),
-        "sub_vocab": int(state["head"].shape[0]),
-        "rms_eps": float(draft.eps),
-        "target": {
-            "model_type": str(teacher_config.model_type),
-            "hidden_size": int(teacher_config.hidden_size),
-            "vocab_size": int(teacher_config.vocab_size),
-            "name_or_path": name_or_path,
-        },
-        "training": report,
+    target = {
+        "model_type": str(teacher_config.model_type),
+        "hidden_size": int(teacher_config.hidden_size),
+        "vocab_size": int(teacher_config.vocab_size),
+        "name_or_path": name_or_path,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as tmp:
-        staged = Path(tmp) / "draft"
-        staged.mkdir()
-        save_file(state, str(staged / WEIGHTS_FILE))
-        (staged / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        staged = save_feature_draft(
+            Path(tmp) / "draft", state, rms_eps=float(draft.eps), target=target, training=report
+        )
         if out.exists():
             out.rmdir()  # empty (checked before training): the rename takes its place
         staged.rename(out)
