@@ -102,6 +102,7 @@ bench-speculative: $(BIN)/.installed
 
 # bench-draft: a distilled draft of SmolLM2-135M (3 layers, its 8192 most frequent tokens, sequence-level distillation;
 # made once, 30 CPU-minutes) against target-only greedy decoding on tvm, batch 1, held-out English prompts.
+# ARGS='--kind feature': a feature draft (aotforge distill-draft) instead, the same budget.
 bench-draft: $(BIN)/.installed
 	$(BIN)/python tools/bench_draft.py $(ARGS)
 	$(BIN)/python tools/bench_page.py
