@@ -53,3 +53,22 @@ def test_key_is_the_model_and_the_export_settings() -> None:
         key_components(model, wider, "masked", False),
     ):
         assert other["export"] != base["export"] and other["model"] == base["model"]
+
+
+def test_a_shards_key_is_the_whole_model_and_its_tag() -> None:
+    """A tensor- or pipeline-parallel build keys each shard's export on the source model and the shard's tag: the
+    same shard of the same split is one entry, every other shard, kind, degree or split another."""
+    model = tiny_llama()
+    spec = decoder_spec(model, MAX_SEQ, MAX_BATCH)
+    rank = {"kind": "tensor_parallel", "degree": 2, "index": 0, "split": {"sequence_parallel": False}}
+    base = key_components(model, spec, "masked", False, rank)
+    assert key_components(tiny_llama(), spec, "masked", False, dict(rank)) == base
+    assert base["export"] != key_components(model, spec, "masked", False)["export"]  # not the unsharded export
+    others = [
+        {**rank, "index": 1},
+        {**rank, "degree": 4},
+        {**rank, "kind": "pipeline_parallel"},
+        {**rank, "split": {"sequence_parallel": True}},
+    ]
+    keys = {key_components(model, spec, "masked", False, other)["export"] for other in others}
+    assert len(keys) == len(others) and base["export"] not in keys

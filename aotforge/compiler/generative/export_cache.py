@@ -59,11 +59,14 @@ def model_digest(model: Any) -> str:
     return digest.hexdigest()
 
 
-def key_components(model: Any, spec: DecoderSpec, attention: str, verify: bool) -> dict[str, str]:
-    """sha256 of each part of an export's key, by name."""
+def key_components(
+    model: Any, spec: DecoderSpec, attention: str, verify: bool, shard: dict[str, Any] | None = None
+) -> dict[str, str]:
+    """sha256 of each part of an export's key, by name; ``shard`` tags a sharded build's part of ``model``."""
+    settings = {"spec": dataclasses.asdict(spec), "decode_attention": attention, "verify": verify}
     return {
         "model": model_digest(model),
-        "export": _digest({"spec": dataclasses.asdict(spec), "decode_attention": attention, "verify": verify}),
+        "export": _digest({**settings, **({"shard": shard} if shard else {})}),
         "toolchain": _digest(toolchain_fingerprint()),
     }
 
@@ -80,15 +83,18 @@ def cached_export(
     verify: bool,
     export: Callable[[], dict[str, Any]],
     say: Callable[[str], None],
+    shard: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``export()``'s graphs (``{file name: onnx_ir.Model}``), or the same graphs read from ``cache_dir`` when an
-    entry for this model and these settings exists; a miss stores what ``export()`` returned and reads it back."""
+    entry for this model and these settings exists; a miss stores what ``export()`` returned and reads it back.
+    A sharded build's ``model`` is the whole source model and ``shard`` names the part ``export()`` exports (the
+    kind, the degree, the shard's index and how it was split)."""
     import onnx_ir as ir
 
     if cache_dir is None:
         return {name: _reread(graph) for name, graph in export().items()}
 
-    components = key_components(model, spec, attention, verify)
+    components = key_components(model, spec, attention, verify, shard)
     key = _digest([[name, components[name]] for name in sorted(components)])
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Read and written in a scratch directory of the cache's own filesystem: an entry is copied, checked and
@@ -96,7 +102,8 @@ def cached_export(
     with tempfile.TemporaryDirectory(prefix=".tmp-", dir=cache_dir) as scratch:
         work = Path(scratch)
         if build_cache.lookup(cache_dir, key, work) is not None:
-            say(f"export cache hit {key[:12]}: skipping the export of the {', '.join(_names(verify))} graphs")
+            what = f" of {shard['kind']} shard {shard['index']}" if shard else ""
+            say(f"export cache hit {key[:12]}: skipping the export{what} of the {', '.join(_names(verify))} graphs")
             return {name: _load(work / name) for name in _files(verify)}
         graphs = export()
         files: list[str] = []

@@ -44,6 +44,7 @@ from aotforge.compiler.generative.build import (
 )
 from aotforge.compiler.generative.decoder_stage import ShardRequest
 from aotforge.compiler.generative.export import decoder_spec, export_graphs, export_verify, save_shared
+from aotforge.compiler.generative.export_cache import cached_export, export_cache_dir
 from aotforge.compiler.generative.graphs import unsupported
 from aotforge.compiler.generative.source import CausalLM, load_causal_lm
 from aotforge.compiler.generative.validation import validate_generation
@@ -81,6 +82,9 @@ class Split:
     record: Callable[[list[str], list[DecoderSpec], dict[str, int]], dict[str, Any]]
     #: ``shard's model -> what its prefill is traced under`` (a sequence-parallel rank's split); None: nothing
     prefill_scope: Callable[[Any], AbstractContextManager[Any]] | None = None
+    #: what else decides each shard's part beside the whole model, the kind, the degree and the index (the export
+    #: cache's key: ``generative.export_cache``)
+    tag: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,16 +153,25 @@ def _export(
     verify_width = opts.generation.speculative_k + 1 if opts.generation.speculative_k else 0
     attention, plain_why = _decode_attention(backend, source.model, spec)
     dirs, specs, weights, ir_files, opset = [], [], {}, [], 0
+    export_dir = export_cache_dir(opts.export_cache_dir, opts.cache_dir)
     for i in range(split.degree):
         part, shard_spec, what = split.shard(i)
-        say(f"exporting {what}")
         rel = f"{sharding.folder}/{i}"
         (stage / rel).mkdir(parents=True)
-        scope = split.prefill_scope(part) if split.prefill_scope is not None else None
-        prefill, decode = export_graphs(part, shard_spec, place.name, attention, scope)
-        graphs, opset = {PREFILL_FILE: prefill, DECODE_FILE: decode}, prefill.opset_imports.get("", 0)
-        if verify_width:
-            graphs[VERIFY_FILE] = export_verify(part, shard_spec, place.name, attention)
+
+        def export(part: Any = part, shard_spec: DecoderSpec = shard_spec, what: str = what) -> dict[str, Any]:
+            say(f"exporting {what}")
+            scope = split.prefill_scope(part) if split.prefill_scope is not None else None
+            prefill, decode = export_graphs(part, shard_spec, place.name, attention, scope)
+            graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
+            if verify_width:
+                graphs[VERIFY_FILE] = export_verify(part, shard_spec, place.name, attention)
+            return graphs
+
+        # The part is a function of the whole model and this tag: the export cache keys the source model with it.
+        tag = {"kind": sharding.kind, "degree": split.degree, "index": i, "split": split.tag}
+        graphs = cached_export(export_dir, source.model, shard_spec, attention, bool(verify_width), export, say, tag)
+        opset = graphs[PREFILL_FILE].opset_imports.get("", 0)
         for step in (backend.prepare_graphs, backend.rewrite_graphs):
             if step is not None:
                 step(graphs, shard_spec)
