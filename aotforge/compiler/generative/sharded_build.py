@@ -43,7 +43,7 @@ from aotforge.compiler.generative.build import (
     export_and_store,
 )
 from aotforge.compiler.generative.decoder_stage import ShardRequest
-from aotforge.compiler.generative.export import decoder_spec, export_graphs, export_verify, save_shared
+from aotforge.compiler.generative.export import decoder_spec, export_decode, export_prefill, export_verify, save_shared
 from aotforge.compiler.generative.export_cache import cached_export, export_cache_dir
 from aotforge.compiler.generative.graphs import unsupported
 from aotforge.compiler.generative.source import CausalLM, load_causal_lm
@@ -128,6 +128,37 @@ def build_sharded(
     return export_and_store(opts, target, direct, started, say, export)
 
 
+def _shard_exports(
+    part: Any,
+    spec: DecoderSpec,
+    name: str,
+    attention: str,
+    scope_of: Callable[[Any], AbstractContextManager[Any]] | None,
+    verify: bool,
+    what: str,
+    say: Progress,
+) -> dict[str, Callable[[], Any]]:
+    """Each graph's export of one shard's part, by file name, saying so when it runs (a cached one does not)."""
+
+    def exporting(graph: str, export: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            say(f"exporting {what}: its {graph} graph")
+            return export()
+
+        return run
+
+    def prefill() -> Any:
+        return export_prefill(part, spec, name, attention, scope_of(part) if scope_of is not None else None)
+
+    exports = {
+        PREFILL_FILE: exporting("prefill", prefill),
+        DECODE_FILE: exporting("decode", lambda: export_decode(part, spec, name, attention)),
+    }
+    if verify:
+        exports[VERIFY_FILE] = exporting("verify", lambda: export_verify(part, spec, name, attention))
+    return exports
+
+
 def _export(
     model: Any,
     opts: BuildOptions,
@@ -158,19 +189,11 @@ def _export(
         part, shard_spec, what = split.shard(i)
         rel = f"{sharding.folder}/{i}"
         (stage / rel).mkdir(parents=True)
-
-        def export(part: Any = part, shard_spec: DecoderSpec = shard_spec, what: str = what) -> dict[str, Any]:
-            say(f"exporting {what}")
-            scope = split.prefill_scope(part) if split.prefill_scope is not None else None
-            prefill, decode = export_graphs(part, shard_spec, place.name, attention, scope)
-            graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
-            if verify_width:
-                graphs[VERIFY_FILE] = export_verify(part, shard_spec, place.name, attention)
-            return graphs
-
+        scope = split.prefill_scope
+        exports = _shard_exports(part, shard_spec, place.name, attention, scope, bool(verify_width), what, say)
         # The part is a function of the whole model and this tag: the export cache keys the source model with it.
         tag = {"kind": sharding.kind, "degree": split.degree, "index": i, "split": split.tag}
-        graphs = cached_export(export_dir, source.model, shard_spec, attention, bool(verify_width), export, say, tag)
+        graphs = cached_export(export_dir, source.model, shard_spec, attention, exports, say, tag)
         opset = graphs[PREFILL_FILE].opset_imports.get("", 0)
         for step in (backend.prepare_graphs, backend.rewrite_graphs):
             if step is not None:
