@@ -247,13 +247,34 @@ def decoder_of(family: str, values: dict[str, Any]) -> Any:
 ONE_BUCKET = {"buckets": (f"prompt={MAX_SEQ}", "batch=2")}
 
 
-def _configs() -> list[Any]:
-    return [name if name in DEFAULT else pytest.param(name, marks=pytest.mark.slow) for name in CONFIGS]
+#: Default configurations whose tvm build is slow: each ran exact on tvm before issue 32 (its failures were ORT's
+#: GroupQueryAttention, and Granite's lost logits scaling, which the shared export now writes for every target:
+#: test_logits_scaled_as_the_family_forward_scales_them and the onnxruntime case prove it), and what the tvm target does
+#: with it, a default tvm case does too:
+#: - Gemma: Gemma 3's case has its scaled embedding, GeGLU, RMSNorm over 1 + w and head_dim != hidden / heads; its
+#:   head_dim 40 is declined by the decode-attention kernel as GPT-2's, OPT's and Phi-3's 24 are; the tied head is
+#:   GPT-2's and OPT's; its one KV head meets the plain attention as a repeat over the query heads, as Gemma 3's
+#:   two do.
+#: - Granite: its multipliers sit between a projection and its residual add, which the residual-into-panel rewrite
+#:   declines as it does Gemma 3's post-norms; the logits' scale is a plain division after the head.
+TVM_SLOW = ("gemma-96x4-d40-kv1", "granite-96x4-kv2")
+
+
+def _cases() -> list[Any]:
+    return [
+        pytest.param(
+            name,
+            target,
+            marks=() if name in DEFAULT and not (target == "tvm" and name in TVM_SLOW) else pytest.mark.slow,
+            id=f"{name}-{target}",
+        )
+        for name in CONFIGS
+        for target in TARGETS
+    ]
 
 
 #: Each build exports two graphs (~15 s) and compiles them (onnxruntime ~10 s, tvm ~20 s) on 2 busy cores.
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("name", _configs())
+@pytest.mark.parametrize(("name", "target"), _cases())
 def test_family_is_token_exact_against_transformers(name: str, target: str, tmp_path: Path) -> None:
     model = decoder(name)
     options = {"target_options": ONE_BUCKET} if target == "tvm" else {}

@@ -10,9 +10,9 @@ from aotforge.compiler.generative.export import decoder_spec
 from aotforge.compiler.generative.export_cache import key_components
 from aotforge.compiler.generative.quality import default_corpus
 from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE
-from tests.llm_models import MAX_BATCH, MAX_SEQ, build_text_generation, tiny_llama
+from tests.llm_models import MAX_BATCH, MAX_SEQ, SPECULATIVE_K, build_text_generation, tiny_llama
 
-EXPORTING = "exporting the prefill and decode graphs"
+EXPORTING = "exporting the prefill graph"
 
 
 def _build(llama_dir: Path, out: Path, said: list[str], **kw: Any) -> Any:
@@ -26,12 +26,16 @@ def test_rebuild_with_other_passes_reads_the_graphs_back_and_builds_the_fresh_by
     text.write_text(default_corpus()[-6000:], encoding="utf-8")
     fresh_said: list[str] = []
     fresh = _build(llama_dir, tmp_path / "fresh", fresh_said, export_cache_dir=None)
-    int8_said: list[str] = []  # other passes on an empty cache: exported once, stored
-    _build(llama_dir, tmp_path / "int8", int8_said, export_cache_dir=cache, precision="int8", eval_text=text)
+    # Other passes and a verify graph on an empty cache: each graph exported once, stored as an entry of its own.
+    int8_said: list[str] = []
+    kw = {"precision": "int8", "eval_text": text, "speculative_k": SPECULATIVE_K}
+    _build(llama_dir, tmp_path / "int8", int8_said, export_cache_dir=cache, **kw)
+    # No verify graph: the decode entry serves it; the verify build's prefill also returns ``hidden``, another entry.
     hit_said: list[str] = []
     hit = _build(llama_dir, tmp_path / "hit", hit_said, export_cache_dir=cache)
     assert EXPORTING in fresh_said and EXPORTING in int8_said
-    assert EXPORTING not in hit_said and any(line.startswith("export cache hit ") for line in hit_said), hit_said
+    assert [line for line in hit_said if line.startswith("exporting ")] == [EXPORTING], hit_said
+    assert sum(line.startswith("export cache hit ") for line in hit_said) == 1, hit_said
     files = {f for f in hit.manifest.files if not f.startswith("MODEL_CARD")}
     assert {PREFILL_FILE, DECODE_FILE} <= files
     # Every file but the model card (which names the build's time) is the fresh export's, byte for byte.
@@ -41,15 +45,35 @@ def test_rebuild_with_other_passes_reads_the_graphs_back_and_builds_the_fresh_by
 def test_key_is_the_model_and_the_export_settings() -> None:
     model = tiny_llama()
     spec = decoder_spec(model, MAX_SEQ, MAX_BATCH)
-    base = key_components(model, spec, "masked", False)
-    assert key_components(tiny_llama(), spec, "masked", False) == base  # the same weights and config
-    assert key_components(tiny_llama(seed=1), spec, "masked", False)["model"] != base["model"]
+    base = key_components(model, spec, "masked", PREFILL_FILE)
+    assert key_components(tiny_llama(), spec, "masked", PREFILL_FILE) == base  # the same weights and config
+    assert key_components(tiny_llama(seed=1), spec, "masked", PREFILL_FILE)["model"] != base["model"]
     # The same weights (RoPE has none), another config: another model.
-    assert key_components(tiny_llama(rope_theta=500.0), spec, "masked", False)["model"] != base["model"]
+    assert key_components(tiny_llama(rope_theta=500.0), spec, "masked", PREFILL_FILE)["model"] != base["model"]
     wider = decoder_spec(model, 2 * MAX_SEQ, MAX_BATCH)
     for other in (
-        key_components(model, spec, "gqa", False),
-        key_components(model, spec, "masked", True),
-        key_components(model, wider, "masked", False),
+        key_components(model, spec, "gqa", PREFILL_FILE),
+        key_components(model, spec, "masked", DECODE_FILE),
+        key_components(model, wider, "masked", PREFILL_FILE),
+        key_components(model, spec, "masked", PREFILL_FILE, outputs=("hidden",)),
     ):
         assert other["export"] != base["export"] and other["model"] == base["model"]
+
+
+def test_a_shards_key_is_the_whole_model_and_its_tag() -> None:
+    """A tensor- or pipeline-parallel build keys each shard's export on the source model and the shard's tag: the
+    same shard of the same split is one entry, every other shard, kind, degree or split another."""
+    model = tiny_llama()
+    spec = decoder_spec(model, MAX_SEQ, MAX_BATCH)
+    rank = {"kind": "tensor_parallel", "degree": 2, "index": 0, "split": {"sequence_parallel": False}}
+    base = key_components(model, spec, "masked", DECODE_FILE, rank)
+    assert key_components(tiny_llama(), spec, "masked", DECODE_FILE, dict(rank)) == base
+    assert base["export"] != key_components(model, spec, "masked", DECODE_FILE)["export"]  # not the unsharded one
+    others = [
+        {**rank, "index": 1},
+        {**rank, "degree": 4},
+        {**rank, "kind": "pipeline_parallel"},
+        {**rank, "split": {"sequence_parallel": True}},
+    ]
+    keys = {key_components(model, spec, "masked", DECODE_FILE, other)["export"] for other in others}
+    assert len(keys) == len(others) and base["export"] not in keys

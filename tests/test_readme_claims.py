@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -180,6 +181,30 @@ def test_weight_only_on_a_cpu_without_vnni_takes_nothing_and_says_why() -> None:
     tvm.ir.assert_structural_equal(mod, before)
 
 
+def test_minilm_int8_recipe_is_a_build_its_passes_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``examples/minilm_int8.toml`` as ``compile --recipe`` reads it, by default (its build and quality on unseen
+    sentences: the slow test below): its options fill the build's, each pass takes its options, and its calibration
+    and evaluation callables give that many feeds of MiniLM's two integer inputs."""
+    from aotforge.compiler.options import BuildOptions
+    from aotforge.compiler.recipe import load_recipe
+    from aotforge.core.calibration import load_calibration
+    from aotforge.passes import make_pass
+
+    monkeypatch.chdir(ROOT)  # the recipe names its calibration callables relative to the repository root
+    opts = BuildOptions.from_dict(load_recipe(EXAMPLES / "minilm_int8.toml"))
+    assert opts.target == "onnxruntime" and opts.passes.names == ("optimize", "fuse-ort", "int8-dynamic")
+    for name in opts.passes.names:
+        make_pass(name, opts.passes.params.get(name))
+    options = opts.passes.params["int8-dynamic"]
+    inputs = {"input_ids": (2, np.dtype(np.int64)), "attention_mask": (2, np.dtype(np.int64))}
+    for source, count in (
+        (options["calibration_dir"], options["samples"]),
+        (options["eval_dir"], options["eval_samples"]),
+    ):
+        feeds = load_calibration(source, inputs, count)
+        assert len(feeds) == count and all(set(f) == set(inputs) for f in feeds), source
+
+
 @pytest.mark.slow
 def test_minilm_int8_recipe_keeps_the_embeddings_of_held_out_sentences(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -236,20 +261,28 @@ README_CLAIMS = {
         "test_tvm_importable.py::test_check_command_names_what_tvm_takes_and_what_it_cannot"
     ],
     "--dump-ir": ["test_readme_claims.py::test_dump_ir_writes_the_graph_after_each_pass_and_the_last_is_the_artifacts"],
-    "examples/minilm_int8.toml": [
-        "test_readme_claims.py::test_minilm_int8_recipe_keeps_the_embeddings_of_held_out_sentences"
-    ],
+    "examples/minilm_int8.toml": ["test_readme_claims.py::test_minilm_int8_recipe_is_a_build_its_passes_take"],
     "--max-runs": ["test_readme_claims.py::test_bench_max_runs_caps_the_timed_calls"],
     "Speculative decoding": ["test_speculative.py::test_greedy_speculative_is_the_targets_greedy"],
     "`aotforge distill` trains a draft": [
         "test_distill.py::test_the_student_compiles_into_a_draft_speculative_decoding_uses"
     ],
-    "a GGUF file": ["test_gguf_source.py::test_fp32_gguf_builds_token_exact_against_the_model_it_was_written_from"],
+    "a GGUF file": ["test_gguf_source.py::test_cli_compiles_an_fp16_gguf_without_task_and_refuses_a_broken_one"],
 }
 
 
+def _marked_slow(node: Any) -> bool:
+    """Whether a decorator or ``pytestmark`` value is ``pytest.mark.slow`` (a slow case of a parametrization is not)."""
+    import ast
+
+    return any(isinstance(n, ast.Attribute) and n.attr == "slow" for n in ast.walk(node)) and not isinstance(
+        node, ast.Call
+    )
+
+
 def test_each_readme_claim_names_tests_that_exist() -> None:
-    """The claims above are in the README or docs/ (rewording one must update this map), and the tests exist."""
+    """The claims above are in the README or docs/ (rewording one must update this map), and the tests exist and
+    run by default: neither the test nor its file is marked slow."""
     import ast
 
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -259,5 +292,10 @@ def test_each_readme_claim_names_tests_that_exist() -> None:
         for test in tests:
             file, name = test.split("::")
             tree = ast.parse((ROOT / "tests" / file).read_text())
-            names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
-            assert name in names, f"{claim!r}: {test} does not exist"
+            functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+            assert name in functions, f"{claim!r}: {test} does not exist"
+            marks = [
+                *functions[name].decorator_list,
+                *(a.value for a in tree.body if isinstance(a, ast.Assign) and "pytestmark" in ast.unparse(a)),
+            ]
+            assert not any(_marked_slow(m) for m in marks), f"{claim!r}: {test} is slow, not in the default run"

@@ -1,6 +1,7 @@
 """Sharded text-generation builds (``--tensor-parallel``, ``--pipeline-parallel``) go through the one build tail like
-every build: the build cache (a rebuild with nothing changed is a direct hit), ``--dump-ir``, the isolated compile
-and its deadline; what they cannot do is refused by name."""
+every build: the build cache (a rebuild with nothing changed is a direct hit), the export cache (each shard's graphs
+keyed on the source model and the shard), ``--dump-ir``, the isolated compile and its deadline; what they cannot do
+is refused by name."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 import aotforge
 from aotforge.core.errors import CompileError, OptionsError
-from tests.llm_models import PROMPTS, build_text_generation, tiny_causal_lm, transformers_greedy
+from tests.llm_models import PROMPTS, SPECULATIVE_K, build_text_generation, tiny_causal_lm, transformers_greedy
 
 DEGREE = 2
 #: Each kind's option and the folder its shards' graphs are in.
@@ -25,11 +26,25 @@ def _artifact_files(result: Any) -> dict[str, str]:
 
 #: Both kinds build through ``sharded_build``; the default run builds the ranks, the slow one the stages too.
 BOTH = ["tensor_parallel", pytest.param("pipeline_parallel", marks=pytest.mark.slow)]
+#: ``llama_tp``'s export settings (tests/conftest.py): the tensor-parallel builds here read its ranks' graphs from
+#: the run's export cache instead of exporting them again.
+SHARED = {"speculative_k": SPECULATIVE_K}
+
+
+def _llama_tp_built(kind: str, request: pytest.FixtureRequest) -> bool:
+    """Whether the run's export cache holds this kind's shards of the tiny Llama (``llama_tp``, built if not yet)."""
+    if kind != "tensor_parallel":
+        return False
+    request.getfixturevalue("llama_tp")
+    return True
 
 
 @pytest.mark.parametrize("kind", BOTH)
-def test_rebuild_with_nothing_changed_is_a_direct_cache_hit(kind: str, llama_dir: Path, tmp_path: Path) -> None:
-    kw: dict[str, Any] = {kind: DEGREE, "cache_dir": tmp_path / "cache", "plots": False}
+def test_rebuild_with_nothing_changed_is_a_direct_cache_hit(
+    kind: str, llama_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    _llama_tp_built(kind, request)
+    kw: dict[str, Any] = {kind: DEGREE, "cache_dir": tmp_path / "cache", "plots": False, **SHARED}
     first = build_text_generation(str(llama_dir), tmp_path / "out", **kw)
     cache = first.manifest.build["cache"]
     assert cache["hit"] is False and "direct entry stored" in cache["direct"]
@@ -59,10 +74,13 @@ def test_rebuild_without_the_direct_mode_is_a_compile_cache_hit(kind: str, llama
 
 @pytest.mark.parametrize("kind", BOTH)
 def test_dump_ir_writes_each_shards_graphs_and_the_compile_runs_under_the_deadline(
-    kind: str, llama_dir: Path, tmp_path: Path
+    kind: str, llama_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """``--dump-ir`` writes each rank's or stage's graphs as the target compiles them; the compile then runs in the
-    isolated worker, whose deadline stops it: nothing is stored."""
+    isolated worker, whose deadline stops it: nothing is stored. Where the run built the same shards
+    (``llama_tp``), each one's graphs come from the export cache, not a second export."""
+    cached = _llama_tp_built(kind, request)
+    said: list[str] = []
     with pytest.raises(CompileError, match=r"onnxruntime compile did not finish within 0.001 s.*--backend-deadline"):
         build_text_generation(
             str(llama_dir),
@@ -70,11 +88,16 @@ def test_dump_ir_writes_each_shards_graphs_and_the_compile_runs_under_the_deadli
             dump_ir=tmp_path / "ir",
             isolate_backend=True,  # the tests' helper builds in this process (tests/in_process.py)
             backend_deadline_s=0.001,
-            **{kind: DEGREE},
+            progress=said.append,
+            **{kind: DEGREE, **SHARED},
         )
     for shard in range(DEGREE):
-        for graph in ("prefill", "decode"):
+        for graph in ("prefill", "decode", "verify"):
             assert (tmp_path / "ir" / KINDS[kind] / str(shard) / graph / "compiled.onnx").is_file()
+        if cached:
+            assert any(f"skipping the export of {kind} shard {shard} " in line for line in said), said
+    if cached:
+        assert not any(line.startswith("exporting ") for line in said), said
     assert not list((tmp_path / "out").rglob("manifest.json"))
 
 

@@ -25,7 +25,7 @@ from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact, start_worker
 from aotforge.compiler.builder import isolation_of
 from aotforge.compiler.generative.decoder_work import STAGE_PRELOAD, DecoderWork
-from aotforge.compiler.generative.export import decoder_spec, export_graphs, export_verify, save_shared
+from aotforge.compiler.generative.export import decoder_spec, export_decode, export_prefill, export_verify, save_shared
 from aotforge.compiler.generative.export_cache import cached_export, export_cache_dir
 from aotforge.compiler.generative.graph_passes import backend_target_passes, compile_passes, graph_passes_of
 from aotforge.compiler.generative.graphs import unsupported
@@ -134,20 +134,27 @@ def _export(
     attention, plain_why = _decode_attention(backend, exported, spec)
     verify_width = opts.generation.speculative_k + 1 if opts.generation.speculative_k else 0
 
-    def export() -> dict[str, Any]:
-        say("exporting the prefill and decode graphs")
-        # A speculative build's prefill and verify also return the LM head's input, what a feature draft reads.
-        hidden = bool(verify_width)
-        prefill, decode = export_graphs(exported, spec, place.name, decode_attention=attention, hidden=hidden)
-        graphs = {PREFILL_FILE: prefill, DECODE_FILE: decode}
-        if verify_width:
-            k = opts.generation.speculative_k
-            say(f"exporting the verify graph (speculative decoding, up to {k} draft tokens)")
-            graphs[VERIFY_FILE] = export_verify(exported, spec, place.name, decode_attention=attention, hidden=True)
-        return graphs
+    # A speculative build's prefill and verify also return the LM head's input, what a feature draft reads.
+    hidden = bool(verify_width)
 
+    def exporting(what: str, export: Callable[..., Any], **extra: Any) -> Callable[[], Any]:
+        def run() -> Any:
+            say(f"exporting the {what}")
+            return export(exported, spec, place.name, attention, **extra)
+
+        return run
+
+    exports = {
+        PREFILL_FILE: exporting("prefill graph", export_prefill, hidden=hidden),
+        DECODE_FILE: exporting("decode graph", export_decode),
+    }
+    if verify_width:
+        k = opts.generation.speculative_k
+        what = f"verify graph (speculative decoding, up to {k} draft tokens)"
+        exports[VERIFY_FILE] = exporting(what, export_verify, hidden=True)
     export_dir = export_cache_dir(opts.export_cache_dir, opts.cache_dir)
-    graphs = cached_export(export_dir, exported, spec, attention, bool(verify_width), export, say)
+    outputs = {PREFILL_FILE: ["hidden"], VERIFY_FILE: ["hidden"]} if hidden else None
+    graphs = cached_export(export_dir, exported, spec, attention, exports, say, extra_outputs=outputs)
     prefill = graphs[PREFILL_FILE]
     # The target's own graph rewrites (onnxruntime: MatMul packing before the passes, contrib ops after them).
     prepare, rewrite = backend.prepare_graphs, backend.rewrite_graphs

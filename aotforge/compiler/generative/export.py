@@ -59,40 +59,66 @@ def export_graphs(
     ``com.microsoft::GroupQueryAttention``, in place over each slot's filled length, and over the prompt in
     prefill: ``slot_attention``). ``hidden``: the prefill graph also returns ``hidden [batch, d]`` (``graphs``).
     """
+    return (
+        export_prefill(model, shape, name, decode_attention, prefill_scope, hidden),
+        export_decode(model, shape, name, decode_attention),
+    )
+
+
+def _fused(decode_attention: str) -> bool:
+    if decode_attention not in DECODE_ATTENTION:
+        raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {decode_attention!r}")
+    return decode_attention == "gqa"
+
+
+def export_prefill(
+    model: Any,
+    shape: DecoderSpec,
+    name: str,
+    decode_attention: str = "masked",
+    prefill_scope: AbstractContextManager[Any] | None = None,
+    hidden: bool = False,
+) -> ir.Model:
+    """The prefill graph of :func:`export_graphs`: the prompt's logits and the cache it fills (and with ``hidden``,
+    last, the LM head's input at the last prompt position)."""
     import torch
 
+    fused = _fused(decode_attention)
     batch = torch.export.Dim("batch", min=1, max=max(shape.max_batch, 2))
     prompt = torch.export.Dim("prompt", min=1, max=shape.max_seq_len)
     # Example sizes of 2 and 4: torch.export specializes a dim whose example size is 1.
     ids = torch.zeros(2, 4, dtype=torch.long)
     mask = torch.ones(2, 4, dtype=torch.long)
     pos = torch.arange(4).repeat(2, 1)
-    prefill_out = ["logits", *shape.kv_names("present")]
-    if decode_attention not in DECODE_ATTENTION:
-        raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {decode_attention!r}")
-    fused = decode_attention == "gqa"
     with prefill_scope or nullcontext():
-        prefill = _export(
+        return _export(
             Prefill(model, fused_attention=fused, max_seq_len=shape.max_seq_len, hidden=hidden),
             (ids, mask, pos),
             ["input_ids", "attention_mask", "position_ids"],
-            [*prefill_out, *(["hidden"] if hidden else [])],
+            ["logits", *shape.kv_names("present"), *(["hidden"] if hidden else [])],
             ({0: batch, 1: prompt},) * 3,
             name,
             slot_attention.translation_table() if fused else None,
         )
+
+
+def export_decode(model: Any, shape: DecoderSpec, name: str, decode_attention: str = "masked") -> ir.Model:
+    """The decode graph of :func:`export_graphs`: one token a slot against the cache."""
+    import torch
+
+    fused = _fused(decode_attention)
+    batch = torch.export.Dim("batch", min=1, max=max(shape.max_batch, 2))
     cache = [torch.zeros(2, shape.kv_heads, shape.max_seq_len, shape.head_dim) for _ in range(2 * shape.layers)]
     step = (torch.zeros(2, 1, dtype=torch.long), torch.full((2, 1), 4), torch.full((2,), 4), *cache)
-    decode = _export(
+    return _export(
         Decode(model, fused_attention=fused),
         step,
         ["input_ids", "position_ids", "write_pos", *shape.kv_names("past")],
-        prefill_out,
+        ["logits", *shape.kv_names("present")],
         ({0: batch}, {0: batch}, {0: batch}, tuple([{0: batch}] * len(cache))),  # *past arrives as one tuple
         name,
         slot_attention.translation_table() if fused else None,
     )
-    return prefill, decode
 
 
 def export_verify(
@@ -103,15 +129,13 @@ def export_verify(
     ``hidden``, last, the LM head's input ``hidden [batch, steps, d]``)."""
     import torch
 
-    if decode_attention not in DECODE_ATTENTION:
-        raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {decode_attention!r}")
+    fused = _fused(decode_attention)
     batch = torch.export.Dim("batch", min=1, max=max(shape.max_batch, 2))
     steps = torch.export.Dim("steps", min=1, max=shape.max_seq_len)
     cache = [torch.zeros(2, shape.kv_heads, shape.max_seq_len, shape.head_dim) for _ in range(2 * shape.layers)]
     width = 3  # an example size of 1 would specialize the dim
     ids = torch.zeros(2, width, dtype=torch.long)
     pos = (torch.arange(width) + 4).repeat(2, 1)
-    fused = decode_attention == "gqa"
     return _export(
         Verify(model, fused_attention=fused, hidden=hidden),
         (ids, pos, torch.full((2,), 4), *cache),

@@ -6,11 +6,13 @@ fp32 build), other target options (tvm's buckets, tuning) or another target that
 reads the graphs back instead of exporting again. The IR-level cache (``artifacts.build_cache``) cannot serve
 those: its key is the IR after the passes, and the target.
 
-The key covers what decides the exported graphs: the model (its class, its config but where it was loaded from,
-and every weight as exported, so a calibrated source keys as the weights it exports), the export settings (the
-cache geometry, the decode attention, whether a verify graph is exported) and the toolchain (Python, every
-installed distribution, aotforge's own source: ``compiler.build_direct.toolchain_fingerprint``). An entry is an
-``artifacts.build_cache`` entry under ``<export_cache_dir>``: each graph as ONNX with its weights beside it, every
+Each graph (prefill, decode, verify) is an entry of its own, so a build with a verify graph reads back the prefill
+and decode graphs of one without. Its key covers what decides it: the model (its class, its config but where it was
+loaded from, and every weight as exported, so a calibrated source keys as the weights it exports), the export
+settings (the graph, the cache geometry, the decode attention; for a tensor- or pipeline-parallel build, which shard
+of which split: the part is a function of the whole model and that tag) and the toolchain (Python, every installed
+distribution, aotforge's own source: ``compiler.build_direct.toolchain_fingerprint``). An entry is an
+``artifacts.build_cache`` entry under ``<export_cache_dir>``: the graph as ONNX with its weights beside it, every
 file's sha256 checked on a hit; a corrupt one is deleted and exported again, never served.
 """
 
@@ -21,13 +23,13 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from aotforge.artifacts import build_cache
 from aotforge.compiler.build_direct import toolchain_fingerprint
-from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, VERIFY_FILE, DecoderSpec
+from aotforge.core.decoder import DecoderSpec
 
 #: The subdirectory of the build cache that holds export entries when no export cache is named.
 EXPORT_DIR = "export"
@@ -59,25 +61,36 @@ def model_digest(model: Any) -> str:
     return digest.hexdigest()
 
 
-def key_components(model: Any, spec: DecoderSpec, attention: str, verify: bool) -> dict[str, str]:
-    """sha256 of each part of an export's key, by name."""
+def key_components(
+    model: Any,
+    spec: DecoderSpec,
+    attention: str,
+    graph: str,
+    shard: dict[str, Any] | None = None,
+    outputs: Sequence[str] = (),
+) -> dict[str, str]:
+    """sha256 of each part of the key of ``graph``'s export (a file name: ``prefill.onnx``), by name; ``shard``
+    tags a sharded build's part of ``model``, ``outputs`` names what the graph returns beyond its usual outputs."""
+    return _components(model_digest(model), _digest(toolchain_fingerprint()), spec, attention, graph, shard, outputs)
+
+
+def _components(
+    model: str,
+    toolchain: str,
+    spec: DecoderSpec,
+    attention: str,
+    graph: str,
+    shard: dict[str, Any] | None,
+    outputs: Sequence[str],
+) -> dict[str, str]:
+    settings = {"spec": dataclasses.asdict(spec), "decode_attention": attention, "graph": graph}
+    if outputs:  # left out when empty: the entries of graphs with only their usual outputs keep their keys
+        settings["outputs"] = list(outputs)
     return {
-        "model": model_digest(model),
-        # A verify build's prefill and verify graphs also return ``hidden``: keyed apart from entries made before.
-        "export": _digest(
-            {
-                "spec": dataclasses.asdict(spec),
-                "decode_attention": attention,
-                "verify": verify,
-                **({"outputs": "hidden"} if verify else {}),
-            }
-        ),
-        "toolchain": _digest(toolchain_fingerprint()),
+        "model": model,
+        "export": _digest({**settings, **({"shard": shard} if shard else {})}),
+        "toolchain": toolchain,
     }
-
-
-def _files(verify: bool) -> tuple[str, ...]:
-    return (PREFILL_FILE, DECODE_FILE, *((VERIFY_FILE,) if verify else ()))
 
 
 def cached_export(
@@ -85,38 +98,44 @@ def cached_export(
     model: Any,
     spec: DecoderSpec,
     attention: str,
-    verify: bool,
-    export: Callable[[], dict[str, Any]],
+    exports: Mapping[str, Callable[[], Any]],
     say: Callable[[str], None],
+    shard: dict[str, Any] | None = None,
+    extra_outputs: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """``export()``'s graphs (``{file name: onnx_ir.Model}``), or the same graphs read from ``cache_dir`` when an
-    entry for this model and these settings exists; a miss stores what ``export()`` returned and reads it back."""
+    """Each graph of ``exports`` (``{file name: its export}``) as ``onnx_ir.Model``: read from ``cache_dir`` where an
+    entry for this model, these settings and that graph exists, else exported, stored and read back. One entry a
+    graph: a build that adds one (the verify graph) reads the others of an earlier build back.
+    A sharded build's ``model`` is the whole source model and ``shard`` names the part the exports export (the
+    kind, the degree, the shard's index and how it was split). ``extra_outputs`` names, by file name, what a graph
+    returns beyond its usual outputs (a speculative build's ``hidden``), keyed apart from the graph without them."""
     import onnx_ir as ir
 
     if cache_dir is None:
-        return {name: _reread(graph) for name, graph in export().items()}
+        return {name: _reread(export()) for name, export in exports.items()}
 
-    components = key_components(model, spec, attention, verify)
-    key = _digest([[name, components[name]] for name in sorted(components)])
+    model_key, toolchain = model_digest(model), _digest(toolchain_fingerprint())
     cache_dir.mkdir(parents=True, exist_ok=True)
+    graphs: dict[str, Any] = {}
     # Read and written in a scratch directory of the cache's own filesystem: an entry is copied, checked and
     # renamed into place whole (``build_cache.store``), and what a hit loads never points into the entry.
     with tempfile.TemporaryDirectory(prefix=".tmp-", dir=cache_dir) as scratch:
-        work = Path(scratch)
-        if build_cache.lookup(cache_dir, key, work) is not None:
-            say(f"export cache hit {key[:12]}: skipping the export of the {', '.join(_names(verify))} graphs")
-            return {name: _load(work / name) for name in _files(verify)}
-        graphs = export()
-        files: list[str] = []
-        for name, graph in graphs.items():
-            ir.save(graph, work / name, external_data=f"{name}.data")
-            files += [name, *([f"{name}.data"] if (work / f"{name}.data").is_file() else [])]
-        build_cache.store(cache_dir, key, components, work, files, {"graphs": sorted(graphs)}, {})
-        return {name: _load(work / name) for name in graphs}
-
-
-def _names(verify: bool) -> list[str]:
-    return [name.removesuffix(".onnx") for name in _files(verify)]
+        for name, export in exports.items():
+            outputs = (extra_outputs or {}).get(name, ())
+            components = _components(model_key, toolchain, spec, attention, name, shard, outputs)
+            key = _digest([[part, components[part]] for part in sorted(components)])
+            work = Path(scratch) / name.removesuffix(".onnx")
+            work.mkdir()
+            graph = name.removesuffix(".onnx")
+            if build_cache.lookup(cache_dir, key, work) is not None:
+                what = f" of {shard['kind']} shard {shard['index']}" if shard else ""
+                say(f"export cache hit {key[:12]}: skipping the export{what} of the {graph} graph")
+            else:
+                ir.save(export(), work / name, external_data=f"{name}.data")
+                files = [name, *([f"{name}.data"] if (work / f"{name}.data").is_file() else [])]
+                build_cache.store(cache_dir, key, components, work, files, {"graphs": [name]}, {})
+            graphs[name] = _load(work / name)
+    return graphs
 
 
 def _reread(graph: Any) -> Any:

@@ -38,7 +38,7 @@ def _split(model: Any, spec: DecoderSpec, opts: BuildOptions, name: str) -> Spli
             "stage_kv_cache_bytes_per_slot": [s.kv_cache_bytes(1) for s in specs],
         }
 
-    return Split(stages.degree, shard, record)
+    return Split(stages.degree, shard, record, tag={"layout": stages.to_dict()})
 
 
 def _stage_spec(spec: DecoderSpec, stages: StagePlan, stage: int) -> DecoderSpec:

@@ -45,7 +45,8 @@ from aotforge.compiler.generative.build import (
     export_and_store,
 )
 from aotforge.compiler.generative.decoder_stage import ShardRequest
-from aotforge.compiler.generative.export import decoder_spec, export_graphs, export_verify, save_shared
+from aotforge.compiler.generative.export import decoder_spec, export_decode, export_prefill, export_verify, save_shared
+from aotforge.compiler.generative.export_cache import cached_export, export_cache_dir
 from aotforge.compiler.generative.graph_passes import backend_target_passes, graph_passes_of
 from aotforge.compiler.generative.graphs import unsupported
 from aotforge.compiler.generative.pass_list import decoder_pass_options
@@ -87,6 +88,9 @@ class Split:
     record: Callable[[list[str], list[DecoderSpec], dict[str, int]], dict[str, Any]]
     #: ``shard's model -> what its prefill is traced under`` (a sequence-parallel rank's split); None: nothing
     prefill_scope: Callable[[Any], AbstractContextManager[Any]] | None = None
+    #: what else decides each shard's part beside the whole model, the kind, the degree and the index (the export
+    #: cache's key: ``generative.export_cache``)
+    tag: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +138,37 @@ def build_sharded(
     return export_and_store(opts, target, direct, started, say, export)
 
 
+def _shard_exports(
+    part: Any,
+    spec: DecoderSpec,
+    name: str,
+    attention: str,
+    scope_of: Callable[[Any], AbstractContextManager[Any]] | None,
+    verify: bool,
+    what: str,
+    say: Progress,
+) -> dict[str, Callable[[], Any]]:
+    """Each graph's export of one shard's part, by file name, saying so when it runs (a cached one does not)."""
+
+    def exporting(graph: str, export: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            say(f"exporting {what}: its {graph} graph")
+            return export()
+
+        return run
+
+    def prefill() -> Any:
+        return export_prefill(part, spec, name, attention, scope_of(part) if scope_of is not None else None)
+
+    exports = {
+        PREFILL_FILE: exporting("prefill", prefill),
+        DECODE_FILE: exporting("decode", lambda: export_decode(part, spec, name, attention)),
+    }
+    if verify:
+        exports[VERIFY_FILE] = exporting("verify", lambda: export_verify(part, spec, name, attention))
+    return exports
+
+
 def _export(
     model: Any,
     opts: BuildOptions,
@@ -169,16 +204,18 @@ def _export(
     verify_width = opts.generation.speculative_k + 1 if opts.generation.speculative_k else 0
     attention, plain_why = _decode_attention(backend, source.model, spec)
     dirs, specs, weights, ir_files, opset = [], [], {}, [], 0
+    export_dir = export_cache_dir(opts.export_cache_dir, opts.cache_dir)
     for i in range(split.degree):
         part, shard_spec, what = split.shard(i)
-        say(f"exporting {what}")
         rel = f"{sharding.folder}/{i}"
         (stage / rel).mkdir(parents=True)
-        scope = split.prefill_scope(part) if split.prefill_scope is not None else None
-        prefill, decode = export_graphs(part, shard_spec, place.name, attention, scope)
-        graphs, opset = {PREFILL_FILE: prefill, DECODE_FILE: decode}, prefill.opset_imports.get("", 0)
-        if verify_width:
-            graphs[VERIFY_FILE] = export_verify(part, shard_spec, place.name, attention)
+        scope = split.prefill_scope
+        exports = _shard_exports(part, shard_spec, place.name, attention, scope, bool(verify_width), what, say)
+        # The part is a function of the model that was split (calibrated where a method scales weights) and this
+        # tag: the export cache keys that model with it.
+        tag = {"kind": sharding.kind, "degree": split.degree, "index": i, "split": split.tag}
+        graphs = cached_export(export_dir, exported, shard_spec, attention, exports, say, tag)
+        opset = graphs[PREFILL_FILE].opset_imports.get("", 0)
         if backend.prepare_graphs is not None:
             backend.prepare_graphs(graphs, shard_spec)
         for file_name, graph in graphs.items():

@@ -41,7 +41,8 @@ def _split(model: Any, spec: DecoderSpec, opts: BuildOptions, name: str) -> Spli
     def shard(r: int) -> tuple[Any, DecoderSpec, str]:
         return rank_model(model, plan, r, sequence), rank_spec, f"rank {r} of {plan.degree}"
 
-    return Split(plan.degree, shard, record, sequence_parallel_prefill if sequence else None)
+    tag = {"sequence_parallel": sequence, "layout": plan.to_dict()}
+    return Split(plan.degree, shard, record, sequence_parallel_prefill if sequence else None, tag)
 
 
 def _refuse(opts: BuildOptions) -> None:
