@@ -106,15 +106,10 @@ def distill(
             loss = loss + options.feature_weight * _feature_loss(
                 learnt.hidden_states, taught.hidden_states, projections
             )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        losses.append(float(loss.detach()))
+        losses.append(descend(optimizer, loss, params))
         step += 1
         if step % 10 == 0:
-            clock = f"{budget.seconds():.0f} s, {budget.cpu_seconds():.0f} CPU s"
-            say(f"step {step}: loss {np.mean(losses[-10:]):.4f} ({clock})")
+            say(f"step {step}: loss {np.mean(losses[-10:]):.4f} ({budget.clock()})")
     seconds, cpu_seconds = budget.seconds(), budget.cpu_seconds()
     student.eval()
     after = score(teacher, student, streams.held_out, options, vocab, held_out_pool)
@@ -155,12 +150,27 @@ class Budget:
     def cpu_seconds(self) -> float:
         return time.process_time() - self.cpu
 
+    def clock(self) -> str:
+        """Wall and CPU time spent, for a progress line."""
+        return f"{self.seconds():.0f} s, {self.cpu_seconds():.0f} CPU s"
+
     def spent(self, step: int) -> float:
         o = self.options
         fractions = [step / o.max_steps, self.seconds() / (o.max_minutes * 60)]
         if o.max_cpu_minutes > 0:
             fractions.append(self.cpu_seconds() / (o.max_cpu_minutes * 60))
         return max(fractions)
+
+
+def descend(optimizer: Any, loss: Any, params: Any) -> float:
+    """One optimizer step down ``loss``, the gradient's norm clipped at 1; the loss's value."""
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    return float(loss.detach())
 
 
 def learning_rate(options: DistillOptions | FeatureDraftOptions, step: int, spent: float) -> float:

@@ -29,6 +29,7 @@ from aotforge.compiler.training.distill import (
     _autocast_dtype,
     _prompts,
     _windows,
+    descend,
     learning_rate,
     sparse_response_loss,
 )
@@ -105,15 +106,10 @@ def train_feature_draft(
         starts = torch.from_numpy(rng.integers(0, ids.shape[1] - options.chain, size=options.batch))
         with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
             loss = chain_loss(draft, data, rows, starts, table, vocab, options)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        losses.append(float(loss.detach()))
+        losses.append(descend(optimizer, loss, params))
         step += 1
         if step % 20 == 0:
-            clock = f"{budget.seconds():.0f} s, {budget.cpu_seconds():.0f} CPU s"
-            say(f"step {step}: loss {np.mean(losses[-20:]):.4f} ({clock})")
+            say(f"step {step}: loss {np.mean(losses[-20:]):.4f} ({budget.clock()})")
         if step % SCORE_EVERY == 0:
             say(f"step {step}: held-out chain acceptance {_rates(score(draft, held, options, vocab, prompt))}")
     seconds, cpu_seconds = budget.seconds(), budget.cpu_seconds()
