@@ -1,5 +1,6 @@
 """``aotforge distill-draft``: a feature draft (``/work/notes/feature_draft_spec.md``) trained on its teacher's own
-features is written as the spec's directory, its torch forward is the spec's (a numpy reference here), training
+features is written as the spec's directory, its torch forward is the spec's (a numpy reference here) and the
+runtime's reader of the directory steps the same chain, training
 raises its held-out chain acceptance on a teacher that learnt real text, and a teacher or options it cannot fit
 are refused by name."""
 
@@ -111,6 +112,7 @@ def test_the_torch_forward_is_the_specs(arch: str, tmp_path: Path) -> None:
     from safetensors.numpy import load_file
 
     from aotforge.compiler.training.feature_draft import feature_draft, write_feature_draft
+    from aotforge.targets.generative.feature_draft import load_feature_draft
     from tests.llm_models import tiny_causal_lm
 
     teacher = tiny_causal_lm(arch)
@@ -132,6 +134,14 @@ def test_the_torch_forward_is_the_specs(arch: str, tmp_path: Path) -> None:
             got_tok = draft.propose(got_h)
             np.testing.assert_allclose(got_h.numpy(), y_ref, rtol=1e-4, atol=1e-5)
             assert np.array_equal(got_tok.numpy(), tok_ref)
+    # The runtime's reader of the directory (what speculative decoding runs) steps the same chain.
+    runtime = load_feature_draft(tmp_path / "draft")
+    run_h, run_tok = h, tok
+    for y_ref, tok_ref in want:
+        run_h, logits = runtime.step(run_h, run_tok)
+        run_tok = runtime.weights["vocab_ids"][np.argmax(logits, -1)]
+        np.testing.assert_allclose(run_h, y_ref, rtol=1e-4, atol=1e-5)
+        assert np.array_equal(run_tok, tok_ref)
 
 
 def test_training_raises_the_held_out_chain_acceptance(text_teacher: Path, tmp_path: Path) -> None:

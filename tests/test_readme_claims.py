@@ -267,6 +267,10 @@ README_CLAIMS = {
     "`aotforge distill` trains a draft": [
         "test_distill.py::test_the_student_compiles_into_a_draft_speculative_decoding_uses"
     ],
+    "`aotforge distill-draft` a feature draft": [
+        "test_feature_draft_training.py::test_the_cli_writes_the_specs_directory",
+        "test_feature_draft.py::test_greedy_with_a_feature_draft_is_plain_greedy",
+    ],
     "a GGUF file": ["test_gguf_source.py::test_cli_compiles_an_fp16_gguf_without_task_and_refuses_a_broken_one"],
 }
 
