@@ -20,14 +20,14 @@ from aotforge.artifacts.store import staging_dir
 from aotforge.compiler import read_tracker
 from aotforge.compiler.build_direct import DirectPlan
 from aotforge.compiler.build_direct import remember as remember_direct
-from aotforge.compiler.build_plan import pass_entry
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact, start_worker
 from aotforge.compiler.builder import isolation_of
 from aotforge.compiler.generative.decoder_work import STAGE_PRELOAD, DecoderWork
-from aotforge.compiler.generative.export import decoder_spec, export_decode, export_prefill, export_verify, save_shared
-from aotforge.compiler.generative.export_cache import cached_export, export_cache_dir
+from aotforge.compiler.generative.export import decoder_spec, save_shared
+from aotforge.compiler.generative.export_cache import export_cache_dir
 from aotforge.compiler.generative.graph_passes import backend_target_passes, compile_passes, graph_passes_of
+from aotforge.compiler.generative.graph_stage import exported_graphs, pass_graphs
 from aotforge.compiler.generative.graphs import unsupported
 from aotforge.compiler.generative.pass_list import decoder_pass_options
 from aotforge.compiler.generative.quality import validate_quality
@@ -37,7 +37,6 @@ from aotforge.compiler.generative.weight_calibration import calibrated_source, w
 from aotforge.compiler.options import BuildOptions
 from aotforge.core.decoder import (
     DECODE_FILE,
-    GRAPH_ROLES,
     PREFILL_FILE,
     TEXT_GENERATION,
     VERIFY_FILE,
@@ -46,7 +45,6 @@ from aotforge.core.decoder import (
 )
 from aotforge.core.errors import OptionsError, TargetUnavailableError, UnsupportedModelError
 from aotforge.core.options import options_from_dict
-from aotforge.passes.manager import run_passes
 from aotforge.targets import generative_backend, get_target
 from aotforge.targets.base import DecoderInputs, GenerativeBackend, Target
 
@@ -133,42 +131,13 @@ def _export(
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.benchmark.plots)
     attention, plain_why = _decode_attention(backend, exported, spec)
     verify_width = opts.generation.speculative_k + 1 if opts.generation.speculative_k else 0
-
-    # A speculative build's prefill and verify also return the LM head's input, what a feature draft reads.
-    hidden = bool(verify_width)
-
-    def exporting(what: str, export: Callable[..., Any], **extra: Any) -> Callable[[], Any]:
-        def run() -> Any:
-            say(f"exporting the {what}")
-            return export(exported, spec, place.name, attention, **extra)
-
-        return run
-
-    exports = {
-        PREFILL_FILE: exporting("prefill graph", export_prefill, hidden=hidden),
-        DECODE_FILE: exporting("decode graph", export_decode),
-    }
-    if verify_width:
-        k = opts.generation.speculative_k
-        what = f"verify graph (speculative decoding, up to {k} draft tokens)"
-        exports[VERIFY_FILE] = exporting(what, export_verify, hidden=True)
     export_dir = export_cache_dir(opts.export_cache_dir, opts.cache_dir)
-    outputs = {PREFILL_FILE: ["hidden"], VERIFY_FILE: ["hidden"]} if hidden else None
-    graphs = cached_export(export_dir, exported, spec, attention, exports, say, extra_outputs=outputs)
+    # A speculative build's prefill and verify also return the LM head's input, what a feature draft reads.
+    k = opts.generation.speculative_k
+    graphs = exported_graphs(export_dir, exported, spec, place.name, attention, k, say, hidden=bool(k))
     prefill = graphs[PREFILL_FILE]
-    # The target's own graph rewrites (onnxruntime: MatMul packing before the passes, contrib ops after them).
-    prepare, rewrite = backend.prepare_graphs, backend.rewrite_graphs
-    rewrites = prepare(graphs, spec) if prepare is not None else {}
-    for file_name, graph in graphs.items():
-        graph_name = file_name.removesuffix(".onnx")
-        if graph_passes:
-            passes = [p.for_graph(GRAPH_ROLES[file_name]) for p in graph_passes()]
-            say(f"running passes on the {graph_name} graph: {', '.join(p.name for p in passes)}")
-            dump = opts.passes.dump_ir / graph_name if opts.passes.dump_ir is not None else None
-            records = run_passes(graph, passes, dump)
-            pass_entries += [{**pass_entry(r), "graph": graph_name} for r in records]
-    for name, counts in (rewrite(graphs, spec) if rewrite is not None else {}).items():
-        rewrites[name] = {**rewrites.get(name, {}), **counts}
+    entries, rewrites = pass_graphs(graphs, spec, backend, graph_passes, say, dump_ir=opts.passes.dump_ir)
+    pass_entries += entries
     if opts.passes.dump_ir is not None:
         _dump_compiled(graphs, opts.passes.dump_ir, say)
     # The passes are deterministic, so equal weights stay equal and save_shared still stores them once.

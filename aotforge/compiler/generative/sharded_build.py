@@ -22,7 +22,6 @@ from typing import Any
 
 from aotforge.artifacts.hashing import sha256_file
 from aotforge.compiler.build_direct import DirectPlan
-from aotforge.compiler.build_plan import pass_entry
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import (
     ArtifactPlace,
@@ -45,9 +44,10 @@ from aotforge.compiler.generative.build import (
     export_and_store,
 )
 from aotforge.compiler.generative.decoder_stage import ShardRequest
-from aotforge.compiler.generative.export import decoder_spec, export_decode, export_prefill, export_verify, save_shared
-from aotforge.compiler.generative.export_cache import cached_export, export_cache_dir
+from aotforge.compiler.generative.export import decoder_spec, save_shared
+from aotforge.compiler.generative.export_cache import export_cache_dir
 from aotforge.compiler.generative.graph_passes import backend_target_passes, graph_passes_of
+from aotforge.compiler.generative.graph_stage import exported_graphs, pass_graphs
 from aotforge.compiler.generative.graphs import unsupported
 from aotforge.compiler.generative.pass_list import decoder_pass_options
 from aotforge.compiler.generative.source import CausalLM, load_causal_lm
@@ -56,11 +56,8 @@ from aotforge.compiler.isolation import run_isolated
 from aotforge.compiler.option_flags import flag_name
 from aotforge.compiler.options import BuildOptions
 from aotforge.core.decoder import (
-    DECODE_FILE,
-    GRAPH_ROLES,
     PREFILL_FILE,
     TEXT_GENERATION,
-    VERIFY_FILE,
     WEIGHTS_FILE,
     DecoderSpec,
     prefill_io,
@@ -68,7 +65,6 @@ from aotforge.core.decoder import (
 from aotforge.core.errors import OptionsError, UnsupportedModelError
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET
-from aotforge.passes.manager import run_passes
 from aotforge.targets import get_target, shard_runtime, sharded_targets
 from aotforge.targets.base import CompileResult, GenerativeBackend, Target
 from aotforge.targets.generative.runner import GenerativeRunner
@@ -138,37 +134,6 @@ def build_sharded(
     return export_and_store(opts, target, direct, started, say, export)
 
 
-def _shard_exports(
-    part: Any,
-    spec: DecoderSpec,
-    name: str,
-    attention: str,
-    scope_of: Callable[[Any], AbstractContextManager[Any]] | None,
-    verify: bool,
-    what: str,
-    say: Progress,
-) -> dict[str, Callable[[], Any]]:
-    """Each graph's export of one shard's part, by file name, saying so when it runs (a cached one does not)."""
-
-    def exporting(graph: str, export: Callable[[], Any]) -> Callable[[], Any]:
-        def run() -> Any:
-            say(f"exporting {what}: its {graph} graph")
-            return export()
-
-        return run
-
-    def prefill() -> Any:
-        return export_prefill(part, spec, name, attention, scope_of(part) if scope_of is not None else None)
-
-    exports = {
-        PREFILL_FILE: exporting("prefill", prefill),
-        DECODE_FILE: exporting("decode", lambda: export_decode(part, spec, name, attention)),
-    }
-    if verify:
-        exports[VERIFY_FILE] = exporting("verify", lambda: export_verify(part, spec, name, attention))
-    return exports
-
-
 def _export(
     model: Any,
     opts: BuildOptions,
@@ -209,22 +174,18 @@ def _export(
         part, shard_spec, what = split.shard(i)
         rel = f"{sharding.folder}/{i}"
         (stage / rel).mkdir(parents=True)
-        scope = split.prefill_scope
-        exports = _shard_exports(part, shard_spec, place.name, attention, scope, bool(verify_width), what, say)
+        scope = split.prefill_scope(part) if split.prefill_scope is not None else None
         # The part is a function of the model that was split (calibrated where a method scales weights) and this
         # tag: the export cache keys that model with it.
         tag = {"kind": sharding.kind, "degree": split.degree, "index": i, "split": split.tag}
-        graphs = cached_export(export_dir, exported, shard_spec, attention, exports, say, tag)
+        k = opts.generation.speculative_k
+        graphs = exported_graphs(
+            export_dir, exported, shard_spec, place.name, attention, k, say, part=part, prefill_scope=scope,
+            shard=tag, what=what,
+        )  # fmt: skip
         opset = graphs[PREFILL_FILE].opset_imports.get("", 0)
-        if backend.prepare_graphs is not None:
-            backend.prepare_graphs(graphs, shard_spec)
-        for file_name, graph in graphs.items():
-            if graph_passes:
-                records = run_passes(graph, [p.for_graph(GRAPH_ROLES[file_name]) for p in graph_passes()])
-                where = f"{rel}/{file_name.removesuffix('.onnx')}"
-                pass_entries += [{**pass_entry(r), "graph": where} for r in records]
-        if backend.rewrite_graphs is not None:
-            backend.rewrite_graphs(graphs, shard_spec)
+        entries, _ = pass_graphs(graphs, shard_spec, backend, graph_passes, say, f"{rel}/", opts.passes.dump_ir)
+        pass_entries += entries
         if opts.passes.dump_ir is not None:
             _dump_compiled(graphs, opts.passes.dump_ir / rel, say)
         weights[str(i)] = save_shared(graphs, stage / rel)["weights_file_bytes"]
