@@ -74,8 +74,6 @@ class LLMEngine:
         self._queue = (
             BatchQueue(self.pipelined, self.scheduler, config.max_batches_in_flight) if self.pipelined else None
         )
-        #: batches the runner may hold at once (1: each step runs to its end before the next is planned)
-        self.batches_in_flight = self._queue.depth if self._queue is not None else 1
 
     def _max_num_seqs(self, runner: ModelRunner) -> int:
         return min(self.config.max_num_seqs or runner.max_rows, runner.max_rows)
@@ -129,6 +127,11 @@ class LLMEngine:
         if seq is None or seq.finished:
             return None
         return self._finish(seq, FinishReason.ABORT)
+
+    @property
+    def batches_in_flight(self) -> int:
+        """Batches the runner may hold at once (1: each step runs to its end before the next is planned)."""
+        return self._queue.depth if self._queue is not None else 1
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running or self._queue)

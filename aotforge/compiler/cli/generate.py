@@ -84,13 +84,8 @@ def generate(
             ) from None
     loaded = load(artifact, placement=placement_from(workers, spread, ray_address))
     stop = loaded.stop_token_ids(kw["eos_token_id"], ignore_eos)  # type: ignore[arg-type]
-    if kw["draft"] is None:
+    if kw["draft"] is None:  # else a path: the call loads a draft artifact or a feature draft's directory
         del kw["draft"], kw["num_speculative_tokens"]
-    else:
-        from aotforge.targets.generative.feature_draft import is_feature_draft
-
-        if not is_feature_draft(kw["draft"]):  # a feature draft's directory is loaded by the call
-            kw["draft"] = load(kw["draft"])  # type: ignore[arg-type]
     new: list[int] = []
     for tokens in loaded.stream(np.array([ids], dtype=np.int64), ignore_eos=ignore_eos, **kw):  # type: ignore[arg-type]
         new.append(int(tokens[0]))

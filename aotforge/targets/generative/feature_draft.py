@@ -72,7 +72,7 @@ class FeatureDraft:
             raise DraftMismatchError(
                 f"the feature draft was made for a target of hidden size {self.hidden_size} and {self.vocab_size} "
                 f"tokens ({target}), {who} has hidden size {hidden_size} and {vocab} tokens: distill a feature draft "
-                "from this target's own model (`aotforge distill`)"
+                "from this target's own model (`aotforge distill-draft`)"
             )
 
 
@@ -88,12 +88,12 @@ def load_feature_draft(path: str | Path) -> FeatureDraft:
     except (OSError, ValueError, SafetensorError) as e:
         raise InputSpecError(
             f"{path} is not a readable feature draft ({CONFIG_FILE} and {WEIGHTS_FILE}): {e}; write it with "
-            "`aotforge distill` (or feature_draft.save_feature_draft)"
+            "`aotforge distill-draft` (or feature_draft.save_feature_draft)"
         ) from e
     if config.get("format") != FORMAT or config.get("version") != VERSION:
         raise InputSpecError(
             f"{path / CONFIG_FILE} is not an {FORMAT} v{VERSION} file (format {config.get('format')!r}, version "
-            f"{config.get('version')!r}): write it again with this aotforge's `aotforge distill`"
+            f"{config.get('version')!r}): write it again with this aotforge's `aotforge distill-draft`"
         )
     _check_shapes(weights, config, path)
     return FeatureDraft(weights, config)

@@ -146,8 +146,11 @@ class FeatureProposer:
         with self.blas.limit(limits=1, user_api="blas"):
             for i in range(ids.shape[1] - 1):
                 hidden, sub = self.draft.step(hidden, ids[:, i])
-                self.logits[:, vocab_ids] = sub
-                rule.propose(self.logits, out=ids[:, i + 1])
+                if isinstance(rule, Greedy):  # the sub-vocabulary's argmax: no scatter into the whole vocabulary
+                    ids[:, i + 1] = vocab_ids[sub.argmax(axis=-1)]
+                else:
+                    self.logits[:, vocab_ids] = sub
+                    rule.propose(self.logits, out=ids[:, i + 1])
         return ids.shape[1] - 1
 
     def accepted(self, row: int, kept: int, length: int) -> None:
