@@ -11,6 +11,7 @@ step of one batch is the runner's ``step``: its prompt chunks and decode in one 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -22,11 +23,12 @@ from aotforge.core.errors import InputSpecError, RankFailedError, describe
 from aotforge.runtime.batch_queue import BatchQueue, StepLogits, planned
 from aotforge.runtime.detokenizer import Detokenizer
 from aotforge.runtime.kv_blocks import SCRATCH_BLOCK, KVBlockManager
-from aotforge.runtime.outputs import FinishedRequestStats, FinishReason, RequestOutput, StepStats
+from aotforge.runtime.outputs import FinishReason, RequestOutput, StepStats
 from aotforge.runtime.params import EngineConfig, SamplingParams
 from aotforge.runtime.runner import ModelRunner, PipelinedRunner
 from aotforge.runtime.scheduler import Plan, Scheduler
 from aotforge.runtime.sequence import Sequence, Status
+from aotforge.runtime.step_inputs import StepInputs
 from aotforge.targets.generative.sampling import Sampler
 
 
@@ -62,8 +64,7 @@ class LLMEngine:
             )
         self.blocks = KVBlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         runner.allocate(num_blocks + 1, config.block_size)  # and the scratch block
-        #: how many blocks a table has: enough for the model's whole context
-        self.table_width = slot_blocks
+        self.inputs = StepInputs(runner, self.blocks, slot_blocks)
         self.scheduler = Scheduler(config, self.blocks, self._max_num_seqs(runner), runner.can_extend)
         self._sequences: dict[str, Sequence] = {}
         self._stats = StepStats()
@@ -82,11 +83,12 @@ class LLMEngine:
         """Run every decode width, a prompt and (if the runner has it) an extension once, before any request:
         ONNX Runtime plans each new input shape on its first run, which would land on the first requests' latency.
         Every table is all scratch block, so what this writes is never read."""
+        width = self.inputs.table_width
         widths = sorted({self.runner.decode_rows(n) for n in range(1, self.scheduler.max_num_seqs + 1)})
         for rows in widths:
             zeros = np.zeros(rows, dtype=np.int64)
-            self.runner.decode(zeros, zeros, np.full((rows, self.table_width), SCRATCH_BLOCK, dtype=np.int64))
-        table = np.full(self.table_width, SCRATCH_BLOCK, dtype=np.int64)
+            self.runner.decode(zeros, zeros, np.full((rows, width), SCRATCH_BLOCK, dtype=np.int64))
+        table = np.full(width, SCRATCH_BLOCK, dtype=np.int64)
         self.runner.prefill(np.zeros(min(16, self.max_model_len), dtype=np.int64), table)
         if self.runner.can_extend and self.max_model_len > 20:
             self.runner.extend(np.zeros(4, dtype=np.int64), 16, table)
@@ -153,14 +155,19 @@ class LLMEngine:
         return outputs
 
     def _step_plain(self, plan: Plan) -> list[RequestOutput]:
+        """Each prompt chunk in its own call (a failure there is that request's alone), then the decode."""
         outputs: list[RequestOutput] = []
         for seq, n in plan.prefills:
             if not seq.finished:  # a lost KV cache (below) ends the step's other sequences too
-                outputs += self._run_prefill(seq, n)
-        plan.decodes = [seq for seq in plan.decodes if not seq.finished]
-        if plan.decodes:
-            outputs += self._run_decode(plan)
+                outputs += self._outputs(Plan(prefills=[(seq, n)]), functools.partial(self._prefill, seq, n))
+        decodes = Plan(decodes=[seq for seq in plan.decodes if not seq.finished])
+        if decodes.decodes:
+            outputs += self._outputs(decodes, lambda: ([], self.runner.decode(*self.inputs.decode(decodes))))
         return outputs
+
+    def _prefill(self, seq: Sequence, n: int) -> StepLogits:
+        tokens, start, table = self.inputs.chunk(seq, n)
+        return [self.runner.prefill(tokens, table) if start == 0 else self.runner.extend(tokens, start, table)], None
 
     def _schedule(self, max_seqs: int = 0) -> Plan:
         plan = self.scheduler.schedule(max_seqs)
@@ -180,7 +187,7 @@ class LLMEngine:
             plan = self._schedule(queue.batch_seqs())
             if plan.prefills or plan.decodes:
                 try:
-                    queue.submit(plan, *self._step_inputs(plan))
+                    queue.submit(plan, *self.inputs.step(plan))
                 except RankFailedError as e:
                     return self._lost_cache(e)
                 except Exception as e:
@@ -191,29 +198,17 @@ class LLMEngine:
             return []
         return self._outputs(queue.oldest(), queue.collect)
 
-    def _step_inputs(self, plan: Plan) -> tuple[list[tuple[np.ndarray, int, np.ndarray]], Any]:
-        """A step's prompt chunks and decode, as ``ModelRunner.step`` takes them."""
-        chunks = [
-            (
-                np.asarray(seq.all_ids[seq.num_computed : seq.num_computed + n], np.int64),
-                seq.num_computed,
-                self._table(seq),
-            )
-            for seq, n in plan.prefills
-        ]
-        return chunks, self._decode_inputs(plan) if plan.decodes else None
-
     def _run_step(self, runner: PipelinedRunner, plan: Plan) -> list[RequestOutput]:
         """The step's prompt chunks and its decode as one call of the runner's ``step`` (``runner.py``)."""
         if not (plan.prefills or plan.decodes):
             return []
-        chunks, decode = self._step_inputs(plan)
+        chunks, decode = self.inputs.step(plan)
         return self._outputs(plan, lambda: runner.step(chunks, decode))
 
     def _outputs(self, plan: Plan, call: Callable[[], StepLogits]) -> list[RequestOutput]:
-        """``call`` (the runner's ``step`` or ``collect`` of ``plan``) and what its logits make. A failure fails the
-        plan's sequences, or every sequence in the pool where a rank died. A sequence aborted while its batch was in
-        flight is finished already: what the batch made for it goes."""
+        """``call`` (the runner's work on ``plan``: a prompt chunk, a decode, or a pipelined ``step`` / ``collect``) and
+        what its logits make. A failure fails the plan's sequences, or every sequence in the pool where a rank died.
+        A sequence aborted while its batch was in flight is finished already: what the batch made for it goes."""
         try:
             prompt_logits, logits = call()
         except RankFailedError as e:
@@ -233,30 +228,10 @@ class LLMEngine:
         why = f"the model runner failed: {describe(e, last=True)}"
         return [self._finish(seq, FinishReason.ERROR, why) for seq in planned(plan) if not seq.finished]
 
-    def _table(self, seq: Sequence) -> np.ndarray:
-        table = np.full(self.table_width, SCRATCH_BLOCK, dtype=np.int64)
-        blocks = self.blocks.tables[seq.request_id]
-        table[: len(blocks)] = blocks
-        return table
-
     def _computed(self, seq: Sequence, n: int) -> None:
         """``n`` more positions of ``seq`` hold their keys and values: its newly full blocks join the cache."""
         seq.num_computed += n
         self.blocks.cache_full_blocks(seq.request_id, seq.all_ids[: seq.num_computed])
-
-    def _run_prefill(self, seq: Sequence, n: int) -> list[RequestOutput]:
-        start = seq.num_computed
-        tokens = np.asarray(seq.all_ids[start : start + n], dtype=np.int64)
-        try:
-            if start == 0:
-                logits = self.runner.prefill(tokens, self._table(seq))
-            else:
-                logits = self.runner.extend(tokens, start, self._table(seq))
-        except RankFailedError as e:
-            return self._lost_cache(e)
-        except Exception as e:  # one request's fault, not the server's
-            return [self._finish(seq, FinishReason.ERROR, f"the model runner failed: {describe(e, last=True)}")]
-        return self._prefilled(seq, n, logits)
 
     def _prefilled(self, seq: Sequence, n: int, logits: np.ndarray) -> list[RequestOutput]:
         self._computed(seq, n)
@@ -264,25 +239,6 @@ class LLMEngine:
         if seq.num_computed < seq.num_tokens:
             return []  # more chunks to come
         return [self._append(seq, logits)]
-
-    def _decode_inputs(self, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        rows = self.runner.decode_rows(len(plan.decodes))
-        ids = np.zeros(rows, dtype=np.int64)
-        positions = np.zeros(rows, dtype=np.int64)
-        tables = np.full((rows, self.table_width), SCRATCH_BLOCK, dtype=np.int64)
-        for row, seq in enumerate(plan.decodes):
-            ids[row], positions[row], tables[row] = seq.all_ids[-1], seq.num_computed, self._table(seq)
-        return ids, positions, tables
-
-    def _run_decode(self, plan: Plan) -> list[RequestOutput]:
-        try:
-            logits = self.runner.decode(*self._decode_inputs(plan))
-        except RankFailedError as e:
-            return self._lost_cache(e)
-        except Exception as e:
-            why = f"the model runner failed: {describe(e, last=True)}"
-            return [self._finish(seq, FinishReason.ERROR, why) for seq in plan.decodes]
-        return self._decoded(plan, logits)
 
     def _decoded(self, plan: Plan, logits: np.ndarray) -> list[RequestOutput]:
         outputs = []
@@ -331,20 +287,7 @@ class LLMEngine:
         self.scheduler.finish(seq)
         seq.finish_reason, seq.error = reason, error
         del self._sequences[seq.request_id]
-        now = time.monotonic()
-        start = seq.scheduled_at if seq.scheduled_at is not None else now
-        first = seq.first_token_at if seq.first_token_at is not None else now
-        self._stats.finished.append(
-            FinishedRequestStats(
-                finish_reason=reason,
-                prompt_tokens=len(seq.prompt_ids),
-                generation_tokens=len(seq.output_ids),
-                e2e_latency_s=now - seq.arrival,
-                queue_time_s=start - seq.arrival,
-                prefill_time_s=first - start if was_running or seq.first_token_at else 0.0,
-                decode_time_s=now - first,
-            )
-        )
+        self._stats.finished.append(seq.stats(reason, was_running, time.monotonic()))
         return self._output(seq, new, seq.detokenizer.take(final=True))
 
     def _output(self, seq: Sequence, new: tuple[int, ...], text: str) -> RequestOutput:

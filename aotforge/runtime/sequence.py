@@ -7,7 +7,7 @@ import enum
 import time
 
 from aotforge.runtime.detokenizer import Detokenizer
-from aotforge.runtime.outputs import FinishReason
+from aotforge.runtime.outputs import FinishedRequestStats, FinishReason
 from aotforge.runtime.params import SamplingParams
 from aotforge.targets.generative.sampling import Sampler, SamplingOptions
 
@@ -64,3 +64,17 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    def stats(self, reason: FinishReason, was_running: bool, now: float) -> FinishedRequestStats:
+        """What the metrics record of this request as it ends at ``now`` (``was_running``: it had been scheduled)."""
+        start = self.scheduled_at if self.scheduled_at is not None else now
+        first = self.first_token_at if self.first_token_at is not None else now
+        return FinishedRequestStats(
+            finish_reason=reason,
+            prompt_tokens=len(self.prompt_ids),
+            generation_tokens=len(self.output_ids),
+            e2e_latency_s=now - self.arrival,
+            queue_time_s=start - self.arrival,
+            prefill_time_s=first - start if was_running or self.first_token_at else 0.0,
+            decode_time_s=now - first,
+        )
