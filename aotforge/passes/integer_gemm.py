@@ -4,7 +4,9 @@ At many rows (a prompt of a hundred tokens or more) MatMulNBits' int8-compute ke
 GEMM, where MLAS's u8 x s8 QGEMM runs several times faster (docs/benchmarks.md); at one row a step streams its
 weights and 4 bits win. So a decoder's prompt graphs may take this form while its decode graph keeps MatMulNBits.
 
-Weights: int8, symmetric, one scale per output column. Activations: int8 per row (one scale per token, its
+Weights: int8, symmetric, one scale per output column; where this CPU's u8 x s8 GEMM saturates (``integer_range``)
+they go in as uint8 shifted by 128 with that zero point (MLAS's u8 x u8 GEMM adds its products in int32): the
+same values and results, without the saturation. Activations: int8 per row (one scale per token, its
 largest magnitude over K mapped to 127), shifted by 128 to the uint8 the fast kernel takes. A row's result
 depends on that row alone (int32 accumulation is exact, the scales are its own), so a prompt gives the same
 values whole or in chunks and whatever else shares the batch, which a per-tensor scale
@@ -26,13 +28,18 @@ def int8_per_column(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale
 
 
-def integer_gemm(graph: ir.Graph, node: ir.Node) -> None:
+def integer_gemm(graph: ir.Graph, node: ir.Node, unsigned_weights: bool = False) -> None:
     """Replace ``node`` (``MatMul(A, W)``, W a constant 2-D float weight) by the integer GEMM of the module
-    docstring; its output value keeps its name and uses."""
+    docstring (``unsigned_weights``: its weights as uint8 around 128); its output value keeps its name and uses."""
     activation, weight = node.inputs[0], node.inputs[1]
     assert activation is not None and weight is not None and weight.const_value is not None
     quantized, scale = int8_per_column(weight.const_value.numpy().astype(np.float32))
-    w = add_initializer(graph, f"{weight.name}_int8", quantized, share=True)
+    if unsigned_weights:
+        w = add_initializer(
+            graph, f"{weight.name}_uint8", (quantized.astype(np.int16) + 128).astype(np.uint8), share=True
+        )
+    else:
+        w = add_initializer(graph, f"{weight.name}_int8", quantized, share=True)
     w_scale = add_initializer(graph, f"{weight.name}_int8_scale", scale, share=True)
     inv = add_initializer(graph, "integer_gemm_inv127", np.array(1 / 127, np.float32), share=True)
     # An all-zero row: 0, not NaN.
@@ -52,7 +59,8 @@ def integer_gemm(graph: ir.Graph, node: ir.Node) -> None:
     rounded = ir.node("Round", [scaled.outputs[0]], name=f"{name}_round")
     shifted = ir.node("Add", [rounded.outputs[0], shift], name=f"{name}_shift")
     as_u8 = ir.node("Cast", [shifted.outputs[0]], {"to": ir.DataType.UINT8}, name=f"{name}_u8")
-    gemm = ir.node("MatMulInteger", [as_u8.outputs[0], w, zero], name=f"{name}_int8")
+    gemm_inputs = [as_u8.outputs[0], w, zero, *([zero] if unsigned_weights else [])]
+    gemm = ir.node("MatMulInteger", gemm_inputs, name=f"{name}_int8")
     as_float = ir.node("Cast", [gemm.outputs[0]], {"to": ir.DataType.FLOAT}, name=f"{name}_float")
     by_column = ir.node("Mul", [as_float.outputs[0], w_scale], name=f"{name}_column_scale")
     by_row = ir.node("Mul", [by_column.outputs[0], safe.outputs[0]], name=f"{name}_scaled_back")
@@ -62,9 +70,9 @@ def integer_gemm(graph: ir.Graph, node: ir.Node) -> None:
         del graph.initializers[weight.name]
 
 
-def integer_gemms(model: ir.Model, names: list[str]) -> list[str]:
+def integer_gemms(model: ir.Model, names: list[str], unsigned_weights: bool = False) -> list[str]:
     """The MatMuls of ``names`` (constant 2-D weights) as integer GEMM; the names rewritten."""
     nodes = [n for n in model.graph if str(n.name) in set(names) and n.op_type == "MatMul"]
     for node in nodes:
-        integer_gemm(model.graph, node)
+        integer_gemm(model.graph, node, unsigned_weights)
     return [str(n.name) for n in nodes]

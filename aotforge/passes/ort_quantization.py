@@ -14,6 +14,8 @@ from pathlib import Path
 import onnx_ir as ir
 import onnx_ir.external_data
 
+from aotforge.passes.integer_range import IntegerWeights
+
 #: Ops that mean a graph is already quantized (QAT's QDQ pairs or an earlier INT8 pass).
 QUANTIZED_OPS = frozenset(
     {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
@@ -51,9 +53,10 @@ def adopt(model: ir.Model, quantized: ir.Model) -> None:
 
 
 def quantize_dynamic_int8(
-    model: ir.Model, per_channel: bool, op_types: tuple[str, ...], exclude: list[str], reduce_range: bool = False
+    model: ir.Model, per_channel: bool, op_types: tuple[str, ...], exclude: list[str], weights: IntegerWeights
 ) -> None:
-    """ONNX Runtime's dynamic quantization of ``model`` in place: int8 weights, uint8 activations at run time."""
+    """ONNX Runtime's dynamic quantization of ``model`` in place: ``weights`` (resolved, ``integer_range``), uint8
+    activations at run time."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     def quantize(src: Path, dst: Path) -> None:
@@ -62,8 +65,8 @@ def quantize_dynamic_int8(
             dst,
             op_types_to_quantize=list(op_types) or None,
             per_channel=per_channel,
-            reduce_range=reduce_range,
-            weight_type=QuantType.QInt8,
+            reduce_range=weights is IntegerWeights.INT8_7BIT,
+            weight_type=QuantType.QUInt8 if weights is IntegerWeights.UINT8 else QuantType.QInt8,
             nodes_to_exclude=exclude,
         )
 

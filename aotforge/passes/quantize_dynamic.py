@@ -26,6 +26,7 @@ from aotforge.core.errors import OptionsError, PassFailedError
 from aotforge.passes import quantize_prepare as prep
 from aotforge.passes.base import GraphPass
 from aotforge.passes.calibration_feeds import load_samples
+from aotforge.passes.integer_range import IntegerWeights, integer_weights
 from aotforge.passes.ort_quantization import (
     QUANTIZED_OPS,
     adopt,
@@ -44,8 +45,9 @@ _QUANTIZABLE = frozenset({"MatMul", "Gemm", "Conv", "Attention", "LSTM", "Gather
 class QuantizeDynamicParams:
     #: One scale per output channel of each weight: much closer to fp32 on transformers.
     per_channel: bool = True
-    #: 7-bit weights, for CPUs without VNNI where u8s8 products can saturate.
-    reduce_range: bool = False
+    #: The weights' integer type: int8, int8-7bit (ONNX Runtime's reduce_range), uint8, or ``auto``: int8 where this
+    #: CPU's integer GEMM is exact, uint8 where it saturates (x86-64 without VNNI; ``integer_range``).
+    weights: IntegerWeights = IntegerWeights.AUTO
     #: Op types to quantize; empty means ONNX Runtime's default set. ``Attention`` (fuse-ort's) becomes
     #: QAttention where its mask is proved (else it stays float); graphs without it are unaffected.
     op_types: tuple[str, ...] = ("MatMul", "Gemm", "Attention")
@@ -89,6 +91,7 @@ class QuantizeDynamicParams:
             raise OptionsError("pass int8-dynamic: min_cosine / min_sample_cosine need calibration_dir to measure on")
         for shape in self.exclude_weight_shapes:
             _parse_shape(shape)
+        integer_weights(self.weights, "pass int8-dynamic")
 
 
 class QuantizeDynamicPass(GraphPass):
@@ -115,7 +118,9 @@ class QuantizeDynamicPass(GraphPass):
         calibration, held_out = split_held_out(loaded, p.samples, p.eval_samples) if budget else (loaded, [])
         gate = _load(model, p.eval_dir, p.eval_samples)
         fp32 = copy_model(model) if budget or gate else None
+        weights, why = integer_weights(p.weights, "pass int8-dynamic")
         self.stats = {"candidates": len(candidates), "calibration_samples": len(calibration)}
+        self.stats["weights"] = {"type": weights.value, "why": why}
         self._prepare(model, wanted, calibration, excluded)
         configured = Method("dynamic", p.per_channel, smooth_alpha=p.smooth_alpha, smooth_min_ratio=p.smooth_min_ratio)
         record: dict = {}
@@ -186,7 +191,8 @@ class QuantizeDynamicPass(GraphPass):
         model = copy_model(prepared)
         if method.smooth_alpha:
             prep.smooth(model, calibration, method.smooth_alpha, method.smooth_min_ratio, exclude)
-        quantize_dynamic_int8(model, method.per_channel, p.op_types, exclude, p.reduce_range)
+        weights, _ = integer_weights(p.weights, "pass int8-dynamic")
+        quantize_dynamic_int8(model, method.per_channel, p.op_types, exclude, weights)
         return model
 
     def _gate(self, fp32: ir.Model, model: ir.Model, held_out: list[Feeds]) -> dict:

@@ -36,6 +36,7 @@ from aotforge.core.errors import OptionsError
 from aotforge.passes import quantize_prepare as prep
 from aotforge.passes.base import GraphPass
 from aotforge.passes.calibration_feeds import load_samples, random_samples
+from aotforge.passes.integer_range import IntegerWeights, integer_weights
 from aotforge.passes.ort_quantization import (
     QUANTIZED_OPS,
     adopt,
@@ -82,6 +83,9 @@ class QuantizeStaticParams:
     quantize_bias: bool = True
     #: Op types to quantize; empty means ONNX Runtime's default set.
     op_types: tuple[str, ...] = ()
+    #: The weights' integer type: int8, int8-7bit (ONNX Runtime's reduce_range), uint8, or ``auto``: int8 where this
+    #: CPU's integer GEMM is exact, uint8 where it saturates (x86-64 without VNNI; ``integer_range``).
+    weights: IntegerWeights = IntegerWeights.AUTO
     nodes_to_exclude: tuple[str, ...] = ()
     #: Random samples drawn without a directory, and the most files read from one.
     samples: int = 16
@@ -111,6 +115,7 @@ class QuantizeStaticParams:
         except ValueError:
             valid = ", ".join(a.value for a in Activations)
             raise OptionsError(f"pass int8: activations {self.activations!r} is unknown; use {valid}") from None
+        integer_weights(self.weights, "pass int8")
 
 
 class QuantizeStaticPass(GraphPass):
@@ -160,6 +165,9 @@ class QuantizeStaticPass(GraphPass):
             "calibration_samples": len(samples),
             "calibration_source": p.calibration_dir or f"random (seed {p.seed})",
         }
+        signed = chosen["kind"] != "dynamic" and chosen.get("activations") == Activations.INT8.value
+        weights, why = integer_weights(p.weights, "pass int8", signed)
+        self.stats["weights"] = {"type": weights.value, "why": why}
         smoothed = prep.smoothed_nodes(model)
         if smoothed:
             self.stats["smoothed"] = {"alpha": chosen["smooth_alpha"], "nodes": len(smoothed), "names": smoothed}
@@ -207,8 +215,10 @@ class QuantizeStaticPass(GraphPass):
         excluded = [*p.nodes_to_exclude, *exclude]
         if method.smooth_alpha:
             prep.smooth(model, samples, method.smooth_alpha, method.smooth_min_ratio, excluded)
+        signed = method.kind != "dynamic" and Activations(method.activations) is Activations.INT8
+        weights, _ = integer_weights(p.weights, "pass int8", signed)
         if method.kind == "dynamic":
-            quantize_dynamic_int8(model, method.per_channel, ("MatMul", "Gemm"), excluded)
+            quantize_dynamic_int8(model, method.per_channel, ("MatMul", "Gemm"), excluded, weights)
             return model
 
         def quantize(src: Path, dst: Path) -> None:
@@ -219,8 +229,9 @@ class QuantizeStaticPass(GraphPass):
                 quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=list(p.op_types) or None,
                 per_channel=method.per_channel,
+                reduce_range=weights is IntegerWeights.INT8_7BIT,
                 activation_type=_ORT_ACTIVATION[Activations(method.activations)],
-                weight_type=QuantType.QInt8,
+                weight_type=QuantType.QUInt8 if weights is IntegerWeights.UINT8 else QuantType.QInt8,
                 nodes_to_exclude=excluded,
                 calibrate_method=_ORT_METHOD[p.method],
                 extra_options={

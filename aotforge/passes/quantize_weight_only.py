@@ -28,6 +28,7 @@ from aotforge.core.decoder_layers import layer_indices
 from aotforge.core.errors import OptionsError
 from aotforge.passes.base import GraphPass, GraphRole
 from aotforge.passes.integer_gemm import integer_gemms
+from aotforge.passes.integer_range import saturating_cpu
 from aotforge.passes.ort_quantization import op_counts, quantize_through_files
 from aotforge.passes.weight_matmuls import (
     gemms_as_matmuls,
@@ -113,7 +114,9 @@ class QuantizeWeightOnlyPass(GraphPass):
         float_bytes = sum(weight_bytes(model, n) for n in candidates)
         gemms_as_matmuls(model, candidates)
         bits_of = self._bits_by_node(model, candidates)
-        integer = integer_gemms(model, [n for n in candidates if n not in self._head_names]) if p.prompt_int8 else []
+        saturates = saturating_cpu()  # then uint8 weights (``integer_gemm``)
+        body = [n for n in candidates if n not in self._head_names]
+        integer = integer_gemms(model, body, bool(saturates)) if p.prompt_int8 else []
         bits_of = {n: b for n, b in bits_of.items() if n not in integer}
 
         def quantize(src: Path, dst: Path) -> None:
@@ -172,7 +175,7 @@ class QuantizeWeightOnlyPass(GraphPass):
             **({"head_bits": p.head_bits, "head": heads} if (heads := self._heads(bits_of)) else {}),
             **({"layers_8bit": list(p.layers_8bit)} if p.layers_8bit else {}),
             "bits_by_node": {n: bits_of.get(n, 8) for n in taken},
-            **({"integer_gemm": integer} if integer else {}),
+            **({"integer_gemm": integer, "integer_gemm_weights": "uint8" if saturates else "int8"} if integer else {}),
             "excluded": list(p.nodes_to_exclude),
             "taken": taken,
             "not_taken": dict(sorted(not_taken.items())),
