@@ -185,3 +185,25 @@ def test_refusals_name_the_fix(tmp_path: Path) -> None:
     biased.lm_head = torch.nn.Linear(64, 500, bias=True)
     with pytest.raises(InputSpecError, match="LM head has a bias"):
         feature_draft(biased, np.arange(10), 0)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_the_pools_features_are_a_prefills_of_its_continuations(arch: str) -> None:
+    """The features kept from the pass that continues the pool equal the teacher's prefill over the continued
+    sequences (what the training read before, at one more teacher pass)."""
+    from aotforge.compiler.training.teacher import Teacher
+    from aotforge.compiler.training.teacher_data import teacher_sequences
+    from aotforge.compiler.training.teacher_features import continued_features, teacher_features
+    from tests.llm_models import tiny_causal_lm
+
+    model = tiny_causal_lm(arch)
+    teacher = Teacher(model, np.arange(3, 303, dtype=np.int64), None)
+    prompts = np.random.default_rng(0).integers(0, model.config.vocab_size, (5, 7))
+    kept = continued_features(teacher, prompts, 6, 4)
+    plain = teacher_sequences(teacher, prompts, 6, 4)
+    prefill = teacher_features(teacher, plain.ids, 4)
+    assert np.array_equal(kept.ids, plain.ids) and kept.hidden.shape == prefill.hidden.shape
+    np.testing.assert_allclose(kept.hidden.astype(np.float32), prefill.hidden.astype(np.float32), atol=2e-3)
+    assert np.array_equal(kept.greedy, prefill.greedy) and np.array_equal(kept.top_ids, prefill.top_ids)
+    assert np.array_equal(kept.greedy[:, 6:-1], kept.ids[:, 7:])  # the continuation is the teacher's greedy path
+    assert continued_features(teacher, prompts, 6, 4).cached
