@@ -104,8 +104,8 @@ class Placement:
 @dataclasses.dataclass(frozen=True)
 class FeatureDraftOptions:
     """How ``aotforge distill-draft`` trains a feature draft (``feature_draft.py``) and what it may spend. The pool's
-    sizes (``seq_len``, ``continuation``, ``pool``, ``top_k``, ``seed``) are ``make bench-draft``'s token draft's, so
-    both read the same cached teacher continuations."""
+    sizes (``seq_len``, ``continuation``, ``pool``, ``top_k``, ``seed``) are ``make bench-draft``'s token draft's: the
+    same prompts continued (its features kept from that pass, so cached apart from the token draft's pool)."""
 
     #: Process CPU-time budget, CPU-minutes (all threads), the teacher's pool and features included: 2 cores for 15
     #: minutes, the issue's allowance for a draft.
