@@ -126,8 +126,8 @@ class FeatureDraftOptions:
     #: Of those, at most this many are the positions whose logits the response and greedy losses read (a random
     #: subset: the batch's rows are drawn at random), the feature loss reading all; 0: the whole batch. The head's
     #: matmul over the sub-vocabulary and its softmax cost most of a step, the feature loss little: a subset buys
-    #: more steps.
-    logit_batch: int = 512
+    #: more steps, each with less of the logits' signal (whether that pays is not measured yet: off by default).
+    logit_batch: int = 0
     lr: float = 1e-3
     warmup_steps: int = 20
     #: After the warm-up: ``constant``, or ``cosine``, decayed to 0 over the budget.
