@@ -185,3 +185,65 @@ def test_refusals_name_the_fix(tmp_path: Path) -> None:
     biased.lm_head = torch.nn.Linear(64, 500, bias=True)
     with pytest.raises(InputSpecError, match="LM head has a bias"):
         feature_draft(biased, np.arange(10), 0)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_the_pools_features_are_a_prefills_of_its_continuations(arch: str) -> None:
+    """The features kept from the pass that continues the pool equal the teacher's prefill over the continued
+    sequences (what the training read before, at one more teacher pass)."""
+    from aotforge.compiler.training.teacher import Teacher
+    from aotforge.compiler.training.teacher_data import teacher_sequences
+    from aotforge.compiler.training.teacher_features import continued_features, teacher_features
+    from tests.llm_models import tiny_causal_lm
+
+    model = tiny_causal_lm(arch)
+    teacher = Teacher(model, np.arange(3, 303, dtype=np.int64), None)
+    prompts = np.random.default_rng(0).integers(0, model.config.vocab_size, (5, 7))
+    kept = continued_features(teacher, prompts, 6, 4)
+    plain = teacher_sequences(teacher, prompts, 6, 4)
+    prefill = teacher_features(teacher, plain.ids, 4)
+    assert np.array_equal(kept.ids, plain.ids) and kept.hidden.shape == prefill.hidden.shape
+    np.testing.assert_allclose(kept.hidden.astype(np.float32), prefill.hidden.astype(np.float32), atol=2e-3)
+    assert np.array_equal(kept.greedy, prefill.greedy) and np.array_equal(kept.top_ids, prefill.top_ids)
+    assert np.array_equal(kept.greedy[:, 6:-1], kept.ids[:, 7:])  # the continuation is the teacher's greedy path
+    assert continued_features(teacher, prompts, 6, 4).cached
+
+
+def test_the_logit_losses_read_the_first_logit_batch_positions() -> None:
+    """``--logit-batch N``: the response loss of a step is that of its first N positions alone (0: of all)."""
+    import dataclasses
+
+    import torch
+
+    from aotforge.compiler.training.feature_distill import Positions, chain_loss
+    from aotforge.compiler.training.feature_draft import feature_draft
+    from aotforge.compiler.training.options import FeatureDraftOptions
+    from aotforge.compiler.training.teacher_features import TeacherFeatures
+    from aotforge.targets.generative.draft_vocab import DraftVocab
+    from tests.llm_models import tiny_causal_lm
+
+    model = tiny_causal_lm("llama")
+    ids = np.arange(3, 303, dtype=np.int64)
+    draft = feature_draft(model, ids, 96, seed=1)
+    rng = np.random.default_rng(0)
+    n, length, d = 6, 12, int(model.config.hidden_size)
+    made = TeacherFeatures(
+        rng.integers(0, 300, (n, length)),
+        rng.standard_normal((n, length, d)).astype(np.float16),
+        rng.integers(0, 300, (n, length)),
+        rng.integers(0, 300, (n, length, 4)).astype(np.int32),
+        rng.standard_normal((n, length, 4)).astype(np.float16),
+        0.0,
+        0.0,
+        False,
+    )
+    data, vocab = Positions.of(made), DraftVocab(ids, 0)
+    table = torch.from_numpy(vocab.to_draft(int(model.config.vocab_size)))
+    rows, starts = torch.tensor([0, 3, 5, 1, 2]), torch.tensor([0, 4, 2, 7, 1])
+    options = dataclasses.replace(FeatureDraftOptions(), feature_weight=0.0, chain=3)
+    with torch.no_grad():
+        every = chain_loss(draft, data, rows, starts, table, vocab, options)
+        assert torch.allclose(every, chain_loss(draft, data, rows, starts, table, vocab, options, len(rows)))
+        first = chain_loss(draft, data, rows, starts, table, vocab, options, 2)
+        assert torch.allclose(first, chain_loss(draft, data, rows[:2], starts[:2], table, vocab, options))
+        assert not torch.allclose(first, every)

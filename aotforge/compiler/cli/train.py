@@ -43,6 +43,7 @@ _DRAFT_HELP = {
     "chain": "Chain steps trained per position (step 2 on reads the draft's own output).",
     "chain_decay": "Chain step i's loss weighs chain_decay ** (i - 1).",
     "batch": "Positions per step.",
+    "logit_batch": "Of those, the positions the logit losses read (the feature loss reads all); 0: all.",
     "response_weight": "Weight of the KL from the teacher's top-k logits.",
     "greedy_weight": "Weight of the cross-entropy on the teacher's greedy token.",
     "feature_weight": "Weight of the smooth-L1 loss to the teacher's next feature.",

@@ -37,7 +37,12 @@ from aotforge.compiler.training.feature_draft import FeatureDraft
 from aotforge.compiler.training.options import FeatureDraftOptions
 from aotforge.compiler.training.teacher import Teacher
 from aotforge.compiler.training.teacher_data import teacher_sequences
-from aotforge.compiler.training.teacher_features import TeacherFeatures, teacher_features
+from aotforge.compiler.training.teacher_features import (
+    TeacherFeatures,
+    continued_features,
+    joined,
+    teacher_features,
+)
 from aotforge.compiler.training.text import TokenStreams
 from aotforge.targets.generative.draft_vocab import DraftVocab
 
@@ -78,14 +83,16 @@ def train_feature_draft(
     teacher.eval()
     autocast = _autocast_dtype()
     fast = Teacher(teacher, vocab.ids, autocast)
-    # The same prompts, drawn first from the same seed, as ``aotforge distill --continuation``'s: one cached pool.
+    # The same prompts, drawn first from the same seed, as ``aotforge distill --continuation``'s pool; the features
+    # of its sequences are kept from the pass that decodes them, the text windows' come from one prefill.
     prompt = options.seq_len - options.continuation
-    pool = teacher_sequences(
+    pool = continued_features(
         fast, _prompts(streams.train, prompt, options.pool, rng), options.continuation, options.top_k
     )
     text = _prompts(streams.train, options.seq_len, options.text_windows, rng) if options.text_windows else None
-    ids = pool.ids if text is None else np.concatenate([pool.ids, text])
-    made = teacher_features(fast, ids, options.top_k)
+    windows = teacher_features(fast, text, options.top_k) if text is not None else None
+    made = pool if windows is None else joined(pool, windows)
+    ids = made.ids
     say(f"teacher's features of {len(ids)} sequences ({len(pool.ids)} continued) in {made.cpu_seconds:.0f} CPU s")
     held = held_out(teacher, streams, vocab, options, prompt)
     before = score(draft, held, options, vocab, prompt)
@@ -96,7 +103,7 @@ def train_feature_draft(
         draft.head.requires_grad_(False)
         params = [p for p in params if p is not draft.head]
     optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0)
-    budget = Budget(options, pool, made)
+    budget = Budget(options, made)
     step, losses = 0, []
     draft.train()
     while (spent := budget.spent(step)) < 1.0:
@@ -105,7 +112,7 @@ def train_feature_draft(
         rows = torch.from_numpy(rng.integers(0, len(ids), size=options.batch))
         starts = torch.from_numpy(rng.integers(0, ids.shape[1] - options.chain, size=options.batch))
         with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
-            loss = chain_loss(draft, data, rows, starts, table, vocab, options)
+            loss = chain_loss(draft, data, rows, starts, table, vocab, options, options.logit_batch)
         losses.append(descend(optimizer, loss, params))
         step += 1
         if step % 20 == 0:
@@ -123,8 +130,8 @@ def train_feature_draft(
         "train_seconds": round(seconds, 1),
         "train_cpu_seconds": round(cpu_seconds, 1),
         "pool_cpu_seconds": round(pool.cpu_seconds, 1),
-        "features_cpu_seconds": round(made.cpu_seconds, 1),
-        "cached": {"pool": pool.cached, "features": made.cached},
+        "features_cpu_seconds": round(windows.cpu_seconds if windows is not None else 0.0, 1),
+        "cached": {"pool": pool.cached, "features": windows.cached if windows is not None else True},
         "positions_seen": step * options.batch,
         "training_positions": int(ids.shape[0] * (ids.shape[1] - options.chain)),
         "autocast": str(autocast).replace("torch.", "") if autocast is not None else "float32",
@@ -144,22 +151,25 @@ def chain_loss(
     table: torch.Tensor,
     vocab: DraftVocab,
     options: FeatureDraftOptions,
+    logit_rows: int = 0,
 ) -> torch.Tensor:
-    """The weighted loss of ``options.chain`` unrolled steps from positions ``(rows, starts)``."""
+    """The weighted loss of ``options.chain`` unrolled steps from positions ``(rows, starts)``; the logit losses
+    read the first ``logit_rows`` of them (0: all)."""
     h = data.hidden[rows, starts].float()
     total, weights = torch.zeros(()), 0.0
+    some = slice(0, logit_rows or len(rows))
     for j in range(1, options.chain + 1):
         at = starts + j
         y = draft.step(h, data.ids[rows, at])
-        logits = draft.logits(y).float()
         want = data.hidden[rows, at].float()
         loss = options.feature_weight * F.smooth_l1_loss(y.float(), want)
+        logits, few, few_at = draft.logits(y[some]).float(), rows[some], at[some]
         if options.response_weight:
-            top_ids, top_logits = data.top_ids[rows, at].long(), data.top_logits[rows, at].float()
+            top_ids, top_logits = data.top_ids[few, few_at].long(), data.top_logits[few, few_at].float()
             response = sparse_response_loss(logits, top_ids, top_logits, options.temperature)
             loss = loss + options.response_weight * response
         if options.greedy_weight:
-            greedy = data.greedy[rows, at]
+            greedy = data.greedy[few, few_at]
             sub = table[greedy]
             inside = torch.from_numpy(vocab.ids)[sub] == greedy
             loss = loss + options.greedy_weight * F.cross_entropy(logits[inside], sub[inside])

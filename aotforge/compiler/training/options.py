@@ -104,8 +104,8 @@ class Placement:
 @dataclasses.dataclass(frozen=True)
 class FeatureDraftOptions:
     """How ``aotforge distill-draft`` trains a feature draft (``feature_draft.py``) and what it may spend. The pool's
-    sizes (``seq_len``, ``continuation``, ``pool``, ``top_k``, ``seed``) are ``make bench-draft``'s token draft's, so
-    both read the same cached teacher continuations."""
+    sizes (``seq_len``, ``continuation``, ``pool``, ``top_k``, ``seed``) are ``make bench-draft``'s token draft's: the
+    same prompts continued (its features kept from that pass, so cached apart from the token draft's pool)."""
 
     #: Process CPU-time budget, CPU-minutes (all threads), the teacher's pool and features included: 2 cores for 15
     #: minutes, the issue's allowance for a draft.
@@ -123,6 +123,11 @@ class FeatureDraftOptions:
     chain_decay: float = 0.7
     #: Positions (all chain steps of each) per optimizer step.
     batch: int = 2048
+    #: Of those, at most this many are the positions whose logits the response and greedy losses read (a random
+    #: subset: the batch's rows are drawn at random), the feature loss reading all; 0: the whole batch. The head's
+    #: matmul over the sub-vocabulary and its softmax cost most of a step, the feature loss little: a subset buys
+    #: more steps, each with less of the logits' signal (whether that pays is not measured yet: off by default).
+    logit_batch: int = 0
     lr: float = 1e-3
     warmup_steps: int = 20
     #: After the warm-up: ``constant``, or ``cosine``, decayed to 0 over the budget.
@@ -160,7 +165,13 @@ class FeatureDraftOptions:
                 f"--chain {self.chain} / --continuation {self.continuation}: give a chain of 1 to --continuation - 1 "
                 "and a --continuation of at least 4 (the report scores chains of 3)"
             )
-        if min(self.pool, self.top_k, self.batch) < 1 or self.intermediate_size < 0 or self.text_windows < 0:
-            raise OptionsError("--pool, --top-k and --batch are at least 1, --intermediate-size and --text-windows 0+")
+        if (
+            min(self.pool, self.top_k, self.batch) < 1
+            or min(self.intermediate_size, self.logit_batch) < 0
+            or self.text_windows < 0
+        ):
+            raise OptionsError(
+                "--pool, --top-k and --batch are at least 1, --intermediate-size, --logit-batch and --text-windows 0+"
+            )
         if self.response_weight + self.greedy_weight + self.feature_weight <= 0:
             raise OptionsError("give a positive --response-weight, --greedy-weight or --feature-weight")

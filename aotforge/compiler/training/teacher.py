@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 
+#: Positions whose full-vocabulary logits ``Teacher.greedy`` holds at once.
+GREEDY_ROWS = 512
+
 
 class Teacher:
     """``model`` (a causal LM) as the source of a distillation's targets, over the tokens ``ids`` (None: all)."""
@@ -57,6 +60,37 @@ class Teacher:
                 tokens.append(token)
                 logits.append(self.sub_logits(out.last_hidden_state))
             return torch.cat(tokens, 1), torch.cat(logits, 1)
+
+    def continue_greedy_hidden(self, prompt: Any, new_tokens: int) -> tuple[Any, Any, Any]:
+        """``continue_greedy``'s tokens with what a feature draft learns from, in the same pass: the LM-head input at
+        every position of the sequence, and the teacher's greedy next token there (over its whole vocabulary; the
+        last position's is one past the sequence)."""
+        import torch
+
+        with torch.no_grad():
+            out = self.base(input_ids=prompt, use_cache=True)
+            hidden = [out.last_hidden_state]
+            greedy = [self.greedy(hidden[0])]
+            tokens = [prompt]
+            for _ in range(new_tokens):
+                token = greedy[-1][:, -1:]
+                out = self.base(input_ids=token, cache=out.cache, use_cache=True)
+                tokens.append(token)
+                hidden.append(out.last_hidden_state)
+                greedy.append(self.greedy(out.last_hidden_state))
+            return torch.cat(tokens, 1), torch.cat(hidden, 1), torch.cat(greedy, 1)
+
+    def greedy(self, hidden: Any) -> Any:
+        """The teacher's greedy next token (its id) from the LM-head input ``hidden [batch, len, d]``, a few rows of
+        full-vocabulary logits at a time."""
+        import torch
+
+        rows = max(1, GREEDY_ROWS // max(1, hidden.shape[1]))
+        picks = [
+            torch.nn.functional.linear(hidden[i : i + rows], self.weight, self.bias).argmax(-1)
+            for i in range(0, len(hidden), rows)
+        ]
+        return torch.cat(picks)
 
     def sub_logits(self, hidden: Any) -> Any:
         """fp32 logits of the student's tokens from the LM-head input ``hidden``."""
