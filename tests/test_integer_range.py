@@ -23,7 +23,7 @@ def cpu(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     def pretend(*flags: str) -> None:
         integer_range.saturating_cpu.cache_clear()
         monkeypatch.setattr(integer_range.platform, "machine", lambda: "x86_64")
-        monkeypatch.setattr(integer_range, "_cpu_flags", lambda: set(flags))
+        monkeypatch.setattr(integer_range, "cpu_flags", lambda: set(flags))
 
     yield pretend
     integer_range.saturating_cpu.cache_clear()

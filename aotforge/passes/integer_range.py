@@ -14,8 +14,8 @@ from __future__ import annotations
 import enum
 import functools
 import platform
-from pathlib import Path
 
+from aotforge.core.cpu_flags import cpu_flags
 from aotforge.core.errors import OptionsError
 
 
@@ -50,19 +50,7 @@ def saturating_cpu() -> str:
     """Why ONNX Runtime's u8 x s8 GEMM saturates on this CPU ("" where it does not)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return ""
-    flags = _cpu_flags()
+    flags = cpu_flags()
     if not flags or flags & {"avx512_vnni", "avx_vnni"}:
         return ""  # VNNI, or the flags unknown (no /proc): ONNX Runtime's default
     return "this x86-64 CPU has no VNNI, where ONNX Runtime's u8 x s8 GEMM saturates its int16 pair sums"
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return set(value.split())
-    return set()

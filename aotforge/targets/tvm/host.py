@@ -12,9 +12,9 @@ import functools
 import platform
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
+from aotforge.core.cpu_flags import cpu_flags
 from aotforge.core.errors import HostMismatchError
 
 #: LLVM features that are instruction-set extensions code may use. LLVM's per-CPU feature lists also
@@ -72,16 +72,8 @@ def grant_amx(cpu_features: Iterable[str]) -> None:
 
 
 def _cpuinfo_flags() -> set[str]:
-    """The kernel's CPU flags, normalised like LLVM names without ``-_.``; empty where there is no /proc."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return {_norm(f) for f in value.split()}
-    return set()
+    """The kernel's CPU flags, normalised like LLVM names without ``-_.``."""
+    return {_norm(f) for f in cpu_flags()}
 
 
 def _norm(feature: str) -> str:
