@@ -10,6 +10,7 @@ figure is measured on other inputs than the search saw, through the built artifa
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,9 @@ def test_impossible_budget_fails_with_the_ranking_and_the_best_cosine(
             pass_params={"int8-dynamic": {"max_exclusions": 2, "search_alphas": [0.5]}},
         )
     message = str(info.value)
-    assert "best reached: mean 0.9" in message and "nodes of the best method by added error: node_" in message
+    # The best cosine, whatever it is (uint8 weights on a CPU without VNNI come within rounding of 1.0).
+    assert re.search(r"best reached: mean (0\.\d+|1\.0), min (0\.\d+|1\.0) \(", message), message
+    assert "nodes of the best method by added error: node_" in message
     assert "dynamic, per-channel, smooth 0.5 (ratio 5)" in message and "2 float" in message
 
 
