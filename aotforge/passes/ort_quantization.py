@@ -10,6 +10,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import onnx_ir as ir
 import onnx_ir.external_data
@@ -52,12 +53,20 @@ def adopt(model: ir.Model, quantized: ir.Model) -> None:
     model.functions.update(quantized.functions)
 
 
+def ort_weight_options(weights: IntegerWeights) -> dict[str, Any]:
+    """ONNX Runtime's quantizer arguments for ``weights`` (resolved, ``integer_range``)."""
+    from onnxruntime.quantization import QuantType
+
+    weight_type = QuantType.QUInt8 if weights is IntegerWeights.UINT8 else QuantType.QInt8
+    return {"reduce_range": weights is IntegerWeights.INT8_7BIT, "weight_type": weight_type}
+
+
 def quantize_dynamic_int8(
     model: ir.Model, per_channel: bool, op_types: tuple[str, ...], exclude: list[str], weights: IntegerWeights
 ) -> None:
     """ONNX Runtime's dynamic quantization of ``model`` in place: ``weights`` (resolved, ``integer_range``), uint8
     activations at run time."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import quantize_dynamic
 
     def quantize(src: Path, dst: Path) -> None:
         quantize_dynamic(
@@ -65,8 +74,7 @@ def quantize_dynamic_int8(
             dst,
             op_types_to_quantize=list(op_types) or None,
             per_channel=per_channel,
-            reduce_range=weights is IntegerWeights.INT8_7BIT,
-            weight_type=QuantType.QUInt8 if weights is IntegerWeights.UINT8 else QuantType.QInt8,
+            **ort_weight_options(weights),
             nodes_to_exclude=exclude,
         )
 

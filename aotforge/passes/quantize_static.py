@@ -41,6 +41,7 @@ from aotforge.passes.ort_quantization import (
     QUANTIZED_OPS,
     adopt,
     op_counts,
+    ort_weight_options,
     quantize_dynamic_int8,
     quantize_through_files,
     split_held_out,
@@ -165,8 +166,7 @@ class QuantizeStaticPass(GraphPass):
             "calibration_samples": len(samples),
             "calibration_source": p.calibration_dir or f"random (seed {p.seed})",
         }
-        signed = chosen["kind"] != "dynamic" and chosen.get("activations") == Activations.INT8.value
-        weights, why = integer_weights(p.weights, "pass int8", signed)
+        weights, why = self._weights(chosen["kind"], chosen.get("activations", ""))
         self.stats["weights"] = {"type": weights.value, "why": why}
         smoothed = prep.smoothed_nodes(model)
         if smoothed:
@@ -208,6 +208,11 @@ class QuantizeStaticPass(GraphPass):
             ]
         return list(dict.fromkeys(methods))
 
+    def _weights(self, kind: str, activations: str) -> tuple[IntegerWeights, str]:
+        """The weights' integer type for a method of ``kind`` with ``activations`` on this CPU, and why."""
+        signed = kind != "dynamic" and activations == Activations.INT8.value
+        return integer_weights(self.params.weights, "pass int8", signed)
+
     def _quantized(self, fp32: ir.Model, samples: list[Feeds], method: Method, exclude: list[str]) -> ir.Model:
         """A copy of ``fp32`` quantized with ``method``, keeping ``exclude`` (and ``nodes_to_exclude``) float."""
         p = self.params
@@ -215,8 +220,7 @@ class QuantizeStaticPass(GraphPass):
         excluded = [*p.nodes_to_exclude, *exclude]
         if method.smooth_alpha:
             prep.smooth(model, samples, method.smooth_alpha, method.smooth_min_ratio, excluded)
-        signed = method.kind != "dynamic" and Activations(method.activations) is Activations.INT8
-        weights, _ = integer_weights(p.weights, "pass int8", signed)
+        weights, _ = self._weights(method.kind, method.activations)
         if method.kind == "dynamic":
             quantize_dynamic_int8(model, method.per_channel, ("MatMul", "Gemm"), excluded, weights)
             return model
@@ -229,9 +233,8 @@ class QuantizeStaticPass(GraphPass):
                 quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=list(p.op_types) or None,
                 per_channel=method.per_channel,
-                reduce_range=weights is IntegerWeights.INT8_7BIT,
                 activation_type=_ORT_ACTIVATION[Activations(method.activations)],
-                weight_type=QuantType.QUInt8 if weights is IntegerWeights.UINT8 else QuantType.QInt8,
+                **ort_weight_options(weights),
                 nodes_to_exclude=excluded,
                 calibrate_method=_ORT_METHOD[p.method],
                 extra_options={
