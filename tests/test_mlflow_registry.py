@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -36,7 +37,10 @@ def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cmd += ["--artifacts-destination", str(root / "artifacts"), "--serve-artifacts"]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     log = (root / "server.log").open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    # No job executor: its consumer processes (MLflow's server-side GenAI jobs, none of which the registry runs)
+    # start beside the server and poll the whole session, most of the fixture's CPU on a 2-core host.
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180  # a loaded 2-core host took over 60 s
