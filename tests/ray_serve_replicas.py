@@ -54,22 +54,41 @@ async def _ask_all(url: str, prompts: list[list[int]], new: int) -> list[list[in
     return list(await asyncio.gather(*(ask(p) for p in prompts)))
 
 
-def _replica_states(address: str) -> dict:
-    code = (
-        f"import json, ray; from ray import serve; ray.init(address={address!r}); "
-        "app = serve.status().applications['aotforge']; "
-        "print(json.dumps({n: {str(k): v for k, v in d.replica_states.items()} for n, d in app.deployments.items()}))"
-    )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+#: A driver that prints Ray Serve's replica states by deployment (``{"aotforge": {"RUNNING": 2}}``), once
+#: ``RUNNING`` of them run or at ``END`` (monotonic seconds): the controller may not answer yet, which reads as none.
+_STATES = """
+import json, sys, time, ray
+from ray import serve
+
+ray.init(address=sys.argv[1])
+running, end = int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+
+def states():
+    try:
+        app = serve.status().applications.get("aotforge")
+    except Exception:
+        return {}
+    deployments = app.deployments.items() if app else ()
+    return {n: {str(k): v for k, v in d.replica_states.items()} for n, d in deployments}
+
+while states().get("aotforge", {}).get("RUNNING", 0) < running and time.monotonic() < end:
+    time.sleep(1)
+print(json.dumps(states()))
+"""
+
+
+def _replica_states(address: str, running: int = 0, deadline_s: float = 300) -> dict:
+    """The replica states; with ``running``, once that many replicas run or at ``deadline_s``: one interpreter
+    polls, not a Ray driver started for each look."""
+    command = [sys.executable, "-c", _STATES, address, str(running), str(deadline_s)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=deadline_s + 120)
     return json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {"error": run.stderr[-2000:]}
 
 
 def _wait_running(address: str, deadline_s: float = 300) -> None:
-    end = time.monotonic() + deadline_s
-    while _replica_states(address).get("aotforge", {}).get("RUNNING", 0) < REPLICAS:
-        if time.monotonic() > end:
-            raise RuntimeError(f"{REPLICAS} replicas were not running within {deadline_s:.0f} s: see serve.log")
-        time.sleep(2)
+    states = _replica_states(address, REPLICAS, deadline_s)
+    if states.get("aotforge", {}).get("RUNNING", 0) < REPLICAS:
+        raise RuntimeError(f"{REPLICAS} replicas were not running within {deadline_s:.0f} s ({states}): see serve.log")
 
 
 def main(work: Path, artifact: Path, request: dict) -> dict:
