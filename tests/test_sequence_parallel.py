@@ -32,11 +32,16 @@ ARCHS = ["llama", pytest.param("qwen2", marks=pytest.mark.slow), pytest.param("g
 
 @pytest.fixture(scope="module", params=ARCHS)
 def sp_build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """``(architecture, model, build result)`` at tensor parallelism 2 with the sequence-parallel prefill."""
+    """``(architecture, model, build result, its progress lines)`` at tensor parallelism 2 with the
+    sequence-parallel prefill; the Llama's after conftest's plain ``llama_tp``, whose decode graphs it shares."""
     arch = request.param
     model = tiny_causal_lm(arch)
     out = tmp_path_factory.mktemp(f"sp-{arch}")
-    return arch, model, build_text_generation(model, out, tensor_parallel=DEGREE, sequence_parallel=True)
+    if arch == "llama":
+        request.getfixturevalue("llama_tp")
+    said: list[str] = []
+    result = build_text_generation(model, out, tensor_parallel=DEGREE, sequence_parallel=True, progress=said.append)
+    return arch, model, result, said
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +52,7 @@ def sp_loaded(sp_build: Any) -> Any:
 
 
 def test_sequence_parallel_ranks_generate_token_exact_like_transformers(sp_build: Any, sp_loaded: Any) -> None:
-    _, model, result = sp_build
+    _, model, result, _ = sp_build
     tp = result.manifest.target.info["tensor_parallel"]
     assert tp["degree"] == DEGREE and tp["sequence_parallel"] is True
     assert result.manifest.validation["token_agreement"] == 1.0  # its prompts of 5, 11 and 17 tokens
@@ -61,12 +66,25 @@ def _collectives(path: Path) -> Counter[str]:
 
 
 def test_prefill_reduce_scatters_and_gathers_while_decode_all_reduces(sp_build: Any) -> None:
-    _, model, result = sp_build
+    _, model, result, _ = sp_build
     edges = 2 * model.config.num_hidden_layers + 1  # two row-parallel outputs a layer, and the embedding
     for rank in result.manifest.target.info["tensor_parallel"]["ranks"]:
         folder = Path(result.path) / rank
         assert _collectives(folder / "prefill.onnx") == {"ReduceScatter": edges, "AllGather": edges}
         assert _collectives(folder / "decode.onnx") == {"AllReduce": edges}
+
+
+# The plain tensor-parallel artifact built once a run is the Llama's (llama_tp).
+@pytest.mark.parametrize("sp_build", ["llama"], indirect=True)
+def test_only_the_prefill_is_exported_the_decode_graphs_are_the_plain_ranks(sp_build: Any) -> None:
+    """A rank's decode graph keeps the all-reduce, so it is the plain rank's: read back from the plain build's
+    export, while the split prefill is exported for sequence parallelism."""
+    *_, said = sp_build
+    for rank in range(DEGREE):
+        assert f"exporting rank {rank} of {DEGREE}: the prefill graph" in said, said
+        hit = f"skipping the export of tensor_parallel shard {rank} of the decode graph"
+        assert any(line.startswith("export cache hit") and line.endswith(hit) for line in said), said
+    assert not any("the decode graph" in line and line.startswith("exporting") for line in said), said
 
 
 # The unsharded artifact built once a run is the Llama's (llama_ort).
@@ -94,7 +112,7 @@ def test_logits_match_the_unsharded_artifact_at_any_prompt_length(
 def test_without_a_compiler_the_python_collectives_run_token_exact(
     sp_build: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, model, result = sp_build
+    _, model, result, _ = sp_build
 
     assert_python_collectives_token_exact(result.path, model, monkeypatch)
 
@@ -122,7 +140,7 @@ def test_sequence_parallel_prefill_matches_tensor_parallel_alone(sp_build: Any, 
     """Against the same model's plain tensor-parallel artifact: the same greedy tokens and the same prefill logits,
     bit for bit: the reduce-scatter sums each position's rows in the all-reduce's rank order, and every op between
     it and the all-gather works row by row."""
-    _, model, _ = sp_build
+    _, model, _, _ = sp_build
     plain = aotforge.load(build_text_generation(model, tmp_path, tensor_parallel=DEGREE).path)
     try:
         engines = (sp_loaded._generative().engine, plain._generative().engine)

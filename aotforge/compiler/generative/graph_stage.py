@@ -3,7 +3,7 @@ graph's export (through the export cache), then the graph passes between the tar
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -32,10 +32,12 @@ def exported_graphs(
     prefill_scope: AbstractContextManager[Any] | None = None,
     shard: dict[str, Any] | None = None,
     what: str = "",
+    files: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The prefill and decode graphs (and with ``speculative_k`` the verify graph) of ``model``, by file name, each
     exported where the cache has no entry for it. ``hidden``: prefill and verify also return the LM head's input.
-    A shard exports ``part`` of ``model`` (which the cache keys, with the ``shard`` tag) and says ``what`` it is."""
+    A shard exports ``part`` of ``model`` (which the cache keys, with the ``shard`` tag) and says ``what`` it is.
+    ``files``: only those of the graphs (file names), in the same order."""
     source = model if part is None else part
     subject = f"{what}: the" if what else "the"
 
@@ -53,6 +55,8 @@ def exported_graphs(
     if speculative_k:
         graph = f"verify graph (speculative decoding, up to {speculative_k} draft tokens)"
         exports[VERIFY_FILE] = exporting(graph, export_verify, hidden=hidden)
+    if files is not None:
+        exports = {file: export for file, export in exports.items() if file in files}
     outputs = {PREFILL_FILE: ["hidden"], VERIFY_FILE: ["hidden"]} if hidden else None
     return cached_export(cache_dir, model, spec, attention, exports, say, shard, extra_outputs=outputs)
 

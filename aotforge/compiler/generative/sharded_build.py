@@ -12,29 +12,23 @@ direct cache hit (``compiler.build_direct``) that runs none of it.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from aotforge.artifacts.hashing import sha256_file
 from aotforge.compiler.build_direct import DirectPlan
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import (
     ArtifactPlace,
-    Checked,
-    Compiled,
     Progress,
     TailJob,
     key_toolchain,
     place_artifact,
 )
 from aotforge.compiler.builder import isolation_of
-from aotforge.compiler.compile_cache import CacheKey
-from aotforge.compiler.generative.benchmark import benchmark_generation
 from aotforge.compiler.generative.build import (
     _backend,
     _decode_attention,
@@ -43,34 +37,31 @@ from aotforge.compiler.generative.build import (
     _validator,
     export_and_store,
 )
-from aotforge.compiler.generative.decoder_stage import ShardRequest
 from aotforge.compiler.generative.export import decoder_spec, save_shared
 from aotforge.compiler.generative.export_cache import export_cache_dir
 from aotforge.compiler.generative.graph_passes import backend_target_passes, graph_passes_of
 from aotforge.compiler.generative.graph_stage import exported_graphs, pass_graphs
 from aotforge.compiler.generative.graphs import unsupported
 from aotforge.compiler.generative.pass_list import decoder_pass_options
+from aotforge.compiler.generative.shard_record import graphs_sha, shard_info
+from aotforge.compiler.generative.shard_work import ShardWork
 from aotforge.compiler.generative.source import CausalLM, load_causal_lm
 from aotforge.compiler.generative.weight_calibration import calibrated_source, weight_only_params
-from aotforge.compiler.isolation import run_isolated
 from aotforge.compiler.option_flags import flag_name
 from aotforge.compiler.options import BuildOptions
 from aotforge.core.decoder import (
+    DECODE_FILE,
     PREFILL_FILE,
     TEXT_GENERATION,
+    VERIFY_FILE,
     WEIGHTS_FILE,
     DecoderSpec,
-    prefill_io,
 )
 from aotforge.core.errors import OptionsError, UnsupportedModelError
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET
 from aotforge.targets import get_target, shard_runtime, sharded_targets
-from aotforge.targets.base import CompileResult, GenerativeBackend, Target
-from aotforge.targets.generative.runner import GenerativeRunner
-
-#: The isolated compile's entry (``generative.decoder_stage``).
-SHARD_CALL = "aotforge.compiler.generative.decoder_stage:compile_shards"
+from aotforge.targets.base import GenerativeBackend, Target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +78,10 @@ class Split:
     #: what else decides each shard's part beside the whole model, the kind, the degree and the index (the export
     #: cache's key: ``generative.export_cache``)
     tag: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: ``shard -> (its part as the plain split has it, that split's tag)`` where only the prefill differs from the
+    #: plain split (sequence parallelism): the decode and verify graphs are exported, and keyed, as the plain split's,
+    #: so a build of each shares them; None: every graph from ``shard``'s part
+    plain: Callable[[int], tuple[Any, dict[str, Any]]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,23 +161,37 @@ def _export(
     graph_passes = graph_passes_of(opts, target, backend)
     split = sharding.split(exported, spec, opts, source.name)
     place = place_artifact(opts.out, opts.name or source.name, opts.version, opts.target, plots=opts.benchmark.plots)
-    verify_width = opts.generation.speculative_k + 1 if opts.generation.speculative_k else 0
     attention, plain_why = _decode_attention(backend, source.model, spec)
     dirs, specs, weights, ir_files, opset = [], [], {}, [], 0
     export_dir = export_cache_dir(opts.export_cache_dir, opts.cache_dir)
+    k = opts.generation.speculative_k
+
+    def export_shard(i: int, part: Any, shard_spec: DecoderSpec, what: str) -> dict[str, Any]:
+        # The part is a function of the model that was split (calibrated where a method scales weights) and this
+        # tag: the export cache keys that model with it.
+        tag = {"kind": sharding.kind, "degree": split.degree, "index": i, "split": split.tag}
+        scope = split.prefill_scope(part) if split.prefill_scope is not None else None
+        if split.plain is None:
+            return exported_graphs(
+                export_dir, exported, shard_spec, place.name, attention, k, say, part=part, prefill_scope=scope,
+                shard=tag, what=what,
+            )  # fmt: skip
+        plain, plain_tag = split.plain(i)
+        prefill = exported_graphs(
+            export_dir, exported, shard_spec, place.name, attention, 0, say, part=part, prefill_scope=scope,
+            shard=tag, what=what, files=(PREFILL_FILE,),
+        )  # fmt: skip
+        rest = exported_graphs(
+            export_dir, exported, shard_spec, place.name, attention, k, say, part=plain,
+            shard={**tag, "split": plain_tag}, what=what, files=(DECODE_FILE, VERIFY_FILE),
+        )  # fmt: skip
+        return {**prefill, **rest}
+
     for i in range(split.degree):
         part, shard_spec, what = split.shard(i)
         rel = f"{sharding.folder}/{i}"
         (stage / rel).mkdir(parents=True)
-        scope = split.prefill_scope(part) if split.prefill_scope is not None else None
-        # The part is a function of the model that was split (calibrated where a method scales weights) and this
-        # tag: the export cache keys that model with it.
-        tag = {"kind": sharding.kind, "degree": split.degree, "index": i, "split": split.tag}
-        k = opts.generation.speculative_k
-        graphs = exported_graphs(
-            export_dir, exported, shard_spec, place.name, attention, k, say, part=part, prefill_scope=scope,
-            shard=tag, what=what,
-        )  # fmt: skip
+        graphs = export_shard(i, part, shard_spec, what)
         opset = graphs[PREFILL_FILE].opset_imports.get("", 0)
         entries, _ = pass_graphs(graphs, shard_spec, backend, graph_passes, say, f"{rel}/", opts.passes.dump_ir)
         pass_entries += entries
@@ -195,21 +204,9 @@ def _export(
         del part, graphs
     for rel, file in sorted(source.files.items()):
         shutil.copyfile(file, stage / rel)
-    info = {
-        "device": "cpu",
-        "options": dataclasses.asdict(target_opts),
-        "task": TEXT_GENERATION,
-        "decoder": spec.to_dict(),
-        "decode_attention": attention,
-        **({"decode_attention_plain_because": plain_why} if plain_why else {}),
-        sharding.kind: split.record(dirs, specs, weights),
-        "weights": {"weights_file_bytes": sum(weights.values()), f"per_{sharding.noun}_bytes": weights},
-        **(
-            {"speculative": {"max_tokens": opts.generation.speculative_k, "verify_width": verify_width}}
-            if verify_width
-            else {}
-        ),
-    }
+    record = split.record(dirs, specs, weights)
+    options = dataclasses.asdict(target_opts)
+    info = shard_info(sharding.kind, sharding.noun, options, spec, attention, plain_why, record, weights, k)
     work = ShardWork(
         kind=sharding.kind,
         noun=sharding.noun,
@@ -218,7 +215,7 @@ def _export(
         ir_files=tuple(ir_files),
         kept=tuple(sorted(source.files)),
         info=info,
-        ir={"sha256": _graphs_sha(stage, ir_files), "opset": opset},
+        ir={"sha256": graphs_sha(stage, ir_files), "opset": opset},
         weight_bytes=sum(weights.values()),
         validate=_validator(source, spec, opts, any(e.get("changes_numerics") for e in pass_entries)),
         bench=opts.benchmark.bench,
@@ -251,77 +248,6 @@ def _job(
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class ShardWork:
-    """The build tail's work for a sharded artifact (``build_tail.TailWork``): each shard's compile through the build
-    cache (isolated), the shards loaded as one model (a process each), token-exact validation against the
-    unsharded source model."""
-
-    kind: str
-    noun: str
-    spec: DecoderSpec
-    #: the shards' folders in the stage (``ranks/0`` ...)
-    shards: tuple[str, ...]
-    #: the staged files the compile reads (each shard's graphs and weights), which key the build cache, and the
-    #: staged files it keeps beside them (a tokenizer)
-    ir_files: tuple[str, ...]
-    kept: tuple[str, ...]
-    info: Mapping[str, Any]
-    ir: Mapping[str, Any]
-    weight_bytes: int
-    #: ``(runner, name, say) -> the validation record``: greedy tokens against the unsharded source model, gated
-    #: where the weights are fp32, quality-gated where the passes change numerics (``build._validator``)
-    validate: Callable[[Any, str, Progress], dict[str, Any]]
-    bench: bool
-    engine: Callable[[Path, TargetRecord], Any]
-
-    def cache_key(self, toolchain: Mapping[str, str], passes: Sequence[Mapping[str, Any]]) -> CacheKey:
-        return CacheKey(self.ir_files, {"task": TEXT_GENERATION, "info": dict(self.info)}, toolchain, passes, self.kept)
-
-    def compile(self, job: TailJob, stage: Path, say: Progress) -> Compiled:
-        """Each shard's compile (``ShardRuntime.compile``) through the build cache, in the spawned worker with the
-        deadline where isolation is on; the shards' sessions open in their own processes at ``check``."""
-        request = ShardRequest(
-            target=job.target.name,
-            kind=self.kind,
-            options=job.target_options,
-            stage=stage,
-            cache_dir=job.cache_dir,
-            key=self.cache_key(job.toolchain, job.passes),
-            shards=self.shards,
-        )
-        stage_name = f"the {job.target.name} compile"
-        result = run_isolated(SHARD_CALL, request, stage=stage_name, limits=job.isolation, say=say, worker=job.worker)
-        data = result["compiled"]
-        return Compiled(CompileResult(tuple(data["files"]), data["target_info"], data["toolchain"]), result["cache"])
-
-    def target_info(self, stage: Path, compiled: CompileResult) -> dict[str, Any]:
-        return {**compiled.target_info, **self.info}
-
-    def extra_passes(self, compiled: CompileResult) -> list[dict[str, Any]]:
-        return []
-
-    def check(self, job: TailJob, stage: Path, record: TargetRecord, compiled: Compiled, say: Progress) -> Checked:
-        say(f"starting {len(self.shards)} {self.noun} processes")
-        engine = self.engine(stage, record)
-        runner = GenerativeRunner(engine)
-        try:
-            validation = self.validate(runner, job.place.name, say)
-            bench = None
-            if self.bench:
-                say("benchmarking generation")
-                bench = {"generation": benchmark_generation(runner, self.spec, self.weight_bytes)}
-        finally:
-            engine.close()
-        return Checked(validation, bench)
-
-    def ir_record(self, stage: Path) -> dict[str, Any]:
-        return dict(self.ir)
-
-    def io_record(self) -> dict[str, Any]:
-        return prefill_io(self.spec).to_dict()
-
-
 def _refuse(opts: BuildOptions, sharding: Sharding) -> None:
     """What a sharded build does not do (yet), refused by name before any work."""
     flag = sharding.flag
@@ -336,12 +262,3 @@ def _refuse(opts: BuildOptions, sharding: Sharding) -> None:
         raise OptionsError(f"{flag} builds are fp32 for now: drop --precision / --passes, or build with {flag} 1")
     if opts.prepare_only:
         raise OptionsError(f"{flag} builds are not bundled (--prepare-only): build on the serving host")
-
-
-def _graphs_sha(stage: Path, ir_files: Sequence[str]) -> str:
-    """One digest over every shard's graphs (their weights are in ``files`` like every file)."""
-    digest = hashlib.sha256()
-    for rel in ir_files:
-        if rel.endswith(".onnx"):
-            digest.update(sha256_file(stage / rel).encode())
-    return digest.hexdigest()

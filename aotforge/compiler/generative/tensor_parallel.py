@@ -12,8 +12,9 @@ Sequence parallelism (Megatron's, as NxD Inference runs it in context encoding):
 residual stream between the tensor-parallel regions is split along the prompt. Each row-parallel output (and the
 embedding's) is reduce-scattered instead of all-reduced, so the residual add and the next norm run on the rank's
 ``ceil(T / N)`` positions; the norm's output is all-gathered back to the whole prompt before the column-parallel
-projections read it. The decode and verify graphs (a few tokens) keep the all-reduce: the same modules, traced
-with :class:`SequenceSplit` off.
+projections read it. The decode and verify graphs (a few tokens) keep the all-reduce: what these modules trace to
+with :class:`SequenceSplit` off, which the build exports from the plain rank model (``tp_build``), so that a
+sequence-parallel build and a plain one of the same model share those exports.
 """
 
 from __future__ import annotations

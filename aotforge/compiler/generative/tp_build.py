@@ -3,7 +3,8 @@
 Each rank's model is the source model's slice (``tensor_parallel.rank_model``): its heads, its part of each MLP,
 its slice of the vocabulary; the rank graphs' all-reduces meet in the rank processes (``targets.generative.ranks``).
 With ``--sequence-parallel`` each rank's prefill graph splits the residual stream along the prompt
-(``tensor_parallel.SequenceSplit``): reduce-scatters and all-gathers in place of its all-reduces.
+(``tensor_parallel.SequenceSplit``): reduce-scatters and all-gathers in place of its all-reduces; its decode and
+verify graphs are the plain rank's, exported and cached as those.
 """
 
 from __future__ import annotations
@@ -42,7 +43,15 @@ def _split(model: Any, spec: DecoderSpec, opts: BuildOptions, name: str) -> Spli
         return rank_model(model, plan, r, sequence), rank_spec, f"rank {r} of {plan.degree}"
 
     tag = {"sequence_parallel": sequence, "layout": plan.to_dict()}
-    return Split(plan.degree, shard, record, sequence_parallel_prefill if sequence else None, tag)
+    if not sequence:
+        return Split(plan.degree, shard, record, None, tag)
+    plain_tag = {**tag, "sequence_parallel": False}
+
+    def plain(r: int) -> tuple[Any, dict[str, Any]]:
+        """The plain rank: its decode and verify graphs are what a sequence-parallel rank's trace to."""
+        return rank_model(model, plan, r), plain_tag
+
+    return Split(plan.degree, shard, record, sequence_parallel_prefill, tag, plain)
 
 
 def _refuse(opts: BuildOptions) -> None:
