@@ -144,6 +144,18 @@ def llama_tp(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Build
 
 
 @pytest.fixture(scope="session")
+def llama_pp(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
+    """The tiny Llama at ``--pipeline-parallel 2`` with a verify graph, built once: shared by the pipeline-parallel
+    tests, and its stage graphs, read back from the export cache, by the int4 stage builds (tests must not change
+    it)."""
+
+    def make(out: Path) -> Path:
+        return Path(build_text_generation(llama_dir, out, pipeline_parallel=2, speculative_k=SPECULATIVE_K).path)
+
+    return built_result(built_once(tmp_path_factory, "llama-pp", make))
+
+
+@pytest.fixture(scope="session")
 def llama_tvm(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
     """The same for tvm (two prefill buckets); shared like ``llama_ort``."""
     kw = {"target_options": TVM_BUCKETS, "bench": True, "speculative_k": SPECULATIVE_K}

@@ -28,7 +28,6 @@ from tests.llm_models import (
     ARCHITECTURES,
     MAX_BATCH,
     PROMPTS,
-    SPECULATIVE_K,
     assert_generates_like_transformers,
     build_text_generation,
     tiny_causal_lm,
@@ -45,15 +44,14 @@ STAGED = [pytest.param(a, marks=pytest.mark.slow) if a == "qwen2" else a for a i
 
 
 @pytest.fixture(scope="module", params=STAGED)
-def pp_build(request: pytest.FixtureRequest, llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def pp_build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """``(architecture, model, build result)`` of each tiny model at pipeline parallelism 2 (the Llama with a
-    verify graph, so the serving runtime can extend a prompt in chunks)."""
+    verify graph, so the serving runtime can extend a prompt in chunks: conftest's ``llama_pp``)."""
     arch = request.param
-    out = tmp_path_factory.mktemp(f"pp-{arch}")
     model = tiny_causal_lm(arch)
     if arch == "llama":
-        return arch, model, build_text_generation(llama_dir, out, pipeline_parallel=DEGREE, speculative_k=SPECULATIVE_K)
-    return arch, model, build_text_generation(model, out, pipeline_parallel=DEGREE)
+        return arch, model, request.getfixturevalue("llama_pp")
+    return arch, model, build_text_generation(model, tmp_path_factory.mktemp(f"pp-{arch}"), pipeline_parallel=DEGREE)
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,12 @@ GENEROUS = 10.0
 
 
 @pytest.fixture(scope="module")
-def int4_builds(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
-    """``(unsharded int4, pipeline-parallel 2 int4)`` of the tiny Llama, same passes."""
+def int4_builds(
+    llama_dir: Path, llama_ort: Any, llama_pp: Any, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Any, Any]:
+    """``(unsharded int4, pipeline-parallel 2 int4)`` of the tiny Llama, same passes. Round to nearest leaves the
+    weights as they are, so both export what the fp32 ``llama_ort`` and ``llama_pp`` did: asked for first, they
+    leave those graphs in the run's export cache (the passes run after it)."""
     out = tmp_path_factory.mktemp("pp-int4")
     kw: dict[str, Any] = {"precision": "int4", "pass_opt": RTN, "max_perplexity_increase": GENEROUS, "plots": False}
     whole = build_text_generation(llama_dir, out / "whole", **kw)
