@@ -16,7 +16,7 @@ from click.testing import CliRunner
 import aotforge
 from aotforge.compiler.cli import main
 from aotforge.compiler.training.students import layer_map, student_from_layers
-from tests.llm_models import build_text_generation, tiny_causal_lm
+from tests.llm_models import SPECULATIVE_K, build_text_generation, tiny_causal_lm
 from tests.serving import chat_llama_dir
 
 FAST = ["--max-steps", "40", "--seq-len", "64", "--batch", "4", "--held-out-tokens", "256", "--lr", "3e-3"]
@@ -100,30 +100,35 @@ def test_refusals_name_the_fix(teacher: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.fixture(scope="module")
+def target(teacher: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The teacher with a verify graph (speculative decoding) for onnxruntime, built once for the module: the
+    session's ``llama_ort`` has the same weights but no tokenizer, which a draft must share."""
+    root = tmp_path_factory.mktemp("target")
+    return Path(build_text_generation(teacher, root, name="target", speculative_k=SPECULATIVE_K).path)
+
+
 @pytest.mark.parametrize(("student", "draft_vocab"), [("plain", None), ("sequence", 300)])
 def test_the_student_compiles_into_a_draft_speculative_decoding_uses(
     students: Callable[[str], tuple[Path, dict[str, Any]]],
-    llama_ort: Any,
+    target: Path,
     tmp_path: Path,
     student: str,
     draft_vocab: int | None,
 ) -> None:
     """Greedy speculative decoding with the distilled draft is token-identical to the target's plain greedy, the
-    draft over the teacher's whole vocabulary or over its most frequent tokens (``--draft-vocab``). The target is
-    the session's ``llama_ort``: the teacher's weights, built with a verify graph."""
+    draft over the teacher's whole vocabulary or over its most frequent tokens (``--draft-vocab``)."""
     out, _ = students(student)
     if draft_vocab:
         vocab = json.loads((out / "draft_vocab.json").read_text())
         assert json.loads((out / "config.json").read_text())["vocab_size"] == len(vocab["ids"]) == draft_vocab
         assert len(set(vocab["ids"])) == draft_vocab and max(vocab["ids"]) < 500
-    else:
-        assert not (out / "draft_vocab.json").exists()
     draft = build_text_generation(out, tmp_path / "art", name="draft")
-    target = aotforge.load(llama_ort.path)
+    loaded = aotforge.load(target)
     ids = np.array([[5, 17, 42, 99, 3]])
-    plain = target.generate(ids, 16, ignore_eos=True)
-    assert np.array_equal(target.generate(ids, 16, draft=aotforge.load(draft.path), ignore_eos=True), plain)
-    assert target.speculative_stats["proposed"] > 0
+    plain = loaded.generate(ids, 16, ignore_eos=True)
+    assert np.array_equal(loaded.generate(ids, 16, draft=aotforge.load(draft.path), ignore_eos=True), plain)
+    assert loaded.speculative_stats["proposed"] > 0
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama-tied", "gpt2"])
