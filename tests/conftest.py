@@ -97,6 +97,15 @@ def built_result(path: Path) -> BuildResult:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> None:
+    """One torch intra-op thread a test process: the default run's workers share the cores, so a second thread
+    mostly spin-waits against the other worker, and the tests' tiny models' ops gain nothing from it."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def export_cache(tmp_path_factory: pytest.TempPathFactory) -> Generator[Path]:
     """The run's export cache for ``build_text_generation`` (``tests/llm_models.py``): the xdist workers of one run
     share it (their basetemp's parent, as ``built_once``), so each tiny model and attention is exported once a run.

@@ -5,7 +5,9 @@ decoding uses token-exactly."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,26 +28,50 @@ def teacher(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return chat_llama_dir(tmp_path_factory.mktemp("teacher") / "llama")
 
 
-@pytest.mark.parametrize("feature_weight", ["0", "1"])
+#: The students the tests read, each distilled once for the module: name -> the flags after ``FAST``. ``plain`` and
+#: ``features`` differ in the feature loss alone; ``sequence`` learns from the teacher's continuations over the
+#: 300 most frequent tokens.
+STUDENTS = {
+    "plain": ["--feature-weight", "0"],
+    "features": ["--feature-weight", "1"],
+    "sequence": ["--continuation", "16", "--draft-vocab", "300", "--pool", "16"],
+}
+
+
+@pytest.fixture(scope="module")
+def students(teacher: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, dict[str, Any]]]:
+    """``name -> (student directory, distill report)`` of ``STUDENTS``, through the CLI, each on a pool cache of
+    its own (so a pool is made, not read back)."""
+    made: dict[str, tuple[Path, dict[str, Any]]] = {}
+
+    def get(name: str) -> tuple[Path, dict[str, Any]]:
+        if name not in made:
+            root = tmp_path_factory.mktemp(f"student-{name}")
+            out = root / "student"
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("AOTFORGE_DISTILL_CACHE", str(root / "cache"))
+                args = ["distill", str(teacher), "--student-layers", "1", "--out", str(out), *FAST, *STUDENTS[name]]
+                ran = CliRunner().invoke(main, [*args, "--json"])
+            assert ran.exit_code == 0, ran.output
+            made[name] = out, json.loads(ran.output[ran.output.index("{") :])
+        return made[name]
+
+    return get
+
+
+@pytest.mark.parametrize("student", ["plain", "features"])
 def test_distilled_student_comes_closer_to_the_teacher_on_held_out_text(
-    teacher: Path, tmp_path: Path, feature_weight: str
+    teacher: Path, students: Callable[[str], tuple[Path, dict[str, Any]]], student: str
 ) -> None:
-    out = tmp_path / "student"
-    ran = CliRunner().invoke(
-        main,
-        ["distill", str(teacher), "--student-layers", "1", "--out", str(out), "--feature-weight", feature_weight]
-        + FAST
-        + ["--json"],
-    )
-    assert ran.exit_code == 0, ran.output
-    report = json.loads(ran.output[ran.output.index("{") :])
+    out, report = students(student)
     assert report["steps"] == 40 and report["text"]["held_out_tokens"] == 256
+    assert report["options"]["feature_weight"] == float(STUDENTS[student][1])
     assert report["after"]["kl_teacher_student"] < report["before"]["kl_teacher_student"]
     assert json.loads((out / "distill_report.json").read_text()) == report
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    student = AutoModelForCausalLM.from_pretrained(out)
-    assert student.config.num_hidden_layers == 1 and student.config.vocab_size == 500
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.num_hidden_layers == 1 and model.config.vocab_size == 500
     assert (
         AutoTokenizer.from_pretrained(out)("ab")["input_ids"]
         == AutoTokenizer.from_pretrained(teacher)("ab")["input_ids"]
@@ -74,27 +100,35 @@ def test_refusals_name_the_fix(teacher: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
-@pytest.mark.parametrize("draft_vocab", [None, 300])
+@pytest.fixture(scope="module")
+def target(teacher: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The teacher with a verify graph (speculative decoding) for onnxruntime, built once for the module: the
+    session's ``llama_ort`` has the same weights but no tokenizer, which a draft must share."""
+    root = tmp_path_factory.mktemp("target")
+    return Path(build_text_generation(teacher, root, name="target", speculative_k=SPECULATIVE_K).path)
+
+
+@pytest.mark.parametrize(("student", "draft_vocab"), [("plain", None), ("sequence", 300)])
 def test_the_student_compiles_into_a_draft_speculative_decoding_uses(
-    teacher: Path, tmp_path: Path, draft_vocab: int | None
+    students: Callable[[str], tuple[Path, dict[str, Any]]],
+    target: Path,
+    tmp_path: Path,
+    student: str,
+    draft_vocab: int | None,
 ) -> None:
     """Greedy speculative decoding with the distilled draft is token-identical to the target's plain greedy, the
     draft over the teacher's whole vocabulary or over its most frequent tokens (``--draft-vocab``)."""
-    out = tmp_path / "student"
-    cut = ["--draft-vocab", str(draft_vocab)] if draft_vocab else []
-    ran = CliRunner().invoke(main, ["distill", str(teacher), "--student-layers", "1", "--out", str(out), *FAST, *cut])
-    assert ran.exit_code == 0, ran.output
+    out, _ = students(student)
     if draft_vocab:
         vocab = json.loads((out / "draft_vocab.json").read_text())
         assert json.loads((out / "config.json").read_text())["vocab_size"] == len(vocab["ids"]) == draft_vocab
         assert len(set(vocab["ids"])) == draft_vocab and max(vocab["ids"]) < 500
     draft = build_text_generation(out, tmp_path / "art", name="draft")
-    built = build_text_generation(teacher, tmp_path / "art", name="target", speculative_k=SPECULATIVE_K)
-    target = aotforge.load(built.path)
+    loaded = aotforge.load(target)
     ids = np.array([[5, 17, 42, 99, 3]])
-    plain = target.generate(ids, 16, ignore_eos=True)
-    assert np.array_equal(target.generate(ids, 16, draft=aotforge.load(draft.path), ignore_eos=True), plain)
-    assert target.speculative_stats["proposed"] > 0
+    plain = loaded.generate(ids, 16, ignore_eos=True)
+    assert np.array_equal(loaded.generate(ids, 16, draft=aotforge.load(draft.path), ignore_eos=True), plain)
+    assert loaded.speculative_stats["proposed"] > 0
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama-tied", "gpt2"])
@@ -169,19 +203,15 @@ def test_the_teachers_pool_is_made_once_and_its_cost_counted_when_read_back(
 
 
 def test_sequence_level_distillation_brings_the_student_closer(
-    teacher: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    teacher: Path, students: Callable[[str], tuple[Path, dict[str, Any]]], tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("AOTFORGE_DISTILL_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "student"
-    args = ["distill", str(teacher), "--student-layers", "1", "--out", str(out), *FAST, "--continuation", "16"]
-    ran = CliRunner().invoke(main, [*args, "--draft-vocab", "300", "--pool", "16", "--json"])
-    assert ran.exit_code == 0, ran.output
-    report = json.loads(ran.output[ran.output.index("{") :])
+    _, report = students("sequence")
     assert report["options"]["continuation"] == 16 and report["steps"] == 40
     assert report["pool_cpu_seconds"] > 0 and not report["pool_cached"] and report["distinct_tokens"] == 16 * 64
     assert report["after"]["kl_teacher_student"] < report["before"]["kl_teacher_student"]
     assert report["after"]["continuation_agreement"] > report["before"]["continuation_agreement"]
-    refused = CliRunner().invoke(main, [*args[:-1], "64", "--out", str(tmp_path / "b")])
+    args = ["distill", str(teacher), "--student-layers", "1", *FAST, "--continuation", "64"]
+    refused = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "b")])
     assert refused.exit_code == 2 and "--continuation 64: give 0 to 63" in refused.output
     assert not (tmp_path / "b").exists()
 

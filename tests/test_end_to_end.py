@@ -1,4 +1,4 @@
-"""Every model on every CPU target: build, validate against the source, reload, run again."""
+"""Every model on every CPU target: build, validate against the source, reload, run again; build again, the same."""
 
 from __future__ import annotations
 
@@ -31,23 +31,30 @@ ONNX_CASES = [
 ]
 
 
+#: The one build the benchmark test reads runs the short benchmark; the others run none, so that the reproducibility
+#: test compares its second build with them (a benchmark's timings differ from build to build).
+BENCHED = ("mini_resnet", "onnxruntime")
+
+
+def _torch_build(model: str, target: str, out: Path, bench: bool) -> BuildResult:
+    file, dims = TORCH_MODELS[model]
+    if model == "tiny_transformer" and target == "tvm":
+        # No attention mask: padding its sequence would change the pooled features, so tvm (static
+        # shapes) runs only compiled sizes and refuses a 1..64 range (tests/test_tvm_shapes.py).
+        dims = (DimRange("batch", 1, 1, 8), DimRange("seq", 16, 16, 16))
+    return quick_build(str(EXAMPLES / file), out, target=target, dynamic=dims, bench=bench, bench_options=FAST_BENCH)
+
+
 @pytest.fixture(scope="module")
 def torch_builds(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], BuildResult]:
-    """``(model, target) -> BuildResult`` of ``TORCH_MODELS``, each built once for the module: the real-sentence and
-    benchmark tests below read the artifacts the build-and-match test builds (with the short benchmark on)."""
+    """``(model, target) -> BuildResult`` of ``TORCH_MODELS``, each built once for the module: the real-sentence,
+    benchmark and reproducibility tests below read the artifacts the build-and-match test builds."""
     built: dict[tuple[str, str], BuildResult] = {}
 
     def get(model: str, target: str) -> BuildResult:
         if (model, target) not in built:
-            file, dims = TORCH_MODELS[model]
-            if model == "tiny_transformer" and target == "tvm":
-                # No attention mask: padding its sequence would change the pooled features, so tvm (static
-                # shapes) runs only compiled sizes and refuses a 1..64 range (tests/test_tvm_shapes.py).
-                dims = (DimRange("batch", 1, 1, 8), DimRange("seq", 16, 16, 16))
             out = tmp_path_factory.mktemp(f"{model}-{target}")
-            built[model, target] = quick_build(
-                str(EXAMPLES / file), out, target=target, dynamic=dims, bench=True, bench_options=FAST_BENCH
-            )
+            built[model, target] = _torch_build(model, target, out, bench=(model, target) == BENCHED)
         return built[model, target]
 
     return get
@@ -109,6 +116,22 @@ def test_benchmark_is_recorded(torch_builds: Callable[[str, str], BuildResult]) 
     assert bench is not None and bench["runs"] >= 3
     assert 0 < bench["p50_ms"] <= bench["p90_ms"] <= bench["p99_ms"]
     assert bench["throughput_per_s"] > 0 and bench["peak_rss_mb"] > 0
+
+
+@pytest.mark.parametrize("target", CPU_TARGETS)
+@pytest.mark.parametrize("model", ["mini_resnet", "tiny_transformer"])
+def test_two_builds_are_identical(
+    model: str, target: str, torch_builds: Callable[[str, str], BuildResult], tmp_path: Path
+) -> None:
+    """Same inputs, same toolchain: same model.onnx hash and the same manifest outside ``build``. The first build is
+    the build-and-match test's (the benchmarked one excepted: its timings are not the second build's)."""
+    if (model, target) == BENCHED:
+        first = _torch_build(model, target, tmp_path / "a", bench=False)
+    else:
+        first = torch_builds(model, target)
+    second = _torch_build(model, target, tmp_path / "b", bench=False)
+    assert first.manifest.files["model.onnx"] == second.manifest.files["model.onnx"]
+    assert first.manifest.reproducible_part() == second.manifest.reproducible_part()
 
 
 def test_artifact_layout_and_model_card(tmp_path: Path) -> None:
