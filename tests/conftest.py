@@ -36,6 +36,11 @@ warnings.filterwarnings("ignore")
 # spare started after a CLI build mostly waits for a build that never comes, and its start (an interpreter and the
 # backend's imports) is the default run's time on 2 cores. AOTFORGE_SPARE_WORKERS=1 keeps one (compiler/isolation.py).
 keep_spare_workers(os.environ.get("AOTFORGE_SPARE_WORKERS", "0") == "1")
+# One thread a runtime in the test processes and in every process they start (tvm's pool reads OMP_NUM_THREADS, torch
+# and OpenMP too): the default run's two workers share two cores, where a runtime's second thread spin-waits against the
+# other worker. A test that asks for a thread count sets it itself (``bench --threads``); ONNX Runtime's pool showed no
+# such cost. A count set in the environment is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
