@@ -14,6 +14,12 @@ from typing import Any
 import onnx
 import pytest
 
+# One thread a runtime in the test processes and in every process they start (tvm's pool and torch read
+# OMP_NUM_THREADS, set here before either is imported): the default run's two workers share two cores, where a
+# runtime's second thread spin-waits against the other worker. A test that asks for a thread count sets it itself
+# (``bench --threads``); ONNX Runtime's pool showed no such cost. A count set in the environment is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from aotforge.artifacts.manifest import read_manifest
 from aotforge.compiler.api import BuildResult, build
 from aotforge.compiler.benchmark import BenchOptions
@@ -36,11 +42,6 @@ warnings.filterwarnings("ignore")
 # spare started after a CLI build mostly waits for a build that never comes, and its start (an interpreter and the
 # backend's imports) is the default run's time on 2 cores. AOTFORGE_SPARE_WORKERS=1 keeps one (compiler/isolation.py).
 keep_spare_workers(os.environ.get("AOTFORGE_SPARE_WORKERS", "0") == "1")
-# One thread a runtime in the test processes and in every process they start (tvm's pool reads OMP_NUM_THREADS, torch
-# and OpenMP too): the default run's two workers share two cores, where a runtime's second thread spin-waits against the
-# other worker. A test that asks for a thread count sets it itself (``bench --threads``); ONNX Runtime's pool showed no
-# such cost. A count set in the environment is kept.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -99,15 +100,6 @@ def built_once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path]
 def built_result(path: Path) -> BuildResult:
     """The :class:`BuildResult` of an artifact on disk (what a worker that did not build it gets)."""
     return BuildResult(path, read_manifest(path))
-
-
-@pytest.fixture(scope="session", autouse=True)
-def one_torch_thread() -> None:
-    """One torch intra-op thread a test process: the default run's workers share the cores, so a second thread
-    mostly spin-waits against the other worker, and the tests' tiny models' ops gain nothing from it."""
-    import torch
-
-    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", autouse=True)
