@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,11 +19,20 @@ from tests.tiny_models import relu_add
 BUILDS = 6
 
 
-def _build(args: tuple[str, str, object]) -> tuple[str, int] | str:
+_BARRIER: Any = None
+
+
+def _hold(barrier: Any) -> None:
+    """A pool worker's initializer: the barrier every build waits at, so the builds start together."""
+    global _BARRIER
+    _BARRIER = barrier
+
+
+def _build(args: tuple[str, str]) -> tuple[str, int] | str:
     from tests.conftest import quick_build
 
-    model, out, barrier = args
-    barrier.wait()  # type: ignore[attr-defined]
+    model, out = args
+    _BARRIER.wait()
     try:
         result = quick_build(model, Path(out), target="onnxruntime", validation_samples=1)
     except AotforgeError as e:
@@ -33,11 +43,11 @@ def _build(args: tuple[str, str, object]) -> tuple[str, int] | str:
 def test_concurrent_compiles_into_one_out_all_get_distinct_versions(tmp_path: Path) -> None:
     model = str(relu_add(tmp_path / "m.onnx"))
     out = tmp_path / "out"
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Manager() as manager:
-        barrier = manager.Barrier(BUILDS)
-        with ctx.Pool(BUILDS) as pool:
-            results = pool.map(_build, [(model, str(out), barrier)] * BUILDS)
+    # Spawned, not forked: a fork of the test process (its threads: xdist's, tqdm's, the runtimes' pools) can
+    # inherit a lock another thread held and hang the build that needs it.
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(BUILDS, initializer=_hold, initargs=(ctx.Barrier(BUILDS),)) as pool:
+        results = pool.map(_build, [(model, str(out))] * BUILDS)
     errors = [r for r in results if isinstance(r, str)]
     assert not errors, errors
     versions = sorted(v for _, v in results)  # type: ignore[misc]
