@@ -113,7 +113,7 @@ def distill(
     seconds, cpu_seconds = budget.seconds(), budget.cpu_seconds()
     student.eval()
     after = score(teacher, student, streams.held_out, options, vocab, held_out_pool)
-    pool_cost = {} if pool is None else {"pool_cpu_seconds": round(pool.cpu_seconds, 1), "pool_cached": pool.cached}
+    pool_cost = {} if pool is None else {"pool_cpu_seconds": round(pool.cpu_seconds, 3), "pool_cached": pool.cached}
     return pool_cost | {
         "options": dataclasses.asdict(options),
         "text": streams.about,
