@@ -26,6 +26,7 @@ from aotforge.compiler.source import Arrays, SourceModel, numpy_dtype, spec_shap
 from aotforge.compiler.torch_arrays import to_numpy, to_torch
 from aotforge.compiler.torch_binding import BoundInputs, bind_inputs, positional_module
 from aotforge.compiler.torch_binding import output_names as torch_output_names
+from aotforge.compiler.torch_onnx_registry import share_torchlib_registry
 from aotforge.core.dim_defaults import default_range
 from aotforge.core.errors import InputSpecError, ModelLoadError, UnsupportedModelError, describe
 from aotforge.core.spec import DimRange, IOSpec, TensorSpec
@@ -86,6 +87,7 @@ def load_torch_module(
     args = tuple(tensors.values())
     # forward(*tensors): torch.export takes the shapes of a *args parameter under its name.
     dynamic_shapes = {"tensors": tuple(shapes.values())} if axes else None
+    share_torchlib_registry()
     try:
         with torch.no_grad():
             program = torch.export.export(positional_module(model, bound), args, dynamic_shapes=dynamic_shapes)

@@ -28,6 +28,7 @@ from aotforge.compiler.generative.graphs import (
     kv_shape,
     num_layers,
 )
+from aotforge.compiler.torch_onnx_registry import share_torchlib_registry
 from aotforge.core.decoder import WEIGHTS_FILE, DecoderSpec
 from aotforge.core.errors import UnsupportedModelError, describe
 from aotforge.targets.onnxruntime import slot_attention
@@ -162,6 +163,7 @@ def _export(
 ) -> ir.Model:
     import torch
 
+    share_torchlib_registry()
     try:
         with torch.inference_mode(False), torch.no_grad(), default_rope_within_original_length(module):
             program = torch.onnx.export(
