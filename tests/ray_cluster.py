@@ -47,10 +47,17 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def cluster(work: Path, accel_node: bool = True, grace_s: float = 30) -> Iterator[str]:
     """Head + a node with ``accel`` (the head alone without ``accel_node``); yields the GCS address. On the way
-    out each ``ray start`` gets SIGTERM and ``grace_s`` to stop its node, then its group gets SIGKILL."""
+    out each ``ray start``, the head last, gets SIGTERM and ``grace_s`` to stop its node, then its group SIGKILL."""
     port = _free_port()
     address = f"127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+    # No drain on SIGTERM (Ray's default waits up to 30 s for a node's leases to move elsewhere; the head's never
+    # do): what ran on the cluster has stopped when it is torn down.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+    }
     common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
     head = [RAY, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"]
     # Ray's socket paths must stay under 107 bytes: a short directory of its own, not the test's tmp_path.
@@ -69,10 +76,11 @@ def cluster(work: Path, accel_node: bool = True, grace_s: float = 30) -> Iterato
             _wait_nodes(address, procs, logs)
         yield address
     finally:
+        # The second node first, the head once it is gone: a node drains through the head's GCS when it stops, and
+        # with the head stopped already it waits out its whole drain timeout for a GCS that never answers.
         for proc in reversed(procs):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
             try:
                 proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
