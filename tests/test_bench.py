@@ -84,8 +84,9 @@ def test_bench_refuses_a_batch_outside_the_range_and_a_tampered_artifact(artifac
     assert proc.returncode != 0 and "model.onnx: sha256" in proc.stderr
 
 
-def test_onnxruntime_load_takes_the_record_thread_count(artifact: Path) -> None:
-    """``aotforge bench --threads N`` asks through the record; session.json's count is only the default."""
+def test_onnxruntime_load_takes_the_record_thread_count(artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``aotforge bench --threads N`` asks through the record; session.json's count is only the default, and where
+    it asks for none the session takes ``OMP_NUM_THREADS`` (a positive count), else ONNX Runtime's own."""
     import dataclasses
 
     from aotforge.artifacts.signing import verified_manifest
@@ -100,8 +101,11 @@ def test_onnxruntime_load_takes_the_record_thread_count(artifact: Path) -> None:
         runner = target.load(artifact, record, io)
         assert runner.session.get_session_options().intra_op_num_threads == threads
     stored = json.loads((artifact / "session.json").read_text())["intra_op_threads"]
-    runner = target.load(artifact, manifest.target, io)
-    assert runner.session.get_session_options().intra_op_num_threads == stored
+    assert stored == 0  # none asked at build time: the environment's count, else ONNX Runtime's own
+    for variable, threads in (("3", 3), ("", 0), ("x", 0)):
+        monkeypatch.setenv("OMP_NUM_THREADS", variable)
+        runner = target.load(artifact, manifest.target, io)
+        assert runner.session.get_session_options().intra_op_num_threads == threads
 
 
 @pytest.mark.parametrize("kind", ["artifact", "tvm-untuned"])
