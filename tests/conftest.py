@@ -14,10 +14,10 @@ from typing import Any
 import onnx
 import pytest
 
-# One thread a runtime in the test processes and in every process they start (tvm's pool and torch read
-# OMP_NUM_THREADS, set here before either is imported): the default run's two workers share two cores, where a
-# runtime's second thread spin-waits against the other worker. A test that asks for a thread count sets it itself
-# (``bench --threads``); ONNX Runtime's pool showed no such cost. A count set in the environment is kept.
+# One thread a runtime in the test processes and in every process they start (tvm's pool, torch and aotforge's ONNX
+# Runtime sessions read OMP_NUM_THREADS, set here before any is imported): the default run's two workers share two
+# cores, where a runtime's second thread spin-waits against the other worker. A test that asks for a thread count
+# sets it itself (``bench --threads``). A count set in the environment is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from aotforge.artifacts.manifest import read_manifest
