@@ -92,6 +92,7 @@ def test_onnxruntime_load_takes_the_record_thread_count(artifact: Path, monkeypa
     from aotforge.artifacts.signing import verified_manifest
     from aotforge.core.spec import IOSpec
     from aotforge.targets import get_target
+    from aotforge.targets.onnxruntime import reference_session
 
     manifest = verified_manifest(artifact)
     io = IOSpec.from_dict(manifest.io)
@@ -106,6 +107,8 @@ def test_onnxruntime_load_takes_the_record_thread_count(artifact: Path, monkeypa
         monkeypatch.setenv("OMP_NUM_THREADS", variable)
         runner = target.load(artifact, manifest.target, io)
         assert runner.session.get_session_options().intra_op_num_threads == threads
+        reference = reference_session(str(artifact / "model.onnx"))  # a source model's, the build's reference
+        assert reference.get_session_options().intra_op_num_threads == threads
 
 
 @pytest.mark.parametrize("kind", ["artifact", "tvm-untuned"])

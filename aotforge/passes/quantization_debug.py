@@ -14,6 +14,8 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
+from aotforge.core.runtime_threads import environment_threads
+
 Feeds = dict[str, np.ndarray]
 
 
@@ -37,6 +39,7 @@ def _session(model: ir.Model, probes: dict[str, int] | None = None) -> ort.Infer
         if name in present and name not in known:
             proto.graph.output.append(onnx.helper.make_tensor_value_info(name, elem_type, None))
     options = ort.SessionOptions()
+    options.intra_op_num_threads = environment_threads()
     options.log_severity_level = 3
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_DISABLE_ALL if probes else options.graph_optimization_level

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from aotforge.core.errors import (
     UnsupportedModelError,
     describe,
 )
+from aotforge.core.runtime_threads import environment_threads
 from aotforge.core.spec import IOSpec
 from aotforge.targets.base import (
     Arrays,
@@ -53,7 +53,7 @@ class OrtOptions:
     #: ``extended`` keeps the optimized model portable across CPUs; ``all`` adds layout
     #: transforms specific to this host's ISA.
     optimization_level: str = "extended"
-    #: 0: ``OMP_NUM_THREADS`` where it is set (``environment_threads``), else ONNX Runtime's own, a thread a core.
+    #: 0: ``OMP_NUM_THREADS`` where it is set (``core.runtime_threads``), else ONNX Runtime's own, a thread a core.
     intra_op_threads: int = 0
     #: How long (microseconds) an idle intra-op thread spins for new work before it sleeps
     #: (``session.intra_op.spin_duration_us``); -1 leaves ONNX Runtime's own spinning, 0 never spins.
@@ -200,18 +200,9 @@ def reference_session(path_or_bytes: str | bytes) -> Any:
     import onnxruntime as ort
 
     sess_options = ort.SessionOptions()
+    sess_options.intra_op_num_threads = environment_threads()
     sess_options.log_severity_level = 3
     return ort.InferenceSession(path_or_bytes, sess_options, providers=["CPUExecutionProvider"])
-
-
-def environment_threads() -> int:
-    """``OMP_NUM_THREADS`` where it is a positive count, else 0 (ONNX Runtime's own default, a thread a core).
-
-    ONNX Runtime's own thread pool reads no variable, but tvm's pool and torch read this one. A session that asks
-    for no count takes it, so one variable bounds every runtime's threads in a process (several servers or workers
-    sharing a host's cores)."""
-    value = os.environ.get("OMP_NUM_THREADS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else 0
 
 
 def session_options(options: OrtOptions, optimized_path: Path | None = None) -> Any:
