@@ -11,7 +11,7 @@ ARGS ?=
 # With a RECIPE, TARGET / PASSES are passed only when set on the command line, so the recipe's hold.
 _flag = $(if $(and $(RECIPE),$(filter file,$(origin $(1)))),,--$(2) $($(1)))
 
-.PHONY: compile test test-slow lint bench bench-models bench-generation bench-speculative bench-draft bench-qat bench-serve bench-quality bench-tensor-parallel bench-pipeline-parallel bench-collectives bench-page targets clean device-check neuron-env tvm-ops-table
+.PHONY: compile test test-durations test-slow lint bench bench-models bench-generation bench-speculative bench-draft bench-qat bench-serve bench-quality bench-tensor-parallel bench-pipeline-parallel bench-collectives bench-page targets clean device-check neuron-env tvm-ops-table
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ targets: $(BIN)/.installed
 # is one Python thread waiting on a build, so a second core halves little else.
 test: $(BIN)/.installed
 	$(BIN)/pytest -q -n auto --dist loadfile
+
+# The default run with a junit report, whose per-file seconds set the order files go to the workers in.
+test-durations: $(BIN)/.installed
+	$(BIN)/pytest -q -n auto --dist loadfile --junitxml=$(OUT)/junit.xml
+	$(BIN)/python tools/test_durations.py $(OUT)/junit.xml
 
 test-slow: $(BIN)/.installed
 	$(BIN)/pytest -q -m slow

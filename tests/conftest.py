@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import re
+import statistics
 import warnings
 from collections.abc import Callable, Generator
 from pathlib import Path
@@ -49,6 +51,9 @@ ONNX_LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 #: The targets the README's install gives every host: their tests never skip (``_require_cpu_targets``).
 CPU_TARGETS = ("tvm", "onnxruntime")
 FAST_BENCH = BenchOptions(warmup=1, min_runs=3, max_runs=5, max_seconds=0.5)
+#: Each test file's seconds in a measured default run (``make test-durations`` rewrites it): the order files go to
+#: the workers in. A stale or missing entry only changes the order.
+FILE_SECONDS: dict[str, float] = json.loads((Path(__file__).with_name("file_durations.json")).read_text())
 
 
 def quick_build(model: Any, out: Path, **overrides: Any) -> BuildResult:
@@ -235,6 +240,17 @@ def _require_cpu_targets() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     _required_markers()  # an unknown value is a usage error before anything runs
     _require_cpu_targets()
+    # pytest-xdist would hand out the files with the most tests first; ours go heaviest first (below).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The heaviest files first, each file's tests in their own order: under ``--dist loadfile`` a worker takes a
+    file at a time, and a long file handed out last (one Ray cluster test is a minute) leaves the other worker idle
+    while it runs. A file not measured yet counts as a typical one."""
+    typical = statistics.median(FILE_SECONDS.values())
+    items.sort(key=lambda item: (-FILE_SECONDS.get(item.path.name, typical), str(item.path)))
 
 
 @pytest.hookimpl(wrapper=True)
