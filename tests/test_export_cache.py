@@ -80,3 +80,42 @@ def test_a_shards_key_is_the_whole_model_and_its_tag() -> None:
     ]
     keys = {key_components(model, spec, "masked", DECODE_FILE, other)["export"] for other in others}
     assert len(keys) == len(others) and base["export"] not in keys
+
+
+def test_two_builds_wanting_one_graph_at_once_export_it_once(tmp_path: Path) -> None:
+    """Two builds of one model into one cache at the same time (two targets, two workers): the second waits on the
+    entry's lock and reads back what the first stored, instead of exporting the graph again beside it."""
+    import threading
+
+    import onnx
+    import onnx_ir as ir
+
+    from aotforge.compiler.generative.export_cache import cached_export
+
+    model = tiny_llama()
+    spec = decoder_spec(model, MAX_SEQ, MAX_BATCH)
+    exported, entered = [], threading.Barrier(2)
+    node = onnx.helper.make_node("Identity", ["x"], ["y"])
+    value = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1]) for n in ("x", "y")]
+    proto = onnx.helper.make_model(onnx.helper.make_graph([node], "g", value[:1], value[1:]))
+
+    def export() -> Any:
+        exported.append(threading.get_ident())
+        threading.Event().wait(0.5)  # long enough for the other build to ask for the same entry meanwhile
+        return ir.from_proto(proto)
+
+    said: dict[int, list[str]] = {0: [], 1: []}
+    graphs: dict[int, Any] = {}
+
+    def build(i: int) -> None:
+        entered.wait()
+        graphs[i] = cached_export(tmp_path, model, spec, "masked", {PREFILL_FILE: export}, said[i].append)
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(exported) == 1, exported
+    assert sorted(any(line.startswith("export cache hit ") for line in said[i]) for i in (0, 1)) == [False, True]
+    assert [graphs[i][PREFILL_FILE].graph.node(0).op_type for i in (0, 1)] == ["Identity", "Identity"]

@@ -13,7 +13,9 @@ settings (the graph, the cache geometry, the decode attention; for a tensor- or 
 of which split: the part is a function of the whole model and that tag) and the toolchain (Python, every installed
 distribution, aotforge's own source: ``compiler.build_direct.toolchain_fingerprint``). An entry is an
 ``artifacts.build_cache`` entry under ``<export_cache_dir>``: the graph as ONNX with its weights beside it, every
-file's sha256 checked on a hit; a corrupt one is deleted and exported again, never served.
+file's sha256 checked on a hit; a corrupt one is deleted and exported again, never served. Builds that share
+the directory export each entry once: the first takes the entry's lock (``<export_cache_dir>/.locks/<key>``), the
+others wait on it and read what it stored.
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ from typing import Any
 from aotforge.artifacts import build_cache
 from aotforge.compiler.build_direct import toolchain_fingerprint
 from aotforge.core.decoder import DecoderSpec
+from aotforge.core.file_lock import locked
 
 #: The subdirectory of the build cache that holds export entries when no export cache is named.
 EXPORT_DIR = "export"
+#: The subdirectory of an export cache that holds each entry's lock file.
+LOCKS_DIR = ".locks"
 #: Config fields that say where or by which version a model was saved, not what it computes.
 _UNKEYED_CONFIG = ("_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype")
 
@@ -127,13 +132,16 @@ def cached_export(
             work = Path(scratch) / name.removesuffix(".onnx")
             work.mkdir()
             graph = name.removesuffix(".onnx")
-            if build_cache.lookup(cache_dir, key, work) is not None:
-                what = f" of {shard['kind']} shard {shard['index']}" if shard else ""
-                say(f"export cache hit {key[:12]}: skipping the export{what} of the {graph} graph")
-            else:
-                ir.save(export(), work / name, external_data=f"{name}.data")
-                files = [name, *([f"{name}.data"] if (work / f"{name}.data").is_file() else [])]
-                build_cache.store(cache_dir, key, components, work, files, {"graphs": [name]}, {})
+            # One export a key at a time: a build that wants a graph another build is exporting (two targets or
+            # two workers from one model) waits for its entry instead of exporting it too.
+            with locked(cache_dir / LOCKS_DIR / key):
+                if build_cache.lookup(cache_dir, key, work) is not None:
+                    what = f" of {shard['kind']} shard {shard['index']}" if shard else ""
+                    say(f"export cache hit {key[:12]}: skipping the export{what} of the {graph} graph")
+                else:
+                    ir.save(export(), work / name, external_data=f"{name}.data")
+                    files = [name, *([f"{name}.data"] if (work / f"{name}.data").is_file() else [])]
+                    build_cache.store(cache_dir, key, components, work, files, {"graphs": [name]}, {})
             graphs[name] = _load(work / name)
     return graphs
 

@@ -10,28 +10,16 @@ this module is plain Python and tested here with any merge function.
 
 from __future__ import annotations
 
-import fcntl
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``<path>.lock`` (a separate file: the cache itself is replaced)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+from aotforge.core.file_lock import locked
 
 
 def merge_into(path: Path, built: bytes, combine: Callable[[bytes, bytes], bytes]) -> bytes:
     """Write ``combine(built, what the file holds now)`` to ``path`` atomically; returns what was written."""
-    with locked(path):
+    with locked(path.with_name(path.name + ".lock")):  # a file of its own: the cache itself is replaced
         on_disk = path.read_bytes() if path.exists() else b""
         merged = combine(built, on_disk) if on_disk else built
         partial = path.with_name(f"{path.name}.{os.getpid()}.partial")

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from aotforge.core.file_lock import locked
 
 SCHEMA_VERSION = 1
 #: ``Entry.default_secs`` when the default schedule could not be built or run.
@@ -138,7 +139,7 @@ class TuningStore:
         """Store ``entry``, keeping the best ``TOP_K`` records of it and any entry already there."""
         path = self.path(entry.key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(path.parent / ".lock"):
+        with locked(path.parent / ".lock"):
             old = self.read(entry.key)
             merged = _merge(old, entry) if old is not None else entry
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
@@ -175,16 +176,6 @@ def _merge(old: Entry, new: Entry) -> Entry:
         default_secs=default,
         trials=max(known) if known else None,
     )
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def digest(entries: Sequence[Entry]) -> str:
