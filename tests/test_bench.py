@@ -59,10 +59,12 @@ def test_bench_cli_json_per_thread_count(artifact: Path) -> None:
 
 
 @pytest.mark.parametrize("target", CPU_TARGETS)
-def test_bench_child_imports_no_build_library(target: str, tmp_path: Path) -> None:
-    """Not torch, transformers or ORT's quantizer; tvm_ffi imports torch when it can, the child blocks it."""
+def test_bench_child_imports_no_build_library_and_records_its_threads(target: str, tmp_path: Path) -> None:
+    """Not torch, transformers or ORT's quantizer; tvm_ffi imports torch when it can, the child blocks it. Asked for
+    no thread count, it records the one ``OMP_NUM_THREADS`` gave the runtime (the suite sets it: tests/conftest)."""
     from aotforge.compiler.bench import bench_artifact, bench_inputs
     from aotforge.compiler.benchmark import BenchOptions
+    from aotforge.core.runtime_threads import environment_threads
     from aotforge.core.spec import IOSpec
 
     path = quick_build(str(tiny_model(tmp_path / "tiny.onnx")), tmp_path / "out", target=target).path
@@ -70,6 +72,7 @@ def test_bench_child_imports_no_build_library(target: str, tmp_path: Path) -> No
     inputs, batch = bench_inputs(io)
     (run,) = bench_artifact(path, inputs, batch=batch, options=BenchOptions(1, 3, 5, 0.1))
     assert run.build_modules == [] and len(run.times_ms) == run.result["runs"]
+    assert run.result["threads"] == environment_threads() > 0
 
 
 def test_bench_refuses_a_batch_outside_the_range_and_a_tampered_artifact(artifact: Path, tmp_path: Path) -> None:

@@ -46,12 +46,15 @@ def _measure(request: dict[str, Any], baseline: float) -> tuple[dict[str, Any], 
     import numpy as np
 
     from aotforge.compiler.benchmark import BenchOptions, summarize, timed_runs
+    from aotforge.core.runtime_threads import environment_threads
 
     runner = _load(Path(request["artifact"]), request.get("staged"), request["threads"])
     with np.load(request["inputs"]) as data:
         inputs = {k: data[k] for k in data.files}
     times = timed_runs(runner.run, inputs, BenchOptions(**request["options"]))
-    result = summarize(times, batch=request["batch"], threads=request["threads"], baseline_rss_mb=baseline)
+    # None asked: the count OMP_NUM_THREADS gives the runtime where it is set, so the record says what ran.
+    threads = request["threads"] or environment_threads()
+    result = summarize(times, batch=request["batch"], threads=threads, baseline_rss_mb=baseline)
     return dataclasses.asdict(result), [round(t * 1000.0, 4) for t in times]
 
 

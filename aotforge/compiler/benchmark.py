@@ -38,7 +38,8 @@ class BenchResult:
     #: Peak resident memory of the process that ran the benchmark (``compiler.bench``: the runner's own).
     peak_rss_mb: float
     std_ms: float = 0.0
-    #: Threads asked of the runtime (TVM_NUM_THREADS / ORT intra-op threads); 0: the runtime's default.
+    #: Threads asked of the runtime (TVM_NUM_THREADS / ORT intra-op threads), else the count OMP_NUM_THREADS gave
+    #: it; 0: the runtime's own default (a thread a core).
     threads: int = 0
     #: Resident memory the artifact added to its process (peak after the runs minus before loading).
     runner_rss_mb: float = 0.0
