@@ -424,28 +424,33 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
 }
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", [*TARGETS, "tensorrt"])
 @pytest.mark.parametrize("name", REFUSED)
 def test_a_feature_the_graphs_cannot_compute_is_refused_before_the_export(
     name: str, target: str, tmp_path: Path
 ) -> None:
     """A rope that recomputes its tables from the positions a call sees, or a position bias added to the mask
     transformers builds, would not be in the exported graphs: the build refuses in one line naming the family,
-    the target and the feature, before any export (a second at most)."""
+    the target and the feature, before any export (a second at most). A device bundle too (tensorrt's, prepared
+    here): its host compiles these same graphs."""
     from aotforge.core.errors import UnsupportedModelError
 
     family, values, feature = REFUSED[name]
+    bundle = {"prepare_only": True} if target == "tensorrt" else {}
     with pytest.raises(UnsupportedModelError, match=rf"\({family}\) cannot be built for {target}: .*{feature}"):
-        build_text_generation(decoder_of(family, values), tmp_path, target=target)
+        build_text_generation(decoder_of(family, values), tmp_path, target=target, **bundle)
     assert not any(tmp_path.rglob("*.onnx"))
 
 
 def test_cli_refusal_is_one_line_and_exit_2(tmp_path: Path) -> None:
     """The same refusal through ``aotforge compile DIR --task text-generation``: exit 2, one line, nothing written
-    (a real process: in this one transformers, imported already, would add its loading bar to the terminal)."""
+    (a real process: in this one transformers, imported already, would add its loading bar to the terminal). It
+    comes from ``config.json`` before the weights load: here they are not even readable."""
     from tests.test_errors import run_cli
 
     decoder_of(*REFUSED["falcon-alibi"][:2]).save_pretrained(tmp_path / "falcon")
+    (weights,) = (tmp_path / "falcon").glob("*.safetensors")
+    weights.write_bytes(b"not a safetensors file")
     proc = run_cli(
         "compile",
         str(tmp_path / "falcon"),

@@ -28,10 +28,10 @@ from aotforge.compiler.generative.export import decoder_spec, save_shared
 from aotforge.compiler.generative.export_cache import export_cache_dir
 from aotforge.compiler.generative.graph_passes import backend_target_passes, compile_passes, graph_passes_of
 from aotforge.compiler.generative.graph_stage import exported_graphs, pass_graphs
-from aotforge.compiler.generative.graphs import unsupported
+from aotforge.compiler.generative.graphs import refuse_unsupported
 from aotforge.compiler.generative.pass_list import decoder_pass_options
 from aotforge.compiler.generative.quality import validate_quality
-from aotforge.compiler.generative.source import CausalLM, load_causal_lm
+from aotforge.compiler.generative.source import CausalLM, load_causal_lm, refuse_from_config
 from aotforge.compiler.generative.validation import validate_generation
 from aotforge.compiler.generative.weight_calibration import calibrated_source, weight_only_params
 from aotforge.compiler.options import BuildOptions
@@ -43,7 +43,7 @@ from aotforge.core.decoder import (
     WEIGHTS_FILE,
     DecoderSpec,
 )
-from aotforge.core.errors import OptionsError, TargetUnavailableError, UnsupportedModelError
+from aotforge.core.errors import OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
 from aotforge.targets import generative_backend, get_target
 from aotforge.targets.base import DecoderInputs, GenerativeBackend, Target
@@ -54,6 +54,7 @@ Progress = Callable[[str], None]
 def build_generative(model: Any, opts: BuildOptions, say: Progress, direct: DirectPlan | None = None) -> BuildResult:
     """Compile a causal LM for ``opts.target`` as a generative artifact (``load(path).generate``)."""
     target = get_target(opts.target)
+    refuse_from_config(model, opts.name, opts.target, opts.generation.max_seq_len)
     if opts.prepare_only or generative_backend(opts.target).bundle_plan is not None:
         # Device targets: prepared as a bundle, finished on the device host (bundled.py).
         from aotforge.compiler.generative.bundled import build_bundled
@@ -116,10 +117,7 @@ def _export(
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
     spec = decoder_spec(source.model, opts.generation.max_seq_len, opts.generation.max_batch)
-    why = unsupported(source.model.config, spec.max_seq_len)
-    if why:  # refused before the export: a wrong artifact would only fail validation minutes later
-        family = getattr(source.model.config, "model_type", type(source.model).__name__)
-        raise UnsupportedModelError(f"{source.name} ({family}) cannot be built for {opts.target}: {why}")
+    refuse_unsupported(source.model.config, source.name, opts.target, spec.max_seq_len)
     if backend.plan is not None:  # options the target cannot honour are refused before the export
         backend.plan(spec, target_opts)
     if opts.generation.speculative_k and not backend.speculative:

@@ -44,6 +44,7 @@ from aotforge.compiler.bundle_format import (
 from aotforge.compiler.generative.bundle_finish import finish_generative
 from aotforge.compiler.generative.bundle_inputs import BundleInputs, bundle_inputs, inputs_sha
 from aotforge.compiler.generative.export import decoder_spec
+from aotforge.compiler.generative.graphs import refuse_unsupported
 from aotforge.compiler.generative.source import load_causal_lm
 from aotforge.compiler.generative.validation import check_generation, reference_greedy, validation_prompts
 from aotforge.compiler.options import BuildOptions
@@ -104,6 +105,8 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
     spec = decoder_spec(source.model, opts.generation.max_seq_len, opts.generation.max_batch)
+    # The device host traces or compiles these same graphs, so what they cannot compute is refused here too.
+    refuse_unsupported(source.model.config, source.name, opts.target, spec.max_seq_len)
     plan = _bundle_plan(opts.target)(spec, target_opts)  # refuses options the target cannot honour first
     graphs_from = backend.graphs_from
     inputs = bundle_inputs(graphs_from)

@@ -35,6 +35,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from aotforge.core.decoder import sliding_windows
+from aotforge.core.errors import UnsupportedModelError
 from aotforge.targets.onnxruntime import slot_attention
 
 
@@ -299,6 +300,15 @@ def unsupported(config: Any, max_seq_len: int) -> str:
                 f"position of a whole batch: build with --max-seq-len {original}"
             )
     return ""
+
+
+def refuse_unsupported(config: Any, name: str, target: str, max_seq_len: int) -> None:
+    """Refuse, naming the model, its family, the target and the feature, a model whose attention these graphs
+    would not compute (``unsupported``): a wrong artifact would only fail validation minutes later."""
+    why = unsupported(config, max_seq_len)
+    if why:
+        family = getattr(config, "model_type", None) or type(config).__name__
+        raise UnsupportedModelError(f"{name} ({family}) cannot be built for {target}: {why}")
 
 
 def _alibi(config: Any) -> bool:

@@ -41,11 +41,11 @@ from aotforge.compiler.generative.export import decoder_spec, save_shared
 from aotforge.compiler.generative.export_cache import export_cache_dir
 from aotforge.compiler.generative.graph_passes import backend_target_passes, graph_passes_of
 from aotforge.compiler.generative.graph_stage import exported_graphs, pass_graphs
-from aotforge.compiler.generative.graphs import unsupported
+from aotforge.compiler.generative.graphs import refuse_unsupported
 from aotforge.compiler.generative.pass_list import decoder_pass_options
 from aotforge.compiler.generative.shard_record import graphs_sha, shard_info
 from aotforge.compiler.generative.shard_work import ShardWork
-from aotforge.compiler.generative.source import CausalLM, load_causal_lm
+from aotforge.compiler.generative.source import CausalLM, load_causal_lm, refuse_from_config
 from aotforge.compiler.generative.weight_calibration import calibrated_source, weight_only_params
 from aotforge.compiler.option_flags import flag_name
 from aotforge.compiler.options import BuildOptions
@@ -57,7 +57,7 @@ from aotforge.core.decoder import (
     WEIGHTS_FILE,
     DecoderSpec,
 )
-from aotforge.core.errors import OptionsError, UnsupportedModelError
+from aotforge.core.errors import OptionsError
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET
 from aotforge.targets import get_target, shard_runtime, sharded_targets
@@ -115,6 +115,7 @@ def build_sharded(
     """Compile a causal LM as ``opts.generation.<kind>`` shard graphs in one artifact (``load(path).generate``)."""
     started = time.perf_counter()
     target = get_target(opts.target)
+    refuse_from_config(model, opts.name, opts.target, opts.generation.max_seq_len)
     opts = decoder_pass_options(opts)
     _refuse(opts, sharding)
     backend = _backend(opts, target)
@@ -144,9 +145,7 @@ def _export(
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
     spec = decoder_spec(source.model, opts.generation.max_seq_len, opts.generation.max_batch)
-    why = unsupported(source.model.config, spec.max_seq_len)
-    if why:
-        raise UnsupportedModelError(f"{source.name} cannot be built for {opts.target}: {why}")
+    refuse_unsupported(source.model.config, source.name, opts.target, spec.max_seq_len)
     if backend.plan is not None:  # options the target cannot honour are refused before the export
         backend.plan(spec, target_opts)
     # Weight-only int4/int8 as the unsharded build: calibrated weights (the source stays the fp32 reference) are

@@ -51,6 +51,24 @@ def load_causal_lm(model: Any, name: str | None = None) -> CausalLM:
     return _checked(model, name or type(model).__name__.lower(), "torch", _weights_sha(model), {})
 
 
+def refuse_from_config(model: Any, name: str | None, target: str, max_seq_len: int) -> None:
+    """A transformers directory whose ``config.json`` alone shows the graphs cannot compute its attention is refused
+    before its weights load (a large model's take minutes); other sources are checked once loaded. A config
+    transformers cannot read is left to the load, whose error says why."""
+    path = Path(model) if isinstance(model, (str, Path)) else None
+    if path is None or not (path / "config.json").is_file():
+        return
+    from transformers import AutoConfig
+
+    from aotforge.compiler.generative.graphs import refuse_unsupported
+
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception:
+        return
+    refuse_unsupported(config, name or path.name, target, max_seq_len)
+
+
 def _from_dir(path: Path, name: str | None) -> CausalLM:
     import torch
     from transformers import AutoModelForCausalLM
