@@ -40,6 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SEQ = 128
 RECIPE = ROOT / "examples" / "minilm_int8.toml"
+#: The builds' own validation runs on random token ids, where int8's error is well above its error on text (more so on
+#: a CPU without VNNI): it only catches a broken artifact here, and the tables measure quality on held-out text.
+VALIDATION_TOLERANCE = 0.3
 _INT8 = ("optimize", "fuse-ort", "int8-dynamic")
 _PLAIN = {"per_channel": True, "op_types": ["MatMul", "Attention"], "qattention": False}
 #: QAttention needs the padding mask verified on a few real inputs (else Attention stays float).
@@ -75,7 +78,8 @@ def build_all(work: Path) -> dict[str, Path]:
     shutil.rmtree(out, ignore_errors=True)
     models = {}
     for i, (name, overrides) in enumerate(VARIANTS.items()):
-        kw: dict[str, Any] = {"target": "onnxruntime", "out": out, "name": f"v{i}", "bench": False, "tolerance": 0.1}
+        kw: dict[str, Any] = {"target": "onnxruntime", "out": out, "name": f"v{i}", "bench": False}
+        kw |= {"tolerance": VALIDATION_TOLERANCE}
         started = time.perf_counter()
         result = build(
             str(ROOT / "examples" / "minilm.py"),
@@ -133,12 +137,12 @@ def user_export(args: argparse.Namespace) -> None:
                 continue  # the same dynamic graph as int8's choice here; tvm runs either, and refuses fuse-ort
             name = f"{target} {'+'.join(passes)}"
             extra = {**budget, "pass_params": {passes[-1]: {"min_sample_cosine": 0.99}}} if len(passes) > 1 else {}
-            # Validation runs on random token ids, where int8's rel L2 is ~0.2: the table below is on text.
             slug = name.replace(" ", "_").replace("+", "-")  # artifact names: letters, digits, . _ -
             dims = ("batch=1:1:1", f"seq=1:{SEQ}:{SEQ}")
             out = args.work / "user_artifacts"
             result = build(
-                str(source), target=target, out=out, name=slug, passes=passes, dynamic=dims, tolerance=0.3, bench=False,
+                str(source), target=target, out=out, name=slug, passes=passes, dynamic=dims, bench=False,
+                tolerance=VALIDATION_TOLERANCE,
                 **extra,
             )  # fmt: skip
             artifacts[name] = result.path
