@@ -78,8 +78,13 @@ def build_all(work: Path) -> dict[str, Path]:
     shutil.rmtree(out, ignore_errors=True)
     models = {}
     for i, (name, overrides) in enumerate(VARIANTS.items()):
-        kw: dict[str, Any] = {"target": "onnxruntime", "out": out, "name": f"v{i}", "bench": False}
-        kw |= {"tolerance": VALIDATION_TOLERANCE}
+        kw: dict[str, Any] = {
+            "target": "onnxruntime",
+            "out": out,
+            "name": f"v{i}",
+            "bench": False,
+            "tolerance": VALIDATION_TOLERANCE,
+        }
         started = time.perf_counter()
         result = build(
             str(ROOT / "examples" / "minilm.py"),

@@ -80,6 +80,11 @@ def build(
         if served is not None:
             return served
     if opts.frontend.task == TEXT_GENERATION:
+        from aotforge.compiler.generative.source import refuse_from_config
+
+        # Every decoder build (unsharded, sharded, a device bundle) compiles the same graphs: one check, from the
+        # model's config, before any of them loads its weights.
+        refuse_from_config(model, opts.name, opts.target, opts.generation.max_seq_len)
         if opts.generation.pipeline_parallel > 1 or opts.generation.tensor_parallel > 1:  # rank or stage graphs
             from aotforge.compiler.generative import pp_build, tp_build
             from aotforge.compiler.generative.sharded_build import build_sharded

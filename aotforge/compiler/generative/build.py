@@ -31,7 +31,7 @@ from aotforge.compiler.generative.graph_stage import exported_graphs, pass_graph
 from aotforge.compiler.generative.graphs import refuse_unsupported
 from aotforge.compiler.generative.pass_list import decoder_pass_options
 from aotforge.compiler.generative.quality import validate_quality
-from aotforge.compiler.generative.source import CausalLM, load_causal_lm, refuse_from_config
+from aotforge.compiler.generative.source import CausalLM, load_causal_lm
 from aotforge.compiler.generative.validation import validate_generation
 from aotforge.compiler.generative.weight_calibration import calibrated_source, weight_only_params
 from aotforge.compiler.options import BuildOptions
@@ -54,7 +54,6 @@ Progress = Callable[[str], None]
 def build_generative(model: Any, opts: BuildOptions, say: Progress, direct: DirectPlan | None = None) -> BuildResult:
     """Compile a causal LM for ``opts.target`` as a generative artifact (``load(path).generate``)."""
     target = get_target(opts.target)
-    refuse_from_config(model, opts.name, opts.target, opts.generation.max_seq_len)
     if opts.prepare_only or generative_backend(opts.target).bundle_plan is not None:
         # Device targets: prepared as a bundle, finished on the device host (bundled.py).
         from aotforge.compiler.generative.bundled import build_bundled

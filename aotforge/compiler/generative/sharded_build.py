@@ -45,7 +45,7 @@ from aotforge.compiler.generative.graphs import refuse_unsupported
 from aotforge.compiler.generative.pass_list import decoder_pass_options
 from aotforge.compiler.generative.shard_record import graphs_sha, shard_info
 from aotforge.compiler.generative.shard_work import ShardWork
-from aotforge.compiler.generative.source import CausalLM, load_causal_lm, refuse_from_config
+from aotforge.compiler.generative.source import CausalLM, load_causal_lm
 from aotforge.compiler.generative.weight_calibration import calibrated_source, weight_only_params
 from aotforge.compiler.option_flags import flag_name
 from aotforge.compiler.options import BuildOptions
@@ -115,7 +115,6 @@ def build_sharded(
     """Compile a causal LM as ``opts.generation.<kind>`` shard graphs in one artifact (``load(path).generate``)."""
     started = time.perf_counter()
     target = get_target(opts.target)
-    refuse_from_config(model, opts.name, opts.target, opts.generation.max_seq_len)
     opts = decoder_pass_options(opts)
     _refuse(opts, sharding)
     backend = _backend(opts, target)
