@@ -87,6 +87,26 @@ def test_hidden_is_the_lm_head_input(target: Path, llama_dir: Path) -> None:
     np.testing.assert_allclose(engine.hidden(), want[:, 4:], atol=1e-4, rtol=1e-4)
 
 
+def test_the_int8_step_is_the_float32_reference_within_its_rounding(tmp_path: Path) -> None:
+    """The step speculative decoding runs (int8 on ONNX Runtime) against the format's float32 reference: each of its
+    five matmuls rounds weights and input to 8 bits (at most 2^-7 of an element's block maximum), so ``y`` and the
+    logits stay within a few percent, and a proposal differs only where the reference's two best tokens are closer
+    than the logits' error."""
+    draft = load_feature_draft(random_draft(tmp_path / "random", d=96, n=256))
+    rng = np.random.default_rng(2)
+    hidden = rng.normal(size=(256, 96)).astype(np.float32)
+    tokens = rng.integers(0, VOCAB, 256)
+    want_y, want = draft.reference_step(hidden, tokens)
+    got_y, got = draft.step(hidden, tokens)
+    assert np.linalg.norm(got_y - want_y) < 0.03 * np.linalg.norm(want_y)
+    assert np.linalg.norm(got - want) < 0.03 * np.linalg.norm(want)
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    margin, error = top2[:, 1] - top2[:, 0], np.abs(got - want).max(axis=-1)
+    changed = got.argmax(-1) != want.argmax(-1)
+    assert not np.any(changed & (margin > 2 * error)), (margin[changed], error[changed])
+    assert changed.mean() < 0.1  # most proposals are the reference's
+
+
 class _Recording(FeatureDraft):
     """The draft, recording the ``(h, token)`` each round starts its chain from (not the steps fed its own ``y``)."""
 

@@ -134,11 +134,12 @@ def test_the_torch_forward_is_the_specs(arch: str, tmp_path: Path) -> None:
             got_tok = draft.propose(got_h)
             np.testing.assert_allclose(got_h.numpy(), y_ref, rtol=1e-4, atol=1e-5)
             assert np.array_equal(got_tok.numpy(), tok_ref)
-    # The runtime's reader of the directory (what speculative decoding runs) steps the same chain.
+    # The runtime's float32 reference (what its int8 step, tests/test_feature_draft.py, is checked against) steps
+    # the same chain.
     runtime = load_feature_draft(tmp_path / "draft")
     run_h, run_tok = h, tok
     for y_ref, tok_ref in want:
-        run_h, logits = runtime.step(run_h, run_tok)
+        run_h, logits = runtime.reference_step(run_h, run_tok)
         run_tok = runtime.weights["vocab_ids"][np.argmax(logits, -1)]
         np.testing.assert_allclose(run_h, y_ref, rtol=1e-4, atol=1e-5)
         assert np.array_equal(run_tok, tok_ref)

@@ -3,14 +3,16 @@ target's own LM-head input ``h`` (Hydra, Ankner et al. 2024; EAGLE, Li et al. 20
 
 One step, batched over slots: ``(h_t, x_{t+1}) -> (y, logits over the sub-vocabulary)``, ``y`` the predicted
 ``h_{t+1}``; a chain of ``k`` feeds each ``(y, proposal)`` back. It has no cache, so it costs a few small matmuls
-a proposal and nothing to roll back. The directory holds ``feature_draft.json`` (sizes, target, the training
-report) and ``weights.safetensors`` (float32, read with ``safetensors.numpy``: no torch at run time).
+a proposal (in int8: ``feature_draft_step``) and nothing to roll back. The directory holds ``feature_draft.json``
+(sizes, target, the training report) and ``weights.safetensors`` (float32, read with ``safetensors.numpy``: no
+torch at run time).
 ``save_feature_draft`` writes one (the trainer's and the tests'); ``load_feature_draft`` reads it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -55,8 +57,20 @@ class FeatureDraft:
         return int(self.weights["embed"].shape[0])
 
     def step(self, hidden: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What speculative decoding proposes with: :meth:`reference_step` as an int8 graph on ONNX Runtime
+        (``feature_draft_step``: a quarter of the bytes to read a proposal), built on the first call."""
+        return self._compiled(hidden, tokens)
+
+    @functools.cached_property
+    def _compiled(self) -> Any:
+        from aotforge.targets.generative.feature_draft_step import CompiledStep
+
+        return CompiledStep(self.weights, float(self.config["rms_eps"]))
+
+    def reference_step(self, hidden: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``hidden [B, d]`` and the tokens they produced ``[B]`` (target ids) -> the predicted next hidden
-        ``[B, d]`` and the logits over the sub-vocabulary ``[B, n]`` (``vocab_ids`` maps them to target ids)."""
+        ``[B, d]`` and the logits over the sub-vocabulary ``[B, n]`` (``vocab_ids`` maps them to target ids), in
+        float32: the format's contract, which the trainer's forward and the compiled step are checked against."""
         w = self.weights
         z = np.concatenate([w["embed"][tokens], hidden], axis=-1) @ w["fc"].T + w["fc_bias"]
         r = z / np.sqrt(np.mean(z * z, axis=-1, keepdims=True) + float(self.config["rms_eps"])) * w["norm"]

@@ -122,12 +122,7 @@ class FeatureProposer:
                 "with --speculative-k K with this aotforge (artifacts built before return none)"
             )
         draft.check_target(size, engine.spec.vocab, "this artifact")
-        from threadpoolctl import ThreadpoolController
-
         self.draft, self.engine = draft, cast(HiddenEngine, engine)
-        # The draft's matmuls are GEMVs of a row or a few: a second BLAS thread gains nothing on them, and waiting
-        # for one that the target's own threads keep off a core costs more than the work itself.
-        self.blas = ThreadpoolController()
         self.hidden = np.zeros((0, size), dtype=np.float32)
         # Logits over the target's vocabulary: -inf outside the draft's sub-vocabulary, so a sampled q is 0 there.
         self.logits = np.zeros((0, engine.spec.vocab), dtype=np.float32)
@@ -143,14 +138,13 @@ class FeatureProposer:
         self, history: list[list[int]], length: list[int], ids: np.ndarray, pos: np.ndarray, rule: Greedy | Sampled
     ) -> int:
         hidden, vocab_ids = self.hidden, self.draft.weights["vocab_ids"]
-        with self.blas.limit(limits=1, user_api="blas"):
-            for i in range(ids.shape[1] - 1):
-                hidden, sub = self.draft.step(hidden, ids[:, i])
-                if isinstance(rule, Greedy):  # the sub-vocabulary's argmax: no scatter into the whole vocabulary
-                    ids[:, i + 1] = vocab_ids[sub.argmax(axis=-1)]
-                else:
-                    self.logits[:, vocab_ids] = sub
-                    rule.propose(self.logits, out=ids[:, i + 1])
+        for i in range(ids.shape[1] - 1):  # the draft's step runs on one thread of its own (feature_draft_step)
+            hidden, sub = self.draft.step(hidden, ids[:, i])
+            if isinstance(rule, Greedy):  # the sub-vocabulary's argmax: no scatter into the whole vocabulary
+                ids[:, i + 1] = vocab_ids[sub.argmax(axis=-1)]
+            else:
+                self.logits[:, vocab_ids] = sub
+                rule.propose(self.logits, out=ids[:, i + 1])
         return ids.shape[1] - 1
 
     def accepted(self, row: int, kept: int, length: int) -> None:
