@@ -37,6 +37,8 @@ class LoadedArtifact:
         self.manifest = manifest
         self.io = IOSpec.from_dict(manifest.io)
         self._runner = runner
+        #: Feature drafts passed as directories, loaded once each (their int8 step is built on first use).
+        self._feature_drafts: dict[tuple[str, int], Any] = {}
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> Arrays:
         expected = [s.name for s in self.io.inputs]
@@ -126,10 +128,19 @@ class LoadedArtifact:
         draft = kwargs.get("draft")
         if draft is None:
             return kwargs
-        from aotforge.targets.generative.feature_draft import FeatureDraft, is_feature_draft, load_feature_draft
+        from aotforge.targets.generative.feature_draft import (
+            CONFIG_FILE,
+            FeatureDraft,
+            is_feature_draft,
+            load_feature_draft,
+        )
 
         if is_feature_draft(draft):  # a feature draft's directory (checked against the target when the call starts)
-            draft = load_feature_draft(draft)
+            path = Path(draft).resolve()
+            key = (str(path), (path / CONFIG_FILE).stat().st_mtime_ns)  # written last, by save_feature_draft
+            if key not in self._feature_drafts:
+                self._feature_drafts = {key: load_feature_draft(path)}  # the last one only: a draft holds its weights
+            draft = self._feature_drafts[key]
         if isinstance(draft, FeatureDraft):
             return {**kwargs, "draft": draft}
         if not isinstance(draft, LoadedArtifact):
