@@ -295,6 +295,30 @@ def page_tables(results: dict[str, Any]) -> list[dict[str, Any]]:
                 f"aotforge distill options: {json.dumps(options, sort_keys=True)}",
             )
         )
+    feature = (results.get("feature_draft") or {}).get("training")
+    if feature:  # what the feature draft timed here cost to train, and what its report predicted
+        after = feature.get("after") or {}
+        data = (feature.get("pool_cpu_seconds") or 0) + (feature.get("features_cpu_seconds") or 0)
+        tables.append(
+            bench_record.table(
+                "The feature draft",
+                (
+                    "steps",
+                    "train CPU s (the teacher's data)",
+                    "held-out acceptance a1 / a2 / a3",
+                    "tokens a round, k=1..3",
+                ),
+                [
+                    [
+                        str(feature.get("steps")),
+                        f"{feature.get('train_cpu_seconds')} ({round(data, 1)})",
+                        " / ".join(f"{a:.1%}" for a in after.get("acceptance", [])),
+                        " / ".join(str(t) for t in after.get("expected_tokens", [])),
+                    ]
+                ],
+                f"aotforge distill-draft options: {json.dumps(feature.get('options') or {}, sort_keys=True)}",
+            )
+        )
     for target, r in results.items():
         if target in ("draft_training", "feature_draft"):
             continue
