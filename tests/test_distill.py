@@ -97,7 +97,11 @@ def test_refusals_name_the_fix(teacher: Path, tmp_path: Path) -> None:
     (tmp_path / "c" / "x").write_text("x")
     taken = runner.invoke(main, ["distill", str(teacher), "--student-layers", "1", "--out", str(tmp_path / "c")])
     assert taken.exit_code == 2 and "not empty" in taken.output
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # A teacher's pool that takes the whole budget would leave an untrained student: refused, nothing written.
+    args = ["distill", str(teacher), "--student-layers", "1", "--out", str(tmp_path / "d"), *FAST]
+    starved = runner.invoke(main, [*args, "--continuation", "16", "--pool", "8", "--max-minutes", "0.0001"])
+    assert starved.exit_code == 2 and "no training step is left" in starved.output, starved.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "d").exists()
 
 
 @pytest.fixture(scope="module")

@@ -166,6 +166,7 @@ def test_refusals_name_the_fix(tmp_path: Path) -> None:
         (["--sub-vocab", "600"], "fewer than 500"),
         (["--chain", "30"], "--chain 30 / --continuation 24: give a chain of 1 to --continuation - 1"),
         (["--schedule", "linear"], "--schedule is one of constant, cosine"),
+        (["--max-minutes", "0.0001"], "no training step is left; make less of it (a smaller --pool or --text-windows)"),
     ]:
         args = ["distill-draft", str(teacher), "--out", str(tmp_path / "d"), *FAST, *flags]
         ran = CliRunner().invoke(main, args)

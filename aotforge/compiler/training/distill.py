@@ -29,6 +29,7 @@ from aotforge.compiler.training.teacher import Teacher
 from aotforge.compiler.training.teacher_data import TeacherSequences, teacher_sequences
 from aotforge.compiler.training.teacher_features import TeacherFeatures
 from aotforge.compiler.training.text import TokenStreams
+from aotforge.core.errors import OptionsError
 from aotforge.targets.generative.draft_vocab import DraftVocab
 
 Progress = Callable[[str], None]
@@ -79,6 +80,9 @@ def distill(
     before = score(teacher, student, streams.held_out, options, vocab, held_out_pool)
     say(f"before: student perplexity {before['student_perplexity']:.2f}, teacher {before['teacher_perplexity']:.2f}")
     budget = Budget(options, pool)
+    budget.refuse_if_spent(
+        f"--pool {options.pool} continuations of {options.continuation} tokens" if pool else "the student's set-up"
+    )
     step, losses = 0, []
     while (spent := budget.spent(step)) < 1.0:
         for group in optimizer.param_groups:
@@ -160,6 +164,18 @@ class Budget:
         if o.max_cpu_minutes > 0:
             fractions.append(self.cpu_seconds() / (o.max_cpu_minutes * 60))
         return max(fractions)
+
+    def refuse_if_spent(self, data: str) -> None:
+        """Refuse a run whose teacher's ``data`` (what it was: the knobs that size it) left no training step in the
+        budget: it would write an untrained student."""
+        if self.spent(0) >= 1.0:
+            o = self.options
+            cpu = f", {o.max_cpu_minutes:g} CPU-minutes" if o.max_cpu_minutes > 0 else ""
+            raise OptionsError(
+                f"the teacher's data ({data}) took {self.seconds():.0f} s and {self.cpu_seconds():.0f} CPU s, all of "
+                f"the run's budget ({o.max_minutes:g} minutes{cpu}): no training step is left; make less of it "
+                "(a smaller --pool or --text-windows) or give the run more (--max-minutes, --max-cpu-minutes)"
+            )
 
 
 def descend(optimizer: Any, loss: Any, params: Any) -> float:

@@ -104,6 +104,7 @@ def train_feature_draft(
         params = [p for p in params if p is not draft.head]
     optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0)
     budget = Budget(options, made)
+    budget.refuse_if_spent(f"--pool {options.pool} continuations and --text-windows {options.text_windows}")
     step, losses = 0, []
     draft.train()
     while (spent := budget.spent(step)) < 1.0:
