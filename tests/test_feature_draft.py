@@ -172,10 +172,10 @@ def test_eos_max_new_tokens_and_sampling(target: Path, tmp_path: Path) -> None:
     kw = {"attention_mask": mask, "do_sample": True, "top_k": 50, "seed": 7, "draft": draft, "ignore_eos": True}
     np.testing.assert_array_equal(artifact.generate(ids, NEW, **kw), artifact.generate(ids, NEW, **kw))
     # The directory was loaded (and its int8 step built) once for all these calls; a rewritten one is read again.
-    (loaded,) = artifact._feature_drafts.values()
+    loaded = artifact._feature_draft[1]
     random_draft(draft, seed=1)
     artifact.generate(ids, 2, attention_mask=mask, draft=draft, ignore_eos=True)
-    (reloaded,) = artifact._feature_drafts.values()
+    reloaded = artifact._feature_draft[1]
     assert reloaded is not loaded and not np.array_equal(reloaded.weights["fc"], loaded.weights["fc"])
 
 

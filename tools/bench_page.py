@@ -75,7 +75,7 @@ BENCHES = (
         "make bench-draft ARGS='--kind feature --targets tvm,onnxruntime --ks 2,3'",
         "tools/bench_draft.py --kind feature makes a feature draft of SmolLM2-135M-Instruct (aotforge distill-draft: "
         "an attention-free head over the target's own last hidden state, no cache, a few small matmuls a proposal "
-        "(in int8 since 73b56ee), "
+        "run in int8 on one ONNX Runtime thread, "
         "trained on the fp32 model's features over its greedy continuations and stdlib text, by default for the same "
         "CPU-time budget; --draft DIR times a given one; what the timed draft's training cost, and its own report, "
         "are in the table below) and times it as tools/bench_speculative.py does: the fp32 target (its verify graph "

@@ -37,8 +37,9 @@ class LoadedArtifact:
         self.manifest = manifest
         self.io = IOSpec.from_dict(manifest.io)
         self._runner = runner
-        #: Feature drafts passed as directories, loaded once each (their int8 step is built on first use).
-        self._feature_drafts: dict[tuple[str, int], Any] = {}
+        #: The last feature draft passed as a directory, by (path, its config's mtime): loaded once for the calls
+        #: that pass it again (its int8 step is built on first use); one only, as a draft holds its weights.
+        self._feature_draft: tuple[tuple[str, int], Any] | None = None
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> Arrays:
         expected = [s.name for s in self.io.inputs]
@@ -138,9 +139,9 @@ class LoadedArtifact:
         if is_feature_draft(draft):  # a feature draft's directory (checked against the target when the call starts)
             path = Path(draft).resolve()
             key = (str(path), (path / CONFIG_FILE).stat().st_mtime_ns)  # written last, by save_feature_draft
-            if key not in self._feature_drafts:
-                self._feature_drafts = {key: load_feature_draft(path)}  # the last one only: a draft holds its weights
-            draft = self._feature_drafts[key]
+            if self._feature_draft is None or self._feature_draft[0] != key:
+                self._feature_draft = (key, load_feature_draft(path))
+            draft = self._feature_draft[1]
         if isinstance(draft, FeatureDraft):
             return {**kwargs, "draft": draft}
         if not isinstance(draft, LoadedArtifact):
