@@ -87,6 +87,7 @@ def test_the_cli_writes_the_specs_directory(arch: str, tmp_path: Path) -> None:
     embed, head = (m.weight.detach().numpy() for m in (model.get_input_embeddings(), model.get_output_embeddings()))
     assert np.array_equal(weights["embed"], embed) and np.array_equal(weights["head"], head[weights["vocab_ids"]])
     assert len(report["after"]["acceptance"]) == 3 and report["after"]["positions"] > 0
+    assert report["sequences"] == {"continued": 24, "text_windows": 8}
 
 
 def spec_forward(w: dict[str, np.ndarray], eps: float, h: np.ndarray, tok: np.ndarray, k: int) -> list[Any]:
@@ -166,6 +167,7 @@ def test_refusals_name_the_fix(tmp_path: Path) -> None:
         (["--sub-vocab", "600"], "fewer than 500"),
         (["--chain", "30"], "--chain 30 / --continuation 24: give a chain of 1 to --continuation - 1"),
         (["--schedule", "linear"], "--schedule is one of constant, cosine"),
+        (["--pool-share", "0.5", "--data-share", "0.4"], "give 0 < pool share <= data share < 1"),
         (["--max-minutes", "0.0001"], "no training step is left; make less of it (a smaller --pool or --text-windows)"),
     ]:
         args = ["distill-draft", str(teacher), "--out", str(tmp_path / "d"), *FAST, *flags]
@@ -209,6 +211,31 @@ def test_the_pools_features_are_a_prefills_of_its_continuations(arch: str) -> No
     assert np.array_equal(kept.greedy, prefill.greedy) and np.array_equal(kept.top_ids, prefill.top_ids)
     assert np.array_equal(kept.greedy[:, 6:-1], kept.ids[:, 7:])  # the continuation is the teacher's greedy path
     assert continued_features(teacher, prompts, 6, 4).cached
+
+
+def test_the_teachers_data_stops_at_its_share_and_a_later_run_reads_back_what_it_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Data made a chunk at a time stops at the first chunk ``enough`` is told of; a run without the bound reads
+    that chunk back, makes the rest, and counts both costs; a third run reads every chunk and makes nothing."""
+    from aotforge.compiler.training import teacher_features as made_in_chunks
+    from aotforge.compiler.training.teacher import Teacher
+    from tests.llm_models import tiny_causal_lm
+
+    monkeypatch.setattr(made_in_chunks, "CHUNK", 2)
+    model = tiny_causal_lm("qwen2")
+    teacher = Teacher(model, np.arange(3, 303, dtype=np.int64), None)
+    prompts = np.random.default_rng(1).integers(0, model.config.vocab_size, (5, 7))
+    told: list[tuple[float, float]] = []
+    first = made_in_chunks.continued_features(teacher, prompts, 6, 4, lambda *cost: told.append(cost) or True)
+    assert len(first.ids) == 2 and not first.cached and told == [(first.seconds, first.cpu_seconds)]
+    whole = made_in_chunks.continued_features(teacher, prompts, 6, 4)
+    assert len(whole.ids) == 5 and not whole.cached and whole.cpu_seconds > first.cpu_seconds
+    assert np.array_equal(whole.ids[:2], first.ids) and np.array_equal(whole.hidden[:2], first.hidden)
+    again = made_in_chunks.continued_features(teacher, prompts, 6, 4)
+    assert again.cached and again.cpu_seconds == whole.cpu_seconds and np.array_equal(again.ids, whole.ids)
+    text = made_in_chunks.teacher_features(teacher, whole.ids, 4, lambda seconds, cpu: cpu >= 0)
+    assert np.array_equal(text.ids, whole.ids[:2]) and np.array_equal(text.greedy[:, 6:-1], whole.ids[:2, 7:])
 
 
 def test_the_logit_losses_read_the_first_logit_batch_positions() -> None:

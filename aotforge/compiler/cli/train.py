@@ -49,9 +49,11 @@ _DRAFT_HELP = {
     "feature_weight": "Weight of the smooth-L1 loss to the teacher's next feature.",
     "train_head": "Train the head (else it stays the teacher's LM-head rows).",
     "continuation": "Each pooled sequence's last N tokens are the teacher's greedy continuation.",
-    "pool": "Sequences the teacher continues once, up front (cached; its cost in the budget).",
+    "pool": "At most this many sequences the teacher continues once, up front (cached; its cost in the budget).",
     "top_k": "The teacher's largest logits kept per position (the KL is over them).",
-    "text_windows": "Windows of plain training text beside the pool; 0: the pool only.",
+    "text_windows": "At most this many windows of plain training text beside the pool; 0: none.",
+    "pool_share": "The pool stops at this share of the budget (the chunk that crosses it is finished).",
+    "data_share": "The pool and the text windows stop at this share of the budget; the rest trains.",
     "held_out_tokens": "Held-out text whose windows prompt the held-out continuations the report scores.",
 }
 

@@ -159,11 +159,7 @@ class Budget:
         return f"{self.seconds():.0f} s, {self.cpu_seconds():.0f} CPU s"
 
     def spent(self, step: int) -> float:
-        o = self.options
-        fractions = [step / o.max_steps, self.seconds() / (o.max_minutes * 60)]
-        if o.max_cpu_minutes > 0:
-            fractions.append(self.cpu_seconds() / (o.max_cpu_minutes * 60))
-        return max(fractions)
+        return max(step / self.options.max_steps, share(self.options, self.seconds(), self.cpu_seconds()))
 
     def refuse_if_spent(self, data: str) -> None:
         """Refuse a run whose teacher's ``data`` (what it was: the knobs that size it) left no training step in the
@@ -176,6 +172,15 @@ class Budget:
                 f"the run's budget ({o.max_minutes:g} minutes{cpu}): no training step is left; make less of it "
                 "(a smaller --pool or --text-windows) or give the run more (--max-minutes, --max-cpu-minutes)"
             )
+
+
+def share(options: DistillOptions | FeatureDraftOptions, seconds: float, cpu_seconds: float) -> float:
+    """The largest fraction of the wall-clock and (when set) CPU-time budgets that ``seconds`` and ``cpu_seconds``
+    are."""
+    fractions = [seconds / (options.max_minutes * 60)]
+    if options.max_cpu_minutes > 0:
+        fractions.append(cpu_seconds / (options.max_cpu_minutes * 60))
+    return max(fractions)
 
 
 def descend(optimizer: Any, loss: Any, params: Any) -> float:

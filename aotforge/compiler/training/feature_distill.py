@@ -17,6 +17,7 @@ speculative decoding accepts; ``expected_tokens[k - 1]``: tokens per round of ``
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from aotforge.compiler.training.distill import (
     _windows,
     descend,
     learning_rate,
+    share,
     sparse_response_loss,
 )
 from aotforge.compiler.training.feature_draft import FeatureDraft
@@ -86,14 +88,28 @@ def train_feature_draft(
     # The same prompts, drawn first from the same seed, as ``aotforge distill --continuation``'s pool; the features
     # of its sequences are kept from the pass that decodes them, the text windows' come from one prefill.
     prompt = options.seq_len - options.continuation
-    pool = continued_features(
-        fast, _prompts(streams.train, prompt, options.pool, rng), options.continuation, options.top_k
-    )
-    text = _prompts(streams.train, options.seq_len, options.text_windows, rng) if options.text_windows else None
-    windows = teacher_features(fast, text, options.top_k) if text is not None else None
+    prompts = _prompts(streams.train, prompt, options.pool, rng)
+    text = _prompts(streams.train, options.seq_len, options.text_windows, rng)
+
+    def spent_share(part: float) -> Callable[[float, float], bool]:
+        return lambda seconds, cpu_seconds: share(options, seconds, cpu_seconds) >= part
+
+    pool = continued_features(fast, prompts, options.continuation, options.top_k, spent_share(options.pool_share))
+    windows = None
+    if len(text) and not spent_share(options.data_share)(pool.seconds, pool.cpu_seconds):
+        windows = teacher_features(
+            fast,
+            text,
+            options.top_k,
+            lambda seconds, cpu: spent_share(options.data_share)(seconds + pool.seconds, cpu + pool.cpu_seconds),
+        )
     made = pool if windows is None else joined(pool, windows)
     ids = made.ids
-    say(f"teacher's features of {len(ids)} sequences ({len(pool.ids)} continued) in {made.cpu_seconds:.0f} CPU s")
+    say(
+        f"teacher's features of {len(ids)} sequences ({len(pool.ids)} of --pool {options.pool} continued, "
+        f"{len(ids) - len(pool.ids)} of --text-windows {options.text_windows}) in {made.cpu_seconds:.0f} CPU s, "
+        f"{share(options, made.seconds, made.cpu_seconds):.0%} of the budget"
+    )
     held = held_out(teacher, streams, vocab, options, prompt)
     before = score(draft, held, options, vocab, prompt)
     say(f"before: held-out chain acceptance {_rates(before)}")
@@ -104,7 +120,7 @@ def train_feature_draft(
         params = [p for p in params if p is not draft.head]
     optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0)
     budget = Budget(options, made)
-    budget.refuse_if_spent(f"--pool {options.pool} continuations and --text-windows {options.text_windows}")
+    budget.refuse_if_spent(f"{len(pool.ids)} continuations and {len(ids) - len(pool.ids)} text windows")
     step, losses = 0, []
     draft.train()
     while (spent := budget.spent(step)) < 1.0:
@@ -135,6 +151,7 @@ def train_feature_draft(
         "cached": {"pool": pool.cached, "features": windows.cached if windows is not None else True},
         "positions_seen": step * options.batch,
         "training_positions": int(ids.shape[0] * (ids.shape[1] - options.chain)),
+        "sequences": {"continued": len(pool.ids), "text_windows": len(ids) - len(pool.ids)},
         "autocast": str(autocast).replace("torch.", "") if autocast is not None else "float32",
         "loss_first": losses[0] if losses else None,
         "loss_last": float(np.mean(losses[-20:])) if losses else None,

@@ -125,9 +125,9 @@ class FeatureDraftOptions:
     batch: int = 2048
     #: Of those, at most this many are the positions whose logits the response and greedy losses read (a random
     #: subset: the batch's rows are drawn at random), the feature loss reading all; 0: the whole batch. The head's
-    #: matmul over the sub-vocabulary and its softmax cost most of a step, the feature loss little: a subset buys
-    #: more steps, each with less of the logits' signal (whether that pays is not measured yet: off by default).
-    logit_batch: int = 0
+    #: matmul over the sub-vocabulary and its softmax cost as much as the rest of a step: a subset buys more steps
+    #: in a CPU-time budget, each with less of the logits' signal (the features still pull every position).
+    logit_batch: int = 512
     lr: float = 1e-3
     warmup_steps: int = 20
     #: After the warm-up: ``constant``, or ``cosine``, decayed to 0 over the budget.
@@ -144,11 +144,17 @@ class FeatureDraftOptions:
     #: Tokens per training sequence: text, then (``continuation``) the teacher's greedy continuation of it.
     seq_len: int = 128
     continuation: int = 64
-    #: Sequences the teacher continues greedily, up front (cached; on-distribution for greedy decoding).
+    #: At most this many sequences the teacher continues greedily, up front (cached; on-distribution for greedy
+    #: decoding; a prefill position costs about a third of a decoded one).
     pool: int = 768
     top_k: int = 16
-    #: Further windows of plain training text (``seq_len`` tokens each) beside the pool; 0: the pool only.
-    text_windows: int = 256
+    #: At most this many further windows of plain training text (``seq_len`` tokens each) beside the pool; 0: none.
+    text_windows: int = 1024
+    #: The teacher's data stops at these shares of the run's budget (made in chunks, so the chunk that crosses a
+    #: share is finished): the pool at ``pool_share``, the pool and the text windows together at ``data_share``;
+    #: the rest of the budget trains. The counts above and the shares bound the data, whichever ends it first.
+    pool_share: float = 0.15
+    data_share: float = 0.3
     seed: int = 0
     #: Held-out text whose first tokens prompt the held-out continuations the report's chain is scored on.
     held_out_tokens: int = 2048
@@ -175,3 +181,8 @@ class FeatureDraftOptions:
             )
         if self.response_weight + self.greedy_weight + self.feature_weight <= 0:
             raise OptionsError("give a positive --response-weight, --greedy-weight or --feature-weight")
+        if not 0 < self.pool_share <= self.data_share < 1:
+            raise OptionsError(
+                f"--pool-share {self.pool_share:g} / --data-share {self.data_share:g}: give 0 < pool share <= data "
+                "share < 1 (the rest of the budget trains)"
+            )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,26 +38,57 @@ class TeacherFeatures:
     cached: bool
 
 
-def teacher_features(teacher: Teacher, ids: np.ndarray, top_k: int) -> TeacherFeatures:
-    """The teacher's features on ``ids``; read from the cache when there."""
-    path = cache_dir() / f"{cache_key(teacher, ids, ['features', top_k])}.npz"
-    if path.is_file():
-        return _read(path, ids)
-    made = _prefill(teacher, ids, top_k)
-    _write(path, made)
-    return made
+#: Sequences per cached chunk: a run whose data has a share of its budget stops between chunks, and a later run with
+#: the same inputs reads back the chunks made so far and stops at the same one.
+CHUNK = GENERATE_BATCH
 
 
-def continued_features(teacher: Teacher, prompts: np.ndarray, new_tokens: int, top_k: int) -> TeacherFeatures:
+def _never(_seconds: float, _cpu_seconds: float) -> bool:
+    return False
+
+
+def teacher_features(
+    teacher: Teacher, ids: np.ndarray, top_k: int, enough: Callable[[float, float], bool] = _never
+) -> TeacherFeatures:
+    """The teacher's features on ``ids``, a chunk at a time (each read from the cache when there) until every
+    sequence is done or ``enough(seconds, cpu_seconds)`` says the chunks made so far cost enough."""
+    return _chunked(teacher, ids, ["features", top_k], lambda chunk: _prefill(teacher, chunk, top_k), enough)
+
+
+def continued_features(
+    teacher: Teacher,
+    prompts: np.ndarray,
+    new_tokens: int,
+    top_k: int,
+    enough: Callable[[float, float], bool] = _never,
+) -> TeacherFeatures:
     """``prompts [n, p]`` continued by ``teacher`` for ``new_tokens`` greedy tokens (``teacher_data``'s pool) with the
-    features of every position kept from that same pass: no second prefill over the pool. Read from the cache when
-    there."""
-    path = cache_dir() / f"{cache_key(teacher, prompts, ['continued-features', new_tokens, top_k])}.npz"
-    if path.is_file():
-        return _read(path)
-    made = _continue(teacher, prompts, new_tokens, top_k)
-    _write(path, made)
-    return made
+    features of every position kept from that same pass: no second prefill over the pool. Made a chunk at a time as
+    ``teacher_features`` is."""
+    sizes: list[object] = ["continued-features", new_tokens, top_k]
+    return _chunked(teacher, prompts, sizes, lambda chunk: _continue(teacher, chunk, new_tokens, top_k), enough)
+
+
+def _chunked(
+    teacher: Teacher,
+    rows: np.ndarray,
+    sizes: list[object],
+    make: Callable[[np.ndarray], TeacherFeatures],
+    enough: Callable[[float, float], bool],
+) -> TeacherFeatures:
+    """At least one chunk of ``rows``, made by ``make`` or read from its cache file, then more until ``enough``."""
+    parts: list[TeacherFeatures] = []
+    for start in range(0, len(rows), CHUNK):
+        if parts and enough(sum(p.seconds for p in parts), sum(p.cpu_seconds for p in parts)):
+            break
+        chunk = np.ascontiguousarray(rows[start : start + CHUNK], dtype=np.int64)
+        path = cache_dir() / f"{cache_key(teacher, chunk, sizes)}.npz"
+        if path.is_file():
+            parts.append(_read(path))
+        else:
+            parts.append(make(chunk))
+            _write(path, parts[-1])
+    return joined(*parts)
 
 
 def joined(*parts: TeacherFeatures) -> TeacherFeatures:
@@ -92,11 +124,10 @@ def _of(arrays: dict[str, np.ndarray], seconds: float, cpu_seconds: float, cache
     )
 
 
-def _read(path: Path, ids: np.ndarray | None = None) -> TeacherFeatures:
+def _read(path: Path) -> TeacherFeatures:
     with np.load(path) as data:
         cost = json.loads(str(data["cost"]))
-        arrays = {k: data[k] for k in FIELDS if k != "ids"} | {"ids": data["ids"] if ids is None else ids}
-        return _of(arrays, cost["seconds"], cost["cpu_seconds"], True)
+        return _of({k: data[k] for k in FIELDS}, cost["seconds"], cost["cpu_seconds"], True)
 
 
 def _write(path: Path, made: TeacherFeatures) -> None:
