@@ -238,6 +238,25 @@ def test_the_teachers_data_stops_at_its_share_and_a_later_run_reads_back_what_it
     assert np.array_equal(text.ids, whole.ids[:2]) and np.array_equal(text.greedy[:, 6:-1], whole.ids[:2, 7:])
 
 
+def test_distill_draft_stops_its_data_at_its_shares_of_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool stops at the first chunk past ``--pool-share``, the text windows at ``--data-share`` (none when the
+    pool already reached it), whatever ``--pool`` and ``--text-windows`` allow."""
+    from aotforge.compiler.training import teacher_features as made_in_chunks
+
+    monkeypatch.setattr(made_in_chunks, "CHUNK", 8)
+    teacher = teacher_dir("gpt2", tmp_path / "teacher")
+    for shares, want in [
+        (("1e-6", "2e-6"), {"continued": 8, "text_windows": 0}),
+        (("1e-6", "0.5"), {"continued": 8, "text_windows": 8}),
+        (("0.5", "0.6"), {"continued": 24, "text_windows": 8}),
+    ]:
+        flags = ["--pool-share", shares[0], "--data-share", shares[1], "--max-steps", "1"]
+        report = distill_draft(teacher, tmp_path / f"draft-{shares[1]}", *flags)
+        assert report["sequences"] == want and report["steps"] == 1
+
+
 def test_the_logit_losses_read_the_first_logit_batch_positions() -> None:
     """``--logit-batch N``: the response loss of a step is that of its first N positions alone (0: of all)."""
     import dataclasses

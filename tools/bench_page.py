@@ -72,7 +72,7 @@ BENCHES = (
     Bench(
         "feature-draft",
         "A feature draft for a real model",
-        "make bench-draft ARGS='--kind feature --targets tvm,onnxruntime --ks 2,3'",
+        "make bench-draft ARGS='--kind feature --targets tvm,onnxruntime --ks 2,3 --rounds 5'",
         "tools/bench_draft.py --kind feature makes a feature draft of SmolLM2-135M-Instruct (aotforge distill-draft: "
         "an attention-free head over the target's own last hidden state, no cache, a few small matmuls a proposal "
         "run in int8 on one ONNX Runtime thread, "
@@ -80,7 +80,8 @@ BENCHES = (
         "CPU-time budget; --draft DIR times a given one; what the timed draft's training cost, and its own report, "
         "are in the table below) and times it as tools/bench_speculative.py does: the fp32 target (its verify graph "
         "returning the hidden state) alone against speculative decoding with each k, greedy, batch 1, prompts of "
-        "held-out English.",
+        "held-out English. The onnxruntime target runs on one intra-op thread, alone and under speculation alike "
+        "(the draft's step takes the other core: its CPU time is in the CPU columns); tvm on its default threads.",
     ),
     Bench(
         "serve",

@@ -91,18 +91,15 @@ def train_feature_draft(
     prompts = _prompts(streams.train, prompt, options.pool, rng)
     text = _prompts(streams.train, options.seq_len, options.text_windows, rng)
 
-    def spent_share(part: float) -> Callable[[float, float], bool]:
-        return lambda seconds, cpu_seconds: share(options, seconds, cpu_seconds) >= part
+    def reached(part: float, before: float = 0.0, cpu_before: float = 0.0) -> Callable[[float, float], bool]:
+        """Whether data that cost ``seconds, cpu_seconds`` (after ``before``'s) reached ``part`` of the budget."""
+        return lambda seconds, cpu_seconds: share(options, before + seconds, cpu_before + cpu_seconds) >= part
 
-    pool = continued_features(fast, prompts, options.continuation, options.top_k, spent_share(options.pool_share))
+    pool = continued_features(fast, prompts, options.continuation, options.top_k, reached(options.pool_share))
     windows = None
-    if len(text) and not spent_share(options.data_share)(pool.seconds, pool.cpu_seconds):
-        windows = teacher_features(
-            fast,
-            text,
-            options.top_k,
-            lambda seconds, cpu: spent_share(options.data_share)(seconds + pool.seconds, cpu + pool.cpu_seconds),
-        )
+    if len(text) and not reached(options.data_share)(pool.seconds, pool.cpu_seconds):
+        enough = reached(options.data_share, pool.seconds, pool.cpu_seconds)
+        windows = teacher_features(fast, text, options.top_k, enough)
     made = pool if windows is None else joined(pool, windows)
     ids = made.ids
     say(
