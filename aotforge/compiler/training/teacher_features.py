@@ -78,11 +78,12 @@ def _chunked(
 ) -> TeacherFeatures:
     """At least one chunk of ``rows``, made by ``make`` or read from its cache file, then more until ``enough``."""
     parts: list[TeacherFeatures] = []
+    key = cache_key(teacher, rows, [*sizes, CHUNK])  # once: the key hashes every weight of the teacher
     for start in range(0, len(rows), CHUNK):
         if parts and enough(sum(p.seconds for p in parts), sum(p.cpu_seconds for p in parts)):
             break
         chunk = np.ascontiguousarray(rows[start : start + CHUNK], dtype=np.int64)
-        path = cache_dir() / f"{cache_key(teacher, chunk, sizes)}.npz"
+        path = cache_dir() / f"{key}-{start // CHUNK}.npz"
         if path.is_file():
             parts.append(_read(path))
         else:
