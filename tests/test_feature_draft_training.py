@@ -168,7 +168,10 @@ def test_refusals_name_the_fix(tmp_path: Path) -> None:
         (["--chain", "30"], "--chain 30 / --continuation 24: give a chain of 1 to --continuation - 1"),
         (["--schedule", "linear"], "--schedule is one of constant, cosine"),
         (["--pool-share", "0.5", "--data-share", "0.4"], "give 0 < pool share <= data share < 1"),
-        (["--max-minutes", "0.0001"], "no training step is left; make less of it (a smaller --pool or --text-windows)"),
+        (
+            ["--max-minutes", "0.0001"],
+            "no training step is left; make less of it (a smaller --pool-share or --data-share",
+        ),
     ]:
         args = ["distill-draft", str(teacher), "--out", str(tmp_path / "d"), *FAST, *flags]
         ran = CliRunner().invoke(main, args)

@@ -81,7 +81,8 @@ def distill(
     say(f"before: student perplexity {before['student_perplexity']:.2f}, teacher {before['teacher_perplexity']:.2f}")
     budget = Budget(options, pool)
     budget.refuse_if_spent(
-        f"--pool {options.pool} continuations of {options.continuation} tokens" if pool else "the student's set-up"
+        f"--pool {options.pool} continuations of {options.continuation} tokens" if pool else "the student's set-up",
+        "a smaller --pool or --continuation",
     )
     step, losses = 0, []
     while (spent := budget.spent(step)) < 1.0:
@@ -161,16 +162,16 @@ class Budget:
     def spent(self, step: int) -> float:
         return max(step / self.options.max_steps, share(self.options, self.seconds(), self.cpu_seconds()))
 
-    def refuse_if_spent(self, data: str) -> None:
-        """Refuse a run whose teacher's ``data`` (what it was: the knobs that size it) left no training step in the
-        budget: it would write an untrained student."""
+    def refuse_if_spent(self, data: str, smaller: str) -> None:
+        """Refuse a run whose teacher's ``data`` (what it was) left no training step in the budget: it would write an
+        untrained student. ``smaller`` names the options that make less of it."""
         if self.spent(0) >= 1.0:
             o = self.options
             cpu = f", {o.max_cpu_minutes:g} CPU-minutes" if o.max_cpu_minutes > 0 else ""
             raise OptionsError(
                 f"the teacher's data ({data}) took {self.seconds():.0f} s and {self.cpu_seconds():.0f} CPU s, all of "
                 f"the run's budget ({o.max_minutes:g} minutes{cpu}): no training step is left; make less of it "
-                "(a smaller --pool or --text-windows) or give the run more (--max-minutes, --max-cpu-minutes)"
+                f"({smaller}) or give the run more (--max-minutes, --max-cpu-minutes)"
             )
 
 

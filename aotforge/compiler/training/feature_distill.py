@@ -117,7 +117,10 @@ def train_feature_draft(
         params = [p for p in params if p is not draft.head]
     optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0)
     budget = Budget(options, made)
-    budget.refuse_if_spent(f"{len(pool.ids)} continuations and {len(ids) - len(pool.ids)} text windows")
+    budget.refuse_if_spent(
+        f"{len(pool.ids)} continuations and {len(ids) - len(pool.ids)} text windows",
+        "a smaller --pool-share or --data-share, whose chunks stop at those shares of the budget",
+    )
     step, losses = 0, []
     draft.train()
     while (spent := budget.spent(step)) < 1.0:
