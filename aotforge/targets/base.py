@@ -123,8 +123,6 @@ class ShardRuntime:
     module: str
     #: what the shards' processes import ahead, once, in the process they are forked from
     preload: tuple[str, ...] = ()
-    #: what they import besides when the native collective is missing and they fall back to the Python one
-    fallback_preload: tuple[str, ...] = ()
     #: ranks: runs the reduce-scatter and all-gather of a sequence-parallel prefill (``--sequence-parallel``)
     sequence_parallel: bool = False
 

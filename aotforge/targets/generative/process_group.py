@@ -3,7 +3,7 @@
 Each worker is a process of its own with a duplex pipe from the driver: it loads its part, answers ``("ok",
 None)`` or ``("error", why)``, then serves ``(where, method, args)`` calls until the driver hangs up. Workers are
 forked from a clean server process (never from the driver, whose thread pools may be running) that has imported
-``preload`` once: onnxruntime-extensions imports transformers and torch, seconds a start. A worker that dies or
+``preload`` once (the target's shard module, its runtime's imports). A worker that dies or
 fails fails the call at once, whichever worker it is (the others may be waiting for it), stops the group and
 leaves :attr:`failed` saying why; every later call raises that, until the owner starts a new group.
 """

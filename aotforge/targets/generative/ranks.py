@@ -88,13 +88,7 @@ class RankGroup:
         args = [(str(artifact_dir), payload, rank, self.segment.name, library) for rank in range(self.degree)]
         try:
             # A rank that fails makes the others stop waiting for it in an all-reduce (the segment's abort flag).
-            self.workers = ProcessGroup(
-                KIND,
-                _rank_main,
-                args,
-                runtime.preload + (() if library else runtime.fallback_preload),
-                self._abort,
-            )
+            self.workers = ProcessGroup(KIND, _rank_main, args, runtime.preload, self._abort)
             self.workers.gather()  # each rank says it loaded (and has the segment mapped)
         finally:  # the ranks keep their mappings; no name is left behind, even if this process is killed
             self.segment.unlink()

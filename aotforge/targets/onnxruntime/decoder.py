@@ -80,11 +80,13 @@ def compile_generative(
 def compile_shard(shard_dir: Path, options: Any) -> CompileResult:
     """A rank's or a stage's compile: its session settings only; its sessions open in the shard processes, which
     supply the graphs' collective ops (the build's validation opens them)."""
+    import importlib.metadata
+
     import onnxruntime as ort
-    import onnxruntime_extensions
 
     _write_settings(shard_dir, options)
-    versions = {"onnxruntime": ort.__version__, "onnxruntime_extensions": onnxruntime_extensions.__version__}
+    extensions = importlib.metadata.version("onnxruntime-extensions")
+    versions = {"onnxruntime": ort.__version__, "onnxruntime_extensions": extensions}
     return CompileResult(files=(SESSION_FILE,), target_info={}, toolchain=versions)
 
 
@@ -93,11 +95,6 @@ def _write_settings(workdir: Path, options: Any) -> dict[str, Any]:
     settings = dataclasses.asdict(options)
     (workdir / SESSION_FILE).write_text(json.dumps(settings, sort_keys=True, indent=2) + "\n")
     return settings
-
-
-#: What a stage's process imports ahead (its links run as onnxruntime-extensions Python ops), and a rank's when it
-#: falls back from the native all-reduce to the Python op.
-_PYTHON_OPS = ("onnxruntime_extensions",)
 
 
 def load_generative(artifact_dir: Path, record: TargetRecord) -> GenerativeRunner:
@@ -137,13 +134,12 @@ BACKEND = GenerativeBackend(
         compile_shard,
         "aotforge.targets.onnxruntime.tensor_parallel",
         ("aotforge.targets.onnxruntime.tensor_parallel",),
-        fallback_preload=_PYTHON_OPS,
         sequence_parallel=True,
     ),
     pipeline_parallel=ShardRuntime(
         compile_shard,
         "aotforge.targets.onnxruntime.pipeline_parallel",
-        ("aotforge.targets.onnxruntime.pipeline_parallel", *_PYTHON_OPS),
+        ("aotforge.targets.onnxruntime.pipeline_parallel",),
     ),
 )
 

@@ -19,6 +19,7 @@ import numpy as np
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import CompileError, describe
 from aotforge.core.target_record import TargetRecord
+from aotforge.targets.onnxruntime import python_ops
 from aotforge.targets.onnxruntime.decoder import OrtStepEngine
 from aotforge.targets.onnxruntime.model_runner import OrtModelRunner
 from aotforge.targets.onnxruntime.target import session_options, stored_options
@@ -62,12 +63,9 @@ class StageLink:
 
 def register_stage_ops(link: StageLink) -> None:
     """Make the stage graphs' StageSend / StageRecv call ``link`` in this process (before its sessions open)."""
-    from onnxruntime_extensions import PyCustomOpDef, onnx_op
-
-    onnx_op(op_type=SEND_OP, inputs=[PyCustomOpDef.dt_float], outputs=[PyCustomOpDef.dt_float])(link.send)
-    onnx_op(op_type=RECV_OP, inputs=[PyCustomOpDef.dt_int64, PyCustomOpDef.dt_float], outputs=[PyCustomOpDef.dt_float])(
-        link.recv
-    )
+    types = python_ops.dtypes()
+    python_ops.declare(SEND_OP, [types.dt_float], [types.dt_float])(link.send)
+    python_ops.declare(RECV_OP, [types.dt_int64, types.dt_float], [types.dt_float])(link.recv)
 
 
 def load_stage(stage_dir: Path, record: TargetRecord, spec: DecoderSpec, link: StageLink) -> StageEngine:

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from aotforge.core.decoder import DecoderSpec
-from aotforge.core.errors import AotforgeError, CompileError, TargetUnavailableError, describe
+from aotforge.core.errors import AotforgeError, CompileError, describe
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets.generative.shm_all_reduce import ShmAllReduce
-from aotforge.targets.onnxruntime import native_all_reduce
+from aotforge.targets.onnxruntime import native_all_reduce, python_ops
 from aotforge.targets.onnxruntime.decoder import OrtStepEngine
 from aotforge.targets.onnxruntime.target import session_options, stored_options
 
@@ -31,14 +31,7 @@ OP_TYPE, REDUCE_SCATTER_OP, ALL_GATHER_OP = "AllReduce", "ReduceScatter", "AllGa
 
 def extensions_library() -> str:
     """The onnxruntime-extensions library that runs Python ops, or a refusal naming the package."""
-    try:
-        from onnxruntime_extensions import get_library_path
-    except ImportError as e:
-        raise TargetUnavailableError(
-            "tensor-parallel onnxruntime artifacts run their all-reduce through onnxruntime-extensions: "
-            "pip install onnxruntime-extensions"
-        ) from e
-    return str(get_library_path())
+    return python_ops.library_path()
 
 
 def prepare_all_reduce() -> tuple[str, str]:
@@ -57,19 +50,19 @@ def register_all_reduce(comm: ShmAllReduce, library: str) -> None:
     if library:
         native_all_reduce.attach(Path(library), comm)
         return
-    from onnxruntime_extensions import PyCustomOpDef, onnx_op
+    types = python_ops.dtypes()
 
     def all_gather(x: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         return comm.all_gather(x, tokens.shape[1])
 
-    floats = [PyCustomOpDef.dt_float]
+    floats = [types.dt_float]
     ops: list[tuple[str, list[int], Callable[..., np.ndarray]]] = [
         (OP_TYPE, floats, comm),
         (REDUCE_SCATTER_OP, floats, comm.reduce_scatter),
-        (ALL_GATHER_OP, [*floats, PyCustomOpDef.dt_int64], all_gather),
+        (ALL_GATHER_OP, [*floats, types.dt_int64], all_gather),
     ]
     for op_type, inputs, run in ops:
-        onnx_op(op_type=op_type, inputs=inputs, outputs=floats)(run)
+        python_ops.declare(op_type, inputs, floats)(run)
 
 
 def load_rank(rank_dir: Path, record: TargetRecord, spec: DecoderSpec, library: str = "") -> OrtStepEngine:
