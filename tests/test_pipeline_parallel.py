@@ -38,8 +38,7 @@ DEGREE = 2
 
 
 #: Qwen2 at two stages is slow: a stage split cuts between layers, never inside one, so Qwen2's layers (the Llama's
-#: with Q/K/V biases) add nothing to the Llama's stages; its layers are token-exact by default sharded inside
-#: (tests/test_tensor_parallel.py's [qwen2]); GPT-2's stages carry its learned positions and tied head.
+#: with Q/K/V biases) add nothing to the Llama's stages; GPT-2's stages carry its learned positions and tied head.
 STAGED = [pytest.param(a, marks=pytest.mark.slow) if a == "qwen2" else a for a in ARCHITECTURES]
 
 

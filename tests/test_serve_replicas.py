@@ -11,7 +11,10 @@ import pytest
 
 from tests.ray_scenario import SKIP, serving_scenario
 
-pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+#: Slow: a two-node cluster, Ray Serve's controller and proxy, and two replicas each loading the artifact take two
+#: minutes on two cores. The default run's real Ray cluster is tests/test_farm_ray.py's; the server the replicas run
+#: is tested by default in-process (tests/test_server.py) with the same openai client.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 
 
 def test_two_replicas_behind_one_endpoint_answer_like_generate(chat_artifact: Path, tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,12 @@ from tests.llm_models import (
 DEGREE = 2
 
 
-@pytest.fixture(scope="module", params=ARCHITECTURES)
+#: Qwen2 at two ranks is slow: its layers are the Llama's (GQA, split by KV-head groups) with Q/K/V biases, which
+#: the ranks split as they split those projections' rows, and GPT-2's case splits biases (its fused c_attn's) too.
+RANKED = [pytest.param(a, marks=pytest.mark.slow) if a == "qwen2" else a for a in ARCHITECTURES]
+
+
+@pytest.fixture(scope="module", params=RANKED)
 def tp_build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """``(architecture, model, build result)`` of each tiny model at tensor parallelism 2 (the Llama with a verify
     graph, so the serving runtime can extend a prompt in chunks: conftest's ``llama_tp``)."""
@@ -165,6 +172,24 @@ def test_without_a_compiler_the_ranks_run_the_python_all_reduce_token_exact(
     _, model, result = tp_build
 
     assert_python_collectives_token_exact(result.path, model, monkeypatch)
+
+
+#: What a rank or stage process runs to supply its Python ops; then the package imported in full, as other code may.
+_OPS_ALONE = """
+import sys
+from aotforge.targets.onnxruntime import python_ops
+library, types = python_ops.library_path(), python_ops.dtypes()
+heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+import onnxruntime_extensions
+print(heavy, library == onnxruntime_extensions.get_library_path(), types is onnxruntime_extensions.PyCustomOpDef)
+"""
+
+
+def test_the_shards_python_ops_load_without_torch_and_once() -> None:
+    """The rank / stage processes' op registry imports neither torch nor transformers (onnxruntime-extensions'
+    ``__init__`` imports both), and the package imported later reuses it: one library, one set of ops."""
+    run = subprocess.run([sys.executable, "-c", _OPS_ALONE], capture_output=True, text=True, timeout=120, check=True)
+    assert run.stdout.split() == ["[]", "True", "True"], run.stdout + run.stderr
 
 
 def test_a_degree_that_does_not_divide_the_kv_heads_is_refused(tmp_path: Path) -> None:
