@@ -86,7 +86,8 @@ def collectives_rank(args: argparse.Namespace) -> dict[str, Any]:
     import onnxruntime as ort
     from tp_collectives import _graph
 
-    from aotforge.targets.onnxruntime.tensor_parallel import extensions_library, register_all_reduce
+    from aotforge.targets.onnxruntime import python_ops
+    from aotforge.targets.onnxruntime.tensor_parallel import register_all_reduce
 
     comm = _comm(args, 1 << 16)
     calls = args.calls
@@ -100,7 +101,7 @@ def collectives_rank(args: argparse.Namespace) -> dict[str, Any]:
     register_all_reduce(comm, "")
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    options.register_custom_ops_library(extensions_library())
+    options.register_custom_ops_library(python_ops.library_path())
     session = ort.InferenceSession(_graph(100, HIDDEN), options, ["CPUExecutionProvider"])
     feed = {"x": np.ones((1, HIDDEN), dtype=np.float32)}
     out["in_ort_us"] = _per_call_us(lambda: session.run(None, feed), max(calls // 100, 5), 100)

@@ -62,14 +62,14 @@ def _rank(method: str, rank: int, shm_name: str, port: int, hidden: int, calls: 
         else:
             import onnxruntime as ort
 
-            from aotforge.targets.onnxruntime import native_all_reduce
-            from aotforge.targets.onnxruntime.tensor_parallel import extensions_library, register_all_reduce
+            from aotforge.targets.onnxruntime import native_all_reduce, python_ops
+            from aotforge.targets.onnxruntime.tensor_parallel import register_all_reduce
 
             library = str(native_all_reduce.build_library()) if method == "native-in-ort" else ""
             register_all_reduce(comm, library)
             options = ort.SessionOptions()
             options.intra_op_num_threads = 1
-            options.register_custom_ops_library(library or extensions_library())
+            options.register_custom_ops_library(library or python_ops.library_path())
             session = ort.InferenceSession(_graph(100, hidden), options, ["CPUExecutionProvider"])
             calls //= 100
             run = lambda: session.run(None, {"x": x})  # noqa: E731

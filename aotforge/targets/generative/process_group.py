@@ -3,7 +3,9 @@
 Each worker is a process of its own with a duplex pipe from the driver: it loads its part, answers ``("ok",
 None)`` or ``("error", why)``, then serves ``(where, method, args)`` calls until the driver hangs up. Workers are
 forked from a clean server process (never from the driver, whose thread pools may be running) that has imported
-``preload`` once (the target's shard module, its runtime's imports). A worker that dies or
+``preload`` once (the target's shard module, its runtime's imports). Python starts one such server a process, with
+the first group's ``preload``; a later group's other modules import in each of its workers (a target's shard modules
+share their imports, so that costs milliseconds). A worker that dies or
 fails fails the call at once, whichever worker it is (the others may be waiting for it), stops the group and
 leaves :attr:`failed` saying why; every later call raises that, until the owner starts a new group.
 """

@@ -23,7 +23,6 @@ from aotforge.targets.onnxruntime import python_ops
 from aotforge.targets.onnxruntime.decoder import OrtStepEngine
 from aotforge.targets.onnxruntime.model_runner import OrtModelRunner
 from aotforge.targets.onnxruntime.target import session_options, stored_options
-from aotforge.targets.onnxruntime.tensor_parallel import extensions_library
 
 #: The ops a stage graph calls (``collectives.SEND_OP`` / ``RECV_OP``), in onnxruntime-extensions' Python-op domain.
 SEND_OP, RECV_OP = "StageSend", "StageRecv"
@@ -72,7 +71,7 @@ def load_stage(stage_dir: Path, record: TargetRecord, spec: DecoderSpec, link: S
     """Stage ``stage_dir``'s step engine; ``register_stage_ops`` must have run in this process."""
     options = stored_options(stage_dir, record)
     settings = session_options(options)
-    settings.register_custom_ops_library(extensions_library())
+    settings.register_custom_ops_library(python_ops.library_path())
     width = int(record.info.get("speculative", {}).get("verify_width", 0))
     try:
         engine = StageEngine(stage_dir, spec, settings, list(options.providers), width, huge_pages=options.huge_pages)

@@ -25,10 +25,8 @@ _REGISTRY = f"{PACKAGE}._ocos"
 
 def registry() -> ModuleType:
     """The package's ``_ocos`` module (``Opdef.declare`` is its ``onnx_op``), or a refusal naming the package."""
-    if _REGISTRY in sys.modules:
+    if _REGISTRY in sys.modules:  # loaded here before, or by a full import of the package
         return sys.modules[_REGISTRY]
-    if PACKAGE in sys.modules:  # imported in full already
-        return importlib.import_module(_REGISTRY)
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None:
         raise TargetUnavailableError(

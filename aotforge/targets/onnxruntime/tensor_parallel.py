@@ -29,18 +29,13 @@ from aotforge.targets.onnxruntime.target import session_options, stored_options
 OP_TYPE, REDUCE_SCATTER_OP, ALL_GATHER_OP = "AllReduce", "ReduceScatter", "AllGather"
 
 
-def extensions_library() -> str:
-    """The onnxruntime-extensions library that runs Python ops, or a refusal naming the package."""
-    return python_ops.library_path()
-
-
 def prepare_all_reduce() -> tuple[str, str]:
     """``(library, how)``: the native all-reduce library the ranks load ('' for the Python op) and a line saying
     which one they run and why. Called once by the driver, before the ranks start."""
     try:
         return str(native_all_reduce.build_library()), "native"
     except AotforgeError as e:  # no compiler, or it failed: the Python op still runs the ranks, slower
-        extensions_library()  # and without onnxruntime-extensions, nothing can: say so now
+        python_ops.library_path()  # and without onnxruntime-extensions, nothing can: say so now
         return "", f"python op (the native all-reduce is unavailable: {describe(e)})"
 
 
@@ -69,7 +64,7 @@ def load_rank(rank_dir: Path, record: TargetRecord, spec: DecoderSpec, library: 
     """Rank ``rank_dir``'s step engine; ``register_all_reduce(..., library)`` must have run in this process."""
     options = stored_options(rank_dir, record)
     settings = session_options(options)
-    settings.register_custom_ops_library(library or extensions_library())
+    settings.register_custom_ops_library(library or python_ops.library_path())
     width = int(record.info.get("speculative", {}).get("verify_width", 0))
     try:
         return OrtStepEngine(rank_dir, spec, settings, list(options.providers), width, huge_pages=options.huge_pages)
