@@ -115,9 +115,10 @@ class ShardRuntime:
     """How a target runs a sharded text-generation artifact: one rank (tensor parallel) or one stage (pipeline
     parallel) a process, each over its own graphs in ``ranks/<r>/`` or ``stages/<s>/``."""
 
-    #: ``(shard dir, target options) -> CompileResult`` of the shard's staged graphs, its files relative to the
-    #: shard's folder: the build's compile of each shard (through the build cache, in the isolated worker)
-    compile: Callable[[Path, Any], CompileResult]
+    #: ``(shard dir, target options, the shard's cache geometry, the shards' count) -> CompileResult`` of the
+    #: shard's staged graphs, its files relative to the shard's folder: the build's compile of each shard (through
+    #: the build cache, in the isolated worker)
+    compile: Callable[[Path, Any, DecoderSpec, int], CompileResult]
     #: the module of the target's folder a shard's process loads it with (ranks: ``register_all_reduce`` and
     #: ``load_rank``; stages: ``StageLink``, ``register_stage_ops`` and ``load_stage``)
     module: str
@@ -125,6 +126,9 @@ class ShardRuntime:
     preload: tuple[str, ...] = ()
     #: ranks: runs the reduce-scatter and all-gather of a sequence-parallel prefill (``--sequence-parallel``)
     sequence_parallel: bool = False
+    #: target options of sharded builds, under the user's (onnxruntime: one intra-op thread a shard, the shards
+    #: being the parallelism)
+    target_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aotforge.compiler.compile_cache import CacheKey, compile_cached
+from aotforge.core.decoder import DecoderSpec
 from aotforge.targets import generative_backend, get_target, shard_runtime
 from aotforge.targets.base import CompileResult
 
@@ -46,6 +47,8 @@ class ShardRequest:
     cache_dir: Path | None
     key: CacheKey
     shards: tuple[str, ...]
+    #: each shard's ``DecoderSpec.to_dict()``
+    specs: tuple[dict[str, Any], ...]
 
 
 def compile_shards(request: ShardRequest, channel: Any) -> dict[str, Any]:
@@ -58,8 +61,8 @@ def compile_shards(request: ShardRequest, channel: Any) -> dict[str, Any]:
     def run(options: Any) -> CompileResult:
         files: list[str] = []
         toolchain: dict[str, str] = {}
-        for shard in request.shards:
-            compiled = runtime.compile(request.stage / shard, options)
+        for shard, spec in zip(request.shards, request.specs, strict=True):
+            compiled = runtime.compile(request.stage / shard, options, DecoderSpec.from_dict(spec), len(request.shards))
             files += [f"{shard}/{name}" for name in compiled.files]
             toolchain.update(compiled.toolchain)
         return CompileResult(tuple(files), {}, toolchain)

@@ -35,6 +35,8 @@ class ShardWork:
     spec: DecoderSpec
     #: the shards' folders in the stage (``ranks/0`` ...)
     shards: tuple[str, ...]
+    #: each shard's cache geometry (a rank's: its 1/N of the KV heads and of the vocabulary)
+    specs: tuple[DecoderSpec, ...]
     #: the staged files the compile reads (each shard's graphs and weights), which key the build cache, and the
     #: staged files it keeps beside them (a tokenizer)
     ir_files: tuple[str, ...]
@@ -62,6 +64,7 @@ class ShardWork:
             cache_dir=job.cache_dir,
             key=self.cache_key(job.toolchain, job.passes),
             shards=self.shards,
+            specs=tuple(spec.to_dict() for spec in self.specs),
         )
         stage_name = f"the {job.target.name} compile"
         result = run_isolated(SHARD_CALL, request, stage=stage_name, limits=job.isolation, say=say, worker=job.worker)

@@ -118,9 +118,10 @@ def build_sharded(
     opts = decoder_pass_options(opts)
     _refuse(opts, sharding)
     backend = _backend(opts, target)
-    # One intra-op thread a shard unless the user sets it: the shards are the parallelism.
+    runtime = shard_runtime(opts.target, sharding.kind)
+    assert runtime is not None, "_refuse refused a target without this runtime"
     target_opts = _target_options(
-        dataclasses.replace(opts, target_options={"intra_op_threads": 1, **opts.target_options}), target, backend
+        dataclasses.replace(opts, target_options={**runtime.target_defaults, **opts.target_options}), target, backend
     )
 
     def export(stage: Path) -> tuple[CausalLM, TailJob]:
@@ -210,6 +211,7 @@ def _export(
         noun=sharding.noun,
         spec=spec,
         shards=tuple(dirs),
+        specs=tuple(specs),
         ir_files=tuple(ir_files),
         kept=tuple(sorted(source.files)),
         info=info,

@@ -40,6 +40,8 @@ PASS_DEFAULTS = {"weight-only": {"accuracy_level": 4, "head_bits": 8, "prompt_in
 #: pages (``targets/huge_pages.py``), because a step streams every weight and 4 KiB pages cost a TLB miss each.
 #: Figures: docs/benchmarks.md (make bench-generation).
 TARGET_DEFAULTS = {"intra_op_spin_us": 20, "huge_pages": True}
+#: A rank's or a stage's session: one intra-op thread, the shards being the parallelism.
+SHARD_DEFAULTS = {"intra_op_threads": 1}
 
 
 def prepare_graphs(graphs: dict[str, Any], spec: DecoderSpec) -> dict[str, dict[str, int]]:
@@ -77,7 +79,7 @@ def compile_generative(
     )
 
 
-def compile_shard(shard_dir: Path, options: Any) -> CompileResult:
+def compile_shard(shard_dir: Path, options: Any, spec: DecoderSpec, degree: int) -> CompileResult:
     """A rank's or a stage's compile: its session settings only; its sessions open in the shard processes, which
     supply the graphs' collective ops (the build's validation opens them)."""
     import importlib.metadata
@@ -135,11 +137,13 @@ BACKEND = GenerativeBackend(
         "aotforge.targets.onnxruntime.tensor_parallel",
         ("aotforge.targets.onnxruntime.tensor_parallel",),
         sequence_parallel=True,
+        target_defaults=SHARD_DEFAULTS,
     ),
     pipeline_parallel=ShardRuntime(
         compile_shard,
         "aotforge.targets.onnxruntime.pipeline_parallel",
         ("aotforge.targets.onnxruntime.pipeline_parallel",),
+        target_defaults=SHARD_DEFAULTS,
     ),
 )
 

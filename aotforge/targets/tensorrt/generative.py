@@ -30,7 +30,7 @@ from typing import Any
 from aotforge.core.decoder import DECODE_FILE, PREFILL_FILE, DecoderSpec
 from aotforge.core.errors import TargetUnavailableError
 from aotforge.core.target_record import TargetRecord
-from aotforge.targets.base import CompileResult, DecoderInputs, GenerativeBackend
+from aotforge.targets.base import CompileResult, DecoderInputs, GenerativeBackend, ShardRuntime
 from aotforge.targets.tensorrt.compat import check_engine_compat
 from aotforge.targets.tensorrt.plan import Profile, TrtBuildPlan
 from aotforge.targets.tensorrt.target import builder_flags, query_gpu
@@ -39,6 +39,8 @@ PREFILL_ENGINE = "prefill.engine"
 DECODE_ENGINE = "decode.engine"
 ENGINES = {"prefill": (PREFILL_FILE, PREFILL_ENGINE), "decode": (DECODE_FILE, DECODE_ENGINE)}
 PREFILL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+#: A tensor-parallel rank's record beside its engines: what they were built with, and where the rank runs.
+RANK_FILE = "rank.json"
 
 
 def _range(n: int) -> tuple[int, int, int]:
@@ -96,8 +98,18 @@ def bundle_plan_generative(spec: DecoderSpec, options: Any) -> dict[str, Any]:
 def compile_generative(
     workdir: Path, spec: DecoderSpec, options: Any, say: Any, inputs: DecoderInputs = DecoderInputs()
 ) -> CompileResult:
-    """Build both engines from the ONNX graphs in ``workdir``, one shared timing cache across them."""
+    """Build both engines from the ONNX graphs in ``workdir`` (:func:`build_engines`)."""
+    info = build_engines(workdir, spec, options, say)
+    version = info["tensorrt_version"]
+    return CompileResult(files=(PREFILL_ENGINE, DECODE_ENGINE), target_info=info, toolchain={"tensorrt": version})
+
+
+def build_engines(workdir: Path, spec: DecoderSpec, options: Any, say: Any, ranks: int = 1) -> dict[str, Any]:
+    """Both engines from the ONNX graphs in ``workdir``, one timing cache across them; what the manifest records of
+    them. ``ranks`` > 1: the graphs are a tensor-parallel rank's, whose all-reduces become TensorRT's
+    (``rank_graphs``)."""
     from aotforge.targets.tensorrt import sdk
+    from aotforge.targets.tensorrt.rank_graphs import marked_graph
     from aotforge.targets.tensorrt.report import summarize_layers
 
     probe = sdk.probe_host()
@@ -109,7 +121,14 @@ def compile_generative(
     layers, version = {}, ""
     for kind, (onnx_file, engine_file) in ENGINES.items():
         say(f"building the tensorrt {kind} engine")
-        built = sdk.build_engine(workdir / onnx_file, plans[kind], cache)
+        if ranks > 1:
+            graph, all_reduces = marked_graph(workdir / onnx_file)
+            try:
+                built = sdk.build_engine(graph, plans[kind], cache, all_reduces, ranks)
+            finally:
+                graph.unlink(missing_ok=True)
+        else:
+            built = sdk.build_engine(workdir / onnx_file, plans[kind], cache)
         (workdir / engine_file).write_bytes(built.engine)
         cache, version = built.timing_cache, built.version
         report = summarize_layers(built.layers_json, sparse_requested=False, log_lines=built.build_log)
@@ -119,7 +138,7 @@ def compile_generative(
 
         merge_into(cache_path, cache, sdk.combine_timing_caches)
     gpu = query_gpu() or {}
-    info = {
+    return {
         "tensorrt_version": version,
         "gpu_name": gpu.get("name", ""),
         "compute_capability": gpu.get("compute_capability", ""),
@@ -130,7 +149,6 @@ def compile_generative(
         "shapes": "prefill: batch 1..max_batch x prompt 1..max_seq_len; decode: batch 1..max_batch over the "
         "static max_seq_len cache (one optimization profile per engine)",
     }
-    return CompileResult(files=(PREFILL_ENGINE, DECODE_ENGINE), target_info=info, toolchain={"tensorrt": version})
 
 
 def load_generative(artifact_dir: Path, record: TargetRecord) -> Any:
@@ -152,6 +170,25 @@ def load_generative(artifact_dir: Path, record: TargetRecord) -> Any:
     return GenerativeRunner(engine)
 
 
+def compile_shard(shard_dir: Path, options: Any, spec: DecoderSpec, degree: int) -> CompileResult:
+    """A tensor-parallel rank's engines (:func:`build_engines` over its graphs, its all-reduces TensorRT's), and
+    what its load checks them against (``RANK_FILE``)."""
+    info = build_engines(shard_dir, spec, options, lambda _msg: None, ranks=degree)
+    rank = int(shard_dir.name)
+    record = {k: info[k] for k in ("tensorrt_version", "compute_capability", "hardware_compatibility")}
+    record |= {"version_compatible": info["version_compatible"], "mapping": rank_mapping(rank, degree)}
+    (shard_dir / RANK_FILE).write_text(json.dumps(record, sort_keys=True, indent=2) + "\n")
+    files = (PREFILL_ENGINE, DECODE_ENGINE, RANK_FILE)
+    return CompileResult(files=files, target_info={}, toolchain={"tensorrt": info["tensorrt_version"]})
+
+
+def rank_mapping(rank: int, degree: int) -> dict[str, Any]:
+    """Where rank ``rank`` of ``degree`` runs, as TensorRT-LLM's ``Mapping`` places ranks: ``rank = pp_rank *
+    tp_size + tp_rank`` (pipeline size 1 here, so ``tp_rank = rank``), on GPU ``rank % gpus_per_node`` of its host
+    (the GPUs the host shows the rank's process)."""
+    return {"world_size": degree, "tp_size": degree, "pp_size": 1, "rank": rank, "tp_rank": rank, "pp_rank": 0}
+
+
 #: A bundle for this target carries the ONNX graphs over their shared weights to the device host.
 BACKEND = GenerativeBackend(
     compile=compile_generative,
@@ -159,4 +196,5 @@ BACKEND = GenerativeBackend(
     plan=plan_generative,
     bundle_plan=bundle_plan_generative,
     graphs_from="onnx",
+    tensor_parallel=ShardRuntime(compile_shard, "aotforge.targets.tensorrt.tensor_parallel"),
 )

@@ -13,10 +13,11 @@ import dataclasses
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aotforge.core.errors import CompileError
+from aotforge.core.errors import CompileError, TargetUnavailableError
 from aotforge.targets.base import ProbeResult
 from aotforge.targets.tensorrt.plan import TrtBuildPlan
 
@@ -122,8 +123,12 @@ def _logger(capture: list[str] | None = None) -> Any:
     return _Logger()
 
 
-def build_engine(onnx_path: Path, plan: TrtBuildPlan, timing_cache: bytes) -> EngineBuild:
-    """Parse the ONNX file, configure the builder from ``plan`` and serialize the engine."""
+def build_engine(
+    onnx_path: Path, plan: TrtBuildPlan, timing_cache: bytes, all_reduces: Sequence[str] = (), ranks: int = 1
+) -> EngineBuild:
+    """Parse the ONNX file, configure the builder from ``plan`` and serialize the engine. ``all_reduces``: the
+    identity nodes of a tensor-parallel rank graph that stand for its all-reduces over ``ranks`` ranks
+    (``rank_graphs.marked_graph``)."""
     import tensorrt as trt
 
     captured: list[str] = []
@@ -135,6 +140,8 @@ def build_engine(onnx_path: Path, plan: TrtBuildPlan, timing_cache: bytes) -> En
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i).desc()) for i in range(parser.num_errors))
         raise CompileError(f"tensorrt's ONNX parser rejected the IR: {errors}; simplify or replace those ops")
+    if all_reduces:
+        _dist_collectives(network, all_reduces, ranks)
     config = _builder_config(builder, plan)
     # A cache from another device is refused (returns False): start a fresh one instead.
     if not config.set_timing_cache(config.create_timing_cache(timing_cache), ignore_mismatch=False):
@@ -150,6 +157,68 @@ def build_engine(onnx_path: Path, plan: TrtBuildPlan, timing_cache: bytes) -> En
         version=str(trt.__version__),
         build_log=tuple(captured),
     )
+
+
+def _dist_collectives(network: Any, names: Sequence[str], ranks: int) -> None:
+    """Feed each identity layer named in ``names`` from an all-reduce (the sum over ``ranks`` ranks, NCCL inside the
+    engine): ``add_dist_collective(input, ALL_REDUCE, SUM, root -1, groups [] = every rank)`` and ``num_ranks``, as
+    TensorRT's multi-device guide sets up a ``DistCollective`` layer."""
+    import tensorrt as trt
+
+    add = getattr(network, "add_dist_collective", None)
+    if add is None:
+        raise CompileError(
+            f"tensorrt {trt.__version__} has no DistCollective layer (INetworkDefinition.add_dist_collective), which "
+            "tensor-parallel engines reduce with: install TensorRT 10.16 or later"
+        )
+    wanted, found = set(names), set()
+    for i in range(network.num_layers):  # the layers added below come after these: never visited
+        layer = network.get_layer(i)
+        if layer.name not in wanted or layer.type != trt.LayerType.IDENTITY:
+            continue
+        collective = add(layer.get_input(0), trt.CollectiveOperation.ALL_REDUCE, trt.ReduceOperation.SUM, -1, [])
+        collective.num_ranks = ranks
+        collective.name = f"{layer.name}.dist_collective"
+        layer.set_input(0, collective.get_output(0))
+        found.add(layer.name)
+    if wanted - found:
+        missing = ", ".join(sorted(wanted - found))
+        raise CompileError(
+            f"tensorrt's ONNX parser made no identity layer of the rank graph's all-reduce nodes {missing}: this "
+            "TensorRT's parser is not supported for tensor-parallel engines"
+        )
+
+
+def nccl_unique_id() -> bytes:
+    """A new NCCL unique id (nccl4py's ``nccl.core``): one rank makes it, every rank joins the communicator with it."""
+    core = _nccl()
+    return bytes(core.get_unique_id().as_bytes)
+
+
+def nccl_communicator(unique_id: bytes, rank: int, ranks: int) -> Any:
+    """This process's NCCL communicator of ``ranks`` ranks on the current CUDA device (every rank calls it at once)."""
+    core = _nccl()
+    return core.Communicator.init(nranks=ranks, rank=rank, unique_id=core.UniqueId.from_bytes(unique_id))
+
+
+def _nccl() -> Any:
+    try:
+        import nccl.core as core  # nccl4py
+    except ImportError as e:
+        raise TargetUnavailableError(
+            f"tensor-parallel tensorrt engines join their ranks through NCCL, and nccl4py is missing ({e}): "
+            "pip install nccl4py"
+        ) from e
+    return core
+
+
+def communicator_capsule(comm: Any) -> Any:
+    """``comm`` (nccl4py) as the ``ncclComm_t`` capsule ``IExecutionContext.set_communicator`` takes."""
+    import ctypes
+
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(ctypes.c_void_p(comm.ptr), b"ncclComm_t", None)
 
 
 def combine_timing_caches(built: bytes, on_disk: bytes) -> bytes:
@@ -212,8 +281,13 @@ def runner(engine_bytes: bytes, *, allow_host_code: bool, cuda_graphs: bool) -> 
     return TrtRunner(engine_bytes, logger=_logger(), allow_host_code=allow_host_code, cuda_graphs=cuda_graphs)
 
 
-def step_engine(prefill_bytes: bytes, decode_bytes: bytes, spec: Any, *, allow_host_code: bool) -> Any:
-    """The generative step engine over the prefill and decode engines (``targets.tensorrt.generative``)."""
+def step_engine(
+    prefill_bytes: bytes, decode_bytes: bytes, spec: Any, *, allow_host_code: bool, communicator: Any = None
+) -> Any:
+    """The generative step engine over the prefill and decode engines (``targets.tensorrt.generative``);
+    ``communicator``: a tensor-parallel rank's NCCL communicator (:func:`communicator_capsule`), set on each context."""
     from aotforge.targets.tensorrt.step_engine import TrtStepEngine
 
-    return TrtStepEngine(prefill_bytes, decode_bytes, spec, logger=_logger(), allow_host_code=allow_host_code)
+    return TrtStepEngine(
+        prefill_bytes, decode_bytes, spec, logger=_logger(), allow_host_code=allow_host_code, communicator=communicator
+    )

@@ -25,7 +25,14 @@ class TrtStepEngine:
     """
 
     def __init__(
-        self, prefill_bytes: bytes, decode_bytes: bytes, spec: Any, *, logger: Any, allow_host_code: bool
+        self,
+        prefill_bytes: bytes,
+        decode_bytes: bytes,
+        spec: Any,
+        *,
+        logger: Any,
+        allow_host_code: bool,
+        communicator: Any = None,
     ) -> None:
         import tensorrt as trt
         import torch
@@ -40,6 +47,10 @@ class TrtStepEngine:
                 raise ArtifactError(f"tensorrt could not deserialize the {kind} engine (see its log): rebuild it")
             self.engines[kind] = engine
             self.contexts[kind] = engine.create_execution_context()
+            # A rank's engines reduce over NCCL: each context is told the communicator before it runs (TensorRT's
+            # multi-device guide: IExecutionContext.set_communicator).
+            if communicator is not None and not self.contexts[kind].set_communicator(communicator):
+                raise ArtifactError(f"tensorrt refused the NCCL communicator for the {kind} engine (see its log)")
             names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
             self.dtypes[kind] = {n: torch_dtype(engine.get_tensor_dtype(n).name) for n in names}
         self.stream = torch.cuda.Stream()
