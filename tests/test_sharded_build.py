@@ -109,7 +109,7 @@ def test_dump_ir_writes_each_shards_graphs_and_the_compile_runs_under_the_deadli
         ({"target": "tvm"}, "tvm has no .* runtime yet \\(only onnxruntime(, tensorrt)?\\)"),
         # tensor parallelism: fp32 only; pipeline parallelism takes int4 but not per-layer bits (whole-decoder ids)
         ({"precision": "int4", "pass_opt": ["weight-only.layers_8bit=0"]}, "(fp32 for now|layers_8bit)"),
-        ({"prepare_only": True}, "builds are not bundled \\(--prepare-only\\)"),
+        ({"prepare_only": True}, "builds are bundled \\(--prepare-only\\) for device targets only"),
     ],
 )
 def test_what_a_sharded_build_cannot_do_is_refused_by_name(

@@ -28,7 +28,7 @@ from aotforge.compiler.isolation import Isolation
 from aotforge.core.decoder import TEXT_GENERATION, DecoderSpec
 from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
-from aotforge.targets import generative_backend, generative_targets, get_target
+from aotforge.targets import generative_backend, generative_targets, get_target, shard_runtime
 from aotforge.targets.base import DecoderInputs
 
 Progress = Callable[[str], None]
@@ -64,6 +64,26 @@ def finish_generative(
     probe = target.probe()
     if not probe.available:
         raise TargetUnavailableError(f"cannot finish {path} for {name} on this host: {probe.reason}")
+    if "shards" in data:  # a sharded bundle: each shard compiled by the target's shard runtime
+        from aotforge.compiler.generative.sharded_bundle import bundle_record, finish_sharded
+
+        runtime = shard_runtime(name, str(data["shards"]["kind"]))
+        defaults = runtime.target_defaults if runtime is not None else {}
+        options = data["target_options"] if name == data["target"] else dict(defaults)
+        return finish_sharded(
+            path,
+            data,
+            out,
+            target,
+            options_from_dict(target.options_type, options, what=name),
+            bench=bench,
+            say=say,
+            plots=plots,
+            cache_dir=cache_dir,
+            isolation=isolation,
+            build_extra={**bundle_record(path, data), **({"worker": dict(worker)} if worker else {})},
+            load_references=_load_references,
+        )
     target_opts = options_from_dict(
         target.options_type, data["target_options"] if name == data["target"] else {}, what=name
     )

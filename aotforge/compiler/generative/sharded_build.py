@@ -60,7 +60,7 @@ from aotforge.core.decoder import (
 from aotforge.core.errors import OptionsError
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET
-from aotforge.targets import get_target, shard_runtime, sharded_targets
+from aotforge.targets import generative_backend, get_target, shard_runtime, sharded_targets
 from aotforge.targets.base import GenerativeBackend, Target
 
 
@@ -117,6 +117,10 @@ def build_sharded(
     target = get_target(opts.target)
     opts = decoder_pass_options(opts)
     _refuse(opts, sharding)
+    if opts.prepare_only:  # a device target's bundle, prepared on any host (no SDK needed)
+        from aotforge.compiler.generative.sharded_bundle import prepare_sharded
+
+        return prepare_sharded(model, opts, say, sharding)
     backend = _backend(opts, target)
     runtime = shard_runtime(opts.target, sharding.kind)
     assert runtime is not None, "_refuse refused a target without this runtime"
@@ -125,12 +129,12 @@ def build_sharded(
     )
 
     def export(stage: Path) -> tuple[CausalLM, TailJob]:
-        return _export(model, opts, say, sharding, target, target_opts, backend, stage)
+        return export_shards(model, opts, say, sharding, target, target_opts, backend, stage)
 
     return export_and_store(opts, target, direct, started, say, export)
 
 
-def _export(
+def export_shards(
     model: Any,
     opts: BuildOptions,
     say: Progress,
@@ -141,7 +145,7 @@ def _export(
     stage: Path,
 ) -> tuple[CausalLM, TailJob]:
     """Each shard's graphs into ``stage/<folder>/<i>/`` (exported, through the target's rewrites), and the tail's
-    job for them."""
+    job for them (a sharded bundle's contents: ``sharded_bundle.prepare_sharded``)."""
     say("loading the causal LM")
     source = load_causal_lm(model, opts.name)
     spec = decoder_spec(source.model, opts.generation.max_seq_len, opts.generation.max_batch)
@@ -260,5 +264,10 @@ def _refuse(opts: BuildOptions, sharding: Sharding) -> None:
         sharding.refuse(opts)
     if tuple(opts.passes.names) not in ((DEFAULT_PRESET,), ()) and not sharding.weight_only:
         raise OptionsError(f"{flag} builds are fp32 for now: drop --precision / --passes, or build with {flag} 1")
-    if opts.prepare_only:
-        raise OptionsError(f"{flag} builds are not bundled (--prepare-only): build on the serving host")
+    if opts.generation.speculative_k and not generative_backend(opts.target).speculative:
+        raise OptionsError(f"--speculative-k: {opts.target} text-generation artifacts have no verify graph yet")
+    if opts.prepare_only and generative_backend(opts.target).bundle_plan is None:
+        raise OptionsError(
+            f"{flag} builds are bundled (--prepare-only) for device targets only: build for {opts.target} on the "
+            "serving host"
+        )

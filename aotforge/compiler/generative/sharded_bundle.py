@@ -1,0 +1,295 @@
+"""Sharded ``--prepare-only`` bundles for a device target (tensorrt at ``--tensor-parallel N``) and their ``finish``.
+
+Prepare, on any host: the sharded build's export of each shard (``ranks/<r>/``: its graphs over its weights), the
+source model's greedy tokens and logits on the validation prompts, the shards run on this CPU as onnxruntime ranks
+token for token against them (``cpu_check``), and ``bundle.json``: the target's plan of each shard's engines, which
+``finish`` re-plans and compares, and the split's record. The format is the unsharded bundle's
+(``compiler.generative.bundled``) with a ``shards`` section.
+
+Finish, on the device host: the sharded build's tail (``ShardWork``) over the bundle's files: each shard compiled by
+the target's shard runtime (``ShardRuntime.compile``) in the isolated worker through the build cache, the shards
+loaded as one model (a process each), validated against the references the bundle carries, stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import shutil
+import socket
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from aotforge.artifacts.hashing import hash_tree, sha256_file
+from aotforge.artifacts.store import staging_dir
+from aotforge.compiler.build_result import BuildResult
+from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, make_manifest, place_artifact
+from aotforge.compiler.bundle_format import (
+    BUNDLE_FORMAT,
+    BUNDLE_JSON,
+    VALIDATION_NPZ,
+    bundle_path,
+    json_values,
+    write_bundle_json,
+)
+from aotforge.compiler.generative.shard_work import ShardWork
+from aotforge.compiler.generative.validation import check_generation, reference_greedy, validation_prompts
+from aotforge.compiler.isolation import Isolation
+from aotforge.compiler.options import BuildOptions
+from aotforge.compiler.toolchain import toolchain_versions
+from aotforge.core.decoder import TEXT_GENERATION, DecoderSpec
+from aotforge.core.errors import ArtifactError, OptionsError, UnknownReferenceError
+from aotforge.core.options import options_from_dict
+from aotforge.core.target_record import TargetRecord
+from aotforge.targets import generative_backend, get_target, shard_runtime
+from aotforge.targets.base import Target
+
+if TYPE_CHECKING:
+    from aotforge.compiler.generative.sharded_build import Sharding
+
+Progress = Callable[[str], None]
+
+
+def prepare_sharded(model: Any, opts: BuildOptions, say: Progress, sharding: Sharding) -> BuildResult:
+    """Write the sharded bundle of ``model`` for ``opts.target`` (see the module docstring)."""
+    from aotforge.compiler.generative.pass_list import decoder_pass_options
+    from aotforge.compiler.generative.sharded_build import export_shards
+
+    target = get_target(opts.target)
+    backend = generative_backend(opts.target)
+    flag = sharding.flag
+    plan_of = backend.bundle_plan
+    if plan_of is None:
+        raise OptionsError(
+            f"{flag} --prepare-only bundles are for device targets (tensorrt): build for {opts.target} on the host "
+            "itself"
+        )
+    runtime = shard_runtime(opts.target, sharding.kind)
+    assert runtime is not None, "build_sharded refused a target without this runtime"
+    opts = decoder_pass_options(opts)
+    target_opts = options_from_dict(
+        target.options_type, {**runtime.target_defaults, **opts.target_options}, what=opts.target
+    )
+    with staging_dir(opts.out) as stage:
+        source, job = export_shards(model, opts, say, sharding, target, target_opts, backend, stage)
+        work = job.work
+        assert isinstance(work, ShardWork)
+        name = job.place.name
+        final = bundle_path(opts.out, name, opts.target)
+        if final.exists():
+            raise UnknownReferenceError(f"{final} already exists: remove it or give another --name")
+        say("greedy reference tokens from the source model")
+        prompts, new = validation_prompts(work.spec, opts.validation.seed)
+        references = [reference_greedy(source.model, p, new) for p in prompts]
+        arrays: dict[str, np.ndarray] = {}
+        for i, (prompt, (tokens, logits)) in enumerate(zip(prompts, references, strict=True)):
+            arrays[f"prompt_{i}"], arrays[f"tokens_{i}"] = prompt, np.asarray(tokens, dtype=np.int64)
+            arrays[f"logits_{i}"] = np.stack(logits).astype(np.float32)
+        validation = {
+            "seed": opts.validation.seed,
+            "tolerance": opts.validation.tolerance,
+            "min_token_agreement": opts.generation.min_token_agreement,
+            "prompts": len(prompts),
+            "new_tokens": new,
+        }
+        say(f"running the bundle's {sharding.noun} graphs on this host's CPU against the source")
+        check = _cpu_check(stage, work, prompts, references, validation, name)
+        np.savez(stage / VALIDATION_NPZ, **arrays)  # type: ignore[arg-type]
+        plan = {"shards": [plan_of(spec, target_opts) for spec in work.specs]}
+        body = {
+            "format_version": BUNDLE_FORMAT,
+            "task": TEXT_GENERATION,
+            "target": opts.target,
+            "target_options": json_values(dataclasses.asdict(target_opts)),
+            "plan": json_values(plan),
+            "decoder": work.spec.to_dict(),
+            "graphs_from": backend.graphs_from,
+            "decode_attention": work.info["decode_attention"],
+            "weights": work.info["weights"],
+            "passes": list(opts.passes.names),
+            "validation": validation,
+            "cpu_check": check,
+            "shards": {
+                "kind": work.kind,
+                "folders": list(work.shards),
+                "specs": [spec.to_dict() for spec in work.specs],
+                "ir_files": list(work.ir_files),
+                "kept": list(work.kept),
+                "info": json_values(dict(work.info)),
+                "weight_bytes": work.weight_bytes,
+            },
+            "manifest_draft": {
+                "name": name,
+                "version": opts.version,
+                "source": job.source,
+                "passes": json_values(job.passes),
+                "toolchain_prepared": toolchain_versions(),
+                "ir": dict(work.ir),
+                "ir_opset": int(work.ir["opset"]),
+            },
+            "bench": opts.benchmark.bench,
+            "prepared": {"host": socket.gethostname(), "machine": platform.machine()},
+            "files": hash_tree(stage),
+        }
+        write_bundle_json(stage, body)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(stage, final)
+    manifest = make_manifest(
+        name,
+        opts.version or 0,
+        TargetRecord(opts.target, dataclasses.asdict(target_opts), {"task": TEXT_GENERATION, "plan": plan}),
+        toolchain={},
+        source=job.source,
+        ir=dict(work.ir),
+        passes=job.passes,
+        io={},
+        validation={**validation, "cpu_check": check, "passed": False, "pending": "aotforge finish"},
+        benchmark=None,
+        build={"bundle": str(final)},
+    )
+    return BuildResult(final, manifest)
+
+
+def _cpu_check(
+    stage: Path,
+    work: ShardWork,
+    prompts: list[np.ndarray],
+    references: list[tuple[list[int], list[np.ndarray]]],
+    validation: Mapping[str, Any],
+    name: str,
+) -> dict[str, Any]:
+    """The shards as onnxruntime ranks on this CPU, through ``generate``, token for token against the source (raises
+    if not). Their session settings are written for the check and removed after it: the bundle holds the graphs."""
+    from aotforge.targets.generative.runner import GenerativeRunner
+    from aotforge.targets.onnxruntime import OrtOptions
+    from aotforge.targets.onnxruntime.decoder import SESSION_FILE, compile_shard
+
+    if work.kind != "tensor_parallel":
+        raise OptionsError(f"{work.noun} bundles are not checked on the CPU yet: only tensor-parallel ranks")
+    options = OrtOptions(intra_op_threads=1)
+    for folder, spec in zip(work.shards, work.specs, strict=True):
+        compile_shard(stage / folder, options, spec, len(work.shards))
+    try:
+        record = TargetRecord("onnxruntime", dataclasses.asdict(options), dict(work.info))
+        engine = work.engine(stage, record)
+        try:
+            checked = check_generation(
+                prompts,
+                references,
+                GenerativeRunner(engine),
+                work.spec,
+                seed=int(validation["seed"]),
+                tolerance=float(validation["tolerance"]),
+                min_agreement=float(validation["min_token_agreement"]),
+                name=name,
+            )
+        finally:
+            engine.close()
+    finally:
+        for folder in work.shards:
+            (stage / folder / SESSION_FILE).unlink(missing_ok=True)
+    out = {k: checked[k] for k in ("token_agreement", "max_logits_rel_l2", "new_tokens", "passed")}
+    return {"runtime": f"onnxruntime CPU, {len(work.shards)} {work.noun} processes over the bundle's graphs", **out}
+
+
+def finish_sharded(
+    path: Path,
+    data: Mapping[str, Any],
+    out: Path,
+    target: Target,
+    target_opts: Any,
+    *,
+    bench: bool | None,
+    say: Progress,
+    plots: bool,
+    cache_dir: Path | None,
+    isolation: Isolation | None,
+    build_extra: Mapping[str, Any],
+    load_references: Callable[[Path, int], tuple[list[np.ndarray], list[tuple[list[int], list[np.ndarray]]]]],
+) -> BuildResult:
+    """``aotforge finish`` of a sharded bundle for ``target`` (its own, or a target that runs its ONNX shards as they
+    are): each shard compiled by ``target``'s shard runtime, validated against the bundle's references, stored."""
+    from aotforge.compiler.generative import pp_build, tp_build
+
+    started = time.perf_counter()
+    shards = data["shards"]
+    kind = str(shards["kind"])
+    sharding = {s.kind: s for s in (tp_build.TENSOR_PARALLEL, pp_build.PIPELINE_PARALLEL)}[kind]
+    if shard_runtime(target.name, kind) is None:
+        noun = sharding.noun
+        raise OptionsError(f"a {noun} bundle finishes for a target that runs {noun}s; {target.name} has no {noun}s")
+    specs = tuple(DecoderSpec.from_dict(s) for s in shards["specs"])
+    plan_of = generative_backend(target.name).bundle_plan
+    if target.name == data["target"] and plan_of is not None:
+        if json_values({"shards": [plan_of(spec, target_opts) for spec in specs]}) != data["plan"]:
+            raise ArtifactError(
+                f"the {target.name} plan in the bundle differs from what this aotforge plans for it: prepare the "
+                "bundle with the same aotforge version as the device host"
+            )
+    spec = DecoderSpec.from_dict(data["decoder"])
+    checked = data["validation"]
+    prompts, references = load_references(path, int(checked["prompts"]))
+
+    def validate(runner: Any, artifact: str, say: Progress) -> dict[str, Any]:
+        say("validating greedy generation against the references in the bundle")
+        validation = check_generation(
+            prompts,
+            references,
+            runner,
+            spec,
+            seed=int(checked["seed"]),
+            tolerance=float(checked["tolerance"]),
+            min_agreement=float(checked["min_token_agreement"]),
+            name=artifact,
+        )
+        validation["reference"] += " (tokens and logits stored in the bundle)"
+        return validation
+
+    draft = data["manifest_draft"]
+    info = {**shards["info"], "options": dataclasses.asdict(target_opts)}
+    work = ShardWork(
+        kind=kind,
+        noun=sharding.noun,
+        spec=spec,
+        shards=tuple(shards["folders"]),
+        specs=specs,
+        ir_files=tuple(shards["ir_files"]),
+        kept=tuple(shards["kept"]),
+        info=info,
+        ir=draft["ir"],
+        weight_bytes=int(shards["weight_bytes"]),
+        validate=validate,
+        bench=bool(data["bench"] if bench is None else bench),
+        engine=sharding.engine,
+    )
+    toolchain = key_toolchain(target.name, target.probe())
+    place = place_artifact(out, draft["name"], draft["version"], target.name, plots=plots)
+    job = TailJob(
+        place=place,
+        target=target,
+        target_options=target_opts,
+        work=work,
+        source=draft["source"],
+        passes=draft["passes"],
+        toolchain=toolchain,
+        cache_dir=cache_dir,
+        build_extra={"toolchain_key": toolchain, **build_extra},
+        isolation=isolation or Isolation(),
+    )
+    staged = [rel for rel in data["files"] if rel != VALIDATION_NPZ]
+    with staging_dir(out) as stage:
+        for rel in staged:
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path / rel, stage / rel)
+        manifest = compile_and_store(job, stage, started, say)
+    return BuildResult(place.path_of(manifest), manifest)
+
+
+def bundle_record(path: Path, data: Mapping[str, Any]) -> dict[str, Any]:
+    """What the finished artifact's ``build`` section says of the bundle it came from."""
+    return {"bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]}}
