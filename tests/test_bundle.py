@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from aotforge.artifacts.hashing import require_intact
 from aotforge.artifacts.manifest import read_manifest
 from aotforge.compiler.api import build
-from aotforge.compiler.bundle import BUNDLE_JSON, VALIDATION_NPZ, finish, read_bundle
+from aotforge.compiler.bundle import finish
+from aotforge.compiler.bundle_format import BUNDLE_JSON, VALIDATION_NPZ, read_bundle
 from aotforge.compiler.cli import main
 from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError
 from aotforge.targets import get_target

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import aotforge
-from aotforge.compiler.bundle import BUNDLE_JSON, read_bundle
+from aotforge.compiler.bundle_format import BUNDLE_JSON, read_bundle
 from aotforge.compiler.cli import main
 from aotforge.compiler.generative.bundle_finish import finish_bundle as finish
 from aotforge.compiler.isolation import Isolation

@@ -150,13 +150,7 @@ def test_a_sharded_tensorrt_build_here_is_refused_by_name(
 @pytest.mark.gpu
 def test_tensorrt_ranks_generate_token_exact_on_two_gpus(llama_dir: Path, tmp_path: Path) -> None:
     """Two ranks, a GPU each: built, validated token for token against transformers, loaded as one model."""
-    probe = get_target("tensorrt").probe()
-    if not probe.available:
-        pytest.skip(probe.reason)
-    import torch
-
-    if torch.cuda.device_count() < DEGREE:
-        pytest.skip(f"tensor parallelism {DEGREE} needs {DEGREE} GPUs; this host has {torch.cuda.device_count()}")
+    _skip_without_a_gpu_a_rank()
     result = aotforge.build(
         str(llama_dir), target="tensorrt", task="text-generation", out=tmp_path, max_seq_len=MAX_SEQ, max_batch=2,
         tensor_parallel=DEGREE, bench=False,
@@ -174,6 +168,14 @@ def test_tensorrt_ranks_generate_token_exact_on_two_gpus(llama_dir: Path, tmp_pa
 
 @pytest.mark.gpu
 def test_a_tensor_parallel_bundle_finishes_on_two_gpus(tp_bundle: Path, tmp_path: Path) -> None:
+    _skip_without_a_gpu_a_rank()
+    result = CliRunner().invoke(main, ["finish", str(tp_bundle), "--out", str(tmp_path), "--no-bench"])
+    assert result.exit_code == 0, result.output
+    manifest = next(tmp_path.rglob("manifest.json"))
+    assert '"token_agreement": 1.0' in manifest.read_text()
+
+
+def _skip_without_a_gpu_a_rank() -> None:
     probe = get_target("tensorrt").probe()
     if not probe.available:
         pytest.skip(probe.reason)
@@ -181,7 +183,3 @@ def test_a_tensor_parallel_bundle_finishes_on_two_gpus(tp_bundle: Path, tmp_path
 
     if torch.cuda.device_count() < DEGREE:
         pytest.skip(f"tensor parallelism {DEGREE} needs {DEGREE} GPUs; this host has {torch.cuda.device_count()}")
-    result = CliRunner().invoke(main, ["finish", str(tp_bundle), "--out", str(tmp_path), "--no-bench"])
-    assert result.exit_code == 0, result.output
-    manifest = next(tmp_path.rglob("manifest.json"))
-    assert '"token_agreement": 1.0' in manifest.read_text()

@@ -209,6 +209,34 @@ def make_manifest(
     )
 
 
+def pending_manifest(
+    bundle: Path,
+    name: str,
+    version: int | None,
+    target: TargetRecord,
+    *,
+    source: Mapping[str, Any],
+    ir: Mapping[str, Any],
+    passes: Sequence[Mapping[str, Any]],
+    io: Mapping[str, Any],
+    validation: Mapping[str, Any],
+) -> Manifest:
+    """The draft a ``--prepare-only`` build returns for ``bundle``: nothing compiled yet, its validation pending."""
+    return make_manifest(
+        name,
+        version or 0,
+        target,
+        toolchain={},
+        source=source,
+        ir=ir,
+        passes=passes,
+        io=io,
+        validation={**validation, "passed": False, "pending": "aotforge finish"},
+        benchmark=None,
+        build={"bundle": str(bundle)},
+    )
+
+
 def compile_and_store(
     job: TailJob,
     stage: Path,

@@ -10,10 +10,7 @@ version and the sha256 of every file. ``finish`` re-checks all of that before an
 from __future__ import annotations
 
 import dataclasses
-import os
-import platform
 import shutil
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -22,20 +19,20 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from aotforge.artifacts.hashing import hash_tree, sha256_file
+from aotforge.artifacts.hashing import sha256_file
 from aotforge.artifacts.store import staging_dir
 from aotforge.compiler.benchmark import BenchOptions
 from aotforge.compiler.build_plan import PlannedBuild
 from aotforge.compiler.build_result import BuildResult
-from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, make_manifest, place_artifact
+from aotforge.compiler.build_tail import compile_and_store, key_toolchain, pending_manifest, place_artifact
 from aotforge.compiler.bundle_format import (
     BUNDLE_FORMAT,
-    BUNDLE_JSON,
     VALIDATION_NPZ,
     bundle_path,
+    finish_job,
     json_values,
     read_bundle,
-    write_bundle_json,
+    seal_bundle,
 )
 from aotforge.compiler.encoder_work import EncoderWork
 from aotforge.compiler.isolation import Isolation
@@ -116,12 +113,8 @@ def write_bundle(draft: BundleDraft, out: Path, toolchain: Mapping[str, str]) ->
                 "ir_opset": draft.model.opset_imports.get("", 0),
             },
             "bench": dict(draft.bench) if draft.bench is not None else None,
-            "prepared": {"host": socket.gethostname(), "machine": platform.machine()},
-            "files": hash_tree(stage),
         }
-        write_bundle_json(stage, body)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(stage, final)
+        seal_bundle(stage, body, final)
     return final
 
 
@@ -148,18 +141,16 @@ def prepare_bundle(planned: PlannedBuild, opts: BuildOptions, name: str) -> Buil
         files=source.files,
     )
     path = write_bundle(draft, opts.out, toolchain_versions())
-    manifest = make_manifest(
+    manifest = pending_manifest(
+        path,
         name,
-        opts.version or 0,
+        opts.version,
         TargetRecord(opts.target, dataclasses.asdict(planned.target_options)),
-        toolchain={},
         source=draft.source,
         ir={"sha256": sha256_file(path / "model.onnx"), "opset": source.ir.opset_imports.get("", 0)},
         passes=draft.pass_entries,
         io=planned.ctx.io.to_dict(),
-        validation={**validation, "passed": False, "pending": "aotforge finish"},
-        benchmark=None,
-        build={"bundle": str(path)},
+        validation=validation,
     )
     return BuildResult(path, manifest)
 
@@ -223,21 +214,11 @@ def finish(
             bench=_bench_options(data["bench"], bench),
             batch=int(draft["validation"]["bound_dims"].get("batch", 1)),
         )
-        job = TailJob(
-            place=place,
-            target=target,
-            target_options=target_opts,
-            work=work,
-            source=draft["source"],
-            passes=draft["passes"],
-            toolchain=key_toolchain(name, probe),
-            cache_dir=cache_dir,
-            build_extra={
-                "bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]},
-                **({"worker": dict(worker)} if worker else {}),
-            },
-            isolation=isolation or Isolation(),
-        )
+        toolchain = key_toolchain(name, probe)
+        job = finish_job(
+            path, data, place, target, target_opts, work, toolchain,
+            cache_dir=cache_dir, worker=worker, isolation=isolation,
+        )  # fmt: skip
         manifest = compile_and_store(job, stage, started, progress or (lambda _msg: None))
     return BuildResult(place.path_of(manifest), manifest)
 

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import platform
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from aotforge.artifacts.hashing import hash_tree
+from aotforge.artifacts.hashing import hash_tree, sha256_file
+from aotforge.compiler.build_tail import ArtifactPlace, TailJob, TailWork
+from aotforge.compiler.isolation import Isolation
 from aotforge.core.errors import ArtifactError
 
 BUNDLE_FORMAT = 1
@@ -72,3 +77,53 @@ def json_text(data: Mapping[str, Any]) -> str:
 def json_digest(data: Mapping[str, Any]) -> str:
     """The sha256 of ``data``'s sorted-key JSON."""
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def seal_bundle(stage: Path, body: Mapping[str, Any], final: Path) -> dict[str, Any]:
+    """``body`` with the host it was prepared on and the hash of every file in ``stage``, written as the stage's
+    ``bundle.json``; the stage then renamed to ``final``. Returns the body written."""
+    sealed = {
+        **body,
+        "prepared": {"host": socket.gethostname(), "machine": platform.machine()},
+        "files": hash_tree(stage),
+    }
+    write_bundle_json(stage, sealed)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(stage, final)
+    return sealed
+
+
+def finish_job(
+    path: Path,
+    data: Mapping[str, Any],
+    place: ArtifactPlace,
+    target: Any,
+    target_options: Any,
+    work: TailWork,
+    toolchain: Mapping[str, str],
+    *,
+    cache_dir: Path | None,
+    worker: Mapping[str, Any] | None,
+    isolation: Isolation | None,
+    build_extra: Mapping[str, Any] | None = None,
+) -> TailJob:
+    """The build tail's job that finishes the bundle at ``path`` (``data``: its checked ``bundle.json``): the source
+    and passes of its draft; the manifest's ``build`` section names the bundle (its digest, where it was prepared)
+    and the worker that finished it."""
+    draft = data["manifest_draft"]
+    return TailJob(
+        place=place,
+        target=target,
+        target_options=target_options,
+        work=work,
+        source=draft["source"],
+        passes=draft["passes"],
+        toolchain=toolchain,
+        cache_dir=cache_dir,
+        build_extra={
+            **(build_extra or {}),
+            "bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]},
+            **({"worker": dict(worker)} if worker else {}),
+        },
+        isolation=isolation or Isolation(),
+    )

@@ -16,11 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from aotforge.artifacts.hashing import sha256_file
 from aotforge.artifacts.store import staging_dir
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, place_artifact
-from aotforge.compiler.bundle_format import BUNDLE_JSON, VALIDATION_NPZ, json_values, read_bundle
+from aotforge.compiler.bundle_format import VALIDATION_NPZ, finish_job, json_values, read_bundle
 from aotforge.compiler.generative.bundle_inputs import bundle_inputs, inputs_sha
 from aotforge.compiler.generative.decoder_work import DecoderWork
 from aotforge.compiler.generative.validation import check_generation
@@ -65,7 +64,7 @@ def finish_generative(
     if not probe.available:
         raise TargetUnavailableError(f"cannot finish {path} for {name} on this host: {probe.reason}")
     if "shards" in data:  # a sharded bundle: each shard compiled by the target's shard runtime
-        from aotforge.compiler.generative.sharded_bundle import bundle_record, finish_sharded
+        from aotforge.compiler.generative.sharded_bundle import finish_sharded
 
         runtime = shard_runtime(name, str(data["shards"]["kind"]))
         defaults = runtime.target_defaults if runtime is not None else {}
@@ -81,8 +80,7 @@ def finish_generative(
             plots=plots,
             cache_dir=cache_dir,
             isolation=isolation,
-            build_extra={**bundle_record(path, data), **({"worker": dict(worker)} if worker else {})},
-            load_references=_load_references,
+            worker=worker,
         )
     target_opts = options_from_dict(
         target.options_type, data["target_options"] if name == data["target"] else {}, what=name
@@ -98,11 +96,57 @@ def finish_generative(
             f"the {name} plan in the bundle differs from what this aotforge plans for it: prepare the bundle "
             "with the same aotforge version as the device host"
         )
-    prompts, references = _load_references(path, int(data["validation"]["prompts"]))
     draft = data["manifest_draft"]
     place = place_artifact(out, draft["name"], draft["version"], name, plots=plots)
     inputs = bundle_inputs(graphs_from)
+    staged = tuple(rel for rel in data["files"] if rel != VALIDATION_NPZ)
+    compiled_from = tuple(inputs.compiled_files(path))
+    work = DecoderWork(
+        backend=backend,
+        spec=spec,
+        ir_files=compiled_from,
+        kept=tuple(rel for rel in staged if rel not in compiled_from),
+        inputs=DecoderInputs(),
+        info={"decode_attention": data["decode_attention"]},
+        ir={"sha256": inputs_sha(path, graphs_from), "opset": int(draft["ir_opset"])},
+        validate=reference_validator(path, data, spec),
+        bench=bool(data["bench"] if bench is None else bench),
+        stored_weights=lambda _stage: data["weights"],
+        # A torch bundle's modules are made from the stage and cannot cross to a worker: traced here.
+        modules=inputs.modules if graphs_from == "torch" else None,
+        after_compile=inputs.after_compile if graphs_from == "torch" else None,
+    )
+    toolchain = key_toolchain(name, probe)
+    job = finish_job(
+        path, data, place, target, target_opts, work, toolchain,
+        cache_dir=cache_dir, worker=worker, isolation=isolation, build_extra={"toolchain_key": toolchain},
+    )  # fmt: skip
+    return store_finished(path, staged, out, job, started, say)
+
+
+def store_finished(
+    path: Path, staged: tuple[str, ...], out: Path, job: TailJob, started: float, say: Progress
+) -> BuildResult:
+    """The bundle's ``staged`` files copied into a staging directory of ``out``, and the tail run over them: compile,
+    validate, benchmark, store."""
+    with staging_dir(out) as stage:
+        for rel in staged:
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path / rel, stage / rel)
+        manifest = compile_and_store(job, stage, started, say)
+    return BuildResult(job.place.path_of(manifest), manifest)
+
+
+def reference_validator(
+    path: Path, data: Mapping[str, Any], spec: DecoderSpec
+) -> Callable[[Any, str, Progress], dict[str, Any]]:
+    """``(runner, artifact name, say) -> the validation record``: greedy generation against the references the
+    bundle at ``path`` carries (tokens and per-step logits), gated as its ``validation`` record says."""
     checked = data["validation"]
+    count = int(checked["prompts"])
+    with np.load(path / VALIDATION_NPZ, allow_pickle=False) as arrays:
+        prompts = [arrays[f"prompt_{i}"] for i in range(count)]
+        references = [([int(t) for t in arrays[f"tokens_{i}"]], list(arrays[f"logits_{i}"])) for i in range(count)]
 
     def validate(runner: Any, artifact: str, say: Progress) -> dict[str, Any]:
         say("validating greedy generation against the references in the bundle")
@@ -119,53 +163,7 @@ def finish_generative(
         validation["reference"] += " (tokens and logits stored in the bundle)"
         return validation
 
-    staged = tuple(rel for rel in data["files"] if rel != VALIDATION_NPZ)
-    compiled_from = tuple(inputs.compiled_files(path))
-    work = DecoderWork(
-        backend=backend,
-        spec=spec,
-        ir_files=compiled_from,
-        kept=tuple(rel for rel in staged if rel not in compiled_from),
-        inputs=DecoderInputs(),
-        info={"decode_attention": data["decode_attention"]},
-        ir={"sha256": inputs_sha(path, graphs_from), "opset": int(draft["ir_opset"])},
-        validate=validate,
-        bench=bool(data["bench"] if bench is None else bench),
-        stored_weights=lambda _stage: data["weights"],
-        # A torch bundle's modules are made from the stage and cannot cross to a worker: traced here.
-        modules=inputs.modules if graphs_from == "torch" else None,
-        after_compile=inputs.after_compile if graphs_from == "torch" else None,
-    )
-    toolchain = key_toolchain(name, probe)
-    job = TailJob(
-        place=place,
-        target=target,
-        target_options=target_opts,
-        work=work,
-        source=draft["source"],
-        passes=draft["passes"],
-        toolchain=toolchain,
-        cache_dir=cache_dir,
-        build_extra={
-            "toolchain_key": toolchain,
-            "bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]},
-            **({"worker": dict(worker)} if worker else {}),
-        },
-        isolation=isolation or Isolation(),
-    )
-    with staging_dir(out) as stage:
-        for rel in staged:
-            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path / rel, stage / rel)
-        manifest = compile_and_store(job, stage, started, say)
-    return BuildResult(place.path_of(manifest), manifest)
-
-
-def _load_references(path: Path, count: int) -> tuple[list[np.ndarray], list[tuple[list[int], list[np.ndarray]]]]:
-    with np.load(path / VALIDATION_NPZ, allow_pickle=False) as data:
-        prompts = [data[f"prompt_{i}"] for i in range(count)]
-        refs = [([int(t) for t in data[f"tokens_{i}"]], list(data[f"logits_{i}"])) for i in range(count)]
-    return prompts, refs
+    return validate
 
 
 def finish_bundle(

@@ -18,28 +18,24 @@ the device host: it refuses first, with the target probe's reason, where the SDK
 from __future__ import annotations
 
 import dataclasses
-import os
-import platform
 import shutil
-import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from aotforge.artifacts.hashing import hash_tree
 from aotforge.artifacts.names import check_name
 from aotforge.artifacts.store import staging_dir
 from aotforge.compiler.build_result import BuildResult
-from aotforge.compiler.build_tail import make_manifest
+from aotforge.compiler.build_tail import pending_manifest
 from aotforge.compiler.bundle_format import (
     BUNDLE_FORMAT,
     VALIDATION_NPZ,
     bundle_path,
     json_values,
     read_bundle,
-    write_bundle_json,
+    seal_bundle,
 )
 from aotforge.compiler.generative.bundle_finish import finish_generative
 from aotforge.compiler.generative.bundle_inputs import BundleInputs, bundle_inputs, inputs_sha
@@ -127,33 +123,13 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
         weights, opset = inputs.write(stage, source.model, spec, name, attention)
         for rel, file in sorted(source.files.items()):
             shutil.copyfile(file, stage / rel)
-        say("greedy reference tokens from the source model")
-        prompts, new = validation_prompts(spec, opts.validation.seed)
-        references = [reference_greedy(source.model, p, new) for p in prompts]
-        arrays: dict[str, np.ndarray] = {}
-        for i, (prompt, (tokens, logits)) in enumerate(zip(prompts, references, strict=True)):
-            arrays[f"prompt_{i}"], arrays[f"tokens_{i}"] = prompt, np.asarray(tokens, dtype=np.int64)
-            arrays[f"logits_{i}"] = np.stack(logits).astype(np.float32)
-        np.savez(stage / VALIDATION_NPZ, **arrays)  # type: ignore[arg-type]
-        validation = {
-            "seed": opts.validation.seed,
-            "tolerance": opts.validation.tolerance,
-            "min_token_agreement": opts.generation.min_token_agreement,
-            "prompts": len(prompts),
-            "new_tokens": new,
-        }
+        prompts, references, validation = write_references(stage, source.model, spec, opts, say)
         check = None
         if cpu_check:
             say("running the bundle's graphs on this host's CPU against the source")
             check = _cpu_check(stage, inputs, spec, source.model, plan, prompts, references, opts, name)
         body = {
-            "format_version": BUNDLE_FORMAT,
-            "task": TEXT_GENERATION,
-            "target": opts.target,
-            "target_options": json_values(dataclasses.asdict(target_opts)),
-            "plan": json_values(plan),
-            "decoder": spec.to_dict(),
-            "graphs_from": graphs_from,
+            **body_head(opts, target_opts, plan, spec, graphs_from),
             "decode_attention": attention,
             "weights": weights,
             "passes": list(opts.passes.names),
@@ -168,26 +144,60 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
                 "ir_opset": opset,
             },
             "bench": opts.benchmark.bench,
-            "prepared": {"host": socket.gethostname(), "machine": platform.machine()},
-            "files": hash_tree(stage),
         }
-        write_bundle_json(stage, body)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(stage, final)
-    manifest = make_manifest(
+        body = seal_bundle(stage, body, final)
+    manifest = pending_manifest(
+        final,
         name,
-        opts.version or 0,
+        opts.version,
         TargetRecord(opts.target, dataclasses.asdict(target_opts), {"task": TEXT_GENERATION, "plan": plan}),
-        toolchain={},
         source=body["manifest_draft"]["source"],  # type: ignore[index]
         ir={"sha256": inputs_sha(final, graphs_from), "opset": opset},
         passes=[],
         io={},
-        validation={**validation, "cpu_check": check, "passed": False, "pending": "aotforge finish"},
-        benchmark=None,
-        build={"bundle": str(final)},
+        validation={**validation, "cpu_check": check},
     )
     return BuildResult(final, manifest)
+
+
+def body_head(
+    opts: BuildOptions, target_opts: Any, plan: Mapping[str, Any], spec: DecoderSpec, graphs_from: str
+) -> dict[str, Any]:
+    """What every text-generation ``bundle.json`` starts with: its format, the target and its options, the target's
+    plan, the decoder's cache geometry and what the target compiles from ("onnx" or "torch")."""
+    return {
+        "format_version": BUNDLE_FORMAT,
+        "task": TEXT_GENERATION,
+        "target": opts.target,
+        "target_options": json_values(dataclasses.asdict(target_opts)),
+        "plan": json_values(plan),
+        "decoder": spec.to_dict(),
+        "graphs_from": graphs_from,
+    }
+
+
+def write_references(
+    stage: Path, model: Any, spec: DecoderSpec, opts: BuildOptions, say: Progress
+) -> tuple[list[np.ndarray], list[tuple[list[int], list[np.ndarray]]], dict[str, Any]]:
+    """The source's greedy tokens and per-step logits on the validation prompts, written to ``VALIDATION_NPZ`` in
+    ``stage`` (the device host validates against them without the source); the prompts, the references and the
+    bundle's ``validation`` record."""
+    say("greedy reference tokens from the source model")
+    prompts, new = validation_prompts(spec, opts.validation.seed)
+    references = [reference_greedy(model, p, new) for p in prompts]
+    arrays: dict[str, np.ndarray] = {}
+    for i, (prompt, (tokens, logits)) in enumerate(zip(prompts, references, strict=True)):
+        arrays[f"prompt_{i}"], arrays[f"tokens_{i}"] = prompt, np.asarray(tokens, dtype=np.int64)
+        arrays[f"logits_{i}"] = np.stack(logits).astype(np.float32)
+    np.savez(stage / VALIDATION_NPZ, **arrays)  # type: ignore[arg-type]
+    validation = {
+        "seed": opts.validation.seed,
+        "tolerance": opts.validation.tolerance,
+        "min_token_agreement": opts.generation.min_token_agreement,
+        "prompts": len(prompts),
+        "new_tokens": new,
+    }
+    return prompts, references, validation
 
 
 def _cpu_check(

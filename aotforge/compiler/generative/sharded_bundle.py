@@ -14,10 +14,6 @@ loaded as one model (a process each), validated against the references the bundl
 from __future__ import annotations
 
 import dataclasses
-import os
-import platform
-import shutil
-import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,20 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aotforge.artifacts.hashing import hash_tree, sha256_file
 from aotforge.artifacts.store import staging_dir
 from aotforge.compiler.build_result import BuildResult
-from aotforge.compiler.build_tail import TailJob, compile_and_store, key_toolchain, make_manifest, place_artifact
+from aotforge.compiler.build_tail import key_toolchain, pending_manifest, place_artifact
 from aotforge.compiler.bundle_format import (
-    BUNDLE_FORMAT,
-    BUNDLE_JSON,
     VALIDATION_NPZ,
     bundle_path,
+    finish_job,
     json_values,
-    write_bundle_json,
+    seal_bundle,
 )
+from aotforge.compiler.generative.bundle_finish import reference_validator, store_finished
+from aotforge.compiler.generative.bundled import body_head, write_references
 from aotforge.compiler.generative.shard_work import ShardWork
-from aotforge.compiler.generative.validation import check_generation, reference_greedy, validation_prompts
+from aotforge.compiler.generative.validation import check_generation
 from aotforge.compiler.isolation import Isolation
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
@@ -83,32 +79,12 @@ def prepare_sharded(model: Any, opts: BuildOptions, say: Progress, sharding: Sha
         final = bundle_path(opts.out, name, opts.target)
         if final.exists():
             raise UnknownReferenceError(f"{final} already exists: remove it or give another --name")
-        say("greedy reference tokens from the source model")
-        prompts, new = validation_prompts(work.spec, opts.validation.seed)
-        references = [reference_greedy(source.model, p, new) for p in prompts]
-        arrays: dict[str, np.ndarray] = {}
-        for i, (prompt, (tokens, logits)) in enumerate(zip(prompts, references, strict=True)):
-            arrays[f"prompt_{i}"], arrays[f"tokens_{i}"] = prompt, np.asarray(tokens, dtype=np.int64)
-            arrays[f"logits_{i}"] = np.stack(logits).astype(np.float32)
-        validation = {
-            "seed": opts.validation.seed,
-            "tolerance": opts.validation.tolerance,
-            "min_token_agreement": opts.generation.min_token_agreement,
-            "prompts": len(prompts),
-            "new_tokens": new,
-        }
+        prompts, references, validation = write_references(stage, source.model, work.spec, opts, say)
         say(f"running the bundle's {sharding.noun} graphs on this host's CPU against the source")
         check = _cpu_check(stage, work, prompts, references, validation, name)
-        np.savez(stage / VALIDATION_NPZ, **arrays)  # type: ignore[arg-type]
         plan = {"shards": [plan_of(spec, target_opts) for spec in work.specs]}
         body = {
-            "format_version": BUNDLE_FORMAT,
-            "task": TEXT_GENERATION,
-            "target": opts.target,
-            "target_options": json_values(dataclasses.asdict(target_opts)),
-            "plan": json_values(plan),
-            "decoder": work.spec.to_dict(),
-            "graphs_from": backend.graphs_from,
+            **body_head(opts, target_opts, plan, work.spec, backend.graphs_from),
             "decode_attention": work.info["decode_attention"],
             "weights": work.info["weights"],
             "passes": list(opts.passes.names),
@@ -133,24 +109,18 @@ def prepare_sharded(model: Any, opts: BuildOptions, say: Progress, sharding: Sha
                 "ir_opset": int(work.ir["opset"]),
             },
             "bench": opts.benchmark.bench,
-            "prepared": {"host": socket.gethostname(), "machine": platform.machine()},
-            "files": hash_tree(stage),
         }
-        write_bundle_json(stage, body)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(stage, final)
-    manifest = make_manifest(
+        seal_bundle(stage, body, final)
+    manifest = pending_manifest(
+        final,
         name,
-        opts.version or 0,
+        opts.version,
         TargetRecord(opts.target, dataclasses.asdict(target_opts), {"task": TEXT_GENERATION, "plan": plan}),
-        toolchain={},
         source=job.source,
         ir=dict(work.ir),
         passes=job.passes,
         io={},
-        validation={**validation, "cpu_check": check, "passed": False, "pending": "aotforge finish"},
-        benchmark=None,
-        build={"bundle": str(final)},
+        validation={**validation, "cpu_check": check},
     )
     return BuildResult(final, manifest)
 
@@ -209,8 +179,7 @@ def finish_sharded(
     plots: bool,
     cache_dir: Path | None,
     isolation: Isolation | None,
-    build_extra: Mapping[str, Any],
-    load_references: Callable[[Path, int], tuple[list[np.ndarray], list[tuple[list[int], list[np.ndarray]]]]],
+    worker: Mapping[str, Any] | None,
 ) -> BuildResult:
     """``aotforge finish`` of a sharded bundle for ``target`` (its own, or a target that runs its ONNX shards as they
     are): each shard compiled by ``target``'s shard runtime, validated against the bundle's references, stored."""
@@ -232,24 +201,6 @@ def finish_sharded(
                 "bundle with the same aotforge version as the device host"
             )
     spec = DecoderSpec.from_dict(data["decoder"])
-    checked = data["validation"]
-    prompts, references = load_references(path, int(checked["prompts"]))
-
-    def validate(runner: Any, artifact: str, say: Progress) -> dict[str, Any]:
-        say("validating greedy generation against the references in the bundle")
-        validation = check_generation(
-            prompts,
-            references,
-            runner,
-            spec,
-            seed=int(checked["seed"]),
-            tolerance=float(checked["tolerance"]),
-            min_agreement=float(checked["min_token_agreement"]),
-            name=artifact,
-        )
-        validation["reference"] += " (tokens and logits stored in the bundle)"
-        return validation
-
     draft = data["manifest_draft"]
     info = {**shards["info"], "options": dataclasses.asdict(target_opts)}
     work = ShardWork(
@@ -263,33 +214,15 @@ def finish_sharded(
         info=info,
         ir=draft["ir"],
         weight_bytes=int(shards["weight_bytes"]),
-        validate=validate,
+        validate=reference_validator(path, data, spec),
         bench=bool(data["bench"] if bench is None else bench),
         engine=sharding.engine,
     )
     toolchain = key_toolchain(target.name, target.probe())
     place = place_artifact(out, draft["name"], draft["version"], target.name, plots=plots)
-    job = TailJob(
-        place=place,
-        target=target,
-        target_options=target_opts,
-        work=work,
-        source=draft["source"],
-        passes=draft["passes"],
-        toolchain=toolchain,
-        cache_dir=cache_dir,
-        build_extra={"toolchain_key": toolchain, **build_extra},
-        isolation=isolation or Isolation(),
-    )
-    staged = [rel for rel in data["files"] if rel != VALIDATION_NPZ]
-    with staging_dir(out) as stage:
-        for rel in staged:
-            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path / rel, stage / rel)
-        manifest = compile_and_store(job, stage, started, say)
-    return BuildResult(place.path_of(manifest), manifest)
-
-
-def bundle_record(path: Path, data: Mapping[str, Any]) -> dict[str, Any]:
-    """What the finished artifact's ``build`` section says of the bundle it came from."""
-    return {"bundle": {"sha256": sha256_file(path / BUNDLE_JSON), "prepared": data["prepared"]}}
+    job = finish_job(
+        path, data, place, target, target_opts, work, toolchain,
+        cache_dir=cache_dir, worker=worker, isolation=isolation, build_extra={"toolchain_key": toolchain},
+    )  # fmt: skip
+    staged = tuple(rel for rel in data["files"] if rel != VALIDATION_NPZ)
+    return store_finished(path, staged, out, job, started, say)
