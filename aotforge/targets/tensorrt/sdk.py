@@ -143,6 +143,9 @@ def build_engine(
     if all_reduces:
         _dist_collectives(network, all_reduces, ranks)
     config = _builder_config(builder, plan)
+    preview = getattr(trt.PreviewFeature, "MULTIDEVICE_RUNTIME_10_16", None)
+    if all_reduces and preview is not None:  # a preview in TensorRT 10.16, on by default from 11
+        config.set_preview_feature(preview, True)
     # A cache from another device is refused (returns False): start a fresh one instead.
     if not config.set_timing_cache(config.create_timing_cache(timing_cache), ignore_mismatch=False):
         config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
@@ -169,7 +172,7 @@ def _dist_collectives(network: Any, names: Sequence[str], ranks: int) -> None:
     if add is None:
         raise CompileError(
             f"tensorrt {trt.__version__} has no DistCollective layer (INetworkDefinition.add_dist_collective), which "
-            "tensor-parallel engines reduce with: install TensorRT 10.16 or later"
+            "tensor-parallel engines reduce with: install TensorRT 10.16 or later (11 for it out of preview)"
         )
     wanted, found = set(names), set()
     for i in range(network.num_layers):  # the layers added below come after these: never visited
