@@ -65,6 +65,23 @@ def _refusal(artifact: Path, address: str) -> str:
     return "loaded"
 
 
+def _gpu_refusal(address: str) -> str:
+    """What starting a tensorrt artifact's rank actors says on this cluster, whose nodes offer no GPU: each rank's
+    actor reserves one (Ray hides the GPUs from an actor that asks for none)."""
+    from aotforge.core.errors import TargetUnavailableError
+    from aotforge.core.placement import Placement, Workers
+    from aotforge.targets.generative.ray_ranks import start_rank_actors
+
+    record = {"name": "tensorrt", "options": {}, "info": {"tensor_parallel": {"degree": 2}}}
+    try:
+        start_rank_actors(
+            "tensor-parallel rank", "/nowhere", record, 2, Placement(Workers.RAY, address, placement_timeout_s=5)
+        )
+    except TargetUnavailableError as e:
+        return str(e)
+    return "placed"
+
+
 def main(work: Path, artifact: Path, request: dict[str, Any]) -> dict[str, Any]:
     from aotforge.artifacts.engine_loader import load_engine
     from aotforge.core.placement import Placement, Spread, Workers
@@ -85,6 +102,7 @@ def main(work: Path, artifact: Path, request: dict[str, Any]) -> dict[str, Any]:
         finally:
             engine.runner.engine.close()
         refused = _refusal(artifact, address)
+        gpu_refused = _gpu_refusal(address)
         import ray
 
         ray.shutdown()
@@ -98,6 +116,7 @@ def main(work: Path, artifact: Path, request: dict[str, Any]) -> dict[str, Any]:
         "tokens": tokens,
         "killed": killed,
         "refused": refused,
+        "gpu_refused": gpu_refused,
         "cli": {"rc": cli.returncode, "out": cli.stdout, "err": cli.stderr[-3000:]},
     }
 

@@ -1,7 +1,8 @@
 """A pipeline-parallel artifact's stages as Ray actors (``--workers ray``) on a real two-node Ray cluster on
 127.0.0.1 inside a private network namespace (``tests/ray_pipeline_stages.py``): placed one a node, the serving
 engine's tokens identical to the unsharded artifact's, a killed stage actor failing its request with an error
-naming it before the next request runs on restarted actors, and ``aotforge generate --workers ray`` the same."""
+naming it before the next request runs on restarted actors, and ``aotforge generate --workers ray`` the same; and
+tensorrt ranks, which reserve a GPU each, refused on its GPU-less nodes."""
 
 from __future__ import annotations
 
@@ -54,6 +55,10 @@ def test_stage_actors_on_two_nodes_generate_like_the_unsharded_artifact(
         "Ray could not place 2 pipeline-parallel stages (2 CPU each on a node of its own) within 5 s: the "
         "cluster has 2 node(s) and 3 CPUs" in got["refused"]
     ), got["refused"]
+    assert (
+        "Ray could not place 2 tensor-parallel ranks (1 CPU and 1 GPU each) within 5 s: the cluster has 2 node(s) and "
+        "3 CPUs and 0 GPUs" in got["gpu_refused"]
+    ), got["gpu_refused"]
     assert got["cli"]["rc"] == 0, got["cli"]["err"]
     assert got["cli"]["out"].split()[:new] == [str(t) for t in want[0]]
     assert MAX_BATCH == 2  # the engine ran two sequences a step: two micro-batches through the stages

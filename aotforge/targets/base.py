@@ -129,6 +129,8 @@ class ShardRuntime:
     #: target options of sharded builds, under the user's (onnxruntime: one intra-op thread a shard, the shards
     #: being the parallelism)
     target_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: GPUs a shard's Ray actor reserves (tensorrt: one a rank; Ray hides the GPUs from an actor that asks for none)
+    gpus_per_shard: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

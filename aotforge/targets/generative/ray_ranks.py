@@ -22,6 +22,7 @@ import ray
 
 from aotforge.core.errors import describe
 from aotforge.core.placement import Placement
+from aotforge.targets import loaded_shard_runtime
 from aotforge.targets.generative.gloo_all_reduce import GlooAllReduce, master_store
 from aotforge.targets.generative.rank_worker import RankWorker
 from aotforge.targets.generative.ray_stages import ActorGroup, placed_actors
@@ -62,7 +63,8 @@ class RankActor:
 
 def start_rank_actors(kind: str, artifact_dir: str, record: dict[str, Any], count: int, placement: Placement) -> Any:
     """The ``count`` rank actors of an artifact, met over gloo and loaded, as one group."""
-    group, actors = placed_actors(RankActor, kind, count, placement, lambda r: ())
+    gpus = loaded_shard_runtime(str(record["name"]), "tensor_parallel").gpus_per_shard
+    group, actors = placed_actors(RankActor, kind, count, placement, lambda r: (), gpus)
     workers = ActorGroup(kind, actors, group, settle_s=SETTLE_S)
     try:
         host, port = ray.get(actors[0].rendezvous.remote(count), timeout=TIMEOUT_S)

@@ -189,9 +189,10 @@ def connect(placement: Placement) -> None:
         ray.init(address=placement.ray_address, include_dashboard=False, log_to_driver=False)
 
 
-def reserve(kind: str, count: int, placement: Placement) -> Any:
-    """A placement group of ``count`` one-worker bundles, placed; a clear refusal if Ray cannot place it."""
-    bundles = [{"CPU": placement.cpus_per_worker} for _ in range(count)]
+def reserve(kind: str, count: int, placement: Placement, gpus: int = 0) -> Any:
+    """A placement group of ``count`` one-worker bundles (``gpus`` GPUs each beside the CPUs), placed; a clear
+    refusal if Ray cannot place it."""
+    bundles = [{"CPU": placement.cpus_per_worker, **({"GPU": gpus} if gpus else {})} for _ in range(count)]
     group = placement_group(bundles, strategy=placement.spread.value)
     try:
         ray.get(group.ready(), timeout=placement.placement_timeout_s)
@@ -200,10 +201,13 @@ def reserve(kind: str, count: int, placement: Placement) -> Any:
         alive = [n for n in ray.nodes() if n["Alive"]]
         cpus = sum(n["Resources"].get("CPU", 0) for n in alive)
         each = " on a node of its own" if placement.spread is Spread.STRICT_SPREAD else ""
+        need, has = f"{placement.cpus_per_worker:g} CPU", f"{cpus:g} CPUs"
+        if gpus:
+            need += f" and {gpus} GPU"
+            has += f" and {sum(n['Resources'].get('GPU', 0) for n in alive):g} GPUs"
         raise TargetUnavailableError(
-            f"Ray could not place {count} {kind}s ({placement.cpus_per_worker:g} CPU each{each}) within "
-            f"{placement.placement_timeout_s:g} s: the cluster has {len(alive)} node(s) and {cpus:g} CPUs. Add nodes "
-            f"or CPUs, free them, or ask for {Spread.PACK.value}"
+            f"Ray could not place {count} {kind}s ({need} each{each}) within {placement.placement_timeout_s:g} s: the "
+            f"cluster has {len(alive)} node(s) and {has}. Add nodes or CPUs, free them, or ask for {Spread.PACK.value}"
         ) from None
     return group
 
@@ -219,15 +223,21 @@ def start_stage_actors(kind: str, artifact_dir: str, record: dict[str, Any], cou
 
 
 def placed_actors(
-    actor: Any, kind: str, count: int, placement: Placement, arguments: Callable[[int], tuple[Any, ...]]
+    actor: Any,
+    kind: str,
+    count: int,
+    placement: Placement,
+    arguments: Callable[[int], tuple[Any, ...]],
+    gpus: int = 0,
 ) -> tuple[Any, list[Any]]:
     """A placement group of ``count`` bundles on the cluster and one ``actor`` in each, made with
-    ``arguments(index)``."""
+    ``arguments(index)``, with ``gpus`` GPUs each (Ray then shows the actor those GPUs only)."""
     connect(placement)
-    group = reserve(kind, count, placement)
+    group = reserve(kind, count, placement, gpus)
     actors = [
         actor.options(
             num_cpus=placement.cpus_per_worker,
+            num_gpus=gpus,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=i),
         ).remote(*arguments(i))
         for i in range(count)

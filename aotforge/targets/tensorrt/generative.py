@@ -196,5 +196,5 @@ BACKEND = GenerativeBackend(
     plan=plan_generative,
     bundle_plan=bundle_plan_generative,
     graphs_from="onnx",
-    tensor_parallel=ShardRuntime(compile_shard, "aotforge.targets.tensorrt.tensor_parallel"),
+    tensor_parallel=ShardRuntime(compile_shard, "aotforge.targets.tensorrt.tensor_parallel", gpus_per_shard=1),
 )
