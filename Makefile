@@ -53,6 +53,8 @@ device-check: $(BIN)/.installed
 	$(BIN)/python -c 'import onnxruntime as o; p = o.get_available_providers(); assert "CUDAExecutionProvider" in p, p'
 	$(BIN)/aotforge targets
 	AOTFORGE_REQUIRE=tensorrt $(BIN)/pytest -q -rs -m gpu tests/test_device_e2e.py tests/test_target_contract.py tests/test_tensorrt_target.py tests/test_tensorrt_generative.py
+	# Tensor-parallel ranks take a GPU each: their tests run (and must pass) where the host has two.
+	if [ "$$(nvidia-smi -L | wc -l)" -ge 2 ]; then AOTFORGE_REQUIRE=tensorrt $(BIN)/pytest -q -rs -m gpu tests/test_tensorrt_ranks.py; fi
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check aotforge tests examples tools
