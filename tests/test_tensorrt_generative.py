@@ -19,7 +19,7 @@ from click.testing import CliRunner
 import aotforge
 from aotforge.compiler.bundle_format import BUNDLE_JSON, read_bundle
 from aotforge.compiler.cli import main
-from aotforge.compiler.generative.bundle_finish import finish_bundle as finish
+from aotforge.compiler.generative.finish import finish_bundle as finish
 from aotforge.compiler.isolation import Isolation
 from aotforge.core.decoder import DecoderSpec
 from aotforge.core.errors import (

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 import aotforge
 from aotforge.compiler.bundle import read_bundle
 from aotforge.compiler.cli import main
-from aotforge.compiler.generative.bundle_finish import finish_bundle
+from aotforge.compiler.generative.finish import finish_bundle
 from aotforge.targets import get_target
 from aotforge.targets.tensorrt.generative import rank_mapping
 from aotforge.targets.tensorrt.rank_graphs import DOMAIN, MARK, OP_TYPE, marked_graph

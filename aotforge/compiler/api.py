@@ -88,9 +88,12 @@ def build(
         if opts.generation.pipeline_parallel > 1 or opts.generation.tensor_parallel > 1:  # rank or stage graphs
             from aotforge.compiler.generative import pp_build, tp_build
             from aotforge.compiler.generative.sharded_build import build_sharded
+            from aotforge.compiler.generative.sharded_bundle import prepare_sharded
 
             pipeline = opts.generation.pipeline_parallel > 1
             sharding = pp_build.PIPELINE_PARALLEL if pipeline else tp_build.TENSOR_PARALLEL
+            if opts.prepare_only:  # a device target's bundle, prepared on any host (no SDK needed)
+                return prepare_sharded(model, opts, say, sharding)
             return build_sharded(model, opts, say, sharding, direct)
         from aotforge.compiler.generative.build import build_generative  # torch, transformers, the target
 

@@ -175,7 +175,7 @@ def finish(
     if data.get("task") == TEXT_GENERATION:
         raise OptionsError(
             f"{path} is a text-generation bundle: finish it with `aotforge finish` "
-            "(aotforge.compiler.generative.bundle_finish.finish_bundle)"
+            "(aotforge.compiler.generative.finish.finish_bundle)"
         )
     name = target_name or data["target"]
     target = get_target(name)

@@ -21,7 +21,7 @@ from aotforge.compiler.cli.common import user_errors
 @user_errors
 def finish(bundle: Path, out: Path, target: str | None, no_bench: bool, cache_dir: Path | None, **limits: Any) -> None:
     """Check BUNDLE's hashes, compile it for its target, validate, benchmark and store the artifact."""
-    from aotforge.compiler.generative.bundle_finish import finish_bundle
+    from aotforge.compiler.generative.finish import finish_bundle
     from aotforge.compiler.options import BuildOptions
 
     isolation = BuildOptions.from_dict(given_options(click.get_current_context(), limits)).isolation.limits()

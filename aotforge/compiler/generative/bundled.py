@@ -30,19 +30,17 @@ from aotforge.artifacts.store import staging_dir
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import pending_manifest
 from aotforge.compiler.bundle_format import (
-    BUNDLE_FORMAT,
-    VALIDATION_NPZ,
     bundle_path,
-    json_values,
     read_bundle,
     seal_bundle,
 )
 from aotforge.compiler.generative.bundle_finish import finish_generative
 from aotforge.compiler.generative.bundle_inputs import BundleInputs, bundle_inputs, inputs_sha
 from aotforge.compiler.generative.export import decoder_spec
+from aotforge.compiler.generative.generative_bundle import body_head, write_references
 from aotforge.compiler.generative.graphs import refuse_unsupported
 from aotforge.compiler.generative.source import load_causal_lm
-from aotforge.compiler.generative.validation import check_generation, reference_greedy, validation_prompts
+from aotforge.compiler.generative.validation import check_generation
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
 from aotforge.core.decoder import TEXT_GENERATION, DecoderSpec
@@ -158,46 +156,6 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
         validation={**validation, "cpu_check": check},
     )
     return BuildResult(final, manifest)
-
-
-def body_head(
-    opts: BuildOptions, target_opts: Any, plan: Mapping[str, Any], spec: DecoderSpec, graphs_from: str
-) -> dict[str, Any]:
-    """What every text-generation ``bundle.json`` starts with: its format, the target and its options, the target's
-    plan, the decoder's cache geometry and what the target compiles from ("onnx" or "torch")."""
-    return {
-        "format_version": BUNDLE_FORMAT,
-        "task": TEXT_GENERATION,
-        "target": opts.target,
-        "target_options": json_values(dataclasses.asdict(target_opts)),
-        "plan": json_values(plan),
-        "decoder": spec.to_dict(),
-        "graphs_from": graphs_from,
-    }
-
-
-def write_references(
-    stage: Path, model: Any, spec: DecoderSpec, opts: BuildOptions, say: Progress
-) -> tuple[list[np.ndarray], list[tuple[list[int], list[np.ndarray]]], dict[str, Any]]:
-    """The source's greedy tokens and per-step logits on the validation prompts, written to ``VALIDATION_NPZ`` in
-    ``stage`` (the device host validates against them without the source); the prompts, the references and the
-    bundle's ``validation`` record."""
-    say("greedy reference tokens from the source model")
-    prompts, new = validation_prompts(spec, opts.validation.seed)
-    references = [reference_greedy(model, p, new) for p in prompts]
-    arrays: dict[str, np.ndarray] = {}
-    for i, (prompt, (tokens, logits)) in enumerate(zip(prompts, references, strict=True)):
-        arrays[f"prompt_{i}"], arrays[f"tokens_{i}"] = prompt, np.asarray(tokens, dtype=np.int64)
-        arrays[f"logits_{i}"] = np.stack(logits).astype(np.float32)
-    np.savez(stage / VALIDATION_NPZ, **arrays)  # type: ignore[arg-type]
-    validation = {
-        "seed": opts.validation.seed,
-        "tolerance": opts.validation.tolerance,
-        "min_token_agreement": opts.generation.min_token_agreement,
-        "prompts": len(prompts),
-        "new_tokens": new,
-    }
-    return prompts, references, validation
 
 
 def _cpu_check(

@@ -116,11 +116,7 @@ def build_sharded(
     started = time.perf_counter()
     target = get_target(opts.target)
     opts = decoder_pass_options(opts)
-    _refuse(opts, sharding)
-    if opts.prepare_only:  # a device target's bundle, prepared on any host (no SDK needed)
-        from aotforge.compiler.generative.sharded_bundle import prepare_sharded
-
-        return prepare_sharded(model, opts, say, sharding)
+    refuse_sharded(opts, sharding)
     backend = _backend(opts, target)
     runtime = shard_runtime(opts.target, sharding.kind)
     assert runtime is not None, "_refuse refused a target without this runtime"
@@ -252,7 +248,7 @@ def _job(
     )
 
 
-def _refuse(opts: BuildOptions, sharding: Sharding) -> None:
+def refuse_sharded(opts: BuildOptions, sharding: Sharding) -> None:
     """What a sharded build does not do (yet), refused by name before any work."""
     flag = sharding.flag
     if shard_runtime(opts.target, sharding.kind) is None:

@@ -17,7 +17,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -31,9 +31,17 @@ from aotforge.compiler.bundle_format import (
     json_values,
     seal_bundle,
 )
-from aotforge.compiler.generative.bundle_finish import reference_validator, store_finished
-from aotforge.compiler.generative.bundled import body_head, write_references
+from aotforge.compiler.generative import pp_build, tp_build
+from aotforge.compiler.generative.generative_bundle import (
+    body_head,
+    finishing_target,
+    reference_validator,
+    store_finished,
+    write_references,
+)
+from aotforge.compiler.generative.pass_list import decoder_pass_options
 from aotforge.compiler.generative.shard_work import ShardWork
+from aotforge.compiler.generative.sharded_build import Sharding, export_shards, refuse_sharded
 from aotforge.compiler.generative.validation import check_generation
 from aotforge.compiler.isolation import Isolation
 from aotforge.compiler.options import BuildOptions
@@ -43,31 +51,19 @@ from aotforge.core.errors import ArtifactError, OptionsError, UnknownReferenceEr
 from aotforge.core.options import options_from_dict
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets import generative_backend, get_target, shard_runtime
-from aotforge.targets.base import Target
-
-if TYPE_CHECKING:
-    from aotforge.compiler.generative.sharded_build import Sharding
 
 Progress = Callable[[str], None]
 
 
 def prepare_sharded(model: Any, opts: BuildOptions, say: Progress, sharding: Sharding) -> BuildResult:
     """Write the sharded bundle of ``model`` for ``opts.target`` (see the module docstring)."""
-    from aotforge.compiler.generative.pass_list import decoder_pass_options
-    from aotforge.compiler.generative.sharded_build import export_shards
-
     target = get_target(opts.target)
     backend = generative_backend(opts.target)
-    flag = sharding.flag
-    plan_of = backend.bundle_plan
-    if plan_of is None:
-        raise OptionsError(
-            f"{flag} --prepare-only bundles are for device targets (tensorrt): build for {opts.target} on the host "
-            "itself"
-        )
-    runtime = shard_runtime(opts.target, sharding.kind)
-    assert runtime is not None, "build_sharded refused a target without this runtime"
     opts = decoder_pass_options(opts)
+    refuse_sharded(opts, sharding)  # a target without bundles among what it refuses
+    plan_of = backend.bundle_plan
+    runtime = shard_runtime(opts.target, sharding.kind)
+    assert plan_of is not None and runtime is not None, "refuse_sharded refused a target without them"
     target_opts = options_from_dict(
         target.options_type, {**runtime.target_defaults, **opts.target_options}, what=opts.target
     )
@@ -171,27 +167,30 @@ def finish_sharded(
     path: Path,
     data: Mapping[str, Any],
     out: Path,
-    target: Target,
-    target_opts: Any,
     *,
-    bench: bool | None,
-    say: Progress,
-    plots: bool,
-    cache_dir: Path | None,
-    isolation: Isolation | None,
-    worker: Mapping[str, Any] | None,
+    target_name: str | None = None,
+    bench: bool | None = None,
+    progress: Progress | None = None,
+    worker: Mapping[str, Any] | None = None,
+    plots: bool = True,
+    cache_dir: Path | None = None,
+    isolation: Isolation | None = None,
 ) -> BuildResult:
-    """``aotforge finish`` of a sharded bundle for ``target`` (its own, or a target that runs its ONNX shards as they
-    are): each shard compiled by ``target``'s shard runtime, validated against the bundle's references, stored."""
-    from aotforge.compiler.generative import pp_build, tp_build
-
+    """``aotforge finish`` of a checked sharded bundle (``compiler.bundle_format.read_bundle``) for ``target_name``
+    (its own target, or one that runs its ONNX shards as they are): each shard compiled by that target's shard
+    runtime, validated against the bundle's references, stored."""
     started = time.perf_counter()
+    say = progress or (lambda _msg: None)
+    name, target, probe = finishing_target(path, data, target_name)
     shards = data["shards"]
     kind = str(shards["kind"])
     sharding = {s.kind: s for s in (tp_build.TENSOR_PARALLEL, pp_build.PIPELINE_PARALLEL)}[kind]
-    if shard_runtime(target.name, kind) is None:
+    runtime = shard_runtime(name, kind)
+    if runtime is None:
         noun = sharding.noun
         raise OptionsError(f"a {noun} bundle finishes for a target that runs {noun}s; {target.name} has no {noun}s")
+    options = data["target_options"] if name == data["target"] else dict(runtime.target_defaults)
+    target_opts = options_from_dict(target.options_type, options, what=name)
     specs = tuple(DecoderSpec.from_dict(s) for s in shards["specs"])
     plan_of = generative_backend(target.name).bundle_plan
     if target.name == data["target"] and plan_of is not None:
@@ -218,7 +217,7 @@ def finish_sharded(
         bench=bool(data["bench"] if bench is None else bench),
         engine=sharding.engine,
     )
-    toolchain = key_toolchain(target.name, target.probe())
+    toolchain = key_toolchain(name, probe)
     place = place_artifact(out, draft["name"], draft["version"], target.name, plots=plots)
     job = finish_job(
         path, data, place, target, target_opts, work, toolchain,
