@@ -61,11 +61,13 @@ def compile_shards(request: ShardRequest, channel: Any) -> dict[str, Any]:
     def run(options: Any) -> CompileResult:
         files: list[str] = []
         toolchain: dict[str, str] = {}
+        info: dict[str, Any] = {}
         for shard, spec in zip(request.shards, request.specs, strict=True):
             compiled = runtime.compile(request.stage / shard, options, DecoderSpec.from_dict(spec), len(request.shards))
             files += [f"{shard}/{name}" for name in compiled.files]
             toolchain.update(compiled.toolchain)
-        return CompileResult(tuple(files), {}, toolchain)
+            info.update(compiled.target_info)  # what every shard's compile says alike (the device)
+        return CompileResult(tuple(files), info, toolchain)
 
     compiled, cache = compile_cached(
         target, request.options, request.stage, request.cache_dir, request.key, run, channel.say

@@ -28,7 +28,6 @@ def shard_info(
     ``weights`` bytes each; ``split_record`` is the split's own (``sharded_build.Split.record``)."""
     verify_width = speculative_k + 1 if speculative_k else 0
     return {
-        "device": "cpu",
         "options": options,
         "task": TEXT_GENERATION,
         "decoder": spec.to_dict(),

@@ -89,7 +89,7 @@ def compile_shard(shard_dir: Path, options: Any, spec: DecoderSpec, degree: int)
     _write_settings(shard_dir, options)
     extensions = importlib.metadata.version("onnxruntime-extensions")
     versions = {"onnxruntime": ort.__version__, "onnxruntime_extensions": extensions}
-    return CompileResult(files=(SESSION_FILE,), target_info={}, toolchain=versions)
+    return CompileResult(files=(SESSION_FILE,), target_info={"device": "cpu"}, toolchain=versions)
 
 
 def _write_settings(workdir: Path, options: Any) -> dict[str, Any]:

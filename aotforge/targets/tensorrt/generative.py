@@ -179,7 +179,7 @@ def compile_shard(shard_dir: Path, options: Any, spec: DecoderSpec, degree: int)
     record |= {"version_compatible": info["version_compatible"], "mapping": rank_mapping(rank, degree)}
     (shard_dir / RANK_FILE).write_text(json.dumps(record, sort_keys=True, indent=2) + "\n")
     files = (PREFILL_ENGINE, DECODE_ENGINE, RANK_FILE)
-    return CompileResult(files=files, target_info={}, toolchain={"tensorrt": info["tensorrt_version"]})
+    return CompileResult(files=files, target_info={"device": "gpu"}, toolchain={"tensorrt": info["tensorrt_version"]})
 
 
 def rank_mapping(rank: int, degree: int) -> dict[str, Any]:
