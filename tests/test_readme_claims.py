@@ -272,6 +272,14 @@ README_CLAIMS = {
         "test_feature_draft.py::test_greedy_with_a_feature_draft_is_plain_greedy",
     ],
     "a GGUF file": ["test_gguf_source.py::test_cli_compiles_an_fp16_gguf_without_task_and_refuses_a_broken_one"],
+    "`--tensor-parallel N`, `--pipeline-parallel M`": [
+        "test_tensor_parallel.py::test_rank_artifacts_generate_token_exact_like_transformers",
+        "test_pipeline_parallel.py::test_stage_artifacts_generate_token_exact_like_transformers",
+    ],
+    "`--tensor-parallel N` ranks a GPU each": [
+        "test_tensorrt_ranks.py::test_a_tensor_parallel_bundle_carries_each_ranks_graphs_plans_and_cpu_check",
+        "test_tensorrt_ranks.py::test_a_tensor_parallel_bundle_finishes_on_onnxruntime_token_exact",
+    ],
 }
 
 
