@@ -24,7 +24,7 @@ from aotforge.compiler.generative.finish import finish_bundle
 from aotforge.targets import get_target
 from aotforge.targets.tensorrt.generative import rank_mapping
 from aotforge.targets.tensorrt.rank_graphs import DOMAIN, MARK, OP_TYPE, marked_graph
-from tests.conftest import assert_refused
+from tests.conftest import assert_refused, tree_state
 from tests.generative_bundles import compile_cli, finish_unchanged
 from tests.llm_models import MAX_SEQ, assert_generates_like_transformers, tiny_causal_lm
 
@@ -72,6 +72,16 @@ def test_a_tensor_parallel_bundle_finishes_on_onnxruntime_token_exact(tp_bundle:
         assert_generates_like_transformers(loaded, tiny_causal_lm("llama"))
     finally:
         loaded._generative().engine.close()
+
+
+def test_preparing_over_an_existing_bundle_is_refused_before_the_export(tp_bundle: Path, llama_dir: Path) -> None:
+    """The same --name and --out again: refused before any export, and the bundle there is left as it was."""
+    before = tree_state(tp_bundle)
+    name = tp_bundle.name.split(".")[0]
+    flags = ("--tensor-parallel", str(DEGREE), "--prepare-only", "--name", name)
+    result = compile_cli(llama_dir, tp_bundle.parents[1], "tensorrt", *flags)
+    assert_refused(result, 2, "already exists: remove it or give another --name")
+    assert "exporting" not in result.output and tree_state(tp_bundle) == before
 
 
 def test_finishing_a_tensor_parallel_bundle_for_tensorrt_here_refuses_with_the_probe_reason(

@@ -67,14 +67,15 @@ def prepare_sharded(model: Any, opts: BuildOptions, say: Progress, sharding: Sha
     target_opts = options_from_dict(
         target.options_type, {**runtime.target_defaults, **opts.target_options}, what=opts.target
     )
+    if opts.name:  # before the exports where the name is known (else the model's, checked once it is loaded)
+        _refuse_existing(bundle_path(opts.out, opts.name, opts.target))
     with staging_dir(opts.out) as stage:
         source, job = export_shards(model, opts, say, sharding, target, target_opts, backend, stage)
         work = job.work
         assert isinstance(work, ShardWork)
         name = job.place.name
         final = bundle_path(opts.out, name, opts.target)
-        if final.exists():
-            raise UnknownReferenceError(f"{final} already exists: remove it or give another --name")
+        _refuse_existing(final)
         prompts, references, validation = write_references(stage, source.model, work.spec, opts, say)
         say(f"running the bundle's {sharding.noun} graphs on this host's CPU against the source")
         check = _cpu_check(stage, work, prompts, references, validation, name)
@@ -119,6 +120,11 @@ def prepare_sharded(model: Any, opts: BuildOptions, say: Progress, sharding: Sha
         validation={**validation, "cpu_check": check},
     )
     return BuildResult(final, manifest)
+
+
+def _refuse_existing(bundle: Path) -> None:
+    if bundle.exists():
+        raise UnknownReferenceError(f"{bundle} already exists: remove it or give another --name")
 
 
 def _cpu_check(
