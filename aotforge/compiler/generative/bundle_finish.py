@@ -15,13 +15,17 @@ from typing import Any
 
 from aotforge.compiler.build_result import BuildResult
 from aotforge.compiler.build_tail import key_toolchain, place_artifact
-from aotforge.compiler.bundle_format import VALIDATION_NPZ, finish_job, json_values
+from aotforge.compiler.bundle_format import VALIDATION_NPZ, finish_job
 from aotforge.compiler.generative.bundle_inputs import bundle_inputs, inputs_sha
 from aotforge.compiler.generative.decoder_work import DecoderWork
-from aotforge.compiler.generative.generative_bundle import finishing_target, reference_validator, store_finished
+from aotforge.compiler.generative.generative_bundle import (
+    finishing_target,
+    reference_validator,
+    refuse_replanned,
+    store_finished,
+)
 from aotforge.compiler.isolation import Isolation
 from aotforge.core.decoder import DecoderSpec
-from aotforge.core.errors import ArtifactError
 from aotforge.core.options import options_from_dict
 from aotforge.targets import generative_backend
 from aotforge.targets.base import DecoderInputs
@@ -54,15 +58,8 @@ def finish_generative(
     )
     spec = DecoderSpec.from_dict(data["decoder"])
     bundle_plan = backend.bundle_plan
-    if (
-        name == data["target"]
-        and bundle_plan is not None
-        and json_values(bundle_plan(spec, target_opts)) != data["plan"]
-    ):
-        raise ArtifactError(
-            f"the {name} plan in the bundle differs from what this aotforge plans for it: prepare the bundle "
-            "with the same aotforge version as the device host"
-        )
+    if bundle_plan is not None:
+        refuse_replanned(name, data, bundle_plan(spec, target_opts))
     draft = data["manifest_draft"]
     place = place_artifact(out, draft["name"], draft["version"], name, plots=plots)
     inputs = bundle_inputs(graphs_from)

@@ -37,14 +37,14 @@ from aotforge.compiler.bundle_format import (
 from aotforge.compiler.generative.bundle_finish import finish_generative
 from aotforge.compiler.generative.bundle_inputs import BundleInputs, bundle_inputs, inputs_sha
 from aotforge.compiler.generative.export import decoder_spec
-from aotforge.compiler.generative.generative_bundle import body_head, write_references
+from aotforge.compiler.generative.generative_bundle import body_head, refuse_existing_bundle, write_references
 from aotforge.compiler.generative.graphs import refuse_unsupported
 from aotforge.compiler.generative.source import load_causal_lm
 from aotforge.compiler.generative.validation import check_generation
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
 from aotforge.core.decoder import TEXT_GENERATION, DecoderSpec
-from aotforge.core.errors import OptionsError, TargetUnavailableError, UnknownReferenceError
+from aotforge.core.errors import OptionsError, TargetUnavailableError
 from aotforge.core.options import options_from_dict
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET
@@ -113,8 +113,7 @@ def prepare_generative(model: Any, opts: BuildOptions, say: Progress, *, cpu_che
     name = opts.name or source.name
     check_name(name, "--name")
     final = bundle_path(opts.out, name, opts.target)
-    if final.exists():
-        raise UnknownReferenceError(f"{final} already exists: remove it or give another --name")
+    refuse_existing_bundle(final)
     attention = backend.decode_attention
     with staging_dir(opts.out) as stage:
         say(inputs.writing)

@@ -19,7 +19,7 @@ from aotforge.compiler.bundle_format import BUNDLE_FORMAT, VALIDATION_NPZ, json_
 from aotforge.compiler.generative.validation import check_generation, reference_greedy, validation_prompts
 from aotforge.compiler.options import BuildOptions
 from aotforge.core.decoder import TEXT_GENERATION, DecoderSpec
-from aotforge.core.errors import OptionsError, TargetUnavailableError
+from aotforge.core.errors import ArtifactError, OptionsError, TargetUnavailableError, UnknownReferenceError
 from aotforge.targets import generative_backend, generative_targets, get_target
 from aotforge.targets.base import Target
 
@@ -64,6 +64,22 @@ def write_references(
         "new_tokens": new,
     }
     return prompts, references, validation
+
+
+def refuse_existing_bundle(bundle: Path) -> None:
+    """A bundle is never written over: one already at ``bundle`` is refused."""
+    if bundle.exists():
+        raise UnknownReferenceError(f"{bundle} already exists: remove it or give another --name")
+
+
+def refuse_replanned(name: str, data: Mapping[str, Any], planned: Any) -> None:
+    """The plan this aotforge makes for the bundle's own target (``planned``, JSON-ready) must be the plan the bundle
+    carries: a different one means another aotforge version prepared it."""
+    if name == data["target"] and json_values(planned) != data["plan"]:
+        raise ArtifactError(
+            f"the {name} plan in the bundle differs from what this aotforge plans for it: prepare the bundle "
+            "with the same aotforge version as the device host"
+        )
 
 
 def finishing_target(path: Path, data: Mapping[str, Any], target_name: str | None) -> tuple[str, Target, Any]:

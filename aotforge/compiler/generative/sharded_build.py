@@ -61,7 +61,7 @@ from aotforge.core.errors import OptionsError
 from aotforge.core.target_record import TargetRecord
 from aotforge.passes import DEFAULT_PRESET
 from aotforge.targets import generative_backend, get_target, shard_runtime, sharded_targets
-from aotforge.targets.base import GenerativeBackend, Target
+from aotforge.targets.base import GenerativeBackend, ShardRuntime, Target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,15 +119,22 @@ def build_sharded(
     refuse_sharded(opts, sharding)
     backend = _backend(opts, target)
     runtime = shard_runtime(opts.target, sharding.kind)
-    assert runtime is not None, "_refuse refused a target without this runtime"
-    target_opts = _target_options(
-        dataclasses.replace(opts, target_options={**runtime.target_defaults, **opts.target_options}), target, backend
-    )
+    assert runtime is not None, "refuse_sharded refused a target without this runtime"
+    target_opts = sharded_target_options(opts, target, backend, runtime)
 
     def export(stage: Path) -> tuple[CausalLM, TailJob]:
         return export_shards(model, opts, say, sharding, target, target_opts, backend, stage)
 
     return export_and_store(opts, target, direct, started, say, export)
+
+
+def sharded_target_options(
+    opts: BuildOptions, target: Target, backend: GenerativeBackend, runtime: ShardRuntime
+) -> Any:
+    """The target's options of a sharded build: the user's over the shard runtime's defaults (onnxruntime: one
+    intra-op thread a shard) over the backend's."""
+    layered = {**runtime.target_defaults, **opts.target_options}
+    return _target_options(dataclasses.replace(opts, target_options=layered), target, backend)
 
 
 def export_shards(

@@ -36,18 +36,20 @@ from aotforge.compiler.generative.generative_bundle import (
     body_head,
     finishing_target,
     reference_validator,
+    refuse_existing_bundle,
+    refuse_replanned,
     store_finished,
     write_references,
 )
 from aotforge.compiler.generative.pass_list import decoder_pass_options
 from aotforge.compiler.generative.shard_work import ShardWork
-from aotforge.compiler.generative.sharded_build import Sharding, export_shards, refuse_sharded
+from aotforge.compiler.generative.sharded_build import Sharding, export_shards, refuse_sharded, sharded_target_options
 from aotforge.compiler.generative.validation import check_generation
 from aotforge.compiler.isolation import Isolation
 from aotforge.compiler.options import BuildOptions
 from aotforge.compiler.toolchain import toolchain_versions
 from aotforge.core.decoder import TEXT_GENERATION, DecoderSpec
-from aotforge.core.errors import ArtifactError, OptionsError, UnknownReferenceError
+from aotforge.core.errors import OptionsError
 from aotforge.core.options import options_from_dict
 from aotforge.core.target_record import TargetRecord
 from aotforge.targets import generative_backend, get_target, shard_runtime
@@ -64,18 +66,16 @@ def prepare_sharded(model: Any, opts: BuildOptions, say: Progress, sharding: Sha
     plan_of = backend.bundle_plan
     runtime = shard_runtime(opts.target, sharding.kind)
     assert plan_of is not None and runtime is not None, "refuse_sharded refused a target without them"
-    target_opts = options_from_dict(
-        target.options_type, {**runtime.target_defaults, **opts.target_options}, what=opts.target
-    )
+    target_opts = sharded_target_options(opts, target, backend, runtime)
     if opts.name:  # before the exports where the name is known (else the model's, checked once it is loaded)
-        _refuse_existing(bundle_path(opts.out, opts.name, opts.target))
+        refuse_existing_bundle(bundle_path(opts.out, opts.name, opts.target))
     with staging_dir(opts.out) as stage:
         source, job = export_shards(model, opts, say, sharding, target, target_opts, backend, stage)
         work = job.work
         assert isinstance(work, ShardWork)
         name = job.place.name
         final = bundle_path(opts.out, name, opts.target)
-        _refuse_existing(final)
+        refuse_existing_bundle(final)
         prompts, references, validation = write_references(stage, source.model, work.spec, opts, say)
         say(f"running the bundle's {sharding.noun} graphs on this host's CPU against the source")
         check = _cpu_check(stage, work, prompts, references, validation, name)
@@ -120,11 +120,6 @@ def prepare_sharded(model: Any, opts: BuildOptions, say: Progress, sharding: Sha
         validation={**validation, "cpu_check": check},
     )
     return BuildResult(final, manifest)
-
-
-def _refuse_existing(bundle: Path) -> None:
-    if bundle.exists():
-        raise UnknownReferenceError(f"{bundle} already exists: remove it or give another --name")
 
 
 def _cpu_check(
@@ -198,13 +193,9 @@ def finish_sharded(
     options = data["target_options"] if name == data["target"] else dict(runtime.target_defaults)
     target_opts = options_from_dict(target.options_type, options, what=name)
     specs = tuple(DecoderSpec.from_dict(s) for s in shards["specs"])
-    plan_of = generative_backend(target.name).bundle_plan
-    if target.name == data["target"] and plan_of is not None:
-        if json_values({"shards": [plan_of(spec, target_opts) for spec in specs]}) != data["plan"]:
-            raise ArtifactError(
-                f"the {target.name} plan in the bundle differs from what this aotforge plans for it: prepare the "
-                "bundle with the same aotforge version as the device host"
-            )
+    plan_of = generative_backend(name).bundle_plan
+    if plan_of is not None:
+        refuse_replanned(name, data, {"shards": [plan_of(spec, target_opts) for spec in specs]})
     spec = DecoderSpec.from_dict(data["decoder"])
     draft = data["manifest_draft"]
     info = {**shards["info"], "options": dataclasses.asdict(target_opts)}
