@@ -1,9 +1,10 @@
 """The one shape of a bench's result file, ``docs/bench/<bench>.json``, that ``tools/bench_page.py`` renders.
 
 A bench calls :func:`start` before it runs anything and :func:`write` at the end. The file holds the run (date,
-command line, machine and CPU model, load average before and after, commit), the bench's own raw results, and
-``tables``: what the page shows, each figure a :func:`figure` of its values over the rounds (median, min, max and
-the values themselves), so the spread travels with every number and nothing on the page is typed by hand.
+command line, machine, CPU model and the ISA extensions the kernels use, load average before and after, commit),
+the bench's own raw results, and ``tables``: what the page shows, each figure a :func:`figure` of its values over
+the rounds (median, min, max and the values themselves), so the spread travels with every number and nothing on the
+page is typed by hand.
 """
 
 from __future__ import annotations
@@ -59,6 +60,18 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: The ISA extensions the kernels pick their paths by: a model name alone ("AMD EPYC" in a VM) does not tell them.
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8")
+
+
+def kernel_flags() -> list[str]:
+    """Which of :data:`KERNEL_FLAGS` this CPU has, in that order."""
+    from aotforge.core.cpu_flags import cpu_flags
+
+    have = cpu_flags()
+    return [f for f in KERNEL_FLAGS if f in have]
+
+
 def _memory_gib() -> float | None:
     try:
         kib = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("Mem"))
@@ -87,6 +100,7 @@ def start(settings: dict[str, Any]) -> dict[str, Any]:
         "machine": {
             "cpu_model": cpu_model(),
             "cpus": os.cpu_count(),
+            "cpu_flags": kernel_flags(),
             "memory_gib": _memory_gib(),
             "platform": platform.platform(),
             "python": platform.python_version(),
