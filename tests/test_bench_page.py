@@ -50,3 +50,19 @@ def test_a_figure_keeps_its_spread_and_a_bench_not_run_says_how_to_run_it(tmp_pa
     assert run["machine"]["cpu_model"] in page and run["date"] in page
     assert "Not run yet: `make bench-generation`." in page and "Not run yet: `make bench-speculative`." in page
     assert "Not run yet: `make bench-models`." not in page
+
+
+def test_a_run_names_the_kernels_isa_extensions_this_cpu_has_and_the_page_shows_them(tmp_path: Path) -> None:
+    """A VM's model name ("AMD EPYC") is the same on CPUs with and without AVX-512 VNNI; the flags tell them apart."""
+    from aotforge.core.cpu_flags import cpu_flags
+
+    run = bench_record.start({})
+    flags = run["machine"]["cpu_flags"]
+    assert flags == [f for f in bench_record.KERNEL_FLAGS if f in cpu_flags()]
+    bench_record.write(tmp_path / "models.json", "models", run, [], results=[])
+    cpu_row = next(line for line in bench_page.render(tmp_path).splitlines() if line.startswith("| CPU |"))
+    assert all(f in cpu_row for f in flags) and (bool(flags) or "none of avx2 / avx512" in cpu_row)
+    run["machine"].pop("cpu_flags")  # a run recorded before the flags were: its row says nothing of them
+    bench_record.write(tmp_path / "models.json", "models", run, [], results=[])
+    cpu_row = next(line for line in bench_page.render(tmp_path).splitlines() if line.startswith("| CPU |"))
+    assert cpu_row.endswith("GiB |")
