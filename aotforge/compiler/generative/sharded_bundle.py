@@ -189,7 +189,7 @@ def finish_sharded(
     runtime = shard_runtime(name, kind)
     if runtime is None:
         noun = sharding.noun
-        raise OptionsError(f"a {noun} bundle finishes for a target that runs {noun}s; {target.name} has no {noun}s")
+        raise OptionsError(f"a {noun} bundle finishes for a target that runs {noun}s; {name} has no {noun}s")
     options = data["target_options"] if name == data["target"] else dict(runtime.target_defaults)
     target_opts = options_from_dict(target.options_type, options, what=name)
     specs = tuple(DecoderSpec.from_dict(s) for s in shards["specs"])
@@ -215,7 +215,7 @@ def finish_sharded(
         engine=sharding.engine,
     )
     toolchain = key_toolchain(name, probe)
-    place = place_artifact(out, draft["name"], draft["version"], target.name, plots=plots)
+    place = place_artifact(out, draft["name"], draft["version"], name, plots=plots)
     job = finish_job(
         path, data, place, target, target_opts, work, toolchain,
         cache_dir=cache_dir, worker=worker, isolation=isolation, build_extra={"toolchain_key": toolchain},
